@@ -1,0 +1,81 @@
+#pragma once
+// ThreadPool: the one pool of CPU workers (Boost.Asio thread_pool), with strands
+// for serialised work and a deadlock-free fork-join `parallel_for` for kernels.
+//
+// Size and placement are decided by the caller (Topology in memory/ picks the
+// count and passes a `bind` hook that pins each worker near the GPU); common/
+// has no policy of its own.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/thread_pool.hpp>
+
+#include "strata/common/status.hpp"
+
+namespace strata {
+
+//! Fixed-size pool of worker threads. Create once at start-up; destruction
+//! drains the queue (waits for posted work) and joins. post() and parallel_for()
+//! are thread-safe; parallel_for may be called from a worker (nesting is safe).
+class ThreadPool {
+ public:
+  using Executor = boost::asio::thread_pool::executor_type;
+  using Strand = boost::asio::strand<Executor>;
+
+  struct Options {
+    std::size_t threads = 0;                    //!< 0 = std::thread::hardware_concurrency()
+    std::size_t threads_max = 1024;             //!< bound; creating more is InvalidArgument
+    //! Called on each worker before it takes work (e.g. bind to a NUMA node).
+    //! Its index is in [0, threads). May be empty.
+    std::function<void(std::size_t worker)> on_worker_start;
+  };
+
+  //! Starts the workers. Fails (InvalidArgument) when threads > threads_max.
+  static Result<std::unique_ptr<ThreadPool>> create(Options options);
+
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  std::size_t size() const { return workers_.size(); }
+  Executor executor() { return pool_.get_executor(); }
+
+  //! A new strand: work posted to it runs one at a time, in order.
+  Strand make_strand() { return boost::asio::make_strand(pool_.get_executor()); }
+
+  //! Runs fn() on some worker. Never blocks.
+  template <typename Fn>
+  void post(Fn&& fn) {
+    boost::asio::post(pool_, std::forward<Fn>(fn));
+  }
+
+  //! Splits [0, count) into `parts` contiguous ranges of near-equal size (the
+  //! same split for the same count and parts, so per-range partial results can
+  //! be combined in a fixed order) and calls fn(part, begin, end) for each, on
+  //! the workers and the calling thread. Blocks until all ranges are done.
+  //! parts == 0 means size() + 1 (the workers and the caller). fn must not throw.
+  //!
+  //! Note [Deadlock-free fork-join]: ranges are claimed from a shared atomic
+  //! counter by the posted helpers *and* by the caller, so the caller never waits
+  //! on a range nobody has started; it waits only for ranges already running.
+  void parallel_for(std::size_t count, std::size_t parts,
+                    const std::function<void(std::size_t part, std::size_t begin, std::size_t end)>& fn);
+
+  //! The bounds of range `part` of `parts` over [0, count), as parallel_for uses them.
+  static std::pair<std::size_t, std::size_t> split(std::size_t count, std::size_t parts, std::size_t part);
+
+ private:
+  explicit ThreadPool(std::size_t threads);
+  boost::asio::thread_pool pool_;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace strata
