@@ -1,0 +1,64 @@
+#pragma once
+// SimStream and SimEvent: the sim backend's stream (one worker thread running a bounded
+// queue of operations in order) and event (a sequence number the streams advance).
+// Internal to memory/src/sim/.
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace strata::memory::sim {
+
+//! One in-order queue of host functions executed by its own worker thread.
+//! Thread-safe. enqueue() blocks while the queue holds `queue_depth` operations.
+//! Destruction runs everything queued, then joins the worker.
+class SimStream {
+ public:
+  explicit SimStream(std::size_t queue_depth);
+  ~SimStream();
+  SimStream(const SimStream&) = delete;
+  SimStream& operator=(const SimStream&) = delete;
+
+  //! Appends `op`; blocks while the queue is full. Must not be called from this stream's
+  //! own worker when the queue may be full (it would wait for itself).
+  void enqueue(std::function<void()> op);
+  //! Blocks until every operation enqueued before the call has finished.
+  void synchronize();
+
+ private:
+  void run();
+
+  std::mutex mutex_;
+  std::condition_variable not_empty_;
+  std::condition_variable not_full_;
+  std::condition_variable progress_;
+  std::vector<std::function<void()>> ring_;  // fixed capacity = queue_depth
+  std::size_t head_ = 0;                     // next to run
+  std::size_t count_ = 0;                    // queued, not yet started
+  std::uint64_t enqueued_ = 0;
+  std::uint64_t completed_ = 0;
+  bool stopping_ = false;
+  std::thread worker_;
+};
+
+//! Event state shared by the event handle and the operations that record or wait on it
+//! (Note [Event semantics] in device.hpp). `recorded` counts record() calls; a recorded
+//! point k is done when `completed >= k`.
+struct SimEventState {
+  std::mutex mutex;
+  std::condition_variable done;
+  std::uint64_t recorded = 0;
+  std::uint64_t completed = 0;
+};
+
+//! What Event::native() points to for the sim backend.
+struct SimEvent {
+  std::shared_ptr<SimEventState> state = std::make_shared<SimEventState>();
+};
+
+}  // namespace strata::memory::sim

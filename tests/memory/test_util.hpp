@@ -1,0 +1,52 @@
+#pragma once
+// Test helpers for tests/memory: streaming a Status into a GoogleTest message, and
+// LogCapture, which collects what the strata logger prints while it is alive, so tests can
+// assert that a fallback was logged. Create it before the code under test runs and read
+// text() when that code no longer logs from other threads.
+
+#include <spdlog/sinks/ostream_sink.h>
+
+#include <algorithm>
+#include <memory>
+#include <ostream>
+#include <sstream>
+#include <string>
+
+#include "strata/common/log.hpp"
+#include "strata/common/status.hpp"
+
+namespace strata {
+//! Lets tests write `EXPECT_TRUE(s.ok()) << s;`.
+inline std::ostream& operator<<(std::ostream& os, const Status& status) {
+  return os << status.to_string();
+}
+}  // namespace strata
+
+namespace strata::testing {
+
+class LogCapture {
+ public:
+  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(stream_)) {
+    sink_->set_pattern("[%l] %v");
+    logger().sinks().push_back(sink_);
+  }
+  ~LogCapture() {
+    auto& sinks = logger().sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+  }
+  LogCapture(const LogCapture&) = delete;
+  LogCapture& operator=(const LogCapture&) = delete;
+
+  //! Everything logged so far.
+  std::string text() {
+    logger().flush();
+    return stream_.str();
+  }
+  bool contains(const std::string& needle) { return text().find(needle) != std::string::npos; }
+
+ private:
+  std::ostringstream stream_;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+};
+
+}  // namespace strata::testing
