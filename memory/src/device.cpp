@@ -58,7 +58,7 @@ DeviceAllocation::~DeviceAllocation() {
 void DeviceAllocation::reset() {
   if (device_ == nullptr) return;
   device_->do_free(data_, size_bytes_);
-  device_->used_bytes_.fetch_sub(size_bytes_, std::memory_order_relaxed);
+  device_->budget_.sub(size_bytes_);
   device_->live_handles_.fetch_sub(1, std::memory_order_relaxed);
   device_ = nullptr;
   data_ = nullptr;
@@ -67,7 +67,7 @@ void DeviceAllocation::reset() {
 
 // ---- Device ----------------------------------------------------------------------------
 
-Device::Device(std::uint64_t budget_bytes) : budget_bytes_(budget_bytes) {
+Device::Device(std::uint64_t budget_bytes) : budget_(budget_bytes) {
   STRATA_CHECK(budget_bytes > 0);
 }
 
@@ -96,24 +96,16 @@ void Device::check_event(const Event& event) const {
 Result<DeviceAllocation> Device::allocate(std::size_t bytes) {
   if (bytes == 0)
     return invalid_argument("{}: device allocation of 0 bytes; ask for at least 1 byte", name());
-  // Reserve the bytes first (compare-and-swap), so concurrent callers never overshoot.
-  std::uint64_t used = used_bytes_.load(std::memory_order_relaxed);
-  do {
-    if (bytes > budget_bytes_ - used) {
-      return out_of_budget(
-          "{}: allocating {} would exceed the device budget of {} ({} in use); raise the device "
-          "budget (device.budget) or allocate less",
-          name(), format_bytes(bytes), format_bytes(budget_bytes_), format_bytes(used));
-    }
-  } while (!used_bytes_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
-  std::uint64_t now = used + bytes;
-  std::uint64_t high = high_water_bytes_.load(std::memory_order_relaxed);
-  while (now > high && !high_water_bytes_.compare_exchange_weak(high, now, std::memory_order_relaxed)) {
+  if (!budget_.try_add(bytes)) {
+    return out_of_budget(
+        "{}: allocating {} would exceed the device budget of {} ({} in use); raise the device "
+        "budget (device.budget) or allocate less",
+        name(), format_bytes(bytes), format_bytes(budget_.budget_bytes()),
+        format_bytes(budget_.used_bytes()));
   }
-
   Result<void*> data = do_allocate(bytes);
   if (!data.ok()) {
-    used_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+    budget_.sub(bytes);
     return data.status();
   }
   STRATA_CHECK(reinterpret_cast<std::uintptr_t>(*data) % alignment_bytes() == 0);
@@ -179,10 +171,10 @@ Status Device::synchronize(const Stream& stream) {
 
 MemoryInfo Device::memory_info() const {
   MemoryInfo info;
-  info.budget_bytes = budget_bytes_;
-  info.used_bytes = used_bytes_.load(std::memory_order_relaxed);
+  info.budget_bytes = budget_.budget_bytes();
+  info.used_bytes = budget_.used_bytes();
   info.free_bytes = info.budget_bytes - info.used_bytes;
-  info.high_water_bytes = high_water_bytes_.load(std::memory_order_relaxed);
+  info.high_water_bytes = budget_.high_water_bytes();
   return info;
 }
 

@@ -2,9 +2,8 @@
 
 #include <unistd.h>
 
-#include <charconv>
-
 #include "backends.hpp"
+#include "settings.hpp"
 #include "sim/sim_device.hpp"
 #include "strata/common/log.hpp"
 
@@ -12,16 +11,6 @@ namespace strata::memory {
 namespace {
 
 constexpr std::size_t kCountMax = std::size_t{1} << 20;
-
-Result<std::size_t> parse_count(std::string_view key, std::string_view value) {
-  std::size_t out = 0;
-  auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), out);
-  if (ec != std::errc() || ptr != value.data() + value.size()) {
-    return invalid_argument("device.{} = \"{}\": not a whole number; write e.g. device.{}=64", key, value,
-                            key);
-  }
-  return out;
-}
 
 Status check_count(std::string_view key, std::size_t value) {
   if (value == 0 || value > kCountMax) {
@@ -60,11 +49,11 @@ Status DeviceOptions::set(std::string_view key, std::string_view value) {
   } else if (key == "d2d_bandwidth") {
     STRATA_ASSIGN_OR_RETURN(d2d_bytes_per_s, parse_bytes(value, setting));
   } else if (key == "stream_queue_depth") {
-    STRATA_ASSIGN_OR_RETURN(stream_queue_depth, parse_count(key, value));
+    STRATA_ASSIGN_OR_RETURN(stream_queue_depth, detail::parse_count(setting, value));
   } else if (key == "streams_max") {
-    STRATA_ASSIGN_OR_RETURN(streams_max, parse_count(key, value));
+    STRATA_ASSIGN_OR_RETURN(streams_max, detail::parse_count(setting, value));
   } else if (key == "cuda_ordinal") {
-    STRATA_ASSIGN_OR_RETURN(std::size_t ordinal, parse_count(key, value));
+    STRATA_ASSIGN_OR_RETURN(std::uint64_t ordinal, detail::parse_count(setting, value));
     if (ordinal > 1024)
       return invalid_argument("device.cuda_ordinal = {}: no machine has that many GPUs", ordinal);
     cuda_ordinal = static_cast<int>(ordinal);

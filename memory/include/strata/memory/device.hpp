@@ -30,6 +30,7 @@
 #include <utility>
 
 #include "strata/common/status.hpp"
+#include "strata/memory/budget_counter.hpp"
 
 namespace strata::memory {
 
@@ -242,9 +243,7 @@ class Device {
   void check_stream(const Stream& stream) const;
   void check_event(const Event& event) const;
   std::atomic<std::int64_t> live_handles_{0};
-  const std::uint64_t budget_bytes_;
-  std::atomic<std::uint64_t> used_bytes_{0};
-  std::atomic<std::uint64_t> high_water_bytes_{0};
+  BudgetCounter budget_;
   struct CopyCounters {
     std::atomic<std::uint64_t> bytes{0};
     std::atomic<std::uint64_t> copies{0};

@@ -1,0 +1,163 @@
+#include "jemalloc_arena.hpp"
+
+#include <jemalloc/jemalloc.h>
+
+#include <cstring>
+#include <string>
+
+#include "strata/common/assert.hpp"
+#include "strata/common/bytes.hpp"
+
+// Note [Private jemalloc]
+// Linking libjemalloc.so would make jemalloc the malloc of the whole process (its
+// malloc/free come before glibc's in symbol lookup), and dlopen() of it fails (it uses
+// initial-exec TLS). So the build renames every public symbol of Debian's
+// libjemalloc_pic.a to strata_je_<name> (memory/cmake/PrivateJemalloc.cmake) and links
+// that copy: strata gets a jemalloc of its own, reached only through the functions below,
+// and malloc/new in the process stay glibc's (or the sanitizer's). jemalloc.h is included
+// for its types and MALLOCX_* flags only.
+extern "C" {
+void* strata_je_mallocx(size_t size, int flags);
+void strata_je_dallocx(void* ptr, int flags);
+size_t strata_je_nallocx(size_t size, int flags);
+int strata_je_mallctl(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t newlen);
+}
+
+namespace strata::memory {
+
+// Note [Extent hooks carve the region]
+// jemalloc asks its extent hooks for page-multiple extents (its metadata too: the first
+// request is a 2 MiB-aligned "base" block). alloc first-fits an aligned piece from a map
+// of free ranges of the region (or the exact `new_addr` range when jemalloc wants to grow
+// in place) and never maps memory; dalloc and destroy put ranges back, coalescing
+// neighbours. commit reports success (the region is always committed and pinned), and
+// decommit/purge are left out (nullptr = opt out), so jemalloc never madvise()s pinned
+// pages away. split and merge need no bookkeeping: the map only records free ranges.
+struct RegionArena::Hooks {
+  extent_hooks_t hooks;  // first member: jemalloc's pointer is also a Hooks*
+  RegionArena* self;
+
+  static RegionArena* from(extent_hooks_t* h) { return reinterpret_cast<Hooks*>(h)->self; }
+
+  static void* alloc(extent_hooks_t* h, void* new_addr, size_t size, size_t alignment, bool* zero,
+                     bool* commit, unsigned /*arena*/) {
+    void* data = from(h)->carve(new_addr, size, alignment);
+    if (data == nullptr) return nullptr;
+    if (*zero) std::memset(data, 0, size);
+    *commit = true;
+    return data;
+  }
+  static bool dalloc(extent_hooks_t* h, void* addr, size_t size, bool /*committed*/, unsigned /*arena*/) {
+    from(h)->give_back(addr, size);
+    return false;  // done
+  }
+  static void destroy(extent_hooks_t* h, void* addr, size_t size, bool /*committed*/, unsigned /*arena*/) {
+    from(h)->give_back(addr, size);
+  }
+  static bool commit(extent_hooks_t*, void*, size_t, size_t, size_t, unsigned) { return false; }
+  static bool split(extent_hooks_t*, void*, size_t, size_t, size_t, bool, unsigned) { return false; }
+  static bool merge(extent_hooks_t*, void*, size_t, void*, size_t, bool, unsigned) { return false; }
+};
+
+namespace {
+int flags_for(unsigned arena, std::size_t alignment) {
+  return static_cast<int>(MALLOCX_ARENA(arena)) | MALLOCX_TCACHE_NONE | MALLOCX_ALIGN(alignment);
+}
+}  // namespace
+
+RegionArena::RegionArena(std::byte* base, std::size_t bytes)
+    : hooks_(new Hooks{}), base_(base), bytes_(bytes) {
+  hooks_->hooks.alloc = &Hooks::alloc;
+  hooks_->hooks.dalloc = &Hooks::dalloc;
+  hooks_->hooks.destroy = &Hooks::destroy;
+  hooks_->hooks.commit = &Hooks::commit;
+  hooks_->hooks.decommit = nullptr;
+  hooks_->hooks.purge_lazy = nullptr;
+  hooks_->hooks.purge_forced = nullptr;
+  hooks_->hooks.split = &Hooks::split;
+  hooks_->hooks.merge = &Hooks::merge;
+  hooks_->self = this;
+  free_.emplace(reinterpret_cast<std::uintptr_t>(base), bytes);
+}
+
+Result<std::unique_ptr<RegionArena>> RegionArena::create(std::byte* base, std::size_t bytes) {
+  STRATA_CHECK(base != nullptr);
+  STRATA_CHECK(bytes > 0);
+  std::unique_ptr<RegionArena> arena(new RegionArena(base, bytes));
+  extent_hooks_t* hooks = &arena->hooks_->hooks;
+  unsigned index = 0;
+  size_t index_bytes = sizeof(index);
+  int err = strata_je_mallctl("arenas.create", &index, &index_bytes, &hooks, sizeof(hooks));
+  if (err != 0) {
+    return internal_error("pinned host arena: jemalloc arenas.create failed: {} (errno {})",
+                          std::strerror(err), err);
+  }
+  arena->index_ = index;
+  arena->created_ = true;
+  return arena;
+}
+
+RegionArena::~RegionArena() {
+  if (!created_) return;
+  const std::string name = fmt::format("arena.{}.destroy", index_);
+  int err = strata_je_mallctl(name.c_str(), nullptr, nullptr, nullptr, 0);
+  STRATA_CHECK_MSG(err == 0, "jemalloc arena.<i>.destroy failed");
+}
+
+std::size_t RegionArena::size_class(std::size_t bytes, std::size_t alignment) const {
+  return strata_je_nallocx(bytes, flags_for(index_, alignment));
+}
+
+void* RegionArena::allocate(std::size_t bytes, std::size_t alignment) {
+  return strata_je_mallocx(bytes, flags_for(index_, alignment));
+}
+
+void RegionArena::free(void* data) {
+  strata_je_dallocx(data, MALLOCX_TCACHE_NONE);
+}
+
+std::size_t RegionArena::extent_bytes() const {
+  std::lock_guard lock(mutex_);
+  return extent_bytes_;
+}
+
+void* RegionArena::carve(void* wanted, std::size_t bytes, std::size_t alignment) {
+  if (alignment == 0) alignment = 1;
+  std::lock_guard lock(mutex_);
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    const std::uintptr_t begin = it->first;
+    const std::uintptr_t end = begin + it->second;
+    const std::uintptr_t take =
+        wanted != nullptr ? reinterpret_cast<std::uintptr_t>(wanted) : align_up(begin, alignment);
+    if (take < begin || take + bytes > end || take + bytes < take) continue;
+    free_.erase(it);
+    if (take > begin) free_.emplace(begin, take - begin);
+    if (take + bytes < end) free_.emplace(take + bytes, end - take - bytes);
+    extent_bytes_ += bytes;
+    return reinterpret_cast<void*>(take);
+  }
+  return nullptr;
+}
+
+void RegionArena::give_back(void* data, std::size_t bytes) {
+  std::uintptr_t begin = reinterpret_cast<std::uintptr_t>(data);
+  STRATA_CHECK(begin >= reinterpret_cast<std::uintptr_t>(base_));
+  STRATA_CHECK(begin + bytes <= reinterpret_cast<std::uintptr_t>(base_) + bytes_);
+  std::lock_guard lock(mutex_);
+  extent_bytes_ -= bytes;
+  auto next = free_.lower_bound(begin);
+  if (next != free_.end() && begin + bytes == next->first) {  // merge with the range after
+    bytes += next->second;
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {  // merge with the range before
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == begin) {
+      prev->second += bytes;
+      return;
+    }
+  }
+  free_.emplace(begin, bytes);
+}
+
+}  // namespace strata::memory
