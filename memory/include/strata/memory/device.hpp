@@ -157,6 +157,8 @@ class Device {
   //! E.g. "sim (budget 4.00 GiB, h2d 16.00 GiB/s, d2h 16.00 GiB/s)" or "cuda:0 NVIDIA H200".
   virtual std::string name() const = 0;
   virtual DeviceKind kind() const = 0;
+  //! PCI bus id of the accelerator ("0000:3b:00.0") for Topology; empty for sim.
+  virtual std::string pci_bus_id() const { return {}; }
 
   //! Device memory of `bytes` (> 0), aligned to at least alignment_bytes(). Fails with
   //! OutOfBudget naming the budget and the request when it would exceed the budget,
