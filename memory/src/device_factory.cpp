@@ -118,7 +118,7 @@ Result<std::unique_ptr<Device>> make_device(const DeviceOptions& options) {
   sim_options.kind = DeviceChoice::kSim;
   STRATA_RETURN_IF_ERROR(sim_options.validate());  // the RAM bound applies now
   STRATA_ASSIGN_OR_RETURN(auto device, detail::make_sim_device(sim_options));
-  STRATA_LOG_INFO("device: sim (no usable GPU: {}) -> {}", cuda.status().message(), device->name());
+  STRATA_LOG_INFO("device: sim (no usable GPU: {}); using {}", cuda.status().message(), device->name());
   return device;
 }
 

@@ -7,6 +7,7 @@
 #include "sim/sim_stream.hpp"
 #include "strata/common/assert.hpp"
 #include "strata/common/bytes.hpp"
+#include "strata/common/log.hpp"
 
 namespace strata::memory::sim {
 
@@ -20,7 +21,8 @@ namespace strata::memory::sim {
 // the memcpy time. With 64 MiB or more and a link at PCIe speeds the sleep dominates and
 // the measured rate lands within a few percent of the setting (tests/memory/
 // test_sim_throttle.cpp checks +-10%). busy_s counts the modelled window (end - begin),
-// or the measured memcpy time when unthrottled.
+// or the measured memcpy time when unthrottled or when memcpy overran the window (the
+// first overrun per direction is logged: the setting is faster than this host can copy).
 
 namespace {
 
@@ -201,6 +203,22 @@ void SimDevice::run_copy(void* dst, const void* src, std::size_t bytes, CopyKind
     link.free_at = end;
   }
   std::memmove(dst, src, bytes);
+  const Clock::time_point copied = Clock::now();
+  if (copied > end) {
+    // The host could not keep up with the modelled link: the copy took the memcpy time.
+    count_copy(kind, bytes, std::chrono::duration<double>(copied - begin).count());
+    if (!link.overrun_logged.exchange(true)) {
+      STRATA_LOG_WARN(
+          "sim device: a {} copy of {} took {:.1f} ms, longer than the {:.1f} ms the {} link models; this "
+          "host's "
+          "memcpy is slower than device.{}_bandwidth, so such copies run at memcpy speed (logged once)",
+          copy_kind_name(kind), format_bytes(bytes),
+          std::chrono::duration<double, std::milli>(copied - begin).count(),
+          std::chrono::duration<double, std::milli>(window).count(), rate_text(link.bytes_per_s),
+          copy_kind_name(kind));
+    }
+    return;
+  }
   std::this_thread::sleep_until(end);
   count_copy(kind, bytes, std::chrono::duration<double>(end - begin).count());
 }

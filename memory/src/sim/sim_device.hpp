@@ -3,6 +3,7 @@
 // streams are worker threads, and whose copies may be throttled to a modelled link.
 // Internal; created through make_device() (device_factory.hpp).
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -56,6 +57,7 @@ class SimDevice final : public Device {
     std::mutex mutex;
     Clock::time_point free_at{};
     std::uint64_t bytes_per_s = 0;  // 0 = unthrottled
+    std::atomic<bool> overrun_logged{false};
   };
 
   //! InvalidArgument unless [ptr, ptr+bytes) lies inside one live allocation.

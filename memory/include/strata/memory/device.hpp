@@ -200,7 +200,9 @@ class Device {
 
   //! Budget, use and high-water of allocate(). Thread-safe, never blocks.
   MemoryInfo memory_info() const;
-  //! Counters of one copy direction (completed copies). Thread-safe, never blocks.
+  //! Counters of one copy direction (completed copies). Thread-safe, never blocks. The
+  //! sim backend counts a copy when it ends; cuda counts it once a synchronize() or a later
+  //! copy_async() finds its timing events complete (Note [Copy timing on cuda]).
   CopyStats copy_stats(CopyKind kind) const;
 
   //! Page-locks host memory [ptr, ptr+bytes) for fast copies when the backend needs it
