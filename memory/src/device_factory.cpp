@@ -90,35 +90,37 @@ Result<std::unique_ptr<Device>> make_sim_device(const DeviceOptions& options) {
 }
 }  // namespace detail
 
-Result<std::unique_ptr<Device>> make_device(const DeviceOptions& options) {
+Result<std::unique_ptr<Device>> make_device(const DeviceOptions& options, std::string* why) {
   STRATA_RETURN_IF_ERROR(options.validate());
+  std::string reason;
+  std::unique_ptr<Device> device;
   if (options.kind == DeviceChoice::kSim) {
-    STRATA_ASSIGN_OR_RETURN(auto device, detail::make_sim_device(options));
-    STRATA_LOG_INFO("device: {} (device.kind=sim was asked for)", device->name());
-    return device;
+    STRATA_ASSIGN_OR_RETURN(device, detail::make_sim_device(options));
+    reason = "device.kind=sim was asked for";
+  } else {
+    Result<std::unique_ptr<Device>> cuda = detail::make_cuda_device(options);
+    if (cuda.ok()) {
+      device = std::move(cuda).value();
+      reason =
+          options.kind == DeviceChoice::kCuda ? "device.kind=cuda was asked for" : "auto found a usable GPU";
+    } else if (options.kind == DeviceChoice::kCuda) {
+      return unavailable(
+          "device.kind=cuda was asked for but no usable GPU exists: {}; use device.kind=sim (or auto), or "
+          "install the NVIDIA driver on a machine with a GPU",
+          cuda.status().message());
+    } else if (cuda.status().code() != StatusCode::kUnavailable) {
+      return cuda.status();  // a GPU exists but the settings do not fit it: say so, do not hide it
+    } else {
+      // auto, and cuda is unavailable: the sim device, with the reason in the log.
+      DeviceOptions sim_options = options;
+      sim_options.kind = DeviceChoice::kSim;
+      STRATA_RETURN_IF_ERROR(sim_options.validate());  // the RAM bound applies now
+      STRATA_ASSIGN_OR_RETURN(device, detail::make_sim_device(sim_options));
+      reason = fmt::format("no usable GPU: {}", cuda.status().message());
+    }
   }
-
-  Result<std::unique_ptr<Device>> cuda = detail::make_cuda_device(options);
-  if (cuda.ok()) {
-    STRATA_LOG_INFO("device: {} (device.kind={})", (*cuda)->name(),
-                    options.kind == DeviceChoice::kCuda ? "cuda was asked for" : "auto found a usable GPU");
-    return cuda;
-  }
-  if (options.kind == DeviceChoice::kCuda) {
-    Status status = cuda.status();
-    return unavailable(
-        "device.kind=cuda was asked for but no usable GPU exists: {}; use device.kind=sim (or auto), or "
-        "install the NVIDIA driver on a machine with a GPU",
-        status.message());
-  }
-  if (cuda.status().code() != StatusCode::kUnavailable) return cuda.status();
-
-  // auto, and cuda is unavailable: the sim device, with the reason in the log.
-  DeviceOptions sim_options = options;
-  sim_options.kind = DeviceChoice::kSim;
-  STRATA_RETURN_IF_ERROR(sim_options.validate());  // the RAM bound applies now
-  STRATA_ASSIGN_OR_RETURN(auto device, detail::make_sim_device(sim_options));
-  STRATA_LOG_INFO("device: sim (no usable GPU: {}); using {}", cuda.status().message(), device->name());
+  STRATA_LOG_INFO("device: {} ({}); {}", device_kind_name(device->kind()), reason, device->name());
+  if (why != nullptr) *why = std::move(reason);
   return device;
 }
 

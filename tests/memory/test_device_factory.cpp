@@ -12,9 +12,11 @@ TEST(DeviceFactory, AutoPicksSimHereAndLogsWhy) {
   testing::LogCapture log;
   DeviceOptions options;  // kind = auto
   options.budget_bytes = 64 * kMiB;
-  auto device = make_device(options);
+  std::string why;
+  auto device = make_device(options, &why);
   ASSERT_TRUE(device.ok()) << device.status();
   if ((*device)->kind() == DeviceKind::kCuda) GTEST_SKIP() << "a usable GPU is present; auto picked cuda";
+  EXPECT_EQ(why.rfind("no usable GPU: ", 0), 0u) << why;
   EXPECT_EQ((*device)->kind(), DeviceKind::kSim);
   const std::string text = log.text();
   EXPECT_NE(text.find("device: sim (no usable GPU: "), std::string::npos) << text;

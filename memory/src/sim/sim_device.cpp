@@ -14,7 +14,11 @@ namespace strata::memory::sim {
 // Note [Sim copy throttle]
 // Each copy direction (h2d, d2h, d2d) is one modelled link of `bytes_per_s`, shared by
 // all streams, as a PCIe direction is. A copy reserves the next window on its link:
-// begin = max(now, link free), end = begin + bytes / bytes_per_s. It then does the real
+// begin = max(ready, link free), end = begin + bytes / bytes_per_s, where `ready` is the
+// later of when it was queued and when the stream's previous operation ended in the model
+// (a copy's modelled end). Using modelled times, not the moment the worker thread woke
+// up, keeps scheduler latency from adding up over back-to-back copies, as a DMA engine
+// starts the next queued copy at once. It then does the real
 // memcpy and sleeps until `end`, so a copy takes the modelled time, and two streams
 // copying in the same direction share the bandwidth. The model only slows copies down:
 // when memcpy itself is slower than the link (a slow host, a busy machine), the copy takes
@@ -180,17 +184,25 @@ Status SimDevice::do_copy_async(std::uintptr_t stream, void* dst, const void* sr
   if (kind != CopyKind::kDeviceToHost) {
     STRATA_RETURN_IF_ERROR(check_device_range(dst, bytes, "destination", kind));
   }
-  as_stream(stream)->enqueue([this, dst, src, bytes, kind] { run_copy(dst, src, bytes, kind); });
+  SimStream* sim_stream = as_stream(stream);
+  const Clock::time_point enqueued = Clock::now();
+  sim_stream->enqueue([this, sim_stream, enqueued, dst, src, bytes, kind] {
+    // Ready when queued and when the stream's previous operation ended in the model.
+    const Clock::time_point ready = std::max(enqueued, sim_stream->previous_finish());
+    sim_stream->set_finish(run_copy(ready, dst, src, bytes, kind));
+  });
   return Status::Ok();
 }
 
-void SimDevice::run_copy(void* dst, const void* src, std::size_t bytes, CopyKind kind) {
+SimDevice::Clock::time_point SimDevice::run_copy(Clock::time_point ready, void* dst, const void* src,
+                                                 std::size_t bytes, CopyKind kind) {
   Link& link = links_[static_cast<std::size_t>(kind)];
   if (link.bytes_per_s == 0) {
     const Clock::time_point start = Clock::now();
     std::memmove(dst, src, bytes);
-    count_copy(kind, bytes, std::chrono::duration<double>(Clock::now() - start).count());
-    return;
+    const Clock::time_point end = Clock::now();
+    count_copy(kind, bytes, std::chrono::duration<double>(end - start).count());
+    return end;
   }
   const auto window = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(static_cast<double>(bytes) / static_cast<double>(link.bytes_per_s)));
@@ -198,7 +210,7 @@ void SimDevice::run_copy(void* dst, const void* src, std::size_t bytes, CopyKind
   Clock::time_point end;
   {
     std::lock_guard lock(link.mutex);
-    begin = std::max(Clock::now(), link.free_at);
+    begin = std::max(ready, link.free_at);
     end = begin + window;
     link.free_at = end;
   }
@@ -210,17 +222,18 @@ void SimDevice::run_copy(void* dst, const void* src, std::size_t bytes, CopyKind
     if (!link.overrun_logged.exchange(true)) {
       STRATA_LOG_WARN(
           "sim device: a {} copy of {} took {:.1f} ms, longer than the {:.1f} ms the {} link models; this "
-          "host's "
-          "memcpy is slower than device.{}_bandwidth, so such copies run at memcpy speed (logged once)",
+          "host's memcpy is slower than device.{}_bandwidth, so such copies run at memcpy speed (logged "
+          "once)",
           copy_kind_name(kind), format_bytes(bytes),
           std::chrono::duration<double, std::milli>(copied - begin).count(),
           std::chrono::duration<double, std::milli>(window).count(), rate_text(link.bytes_per_s),
           copy_kind_name(kind));
     }
-    return;
+    return copied;
   }
   std::this_thread::sleep_until(end);
   count_copy(kind, bytes, std::chrono::duration<double>(end - begin).count());
+  return end;
 }
 
 Status SimDevice::do_launch_host(std::uintptr_t stream, std::function<void()> fn) {

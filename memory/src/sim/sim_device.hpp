@@ -62,8 +62,10 @@ class SimDevice final : public Device {
 
   //! InvalidArgument unless [ptr, ptr+bytes) lies inside one live allocation.
   Status check_device_range(const void* ptr, std::size_t bytes, std::string_view role, CopyKind kind) const;
-  //! Runs on the stream worker: copies, then sleeps until the link's modelled end.
-  void run_copy(void* dst, const void* src, std::size_t bytes, CopyKind kind);
+  //! Runs on the stream worker: copies, then sleeps until the link's modelled end, which
+  //! it returns (or the real end when memcpy overran it). See Note [Sim copy throttle].
+  Clock::time_point run_copy(Clock::time_point ready, void* dst, const void* src, std::size_t bytes,
+                             CopyKind kind);
 
   const DeviceOptions options_;
   mutable std::mutex allocations_mutex_;

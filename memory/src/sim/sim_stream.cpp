@@ -50,7 +50,9 @@ void SimStream::run() {
       --count_;
       lock.unlock();
       not_full_.notify_one();
+      finish_override_ = {};
       op();  // destroyed (with what it captured) before the lock is taken again
+      previous_finish_ = finish_override_ != Clock::time_point{} ? finish_override_ : Clock::now();
     }
     lock.lock();
     ++completed_;

@@ -3,6 +3,7 @@
 // queue of operations in order) and event (a sequence number the streams advance).
 // Internal to memory/src/sim/.
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -30,6 +31,13 @@ class SimStream {
   //! Blocks until every operation enqueued before the call has finished.
   void synchronize();
 
+  using Clock = std::chrono::steady_clock;
+  //! When the previous operation finished, in the stream's model: a copy's modelled end,
+  //! else the real time it returned. Only for operations running on this stream's worker.
+  Clock::time_point previous_finish() const { return previous_finish_; }
+  //! Called by a running operation to set its modelled finish (else: now). Worker only.
+  void set_finish(Clock::time_point finish) { finish_override_ = finish; }
+
  private:
   void run();
 
@@ -43,6 +51,8 @@ class SimStream {
   std::uint64_t enqueued_ = 0;
   std::uint64_t completed_ = 0;
   bool stopping_ = false;
+  Clock::time_point previous_finish_{};  // worker only
+  Clock::time_point finish_override_{};  // worker only; {} = none
   std::thread worker_;
 };
 

@@ -58,10 +58,11 @@ struct DeviceOptions {
 };
 
 //! Creates the device `options.kind` asks for (Note [Backend registry]) and logs which
-//! backend runs and why. Fails with the validation error, or Unavailable when `cuda` is
-//! forced and no usable GPU exists (the message says to use device.kind=sim or install
-//! the driver). Blocks while the backend starts (cuda: context creation).
-Result<std::unique_ptr<Device>> make_device(const DeviceOptions& options);
+//! backend runs and why; `why` (may be null) receives the same reason. Fails with the
+//! validation error, or Unavailable when `cuda` is forced and no usable GPU exists (the
+//! message says to use device.kind=sim or install the driver). Blocks while the backend
+//! starts (cuda: context creation).
+Result<std::unique_ptr<Device>> make_device(const DeviceOptions& options, std::string* why = nullptr);
 
 //! Physical RAM of this machine in bytes (sysconf), for budget validation.
 std::uint64_t physical_memory_bytes();
