@@ -2,6 +2,8 @@
 
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -29,6 +31,13 @@ std::string memlock_limit_text() {
   if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0) return "unknown";
   if (limit.rlim_cur == RLIM_INFINITY) return "unlimited";
   return format_bytes(limit.rlim_cur);
+}
+
+// mlock through the system call: the ASan and TSan runtimes intercept mlock() and return
+// success without locking anything, which would hide the RLIMIT_MEMLOCK fallback in
+// sanitizer builds. Returns 0 or -1 with errno set, as mlock() does.
+int lock_pages(void* data, std::size_t bytes) {
+  return static_cast<int>(syscall(SYS_mlock, data, bytes));
 }
 
 // Maps `bytes` aligned to `alignment` by over-reserving and trimming both ends.
@@ -154,7 +163,7 @@ Result<HostRegion> HostRegion::map(std::size_t bytes, std::size_t alignment_byte
       register_why = "no device given";
     }
     if (region.device_ == nullptr) {
-      if (mlock(data, bytes) == 0) {
+      if (lock_pages(data, bytes) == 0) {
         region.pinning_ = PinningMode::kMlocked;
         region.pinning_reason_ =
             fmt::format("{}; mlock granted (RLIMIT_MEMLOCK is {})", register_why, memlock_limit_text());
@@ -214,7 +223,7 @@ void HostRegion::release() {
     Status s = device_->unregister_host(data_);
     if (!s.ok()) STRATA_LOG_WARN("pinned host: unregistering the region failed: {}", s);
   } else if (pinning_ == PinningMode::kMlocked) {
-    munlock(data_, size_bytes_);
+    syscall(SYS_munlock, data_, size_bytes_);
   }
   munmap(mapping_, mapping_bytes_);
   data_ = nullptr;
