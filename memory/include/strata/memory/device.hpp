@@ -10,8 +10,8 @@
 // that made them and an opaque backend value (a SimStream*, a cudaStream_t, ...).
 // Destroying a handle releases the object on its device: a stream first drains its queued
 // work; an event may be destroyed while work that records or waits on it is still queued
-// (that work keeps the event alive). Handles must not outlive their Device (checked in
-// checked builds by the Device's live-handle counter). A default-constructed handle is
+// (that work keeps the event alive). Handles must not outlive their Device (checked,
+// always, by the live-handle count when the Device is destroyed). A default-constructed handle is
 // empty; passing an empty handle, or one made by another Device, to a Device call is a
 // programmer error (STRATA_CHECK).
 //
@@ -189,8 +189,9 @@ class Device {
 
   //! Enqueues `fn` to run on the host in stream order: it starts after the work queued
   //! before it and the work queued after it starts when it returns. The sim backend's
-  //! "kernels" are such functions. On cuda it runs via cudaLaunchHostFunc and must not
-  //! call CUDA (nor block on this device). fn must not throw.
+  //! "kernels" are such functions. fn must not call this Device (on sim it runs on the
+  //! stream's worker, which a full queue or a synchronize would deadlock); on cuda it runs
+  //! via cudaLaunchHostFunc and must not call CUDA at all. fn must not throw.
   Status launch_host(const Stream& stream, std::function<void()> fn);
 
   //! Blocks until all work queued on `stream` is done.
