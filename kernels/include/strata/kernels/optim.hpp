@@ -32,6 +32,8 @@
 #include "strata/common/status.hpp"
 #include "strata/kernels/dtype.hpp"
 #include "strata/kernels/hyper.hpp"
+#include "strata/kernels/rules/lamb.hpp"  // lamb_trust_ratio
+#include "strata/kernels/rules/lars.hpp"  // lars_trust_ratio
 
 namespace strata {
 class ThreadPool;
