@@ -32,14 +32,29 @@ std::vector<GridBlock> plan_grid(std::span<const Span> spans, const GridShape& s
   return table;
 }
 
+namespace detail {
+
+PassOutcome combine_grid_partials(std::span<const GridBlock> table, std::span<const GridPartial> partials,
+                                  std::size_t span_count) {
+  PassOutcome out;
+  out.per_span.resize(span_count);
+  for (std::size_t k = 0; k < table.size(); ++k) {
+    out.per_span[table[k].span].param_sq += partials[k].a;
+    out.per_span[table[k].span].other_sq += partials[k].b;
+    out.nonfinite = out.nonfinite || partials[k].nonfinite != 0;
+  }
+  return out;
+}
+
+}  // namespace detail
+
 namespace {
 
 Result<detail::PassOutcome> emulate_pass(const GridShape& shape, Pass pass, const Hyper& h,
                                          std::span<const Span> spans, const PassArgs& pa,
                                          std::span<const float> trust) {
   const std::vector<GridBlock> table = plan_grid(spans, shape);
-  detail::PassOutcome out;
-  out.per_span.resize(spans.size());
+  std::vector<GridPartial> partials(table.size());
   std::vector<Acc<float>> per_thread(shape.block_threads);
   for (std::uint32_t block = 0; block < table.size(); ++block) {
     const Span& s = spans[table[block].span];
@@ -50,12 +65,9 @@ Result<detail::PassOutcome> emulate_pass(const GridShape& shape, Pass pass, cons
       }
     });
     STRATA_CHECK(known);
-    const GridPartial p = grid_combine(per_thread.data(), shape.block_threads);
-    out.per_span[table[block].span].param_sq += p.a;
-    out.per_span[table[block].span].other_sq += p.b;
-    out.nonfinite = out.nonfinite || p.nonfinite != 0;
+    partials[block] = grid_combine(per_thread.data(), shape.block_threads);
   }
-  return out;
+  return detail::combine_grid_partials(table, partials, spans.size());
 }
 
 detail::PassRunner emulated_runner(const GridShape& shape) {

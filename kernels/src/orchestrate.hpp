@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "strata/kernels/grid.hpp"
 #include "strata/kernels/ops.hpp"
 #include "strata/kernels/optim.hpp"
 
@@ -22,6 +23,10 @@ struct PassOutcome {
 //! Runs one pass; trust is empty or one value per span. Blocks until done.
 using PassRunner = std::function<Result<PassOutcome>(Pass pass, const Hyper& h, std::span<const Span> spans,
                                                      const PassArgs& pa, std::span<const float> trust)>;
+
+//! Adds block partials into per-span sums in table order (grid backends).
+PassOutcome combine_grid_partials(std::span<const GridBlock> table, std::span<const GridPartial> partials,
+                                  std::size_t span_count);
 
 //! Per-step coefficients of args.hyper.
 PassArgs pass_args(const StepArgs& args);

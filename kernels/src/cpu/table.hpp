@@ -5,6 +5,7 @@
 
 #include "strata/common/assert.hpp"
 #include "strata/kernels/ops.hpp"
+#include "strata/kernels/optim.hpp"
 
 namespace strata::kernels::cpu {
 

@@ -7,14 +7,15 @@
 #include <cstddef>
 
 #include "strata/kernels/hd.hpp"
+#include "strata/kernels/hyper.hpp"
 #include "strata/kernels/lanes.hpp"
-#include "strata/kernels/optim.hpp"
 #include "strata/kernels/rules/adagrad.hpp"
 #include "strata/kernels/rules/adam.hpp"
 #include "strata/kernels/rules/lamb.hpp"
 #include "strata/kernels/rules/lars.hpp"
 #include "strata/kernels/rules/lion.hpp"
 #include "strata/kernels/rules/sgd.hpp"
+#include "strata/kernels/span.hpp"
 
 namespace strata::kernels {
 
