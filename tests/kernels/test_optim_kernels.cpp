@@ -162,12 +162,9 @@ TEST_P(KernelSuite, SmallSizesAllDtypesMatchReference) {
 
 TEST_P(KernelSuite, OneMillionPlusThree) {
   const Case c = kase();
-  if (c.hyper.optimizer == Optimizer::kLion) {
-    GTEST_SKIP()
-        << "lion: sign() of a momentum within float rounding of 0 legitimately differs from the double "
-           "reference at this size; covered at the small sizes";
-  }
-  const int steps = impl() == Impl::kGrid ? 1 : 2;
+  // Lion: one step only. From step 2 on, sign(b1 m + (1 - b1) g) of a value within
+  // float rounding of 0 legitimately differs from the double reference somewhere in 1M elements.
+  const int steps = c.hyper.optimizer == Optimizer::kLion ? 1 : (impl() == Impl::kGrid ? 1 : 2);
   check_problem(impl(), c, (1u << 20) + 3, DType::kF32, DType::kNone, DType::kF32, 1, steps);
   check_problem(impl(), c, (1u << 20) + 3, DType::kBF16, DType::kBF16, DType::kF32, 0, steps);
 }
