@@ -84,7 +84,7 @@ std::vector<Case> cases() {
   return c;
 }
 
-bool adam_family(Optimizer o) {
+[[maybe_unused]] bool adam_family(Optimizer o) {
   return o == Optimizer::kAdam || o == Optimizer::kAdamW || o == Optimizer::kLamb;
 }
 
@@ -146,6 +146,10 @@ class KernelSuite : public ::testing::TestWithParam<std::tuple<Impl, int>> {
   Case kase() const { return cases()[static_cast<std::size_t>(std::get<1>(GetParam()))]; }
 };
 
+// Built twice (tests/kernels/CMakeLists.txt): the small sizes as a unit test,
+// the 1M+3 case as test_optim_kernels_large, labelled slow (seconds in release,
+// minutes under the sanitizers).
+#if !STRATA_KERNELS_LARGE
 TEST_P(KernelSuite, SmallSizesAllDtypesMatchReference) {
   const Case c = kase();
   for (DType gd : {DType::kF32, DType::kBF16, DType::kF16}) {
@@ -160,6 +164,7 @@ TEST_P(KernelSuite, SmallSizesAllDtypesMatchReference) {
   }
 }
 
+#else
 TEST_P(KernelSuite, OneMillionPlusThree) {
   const Case c = kase();
   // Lion: one step only. From step 2 on, sign(b1 m + (1 - b1) g) of a value within
@@ -168,6 +173,8 @@ TEST_P(KernelSuite, OneMillionPlusThree) {
   check_problem(impl(), c, (1u << 20) + 3, DType::kF32, DType::kNone, DType::kF32, 1, steps);
   check_problem(impl(), c, (1u << 20) + 3, DType::kBF16, DType::kBF16, DType::kF32, 0, steps);
 }
+
+#endif
 
 std::string param_name(const ::testing::TestParamInfo<std::tuple<Impl, int>>& info) {
   return impl_name(std::get<0>(info.param)) + "_" +

@@ -4,6 +4,7 @@
 // CUDA/host split is spelled out; every rule header includes it and stays free
 // of #ifdef (STYLE.md habit 2).
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -11,7 +12,6 @@
 #define STRATA_HD __host__ __device__
 #else
 #define STRATA_HD
-#include <cmath>
 #endif
 
 namespace strata::kernels {
