@@ -32,7 +32,7 @@ namespace {
 using namespace strata::kernels;
 
 struct OptimOptions {
-  double mparams = 32.0;
+  double mparams = 64.0;
   std::size_t threads = 0;
   int repeats = 5;
   bool json = false;
