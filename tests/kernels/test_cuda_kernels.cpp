@@ -66,7 +66,9 @@ TEST_F(Cuda, EveryOptimizerMatchesReferenceOnDevice) {
         SCOPED_TRACE(::testing::Message() << optimizer_name(o) << " grad " << dtype_name(gd) << " n " << n);
         Problem pb(h, n, gd, DType::kBF16, DType::kF32, 1, 5 + n);
         DeviceCopy dev(pb);
-        for (int t = 1; t <= 3; ++t) {
+        // Lion: one step (sign() of a value within rounding of 0 differs from double later on).
+        const int steps = o == Optimizer::kLion ? 1 : 3;
+        for (int t = 1; t <= steps; ++t) {
           const std::vector<double> g = pb.next_grad(0.5);
           dev.refresh_grad(pb);
           std::vector<Span> spans = dev.spans(pb);
@@ -77,9 +79,8 @@ TEST_F(Cuda, EveryOptimizerMatchesReferenceOnDevice) {
         }
         ASSERT_TRUE(cuda_synchronize().ok());
         std::size_t bad = 0;
-        const double atol = 1e-6 + h.lr * 2e-4 * 3;
+        const double atol = 1e-6 + h.lr * 2e-4 * steps;
         for (std::size_t i = 0; i < n; ++i) {
-          if (o == Optimizer::kLion) break;  // sign() near 0: see test_optim_kernels
           if (std::fabs(dev.master(i) - pb.ref.p[i]) > atol + 1e-6 * std::fabs(pb.ref.p[i]) && ++bad <= 3) {
             ADD_FAILURE() << "master[" << i << "] = " << dev.master(i) << " reference " << pb.ref.p[i];
           }
