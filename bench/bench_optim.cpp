@@ -9,7 +9,13 @@
 // step is timed with GradCheck::kCallerChecked, i.e. the runtime's path where
 // the norm pass for clipping doubles as the Inf/NaN check; that pass is the
 // separate `grad_norm` row (gradient read only). The triad moves 12 bytes per
-// element as STREAM counts it (write-allocate traffic not counted).
+// element as STREAM counts it (write-allocate traffic not counted), so a kernel
+// whose writes all go to lines it has just read can exceed it; the same triad
+// with non-temporal stores (no write-allocate) is printed as the stricter
+// baseline (bound_fraction_nt). Each timed step is followed by one run of each
+// triad, so both see the same load on a shared machine.
+#include <emmintrin.h>  // SSE2 (baseline x86-64): the non-temporal triad
+
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -151,20 +157,30 @@ class Triad {
     b_ = host_buffer(n, DType::kF32, pool);
     c_ = host_buffer(n, DType::kF32, pool);
   }
-  //! One timed run in GB/s.
-  Result<double> run_gb_s() {
+  //! One timed run in GB/s. non_temporal: stores bypass the cache (no
+  //! write-allocate read), the stricter baseline the kernels are also shown against.
+  Result<double> run_gb_s(bool non_temporal = false) {
     if (cuda_) return cuda_triad_gb_s(n_, 1);
-    auto body = [this](std::size_t, std::size_t lo, std::size_t hi) {
+    auto body = [this, non_temporal](std::size_t, std::size_t lo, std::size_t hi) {
       float* __restrict a = static_cast<float*>(a_.data());
       const float* __restrict b = static_cast<const float*>(b_.data());
       const float* __restrict c = static_cast<const float*>(c_.data());
-      for (std::size_t i = lo; i < hi; ++i) a[i] = b[i] + 3.0f * c[i];
+      std::size_t i = lo;
+      if (non_temporal) {
+        for (; i < hi && reinterpret_cast<std::uintptr_t>(a + i) % 16 != 0; ++i) a[i] = b[i] + 3.0f * c[i];
+        const __m128 three = _mm_set1_ps(3.0f);
+        for (; i + 4 <= hi; i += 4) {
+          _mm_stream_ps(a + i, _mm_add_ps(_mm_loadu_ps(b + i), _mm_mul_ps(three, _mm_loadu_ps(c + i))));
+        }
+      }
+      for (; i < hi; ++i) a[i] = b[i] + 3.0f * c[i];
     };
     const auto t0 = std::chrono::steady_clock::now();
     if (pool_)
       pool_->parallel_for(n_, 0, body);
     else
       body(0, 0, n_);
+    if (non_temporal) _mm_sfence();
     return 12.0 * double(n_) / seconds_since(t0) / 1e9;
   }
 
@@ -177,7 +193,8 @@ class Triad {
 
 struct Measured {
   double mparams_per_s = 0;
-  double triad_gb_s = 0;  //!< median of the triad runs interleaved with the steps
+  double triad_gb_s = 0;     //!< median of the triad runs interleaved with the steps
+  double triad_nt_gb_s = 0;  //!< same with non-temporal stores (CPU only)
   std::string error;
 };
 
@@ -209,7 +226,7 @@ Measured measure(const Config& c, std::size_t n, const OptimOptions& o, ThreadPo
   s.state_dtype = c.state;
   s.state[0] = alloc(c.state);
   if (state_count(c.optimizer) == 2) s.state[1] = alloc(c.state);
-  if (s.master == nullptr || s.grad == nullptr) return {0, 0, "allocation failed (lower --mparams)"};
+  if (s.master == nullptr || s.grad == nullptr) return {0, 0, 0, "allocation failed (lower --mparams)"};
   const GradStats checked{.sum_squares = 1.0, .finite = true};
   StepArgs args{.hyper = hyper_for(c.optimizer),
                 .spans = {&s, 1},
@@ -217,7 +234,7 @@ Measured measure(const Config& c, std::size_t n, const OptimOptions& o, ThreadPo
                 .isa = isa,
                 .check = GradCheck::kCallerChecked,
                 .checked = &checked};
-  std::vector<double> secs, triads;
+  std::vector<double> secs, triads, triads_nt;
   for (int r = 0; r <= o.repeats; ++r) {
     args.step = r + 1;
     const auto t0 = std::chrono::steady_clock::now();
@@ -228,14 +245,15 @@ Measured measure(const Config& c, std::size_t n, const OptimOptions& o, ThreadPo
     } else {
       st = cuda ? cuda_step(args).status() : step(args).status();
     }
-    if (!st.ok()) return {0, 0, st.to_string()};
+    if (!st.ok()) return {0, 0, 0, st.to_string()};
     if (r == 0) continue;  // warm-up
     secs.push_back(seconds_since(t0));
     Result<double> t = triad.run_gb_s();
-    if (!t.ok()) return {0, 0, t.status().to_string()};
+    if (!t.ok()) return {0, 0, 0, t.status().to_string()};
     triads.push_back(*t);
+    if (!cuda) triads_nt.push_back(*triad.run_gb_s(true));
   }
-  return {double(n) / median(secs) / 1e6, median(triads), ""};
+  return {double(n) / median(secs) / 1e6, median(triads), cuda ? 0.0 : median(triads_nt), ""};
 }
 
 //! torch.optim's rate for `name` via bench/torch_optim_rate.py; nullopt (with why) when unavailable.
@@ -292,14 +310,16 @@ int run_optim(const OptimOptions& o) {
   if (!o.json) {
     fmt::print("optim: {} params, device {}, isa {}, {} threads, median of {} steps\n", n, o.device, isa_used,
                cuda ? 0 : threads, o.repeats);
-    fmt::print("baseline: STREAM triad (12 B/element, same threads), one run after each timed step\n");
+    fmt::print(
+        "baseline: STREAM triad (12 B/element, same threads), one run after each timed step;\n"
+        "          bound = GB/s / triad, bnd-nt = GB/s / triad with non-temporal stores (CPU)\n");
   }
   std::map<std::string, nlohmann::json> torch_cache;
   nlohmann::json rows = nlohmann::json::array();
   if (!o.json) {
-    fmt::print("{:<9} {:>5} {:>5} {:>5} {:>9} {:>6} {:>7} {:>7} {:>6} {:>9} {:>8}  {}\n", "optimizer", "grad",
-               "param", "state", "Mparam/s", "B/par", "GB/s", "triad", "bound", "torch M/s", "speedup",
-               "torch variant");
+    fmt::print("{:<9} {:>5} {:>5} {:>5} {:>9} {:>6} {:>7} {:>7} {:>6} {:>6} {:>9} {:>8}  {}\n", "optimizer",
+               "grad", "param", "state", "Mparam/s", "B/par", "GB/s", "triad", "bound", "bnd-nt", "torch M/s",
+               "speedup", "torch variant");
   }
   int failures = 0;
   for (const Config& c : configs()) {
@@ -313,22 +333,25 @@ int run_optim(const OptimOptions& o) {
     }
     const double bpp = bytes_per_param(c);
     const double gbs = m.mparams_per_s * 1e6 * bpp / 1e9;
-    nlohmann::json row = {{"optimizer", name},
-                          {"param_dtype", c.param == DType::kNone ? "f32(master)" : dtype_name(c.param)},
-                          {"grad_dtype", dtype_name(c.grad)},
-                          {"state_dtype", c.grad_norm_only ? "none" : dtype_name(c.state)},
-                          {"isa", isa_used},
-                          {"device", o.device},
-                          {"threads", cuda ? 0 : threads},
-                          {"n_params", n},
-                          {"mparams_per_s", m.mparams_per_s},
-                          {"bytes_per_param", bpp},
-                          {"gb_s", gbs},
-                          {"triad_gb_s", m.triad_gb_s},
-                          {"bound_fraction", gbs / m.triad_gb_s},
-                          {"torch_mparams_per_s", nullptr},
-                          {"speedup_vs_torch", nullptr},
-                          {"torch_variant", nullptr}};
+    nlohmann::json row = {
+        {"optimizer", name},
+        {"param_dtype", c.param == DType::kNone ? "f32(master)" : dtype_name(c.param)},
+        {"grad_dtype", dtype_name(c.grad)},
+        {"state_dtype", c.grad_norm_only ? "none" : dtype_name(c.state)},
+        {"isa", isa_used},
+        {"device", o.device},
+        {"threads", cuda ? 0 : threads},
+        {"n_params", n},
+        {"mparams_per_s", m.mparams_per_s},
+        {"bytes_per_param", bpp},
+        {"gb_s", gbs},
+        {"triad_gb_s", m.triad_gb_s},
+        {"bound_fraction", gbs / m.triad_gb_s},
+        {"triad_nt_gb_s", cuda ? nlohmann::json(nullptr) : nlohmann::json(m.triad_nt_gb_s)},
+        {"bound_fraction_nt", cuda ? nlohmann::json(nullptr) : nlohmann::json(gbs / m.triad_nt_gb_s)},
+        {"torch_mparams_per_s", nullptr},
+        {"speedup_vs_torch", nullptr},
+        {"torch_variant", nullptr}};
     const std::string tn = c.grad_norm_only ? "" : torch_name(c.optimizer);
     std::string why = tn.empty() ? "torch.optim has no " + name : "";
     if (!tn.empty() && o.torch && !cuda) {
@@ -350,9 +373,10 @@ int run_optim(const OptimOptions& o) {
     }
     if (!o.json) {
       fmt::print(
-          "{:<9} {:>5} {:>5} {:>5} {:>9.1f} {:>6.0f} {:>7.2f} {:>7.2f} {:>6.2f} {:>9} {:>8}  {}\n", name,
-          dtype_name(c.grad), row["param_dtype"].get<std::string>().substr(0, 5),
+          "{:<9} {:>5} {:>5} {:>5} {:>9.1f} {:>6.0f} {:>7.2f} {:>7.2f} {:>6.2f} {:>6.2f} {:>9} {:>8}  {}\n",
+          name, dtype_name(c.grad), row["param_dtype"].get<std::string>().substr(0, 5),
           row["state_dtype"].get<std::string>(), m.mparams_per_s, bpp, gbs, m.triad_gb_s, gbs / m.triad_gb_s,
+          cuda ? 0.0 : gbs / m.triad_nt_gb_s,
           row["torch_mparams_per_s"].is_null()
               ? "-"
               : fmt::format("{:.1f}", row["torch_mparams_per_s"].get<double>()),
