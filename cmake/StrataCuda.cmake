@@ -21,6 +21,12 @@ if(STRATA_CUDA)
       set(CMAKE_CUDA_HOST_COMPILER ${CMAKE_CXX_COMPILER})
     endif()
     enable_language(CUDA)
+    # CMake 3.25 knows no C++20 flag for nvcc (added in 3.26) and refuses
+    # CUDA_STANDARD 20 without one; nvcc 12+ accepts -std=c++20, so name it.
+    if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
     set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     find_package(CUDAToolkit REQUIRED)

@@ -1,0 +1,96 @@
+// The CPU backend of step(), grad_stats() and the LAMB/LARS phases: the fixed
+// piece split of Note [Deterministic threading] over the thread pool, with the
+// ISA's piece function (cpu/isa.cpp) doing the work.
+#include <algorithm>
+#include <vector>
+
+#include "cpu/table.hpp"
+#include "orchestrate.hpp"
+#include "strata/common/thread_pool.hpp"
+
+namespace strata::kernels {
+namespace {
+
+struct Piece {
+  std::size_t span;
+  std::size_t begin;
+  std::size_t end;
+};
+
+detail::PassOutcome run_pieces(cpu::PieceFn fn, Pass pass, const Hyper& h, std::span<const Span> spans,
+                               const PassArgs& base, std::span<const float> trust, ThreadPool* pool) {
+  std::vector<Piece> pieces;
+  for (std::size_t si = 0; si < spans.size(); ++si) {
+    for (std::size_t b = 0; b < spans[si].n; b += kPieceElems) {
+      pieces.push_back({si, b, std::min(spans[si].n, b + kPieceElems)});
+    }
+  }
+  std::vector<cpu::PieceResult> results(pieces.size());
+  auto body = [&](std::size_t /*part*/, std::size_t begin, std::size_t end) {
+    for (std::size_t k = begin; k < end; ++k) {
+      const Piece& pc = pieces[k];
+      PassArgs pa = base;
+      if (!trust.empty()) pa.trust = trust[pc.span];
+      results[k] = fn(pass, h, spans[pc.span], pc.begin, pc.end, pa);
+    }
+  };
+  if (pool == nullptr || pieces.size() < 2) {
+    body(0, 0, pieces.size());
+  } else {
+    pool->parallel_for(pieces.size(), 0, body);
+  }
+  detail::PassOutcome out;
+  out.per_span.resize(spans.size());
+  for (std::size_t k = 0; k < pieces.size(); ++k) {  // fixed order: span, then offset
+    out.per_span[pieces[k].span].param_sq += results[k].a;
+    out.per_span[pieces[k].span].other_sq += results[k].b;
+    out.nonfinite = out.nonfinite || results[k].nonfinite;
+  }
+  return out;
+}
+
+//! The CPU PassRunner for an Isa (checked against CPUID) and a pool.
+Result<detail::PassRunner> cpu_runner(std::optional<Isa> isa, ThreadPool* pool) {
+  const Isa chosen = isa.value_or(default_isa());
+  if (!isa_supported(chosen)) {
+    return unavailable("kernel ISA {} was forced but this CPU lacks it; use scalar or leave the ISA unset",
+                       isa_name(chosen));
+  }
+  cpu::PieceFn fn = cpu::piece_fn(chosen);
+  return detail::PassRunner([fn, pool](Pass pass, const Hyper& h, std::span<const Span> spans,
+                                       const PassArgs& pa,
+                                       std::span<const float> trust) -> Result<detail::PassOutcome> {
+    return run_pieces(fn, pass, h, spans, pa, trust, pool);
+  });
+}
+
+}  // namespace
+
+Result<GradStats> grad_stats_per_span(std::span<const Span> spans, float grad_scale, std::span<double> out,
+                                      ThreadPool* pool, std::optional<Isa> isa) {
+  STRATA_ASSIGN_OR_RETURN(detail::PassRunner run, cpu_runner(isa, pool));
+  return detail::run_grad_stats(run, spans, grad_scale, out);
+}
+
+Result<GradStats> grad_stats(std::span<const Span> spans, float grad_scale, ThreadPool* pool,
+                             std::optional<Isa> isa) {
+  std::vector<double> per_span(spans.size());
+  return grad_stats_per_span(spans, grad_scale, per_span, pool, isa);
+}
+
+Result<StepReport> trust_phase1(const StepArgs& a, std::span<TrustPartial> partials) {
+  STRATA_ASSIGN_OR_RETURN(detail::PassRunner run, cpu_runner(a.isa, a.pool));
+  return detail::run_trust_phase1(run, a, partials);
+}
+
+Status trust_phase2(const StepArgs& a, std::span<const float> trust_per_span) {
+  STRATA_ASSIGN_OR_RETURN(detail::PassRunner run, cpu_runner(a.isa, a.pool));
+  return detail::run_trust_phase2(run, a, trust_per_span);
+}
+
+Result<StepReport> step(const StepArgs& a) {
+  STRATA_ASSIGN_OR_RETURN(detail::PassRunner run, cpu_runner(a.isa, a.pool));
+  return detail::run_step(run, a);
+}
+
+}  // namespace strata::kernels
