@@ -125,15 +125,21 @@ std::future<Status> submit_future(IoEngine& engine, IoRequest request) {
   return future;
 }
 
-Status submit_and_wait(IoEngine& engine, IoRequest request) {
+Status start_and_wait(const std::function<Status(IoCallback)>& start) {
   IoGroup group;
-  request.on_done = group.add();
-  Status submitted = engine.submit_one(std::move(request));
-  if (!submitted.ok()) {
+  Status started = start(group.add());
+  if (!started.ok()) {
     group.cancel_one();
-    return submitted;
+    return started;
   }
   return group.wait();
+}
+
+Status submit_and_wait(IoEngine& engine, IoRequest request) {
+  return start_and_wait([&](IoCallback done) {
+    request.on_done = std::move(done);
+    return engine.submit_one(std::move(request));
+  });
 }
 
 }  // namespace strata::offload

@@ -203,6 +203,11 @@ class IoGroup {
 //! returned through the future.
 std::future<Status> submit_future(IoEngine& engine, IoRequest request);
 
+//! Calls start(callback); when it returns Ok, blocks until the callback ran and
+//! returns its status; otherwise returns start's failure (the callback is then
+//! never run, per Note [Completion contract]).
+Status start_and_wait(const std::function<Status(IoCallback)>& start);
+
 //! Submits one request and waits for it. Blocks.
 Status submit_and_wait(IoEngine& engine, IoRequest request);
 
