@@ -104,11 +104,13 @@ struct FaultInjectingEngine::State {
       if (any_delivered && item.sequence < delivered_max) ++counts.reordered;
       delivered_max = std::max(delivered_max, item.sequence);
       any_delivered = true;
+      // Freed before the callback, as the engines do (Note [Completion
+      // contract]): a callback may submit again without waiting on itself.
+      --outstanding;
+      cv.notify_all();
       lock.unlock();
       if (item.callback) item.callback(std::move(item.status));
       lock.lock();
-      --outstanding;
-      cv.notify_all();
     }
     delivery_done = true;
   }

@@ -35,7 +35,7 @@ class UringEngine final : public EngineBase {
   };
 
   explicit UringEngine(IoEngineOptions options) : EngineBase(std::move(options)) {}
-  void start_admitted() override { pump(); }
+  void start_admitted() override;
   int fixed_buffer_for(std::span<const std::byte> buffer) const override;
   Status setup();
   void register_buffers();
@@ -44,6 +44,8 @@ class UringEngine final : public EngineBase {
   void prep_piece(Piece* piece);
   //! Prepares SQEs for every piece the tracker can hand out and submits. Lock held.
   void pump();
+  //! Lock held: makes the reaper pump soon (Note [Uring threading]).
+  void wake_reaper();
   void submit_ring();
 
   io_uring ring_{};
@@ -51,6 +53,8 @@ class UringEngine final : public EngineBase {
   bool files_registered_ = false;
   std::vector<Region> regions_;  // sorted by begin
   std::thread reaper_;
+  std::thread::id reaper_id_;
+  bool wake_pending_ = false;  // a wake NOP is in the ring
 };
 
 }  // namespace strata::offload::detail

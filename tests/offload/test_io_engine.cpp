@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <functional>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -165,6 +166,34 @@ TEST_P(IoEngineTest, ManyConcurrentReadersAndWriters) {
   }
   for (auto& thread : threads) thread.join();
   EXPECT_EQ(failures.load(), 0);
+}
+
+TEST_P(IoEngineTest, ACallbackMaySubmitTheNextRequestWithoutBlocking) {
+  auto o = options(4, 64 * 1024);
+  o.requests_in_flight_max =
+      1;  // full while the one request is out: only the freed slot lets the chain go on
+  auto engine = make(std::move(o));
+  ASSERT_TRUE(engine);
+  auto file = engine->register_file(fd_, "data");
+  ASSERT_TRUE(file.ok());
+  constexpr int kSteps = 32;
+  fill_random(buffer_.span(0, kSteps * 128 * 1024), 77);
+  IoGroup group;
+  std::function<void(int)> step = [&](int i) {
+    IoCallback done = group.add();
+    Status submitted = engine->submit_one({IoOp::kWrite, *file, i * 128 * 1024ull,
+                                           buffer_.span(i * 128 * 1024, 128 * 1024), [&, i, done](Status s) {
+                                             if (s.ok() && i + 1 < kSteps) step(i + 1);
+                                             done(std::move(s));
+                                           }});
+    if (!submitted.ok()) group.cancel_one();
+  };
+  step(0);
+  ASSERT_TRUE(group.wait().ok());
+  EXPECT_EQ(engine->stats().requests_completed, static_cast<std::uint64_t>(kSteps));
+  AlignedBuffer back(kSteps * 128 * 1024);
+  ASSERT_TRUE(submit_and_wait(*engine, {IoOp::kRead, *file, 0, back.all(), {}}).ok());
+  EXPECT_EQ(std::memcmp(back.data(), buffer_.data(), back.size()), 0);
 }
 
 TEST_P(IoEngineTest, ReadPastEndOfFileIsAnIoError) {

@@ -16,7 +16,9 @@
 // waiting for space when a shutdown began (it completes with Cancelled). A
 // callback must be short and must not block on I/O of the same engine (it may
 // post work elsewhere, or submit when it can be sure not to block); it must not
-// throw. Short transfers, EINTR and EAGAIN are retried inside the engine for the
+// throw. A request's slot is freed before its callback runs, so a callback may
+// submit one new request per completed one without blocking (how a pipeline
+// keeps the queue full without a thread in between). Short transfers, EINTR and EAGAIN are retried inside the engine for the
 // remainder; the caller sees only whole transfers or a failure.
 //
 // Note [Bounded in flight]
