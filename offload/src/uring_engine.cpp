@@ -28,12 +28,16 @@ namespace strata::offload::detail {
 // wake, cancel and stop entries, and the CQ (twice the SQ) cannot overflow.
 //
 // Note [Measured defaults]
-// queue_depth 32 and request_bytes 1 MiB were chosen with `strata-bench io` and
-// fio sweeps on the development machine (virtio disk, ext4): reads at 1 MiB
-// pieces reach fio's 4 MiB-block figure from depth 8 up and writes level off
-// by depth 32; 256 KiB pieces lose ~30 % at every depth; 4 MiB pieces gain
-// nothing over 1 MiB (the device splits them anyway) but hold more memory
-// per piece. The README has the figures.
+// queue_depth 32 and request_bytes 1 MiB, measured with `strata-bench io` and fio
+// on the development machine (virtio disk, ext4, kernel 6.18, 2 shared cores):
+// - depth: 8 pieces in flight (2 blocks of 4 MiB) read 0.9-1.2 GiB/s; 32 and
+//   more reached 1.5-2.1 GiB/s; beyond 64 nothing more was gained;
+// - piece size: 256 KiB pieces at the same bytes in flight were no better and
+//   cost 4x the submissions; 1, 2 and 4 MiB could not be told apart (run to run
+//   spread of +-40 % on this shared disk). 1 MiB keeps a piece within the
+//   device's largest request (254 segments of 4 KiB here) and spreads a chunk
+//   over several devices, as ARCHITECTURE.md plans.
+// Re-measure on real NVMe: `strata-bench io --dir ... --qd N --request BYTES`.
 
 namespace {
 // user_data tags; Piece pointers are 8-byte aligned, so they never collide.

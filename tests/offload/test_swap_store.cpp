@@ -246,7 +246,11 @@ TEST_F(SwapStoreTest, FilesAreRemovedAtCleanShutdown) {
   for (const auto& file : files) EXPECT_FALSE(std::filesystem::exists(file)) << file;
 }
 
-TEST_F(SwapStoreTest, StaleFilesOfACrashedRunAreReportedAndReclaimed) {
+// The fork tests are not in SwapStoreTest: its engine's thread would make the
+// parent multi-threaded at fork(), which ThreadSanitizer (rightly) refuses.
+TEST(SwapStoreFork, StaleFilesOfACrashedRunAreReportedAndReclaimed) {
+  TempDir a_;
+  AlignedBuffer out_{kSlotBytes}, back_{kSlotBytes};
   // A child process writes a slot and dies without cleaning up.
   pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
@@ -268,7 +272,9 @@ TEST_F(SwapStoreTest, StaleFilesOfACrashedRunAreReportedAndReclaimed) {
   { std::ofstream(a_.path() / "strata-swap-3.swp") << "not a swap file"; }  // a foreign/garbled one
 
   LogCapture log;
-  auto store = store_of(*engine_, {a_.path()});
+  auto engine = engine_of(EngineKind::kUring);
+  ASSERT_TRUE(engine);
+  auto store = store_of(*engine, {a_.path()});
   ASSERT_TRUE(store);
   EXPECT_TRUE(log.contains("stale swap file " + stale.string())) << "the crashed run's file is reported";
   EXPECT_TRUE(log.contains("left by run")) << "with its header's run id";
@@ -308,7 +314,8 @@ TEST_F(SwapStoreTest, BadDirectoriesGiveClearErrors) {
   EXPECT_EQ(odd.status().code(), StatusCode::kInvalidArgument);
 }
 
-TEST_F(SwapStoreTest, UnwritableDirectoryIsPermissionDenied) {
+TEST(SwapStoreFork, UnwritableDirectoryIsPermissionDenied) {
+  TempDir a_;
   auto locked = a_.path() / "locked";
   ASSERT_EQ(::mkdir(locked.c_str(), 0555), 0);
   ASSERT_EQ(::chmod(a_.path().c_str(), 0711), 0);
@@ -342,7 +349,8 @@ TEST_F(SwapStoreTest, NotEnoughSpaceIsAnErrorUpFrontWithTheSizes) {
   EXPECT_TRUE(std::filesystem::is_empty(a_.path())) << "nothing is created when the space check fails";
 }
 
-TEST_F(SwapStoreTest, FileSizeLimitMakesPreallocationFailWithNoSpace) {
+TEST(SwapStoreFork, FileSizeLimitMakesPreallocationFailWithNoSpace) {
+  TempDir a_;
   // RLIMIT_FSIZE in a child stands in for a full disk without privileges: with
   // SIGXFSZ ignored, fallocate past the limit fails with EFBIG.
   pid_t pid = ::fork();
