@@ -14,13 +14,16 @@
 //   uses). strata: qd requests in flight, each split into --request pieces,
 //   engine queue depth qd * block / request, so the kernel sees the same bytes
 //   in flight. Buffers are page-aligned mmap memory registered as fixed buffers,
-//   touched once in order at start (as the pinned host pool is). Measured here:
-//   the same region prefaulted with MAP_POPULATE instead read ~2x slower with
-//   both strata engines (the virtio disk's 254-segment limit makes device
-//   requests smaller when the buffer's pages are not physically adjacent);
-//   fio uses its own buffers, and its figures vary run to run for that reason.
+//   touched once in order at start, with MADV_HUGEPAGE as the pinned host pool
+//   will have them (--no-huge-pages: plain 4 KiB pages, like fio's malloc'd
+//   buffers). This matters on the development machine's virtio disk: with
+//   huge pages a 4 MiB read is a few physically contiguous segments, without
+//   them up to 1024, and the device's 254-segment limit splits it into more,
+//   smaller device requests. Both figures go in the README, so the comparison
+//   with fio can be read with and without that advantage.
 // - The page cache plays no part (O_DIRECT). Runs interleave the engines so
-//   drift in the device's speed hits all of them alike; medians are reported.
+//   drift in the device's speed hits all of them alike, and each run starts
+//   with a different engine; medians are reported.
 // - Before every timed pass the device's write cache is flushed (syncfs) and
 //   the bench pauses 200 ms: fio's passes are separate processes with such a
 //   gap anyway, and a read must not race the flush of the write before it.
@@ -62,6 +65,7 @@ struct IoBenchOptions {
   int runs = 3;
   bool json = false;
   bool skip_fio = false;
+  bool no_huge_pages = false;
 };
 
 struct Settings {
@@ -75,9 +79,10 @@ struct Settings {
 
 // Page-aligned memory for the blocks in flight.
 struct Mapping {
-  explicit Mapping(std::size_t n) : size(n) {
+  Mapping(std::size_t n, bool huge_pages) : size(n) {
     void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     data = p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
+    if (data != nullptr && huge_pages) ::madvise(p, n, MADV_HUGEPAGE);
     if (data != nullptr) std::memset(p, 0, n);  // touched in order: Note [Fair comparison with fio]
   }
   ~Mapping() {
@@ -208,15 +213,14 @@ Result<double> fio_run(const std::string& ioengine, const char* rw, const Settin
   return bw / static_cast<double>(kGiB);
 }
 
-Status fio_runs(const Settings& s, std::map<std::string, Samples>& samples) {
-  for (const std::string engine : {"io_uring", "libaio"}) {
-    settle(s);
-    STRATA_ASSIGN_OR_RETURN(double write, fio_run(engine, "write", s));
-    settle(s);
-    STRATA_ASSIGN_OR_RETURN(double read, fio_run(engine, "read", s));
-    samples["fio_" + std::string(engine == "io_uring" ? "uring" : "libaio")].write.push_back(write);
-    samples["fio_" + std::string(engine == "io_uring" ? "uring" : "libaio")].read.push_back(read);
-  }
+// One fio write pass and one read pass with `ioengine`.
+Status fio_pair(const std::string& ioengine, const Settings& s, Samples& out) {
+  settle(s);
+  STRATA_ASSIGN_OR_RETURN(double write, fio_run(ioengine, "write", s));
+  settle(s);
+  STRATA_ASSIGN_OR_RETURN(double read, fio_run(ioengine, "read", s));
+  out.write.push_back(write);
+  out.read.push_back(read);
   return Status::Ok();
 }
 
@@ -291,7 +295,7 @@ int run_io(const IoBenchOptions& o) {
   if (!std::filesystem::is_directory(o.dir)) return fail(not_found("--dir {} is not a directory", o.dir));
   s.file = std::filesystem::path(o.dir) / "strata-bench-io.dat";
 
-  Mapping buffers(s.qd * s.block);
+  Mapping buffers(s.qd * s.block, !o.no_huge_pages);
   if (buffers.data == nullptr)
     return fail(out_of_memory("mmap of {} for buffers", format_bytes(s.qd * s.block)));
   if (Status st = prepare_file(s, buffers); !st.ok()) return fail(st);
@@ -304,14 +308,23 @@ int run_io(const IoBenchOptions& o) {
         "fio is not installed (Debian package fio; `scripts/install-deps --bench`): the fio columns are null";
   }
   std::map<std::string, Samples> samples;
+  // Each run starts with a different engine (rotation), so a device that warms
+  // up or slows down within a run favours none of them.
+  const std::vector<std::string> order = {"uring", "posix", "fio_uring", "fio_libaio"};
   for (int r = 0; r < o.runs; ++r) {
-    if (Status st = strata_run(EngineKind::kUring, s, buffers, samples["uring"]); !st.ok()) return fail(st);
-    if (Status st = strata_run(EngineKind::kPosix, s, buffers, samples["posix"]); !st.ok()) return fail(st);
-    if (!fio_note) {
-      if (Status st = fio_runs(s, samples); !st.ok()) {
-        fio_note = "fio failed: " + st.message();
-        samples.erase("fio_uring");
-        samples.erase("fio_libaio");
+    for (std::size_t k = 0; k < order.size(); ++k) {
+      const std::string& name = order[(k + static_cast<std::size_t>(r)) % order.size()];
+      Status st;
+      if (name == "uring" || name == "posix") {
+        st = strata_run(name == "uring" ? EngineKind::kUring : EngineKind::kPosix, s, buffers, samples[name]);
+        if (!st.ok()) return fail(st);
+      } else if (!fio_note) {
+        st = fio_pair(name == "fio_uring" ? "io_uring" : "libaio", s, samples[name]);
+        if (!st.ok()) {
+          fio_note = "fio failed: " + st.message();
+          samples.erase("fio_uring");
+          samples.erase("fio_libaio");
+        }
       }
     }
   }
@@ -327,6 +340,7 @@ int run_io(const IoBenchOptions& o) {
                    {"request_bytes", s.request},
                    {"engine_queue_depth", s.engine_depth},
                    {"runs", o.runs},
+                   {"strata_huge_pages", !o.no_huge_pages},
                    {"file", s.file.string()},
                    {"uring_write_gib_s", number_or_null(uw)},
                    {"uring_read_gib_s", number_or_null(ur)},
@@ -378,6 +392,8 @@ Registrar reg{"io", "NVMe tier: strata's io_uring and posix engines vs fio (io_u
                 app.add_option("--runs", o->runs, "runs; medians are reported")->capture_default_str();
                 app.add_flag("--json", o->json, "print one JSON object");
                 app.add_flag("--skip-fio", o->skip_fio, "do not run fio (its keys are null)");
+                app.add_flag("--no-huge-pages", o->no_huge_pages,
+                             "strata buffers in 4 KiB pages (as fio's) instead of transparent huge pages");
                 return [o] { return run_io(*o); };
               }};
 

@@ -28,15 +28,17 @@ namespace strata::offload::detail {
 // wake, cancel and stop entries, and the CQ (twice the SQ) cannot overflow.
 //
 // Note [Measured defaults]
-// queue_depth 32 and request_bytes 1 MiB, measured with `strata-bench io` and fio
-// on the development machine (virtio disk, ext4, kernel 6.18, 2 shared cores):
-// - depth: 8 pieces in flight (2 blocks of 4 MiB) read 0.9-1.2 GiB/s; 32 and
-//   more reached 1.5-2.1 GiB/s; beyond 64 nothing more was gained;
-// - piece size: 256 KiB pieces at the same bytes in flight were no better and
-//   cost 4x the submissions; 1, 2 and 4 MiB could not be told apart (run to run
-//   spread of +-40 % on this shared disk). 1 MiB keeps a piece within the
-//   device's largest request (254 segments of 4 KiB here) and spreads a chunk
-//   over several devices, as ARCHITECTURE.md plans.
+// request_bytes 4 MiB and queue_depth 32, measured with `strata-bench io` and fio
+// on the development machine (virtio disk, ext4, kernel 6.18, 2 shared cores,
+// run-to-run spread +-40 %):
+// - piece size: in one session, 2 GiB, 4 MiB blocks, 8 in flight, medians of 3:
+//   4 MiB pieces wrote 5.07 and read 3.09 GiB/s, 1 MiB pieces 4.33 and 2.65
+//   (at the same bytes in flight); 256 KiB pieces were never better and cost 16x
+//   the submissions. A 4 MiB chunk is then one request per device stripe.
+// - depth: 2 pieces of 4 MiB (or 8 of 1 MiB) in flight read 0.9-1.5 GiB/s; 8 or
+//   more of 4 MiB (32 of 1 MiB) reached the disk's speed; more gained nothing.
+//   32 keeps smaller requests (stripes of small chunks) deep enough too; depth
+//   only bounds, it reserves nothing but SQ entries.
 // Re-measure on real NVMe: `strata-bench io --dir ... --qd N --request BYTES`.
 
 namespace {

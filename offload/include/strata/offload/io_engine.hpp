@@ -93,15 +93,14 @@ struct IoSite {
 using IoResultFilter = std::function<std::int64_t(const IoSite& site, std::int64_t result)>;
 
 //! Engine settings. queue_depth and request_bytes were chosen by measurement on
-//! the development machine (virtio disk, ext4, kernel 6.18): depth 32 of 1 MiB
-//! pieces reached the disk's speed; less depth did not; piece sizes of 1-4 MiB
-//! were indistinguishable. See Note [Measured defaults] in uring_engine.cpp.
+//! the development machine (virtio disk, ext4, kernel 6.18) with strata-bench io:
+//! see Note [Measured defaults] in uring_engine.cpp.
 struct IoEngineOptions {
   EngineKind kind = EngineKind::kAuto;
   //! Pieces in the kernel at once (io_uring SQ depth; posix: worker threads).
   std::uint32_t queue_depth = 32;
   //! Largest piece one request is split into; a multiple of alignment_bytes.
-  std::uint32_t request_bytes = 1024 * 1024;
+  std::uint32_t request_bytes = 4 * 1024 * 1024;
   //! Requests accepted and not yet completed; submit() blocks beyond it.
   std::uint32_t requests_in_flight_max = 256;
   //! Registered files at most (io_uring's registered file table).
