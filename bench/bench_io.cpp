@@ -366,8 +366,11 @@ int run_io(const IoBenchOptions& o) {
   fmt::print("strata-bench io: {} in {} blocks, {} blocks in flight, O_DIRECT, median of {} runs\n",
              format_bytes(s.bytes), format_bytes(s.block), s.qd, o.runs);
   fmt::print("  file {} (preallocated, written once before timing; every engine uses it)\n", s.file.string());
-  fmt::print("  strata: {} pieces, engine queue depth {}; fio: bs={}, iodepth={}\n\n",
-             format_bytes(s.request), s.engine_depth, s.block, s.qd);
+  fmt::print(
+      "  strata: {} pieces, engine queue depth {}, buffers in {}; fio: bs={}, iodepth={}, its own "
+      "buffers\n\n",
+      format_bytes(s.request), s.engine_depth, o.no_huge_pages ? "4 KiB pages" : "transparent huge pages",
+      s.block, s.qd);
   fmt::print("  {:<16} {:>12} {:>12}\n", "engine", "write GiB/s", "read GiB/s");
   fmt::print("  {:<16} {:>12} {:>12}\n", "strata uring", cell(uw), cell(ur));
   fmt::print("  {:<16} {:>12} {:>12}\n", "strata posix", cell(pw), cell(pr));
