@@ -1,0 +1,123 @@
+#pragma once
+// SwapStore: fixed-size chunk slots on preallocated swap files, one file per
+// directory (one directory per NVMe device), every slot striped across all of
+// them (Note [Slot striping] in swap_store.cpp), each stripe checked by CRC32C.
+//
+// Guarantees: a slot that was never written, whose last write failed, or whose
+// bytes changed on disk never reads back as valid data — the read fails with
+// FailedPrecondition or Corrupt (naming chunk, slot, file and offset). Swap
+// files left by a crashed run are reported in the log and recreated at start;
+// files are removed at clean shutdown (destruction).
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "strata/common/status.hpp"
+#include "strata/offload/io_engine.hpp"
+
+namespace strata::offload {
+
+//! Index of a slot in a SwapStore.
+using SlotId = std::uint32_t;
+//! The caller's name for the chunk a slot holds (for checks and messages).
+using ChunkId = std::uint64_t;
+
+//! Offsets, lengths and buffer addresses of swap I/O are multiples of this.
+inline constexpr std::uint64_t kSwapAlignmentBytes = 4096;
+//! Directories (stripes) at most.
+inline constexpr std::size_t kSwapDirsMax = 16;
+
+struct SwapStoreOptions {
+  //! One or more existing, writable directories; one swap file each.
+  std::vector<std::filesystem::path> dirs;
+  //! Bytes per slot (a chunk); a positive multiple of 4096.
+  std::uint64_t slot_bytes = 0;
+  //! Slots to preallocate.
+  std::uint32_t slots = 0;
+  //! Open the files with O_DIRECT; where the filesystem refuses it (tmpfs on
+  //! older kernels) the store uses buffered I/O and logs a warning.
+  bool direct_io = true;
+  //! Test hook: behave as if every directory refused O_DIRECT.
+  bool simulate_direct_io_refused = false;
+};
+
+//! Where one stripe of a slot lives (for tests and messages).
+struct SlotStripe {
+  std::filesystem::path file;
+  std::uint64_t offset_bytes = 0;
+  std::uint64_t length_bytes = 0;
+};
+
+//! Thread-safe: slots may be allocated, written and read from any thread;
+//! reads and writes of different slots proceed in parallel, and several reads
+//! of one written slot may overlap. Writing a slot while it is being read or
+//! written is refused (FailedPrecondition). The engine must outlive the store,
+//! and no I/O of the store may be in flight at destruction (checked).
+class SwapStore {
+ public:
+  //! Validates the directories (NotFound, PermissionDenied, InvalidArgument),
+  //! reclaims stale swap files (logged), checks free space up front (NoSpace
+  //! with the needed and available sizes), creates, preallocates (fallocate)
+  //! and registers one file per directory. Blocks on file system calls.
+  static Result<std::unique_ptr<SwapStore>> create(IoEngine& engine, SwapStoreOptions options);
+
+  //! Unregisters, closes and removes the swap files.
+  ~SwapStore();
+  SwapStore(const SwapStore&) = delete;
+  SwapStore& operator=(const SwapStore&) = delete;
+
+  //! A free slot (never written: reading it fails until it is written), or
+  //! OutOfBudget when all are in use.
+  Result<SlotId> allocate();
+  //! Returns a slot to the free list; its contents are forgotten. No I/O on it may be in flight.
+  void release(SlotId slot);
+
+  //! Writes `data` (length a multiple of 4096, at most slot_bytes; address
+  //! 4096-aligned) as chunk `chunk` into `slot`. The CRC32C of each stripe is
+  //! computed first, on the calling thread. Returns an error with no callback
+  //! for a bad slot or misaligned data (an assertion in checked builds); else
+  //! `done` runs once, on an engine thread (Note [Completion contract]).
+  //! `data` must stay valid and unchanged until then.
+  Status write_async(SlotId slot, ChunkId chunk, std::span<const std::byte> data, IoCallback done);
+
+  //! Reads chunk `chunk` from `slot` into `out` (the length it was written with)
+  //! and verifies each stripe's CRC32C on the engine thread that completes it.
+  //! Errors as write_async; `done` gets Corrupt on a checksum mismatch.
+  Status read_async(SlotId slot, ChunkId chunk, std::span<std::byte> out, IoCallback done);
+
+  //! Blocking forms of the two above.
+  Status write(SlotId slot, ChunkId chunk, std::span<const std::byte> data);
+  Status read(SlotId slot, ChunkId chunk, std::span<std::byte> out);
+
+  //! Where the first `length_bytes` of `slot` live, stripe by stripe.
+  std::vector<SlotStripe> locate(SlotId slot, std::uint64_t length_bytes) const;
+
+  std::uint64_t slot_bytes() const { return slot_bytes_; }
+  std::uint64_t stripe_bytes() const { return stripe_bytes_; }
+  std::uint32_t slots() const { return slots_; }
+  std::uint32_t slots_free() const;
+  //! The swap files, one per directory, in directory order.
+  std::vector<std::filesystem::path> files() const;
+  //! True when every file uses O_DIRECT.
+  bool direct_io() const;
+  //! Random id written in every file header of this run.
+  std::uint64_t run_id() const { return run_id_; }
+
+  //! The store's private state (files, slot table), defined in swap_store.cpp.
+  struct Impl;
+
+ private:
+  SwapStore(IoEngine& engine, std::uint64_t slot_bytes, std::uint64_t stripe_bytes, std::uint32_t slots);
+
+  IoEngine& engine_;
+  std::uint64_t slot_bytes_;
+  std::uint64_t stripe_bytes_;
+  std::uint32_t slots_;
+  std::uint64_t run_id_ = 0;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata::offload

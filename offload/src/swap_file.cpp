@@ -1,0 +1,259 @@
+#include "swap_file.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <map>
+#include <memory>
+
+#include "strata/common/assert.hpp"
+#include "strata/common/bytes.hpp"
+#include "strata/common/log.hpp"
+#include "strata/offload/crc32c.hpp"
+
+namespace strata::offload::detail {
+
+// Note [Swap file header]
+// The first 4 KiB of every swap file hold a header: magic "STRATASW", version,
+// the run id (random per SwapStore), pid, creation time, slot and stripe sizes,
+// and a CRC32C of the header. Slot metadata (which slot holds which chunk, each
+// stripe's CRC) lives only in memory, so a swap file is never trusted across
+// runs: at start, any `strata-swap-*.swp` whose flock is free belongs to a run
+// that is gone. It is reported (with its header's run id and pid when the
+// header is valid) and removed before the new files are created, so stale bytes
+// can never be read back as a chunk. The flock, held for the store's lifetime,
+// tells a live store's file (another process, or another store in this one)
+// from a stale one.
+
+namespace {
+
+constexpr char kMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'S', 'W'};
+constexpr std::uint32_t kVersion = 1;
+constexpr std::string_view kPrefix = "strata-swap-";
+constexpr std::string_view kSuffix = ".swp";
+
+struct HeaderRecord {
+  char magic[8];
+  std::uint32_t version;
+  std::uint32_t header_bytes;
+  std::uint64_t run_id;
+  std::uint64_t slot_bytes;
+  std::uint64_t stripe_bytes;
+  std::uint32_t slots;
+  std::uint32_t dir_index;
+  std::uint32_t dir_count;
+  std::uint32_t pid;
+  std::uint64_t created_unix_s;
+  std::uint32_t crc;  // CRC32C of the bytes before it
+};
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+using BlockPtr = std::unique_ptr<std::byte, FreeDeleter>;
+
+BlockPtr header_block() {
+  void* p = std::aligned_alloc(kSwapHeaderBytes, kSwapHeaderBytes);
+  STRATA_CHECK(p != nullptr);
+  std::memset(p, 0, kSwapHeaderBytes);
+  return BlockPtr(static_cast<std::byte*>(p));
+}
+
+std::uint32_t record_crc(const HeaderRecord& r) {
+  return crc32c({reinterpret_cast<const std::byte*>(&r), offsetof(HeaderRecord, crc)});
+}
+
+bool is_swap_file_name(const std::string& name) {
+  return name.size() > kPrefix.size() + kSuffix.size() && name.starts_with(kPrefix) &&
+         name.ends_with(kSuffix);
+}
+
+// Describes a stale file from its header, for the log.
+std::string describe_stale(int fd) {
+  HeaderRecord r{};
+  ssize_t n = ::pread(fd, &r, sizeof(r), 0);
+  if (n != static_cast<ssize_t>(sizeof(r)) || std::memcmp(r.magic, kMagic, sizeof(kMagic)) != 0) {
+    return "no strata swap header (not written by strata, or cut short)";
+  }
+  if (r.version != kVersion || r.crc != record_crc(r))
+    return "a damaged or foreign-version strata swap header";
+  return fmt::format("left by run {:016x} (pid {}, created at unix time {}, {} slots of {})", r.run_id, r.pid,
+                     r.created_unix_s, r.slots, format_bytes(r.slot_bytes));
+}
+
+}  // namespace
+
+std::string swap_file_name(std::uint32_t dir_index) {
+  return fmt::format("{}{}{}", kPrefix, dir_index, kSuffix);
+}
+
+Status check_swap_dir(const std::filesystem::path& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    int err = errno;
+    if (err == ENOENT) {
+      return not_found(
+          "swap directory {} does not exist: create it or list another directory in the swap setting",
+          dir.string());
+    }
+    return errno_status(err, fmt::format("stat of swap directory {}", dir.string()));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return invalid_argument("swap directory {} is not a directory: list a directory in the swap setting",
+                            dir.string());
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    return permission_denied(
+        "swap directory {} is not writable by this process (uid {}): fix its permissions or "
+        "choose another directory",
+        dir.string(), ::getuid());
+  }
+  return Status::Ok();
+}
+
+Status reclaim_stale_swap_files(const std::filesystem::path& dir, const std::string& wanted) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    std::string name = entry.path().filename().string();
+    if (!is_swap_file_name(name)) continue;
+    int fd = ::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;  // vanished meanwhile
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd);
+      if (name == wanted) {
+        return failed_precondition(
+            "swap file {} is in use by another live strata swap store (it holds the file's "
+            "lock): give each store its own directory",
+            entry.path().string());
+      }
+      continue;
+    }
+    STRATA_LOG_WARN(
+        "swap: found stale swap file {}, {}; a previous run did not shut down cleanly. Reclaiming it "
+        "(its contents are never read)",
+        entry.path().string(), describe_stale(fd));
+    if (::unlink(entry.path().c_str()) != 0) {
+      int err = errno;
+      ::close(fd);
+      return errno_status(err, fmt::format("removing stale swap file {}", entry.path().string()));
+    }
+    ::close(fd);
+  }
+  if (ec) return errno_status(ec.value(), fmt::format("listing swap directory {}", dir.string()));
+  return Status::Ok();
+}
+
+Status check_free_space(const std::vector<std::filesystem::path>& dirs, std::uint64_t file_bytes) {
+  struct Need {
+    std::uint64_t needed = 0;
+    std::uint64_t available = 0;
+    std::string dirs;
+  };
+  std::map<unsigned long, Need> by_fs;
+  for (const auto& dir : dirs) {
+    struct statvfs vfs {};
+    if (::statvfs(dir.c_str(), &vfs) != 0)
+      return errno_status(errno, fmt::format("statvfs of {}", dir.string()));
+    Need& need = by_fs[vfs.f_fsid];
+    need.needed += file_bytes;
+    need.available = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    need.dirs += (need.dirs.empty() ? "" : ", ") + dir.string();
+  }
+  for (const auto& [fsid, need] : by_fs) {
+    if (need.needed > need.available) {
+      return no_space(
+          "swap needs {} on the file system of {} but only {} is available: free space, lower the swap "
+          "size, or add a directory on another device",
+          format_bytes(need.needed), need.dirs, format_bytes(need.available));
+    }
+  }
+  return Status::Ok();
+}
+
+Result<SwapFile> create_swap_file(const std::filesystem::path& dir, const SwapHeaderInfo& info,
+                                  std::uint64_t file_bytes, bool direct, bool simulate_refused) {
+  SwapFile file;
+  file.path = dir / swap_file_name(info.dir_index);
+  // O_EXCL: reclaim_stale_swap_files() removed any old file; one that appeared
+  // since belongs to someone else and must not be truncated.
+  const int flags = O_RDWR | O_CREAT | O_CLOEXEC;
+  if (direct) {
+    file.fd = simulate_refused ? -1 : ::open(file.path.c_str(), flags | O_EXCL | O_DIRECT, 0600);
+    int err = simulate_refused ? EINVAL : errno;
+    if (file.fd >= 0) {
+      file.direct = true;
+    } else if (err != EINVAL) {
+      return errno_status(err, fmt::format("creating swap file {}", file.path.string()));
+    } else {
+      STRATA_LOG_WARN(
+          "swap: the file system of {} refuses O_DIRECT{}; using buffered I/O there, which goes "
+          "through the page cache (slower, and uses host memory). Put swap on a disk file system "
+          "(ext4, xfs) for direct I/O",
+          dir.string(), simulate_refused ? " [simulated]" : "");
+    }
+  }
+  if (file.fd < 0) {
+    // Without O_EXCL when a refused O_DIRECT open may already have created the file.
+    file.fd = ::open(file.path.c_str(), direct ? flags : flags | O_EXCL, 0600);
+    if (file.fd < 0) return errno_status(errno, fmt::format("creating swap file {}", file.path.string()));
+  }
+  auto fail = [&](Status status) {
+    close_and_remove(file);
+    return status;
+  };
+  if (::flock(file.fd, LOCK_EX | LOCK_NB) != 0) {
+    return fail(failed_precondition("swap file {} was locked by another store while being created",
+                                    file.path.string()));
+  }
+  if (::fallocate(file.fd, 0, 0, static_cast<off_t>(file_bytes)) != 0) {
+    int err = errno;
+    if (err == ENOSPC || err == EFBIG) {
+      return fail(
+          no_space("preallocating {} for swap file {} failed: {} (errno {}); free space or lower the swap "
+                   "size (RLIMIT_FSIZE, `ulimit -f`, can also cause this)",
+                   format_bytes(file_bytes), file.path.string(), std::strerror(err), err));
+    }
+    return fail(errno_status(
+        err, fmt::format("fallocate of {} for swap file {}", format_bytes(file_bytes), file.path.string())));
+  }
+  BlockPtr block = header_block();
+  HeaderRecord r{};
+  std::memcpy(r.magic, kMagic, sizeof(kMagic));
+  r.version = kVersion;
+  r.header_bytes = kSwapHeaderBytes;
+  r.run_id = info.run_id;
+  r.slot_bytes = info.slot_bytes;
+  r.stripe_bytes = info.stripe_bytes;
+  r.slots = info.slots;
+  r.dir_index = info.dir_index;
+  r.dir_count = info.dir_count;
+  r.pid = static_cast<std::uint32_t>(::getpid());
+  r.created_unix_s = static_cast<std::uint64_t>(std::time(nullptr));
+  r.crc = record_crc(r);
+  std::memcpy(block.get(), &r, sizeof(r));
+  ssize_t n = ::pwrite(file.fd, block.get(), kSwapHeaderBytes, 0);
+  if (n != static_cast<ssize_t>(kSwapHeaderBytes)) {
+    int err = n < 0 ? errno : EIO;
+    return fail(errno_status(err, fmt::format("writing the header of swap file {}", file.path.string())));
+  }
+  return file;
+}
+
+void close_and_remove(SwapFile& file) {
+  if (file.fd < 0) return;
+  if (::unlink(file.path.c_str()) != 0) {
+    STRATA_LOG_WARN("swap: could not remove {}: {}", file.path.string(), std::strerror(errno));
+  }
+  ::close(file.fd);  // releases the flock after the unlink, so no one sees a stale file
+  file.fd = -1;
+}
+
+}  // namespace strata::offload::detail

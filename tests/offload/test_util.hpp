@@ -1,0 +1,90 @@
+#pragma once
+// Helpers for the offload tests: a temporary directory under $TMPDIR (or /tmp)
+// removed at the end, aligned buffers from mmap, random bytes from a seed.
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <span>
+#include <string>
+
+namespace strata::offload::testing {
+
+//! A fresh directory, removed with its contents on destruction.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& base = "") {
+    std::string root = base;
+    if (root.empty()) {
+      const char* env = std::getenv("TMPDIR");
+      root = env != nullptr && *env != '\0' ? env : "/tmp";
+    }
+    std::string pattern = root + "/strata-offload-test-XXXXXX";
+    char* made = ::mkdtemp(pattern.data());
+    if (made == nullptr) ADD_FAILURE() << "mkdtemp in " << root << " failed";
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+//! Page-aligned anonymous memory (mmap), unmapped on destruction.
+class AlignedBuffer {
+ public:
+  explicit AlignedBuffer(std::size_t bytes) : size_(bytes) {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      ADD_FAILURE() << "mmap of " << bytes << " bytes failed";
+      p = nullptr;
+      size_ = 0;
+    }
+    data_ = static_cast<std::byte*>(p);
+  }
+  ~AlignedBuffer() {
+    if (data_ != nullptr) ::munmap(data_, size_);
+  }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  std::byte* data() { return data_; }
+  std::size_t size() const { return size_; }
+  std::span<std::byte> span(std::size_t offset, std::size_t bytes) { return {data_ + offset, bytes}; }
+  std::span<std::byte> all() { return {data_, size_}; }
+
+ private:
+  std::byte* data_ = nullptr;
+  std::size_t size_;
+};
+
+//! Fills `out` with bytes from a seeded generator.
+inline void fill_random(std::span<std::byte> out, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::size_t i = 0;
+  for (; i + 8 <= out.size(); i += 8) {
+    std::uint64_t v = rng();
+    std::memcpy(out.data() + i, &v, 8);
+  }
+  for (; i < out.size(); ++i) out[i] = static_cast<std::byte>(rng());
+}
+
+//! Opens (creating) `path` read-write, O_DIRECT when asked; -1 on failure.
+inline int open_file(const std::filesystem::path& path, bool direct) {
+  return ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | (direct ? O_DIRECT : 0), 0600);
+}
+
+}  // namespace strata::offload::testing
