@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ostream>
 
 #include "strata/common/assert.hpp"
 
@@ -9,19 +10,32 @@ namespace strata {
 
 std::string_view status_code_name(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "OK";
-    case StatusCode::kInvalidArgument: return "InvalidArgument";
-    case StatusCode::kOutOfBudget: return "OutOfBudget";
-    case StatusCode::kOutOfMemory: return "OutOfMemory";
-    case StatusCode::kNoSpace: return "NoSpace";
-    case StatusCode::kIoError: return "IoError";
-    case StatusCode::kCorrupt: return "Corrupt";
-    case StatusCode::kNotFound: return "NotFound";
-    case StatusCode::kPermissionDenied: return "PermissionDenied";
-    case StatusCode::kUnavailable: return "Unavailable";
-    case StatusCode::kFailedPrecondition: return "FailedPrecondition";
-    case StatusCode::kCancelled: return "Cancelled";
-    case StatusCode::kInternal: return "Internal";
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kInvalidArgument:
+      return "InvalidArgument";
+    case StatusCode::kOutOfBudget:
+      return "OutOfBudget";
+    case StatusCode::kOutOfMemory:
+      return "OutOfMemory";
+    case StatusCode::kNoSpace:
+      return "NoSpace";
+    case StatusCode::kIoError:
+      return "IoError";
+    case StatusCode::kCorrupt:
+      return "Corrupt";
+    case StatusCode::kNotFound:
+      return "NotFound";
+    case StatusCode::kPermissionDenied:
+      return "PermissionDenied";
+    case StatusCode::kUnavailable:
+      return "Unavailable";
+    case StatusCode::kFailedPrecondition:
+      return "FailedPrecondition";
+    case StatusCode::kCancelled:
+      return "Cancelled";
+    case StatusCode::kInternal:
+      return "Internal";
   }
   return "Unknown";
 }
@@ -36,30 +50,49 @@ Status& Status::with_context(std::string_view context) {
   return *this;
 }
 
+std::ostream& operator<<(std::ostream& os, const Status& status) {
+  return os << status.to_string();
+}
+
 Status errno_status(int err, std::string_view what) {
   StatusCode code = StatusCode::kIoError;
   switch (err) {
     case ENOSPC:
     case EFBIG:
-    case EDQUOT: code = StatusCode::kNoSpace; break;
-    case ENOENT: code = StatusCode::kNotFound; break;
+    case EDQUOT:
+      code = StatusCode::kNoSpace;
+      break;
+    case ENOENT:
+      code = StatusCode::kNotFound;
+      break;
     case EACCES:
     case EPERM:
-    case EROFS: code = StatusCode::kPermissionDenied; break;
-    case ENOMEM: code = StatusCode::kOutOfMemory; break;
+    case EROFS:
+      code = StatusCode::kPermissionDenied;
+      break;
+    case ENOMEM:
+      code = StatusCode::kOutOfMemory;
+      break;
     case ENOSYS:
-    case EOPNOTSUPP: code = StatusCode::kUnavailable; break;
-    case EINVAL: code = StatusCode::kInvalidArgument; break;
-    case ECANCELED: code = StatusCode::kCancelled; break;
-    default: break;
+    case EOPNOTSUPP:
+      code = StatusCode::kUnavailable;
+      break;
+    case EINVAL:
+      code = StatusCode::kInvalidArgument;
+      break;
+    case ECANCELED:
+      code = StatusCode::kCancelled;
+      break;
+    default:
+      break;
   }
   return Status(code, fmt::format("{}: {} (errno {})", what, std::strerror(err), err));
 }
 
 namespace detail {
 void result_access_failed(const Status& status) {
-  strata::detail::check_failed("Result::value() on a failed Result", status.to_string().c_str(),
-                               __FILE__, __LINE__);
+  strata::detail::check_failed("Result::value() on a failed Result", status.to_string().c_str(), __FILE__,
+                               __LINE__);
 }
 void result_from_ok_status() {
   strata::detail::check_failed("Result constructed from an ok Status", "", __FILE__, __LINE__);

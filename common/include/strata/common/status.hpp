@@ -7,14 +7,15 @@
 // path/chunk/budget, and what the user can do about it. Programmer errors are
 // assertions (assert.hpp). Exceptions appear only at the C++ API boundary.
 
+#include <fmt/format.h>
+
 #include <cstdint>
+#include <iosfwd>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
 #include <variant>
-
-#include <fmt/format.h>
 
 namespace strata {
 
@@ -66,7 +67,12 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-inline bool operator==(const Status& a, StatusCode code) { return a.code() == code; }
+inline bool operator==(const Status& a, StatusCode code) {
+  return a.code() == code;
+}
+
+//! Writes to_string() (for test failure messages and logs).
+std::ostream& operator<<(std::ostream& os, const Status& status);
 
 //! Builds a failed Status with a fmt-formatted message.
 template <typename... Args>
@@ -74,9 +80,9 @@ Status make_status(StatusCode code, fmt::format_string<Args...> format, Args&&..
   return Status(code, fmt::format(format, std::forward<Args>(args)...));
 }
 
-#define STRATA_DEFINE_STATUS_MAKER(Name, Code)                                  \
-  template <typename... Args>                                                   \
-  Status Name(fmt::format_string<Args...> format, Args&&... args) {             \
+#define STRATA_DEFINE_STATUS_MAKER(Name, Code)                                         \
+  template <typename... Args>                                                          \
+  Status Name(fmt::format_string<Args...> format, Args&&... args) {                    \
     return Status(StatusCode::Code, fmt::format(format, std::forward<Args>(args)...)); \
   }
 STRATA_DEFINE_STATUS_MAKER(invalid_argument, kInvalidArgument)
@@ -105,7 +111,7 @@ class [[nodiscard]] Result {
   static_assert(!std::is_same_v<T, Status>, "Result<Status> makes no sense");
 
  public:
-  Result(T value) : storage_(std::in_place_index<0>, std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : storage_(std::in_place_index<0>, std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : storage_(std::in_place_index<1>, std::move(status)) {  // NOLINT
     check_not_ok();
   }
@@ -114,9 +120,18 @@ class [[nodiscard]] Result {
   //! The failure; Status::Ok() when this holds a value.
   Status status() const { return ok() ? Status::Ok() : std::get<1>(storage_); }
 
-  T& value() & { check_ok(); return std::get<0>(storage_); }
-  const T& value() const& { check_ok(); return std::get<0>(storage_); }
-  T&& value() && { check_ok(); return std::get<0>(std::move(storage_)); }
+  T& value() & {
+    check_ok();
+    return std::get<0>(storage_);
+  }
+  const T& value() const& {
+    check_ok();
+    return std::get<0>(storage_);
+  }
+  T&& value() && {
+    check_ok();
+    return std::get<0>(std::move(storage_));
+  }
 
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
@@ -150,10 +165,10 @@ void Result<T>::check_not_ok() const {
 #define STRATA_CONCAT(a, b) STRATA_CONCAT_INNER(a, b)
 
 //! Returns the Status of `expr` from the enclosing function when it failed.
-#define STRATA_RETURN_IF_ERROR(expr)                         \
-  do {                                                       \
-    ::strata::Status strata_status_ = (expr);                \
-    if (!strata_status_.ok()) return strata_status_;         \
+#define STRATA_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::strata::Status strata_status_ = (expr);        \
+    if (!strata_status_.ok()) return strata_status_; \
   } while (0)
 
 //! `lhs = value of expr`, or returns its Status from the enclosing function.
