@@ -1,0 +1,57 @@
+#pragma once
+// The cost model: a plan's step time, predicted from measured rates.
+//
+// Note [Step-time model]
+// Each resource — device compute, host->device link, device->host link, disk read,
+// disk write, CPU optimizer, GPU optimizer — is busy for (work / rate) per step.
+// With perfect overlap the step takes as long as the busiest resource (`bound_s`).
+// What cannot overlap is added as a tail: the optimizer step of the family whose
+// gradients complete last (it starts only when backward ends) and the upload of
+// its param (the first thing the next forward needs). Byte counts come from
+// replaying the traced sequence against the plan's GPU cache with the same
+// farthest-next-use eviction the scheduler uses, so they are exact for a step
+// that follows the trace. strata-probe uses this same model.
+
+#include <cstdint>
+#include <string>
+
+#include "strata/runtime/planner.hpp"
+
+namespace strata::runtime {
+
+//! Measured (or assumed) rates. Bytes per second and params per second.
+struct Rates {
+  double h2d_bytes_per_s = 16e9;
+  double d2h_bytes_per_s = 16e9;
+  double disk_read_bytes_per_s = 2e9;
+  double disk_write_bytes_per_s = 1.5e9;
+  double cpu_optim_params_per_s = 400e6;
+  double gpu_optim_params_per_s = 20e9;
+};
+
+//! Work and time per resource for one steady step.
+struct StepCost {
+  std::uint64_t bytes_h2d = 0;
+  std::uint64_t bytes_d2h = 0;
+  std::uint64_t bytes_disk_read = 0;
+  std::uint64_t bytes_disk_write = 0;
+  std::uint64_t params_cpu_optim = 0;
+  std::uint64_t params_gpu_optim = 0;
+  double compute_s = 0, h2d_s = 0, d2h_s = 0, disk_read_s = 0, disk_write_s = 0, cpu_optim_s = 0,
+         gpu_optim_s = 0;
+  double bound_s = 0;      //!< busiest resource
+  double tail_s = 0;       //!< what cannot overlap
+  double step_s = 0;       //!< predicted = bound_s + tail_s
+  std::string bottleneck;  //!< name of the busiest resource
+};
+
+//! Predicts one steady step of `plan`. Never fails; zero rates count as infinite
+//! time for any work on that resource (so a missing link shows as the bottleneck).
+StepCost predict_step(const PlanInput& input, const Plan& plan, const Rates& rates);
+
+//! Number of param chunk fetches (host->device) per steady step when the traced
+//! sequence runs against `slots` GPU slots with farthest-next-use eviction; grads
+//! hold a slot from their first backward use to their last. Exposed for tests.
+std::uint64_t simulate_param_fetches(const PlanInput& input, const Plan& plan, std::uint64_t* fetch_bytes);
+
+}  // namespace strata::runtime

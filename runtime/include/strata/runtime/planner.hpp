@@ -1,0 +1,94 @@
+#pragma once
+// The Planner: from a traced step, the budgets and measured rates, where each
+// family's state lives, how many GPU chunk slots stream params and grads, and how
+// far ahead to prefetch. The cost model (cost_model.hpp) predicts a plan's step time.
+//
+// Note [Placement policy]
+// 1. If every family's param, grad and optimizer state fit in the GPU budget
+//    (after the traced non-chunk peak), everything stays on the GPU.
+// 2. Otherwise the GPU keeps a cache of compute-dtype chunk slots (params and
+//    grads stream through it; eviction by farthest next use, Note [Cyclic access
+//    sequence]), and spare GPU bytes keep some families' params resident.
+// 3. Host memory first holds every param's home copy (params are needed twice a
+//    step, in forward on the critical path), then optimizer states (master and
+//    moments) for as many families as fit. The families whose gradients complete
+//    *first* in backward go to NVMe, because they have the rest of backward to
+//    hide the read-update-write pipeline; those completing last stay on host.
+// 4. Params that do not fit on host live on NVMe too.
+// A budget that cannot hold the smallest working set is an error that says how
+// many bytes are needed and which budget to raise.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "strata/common/status.hpp"
+#include "strata/runtime/trace.hpp"
+
+namespace strata::runtime {
+
+//! A storage tier.
+enum class Tier : std::uint8_t { kGpu, kHost, kNvme };
+std::string_view tier_name(Tier tier);
+
+//! Bytes one family needs per state kind.
+struct FamilyBytes {
+  std::uint64_t numel = 0;        //!< elements updated by the optimizer (0 for frozen-only families)
+  std::uint64_t param_bytes = 0;  //!< compute-dtype param chunk
+  std::uint64_t grad_bytes = 0;   //!< compute-dtype grad chunk (0 when all tensors are frozen)
+  std::uint64_t optim_bytes = 0;  //!< fp32 master (when separate) + optimizer states
+};
+
+//! Hard limits per tier. nvme_bytes = 0 means there is no NVMe tier.
+struct Budgets {
+  std::uint64_t gpu_bytes = 0;
+  std::uint64_t host_bytes = 0;
+  std::uint64_t nvme_bytes = 0;
+};
+
+//! Knobs of the plan; all bounded.
+struct PlanOptions {
+  bool prefetch = true;
+  std::uint32_t prefetch_depth_max = 4;       //!< uses ahead
+  std::uint32_t nvme_families_in_flight = 2;  //!< optimizer pipeline depth for NVMe states
+  std::uint32_t grad_staging_slots = 2;       //!< host slots grads land in for CPU optimizers
+  bool allow_gpu_optimizer = true;            //!< everything-on-GPU placement allowed
+  //! Host bytes kept free for what the plan does not schedule: gradients written
+  //! back from the GPU when a step departs from the trace or between micro-batches.
+  std::uint64_t host_reserve_bytes = 0;
+};
+
+//! What the plan decides for one family.
+struct FamilyPlan {
+  Tier param_home = Tier::kHost;    //!< authoritative compute-dtype param copy
+  Tier optim_home = Tier::kHost;    //!< master + states; also where the optimizer runs (NVMe -> CPU)
+  bool param_resident_gpu = false;  //!< param stays on the GPU for the whole step
+};
+
+//! Inputs the Planner reads.
+struct PlanInput {
+  std::vector<FamilyBytes> families;
+  StepTrace trace;
+  Budgets budgets;
+  PlanOptions options;
+  std::uint64_t slot_bytes = 0;  //!< size of one compute-dtype chunk slot (param or grad)
+};
+
+//! A plan. Plain value; `summary()` is one readable paragraph.
+struct Plan {
+  std::vector<FamilyPlan> families;
+  std::uint64_t gpu_cache_slots = 0;  //!< streaming slots (0 when everything is GPU-resident)
+  std::uint32_t prefetch_depth = 0;   //!< uses ahead
+  std::uint32_t nvme_staging_families = 0;
+  std::uint64_t gpu_bytes = 0;  //!< planned peak per tier
+  std::uint64_t host_bytes = 0;
+  std::uint64_t nvme_bytes = 0;
+  bool all_gpu = false;
+  std::string summary() const;
+};
+
+//! Makes a plan. Fails with OutOfBudget (naming the budget, the bytes needed and
+//! the bytes available) when no placement fits, InvalidArgument on empty input.
+Result<Plan> make_plan(const PlanInput& input);
+
+}  // namespace strata::runtime

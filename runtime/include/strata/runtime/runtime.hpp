@@ -1,0 +1,218 @@
+#pragma once
+// Runtime: the chunk runtime. Registers tensors, packs them into chunk families,
+// hands out leases on a tier, traces the warm-up step, plans, and runs each
+// family's optimizer step where its states live while backward goes on.
+//
+// Usage (one training thread):
+//
+//   auto device = memory::make_device({.kind = memory::DeviceChoice::kSim, ...});
+//   auto rt = Runtime::create(**device, options);               // Result<unique_ptr<Runtime>>
+//   TensorId w = *(*rt)->register_tensor({"fc1.weight", {512, 512}, DType::kF32});
+//   (*rt)->init_tensor(w, initial_values);
+//   for (step...) {
+//     { Lease p = *rt->acquire(w, StateKind::kParam, Access::kRead, Where::kDevice);
+//       rt->launch([&] { forward(p.as<float>()); }); }          // compute stream
+//     ...backward: acquire(w, kParam, kRead) and acquire(w, kGrad, kWrite)...
+//     auto stats = rt->step();                                  // optimizer, bookkeeping
+//   }
+//
+// Note [Runtime threading]
+// The public calls are made from one training thread (they are not safe to call
+// concurrently with each other). Internally, copies run on device streams, CPU
+// optimizer steps on the thread pool, NVMe I/O on the IoEngine; they synchronise
+// with the training thread through one mutex and device events. Device-stream
+// callbacks only post to the pool (never take the mutex), so a training thread
+// that blocks on a full stream queue while holding the mutex cannot deadlock.
+//
+// Note [Step semantics]
+// A step is: any number of acquire/release calls (forward, then backward; the
+// first grad acquisition marks the start of backward), then step(). A family's
+// optimizer step starts as soon as the trace says its gradients are complete
+// (planned steps) or at step() (the warm-up step, a step that departed from the
+// trace, and every step with loss scaling). A tensor whose gradient was not
+// written in a step is not updated and its states stay as they were (as in
+// torch.optim, where p.grad is None). With loss scaling (set_grad_scale and
+// RuntimeOptions::loss_scaling), all gradients are checked for Inf/NaN first and
+// an Inf/NaN anywhere skips the whole step with every state unchanged: the
+// optimizer is *deferred* to step(), not rolled back.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "strata/common/status.hpp"
+#include "strata/kernels/dtype.hpp"
+#include "strata/kernels/hyper.hpp"
+#include "strata/memory/device.hpp"
+#include "strata/runtime/cost_model.hpp"
+#include "strata/runtime/layout.hpp"
+#include "strata/runtime/planner.hpp"
+#include "strata/runtime/stores.hpp"
+#include "strata/runtime/tensor.hpp"
+#include "strata/runtime/timeline.hpp"
+
+namespace strata::runtime {
+
+//! Which chunk of a family a lease is on.
+enum class StateKind : std::uint8_t { kParam, kGrad, kMaster, kState0, kState1 };
+inline constexpr std::size_t kStateKindCount = 5;
+std::string_view state_kind_name(StateKind kind);
+
+//! What a lease may do with the memory.
+enum class Access : std::uint8_t {
+  kRead,        //!< read only (params in forward and backward)
+  kWrite,       //!< overwrite the whole tensor (a gradient's first micro-batch)
+  kAccumulate,  //!< read-modify-write (later micro-batches add to the gradient)
+};
+
+//! Where the lease's pointer is valid.
+enum class Where : std::uint8_t { kDevice, kHost };
+
+//! Settings of a Runtime. Validated by Runtime::create.
+struct RuntimeOptions {
+  DType compute_dtype = DType::kF32;                  //!< dtype of params and grads (every tensor's)
+  kernels::Hyper hyper;                               //!< optimizer and hyperparameters (not CAME: see docs)
+  kernels::DType state_dtype = kernels::DType::kF32;  //!< optimizer states (bf16 for the Adam family)
+  double clip_max_norm = 0.0;          //!< global grad-norm clipping; 0 = off (forces deferral)
+  bool loss_scaling = false;           //!< Inf/NaN skips the step (Note [Step semantics])
+  Budgets budgets;                     //!< hard limits per tier (gpu = bytes for chunks on the device)
+  std::vector<std::string> nvme_dirs;  //!< NVMe tier directories; empty = none
+  std::string io_engine = "auto";      //!< auto, uring or posix
+  LayoutOptions layout;
+  PlanOptions plan;
+  std::size_t threads = 0;  //!< CPU workers; 0 = hardware concurrency
+  std::size_t timeline_events_max = 1u << 18;
+  //! Tests and embedders may supply their own tiers (e.g. fault-injecting); null = built from the options.
+  std::shared_ptr<HostStore> host_store;
+  std::shared_ptr<NvmeStore> nvme_store;
+};
+
+class Runtime;
+
+//! A pinned view of one tensor's state on one tier. Move-only; destroying it
+//! releases the pin (on the device: an event on the compute stream marks when
+//! compute is done with it, and eviction waits for that event).
+class Lease {
+ public:
+  Lease() = default;
+  Lease(Lease&& other) noexcept;
+  Lease& operator=(Lease&& other) noexcept;
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+  ~Lease();
+
+  bool valid() const { return runtime_ != nullptr; }
+  //! The tensor's first element on the leased tier (device memory on kDevice).
+  void* data() const;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data());
+  }
+  std::uint64_t numel() const { return numel_; }
+  TensorId tensor() const { return tensor_; }
+  StateKind kind() const { return kind_; }
+  //! Releases now (idempotent). Releasing twice through copies is impossible: leases are move-only.
+  void release();
+
+ private:
+  friend class Runtime;
+  Runtime* runtime_ = nullptr;
+  void* data_ = nullptr;
+  std::uint64_t numel_ = 0;
+  TensorId tensor_ = 0;
+  StateKind kind_ = StateKind::kParam;
+  Access access_ = Access::kRead;
+  Where where_ = Where::kDevice;
+  std::uint32_t chunk_ = 0;
+};
+
+//! What one step did. All byte counts are this step's.
+struct StepStats {
+  std::uint64_t step = 0;      //!< 1-based index of the step just finished
+  bool applied = false;        //!< the optimizer ran (false: skipped for Inf/NaN)
+  bool followed_plan = false;  //!< the step followed the traced order (prefetch + Belady)
+  double step_s = 0.0;         //!< wall time since the previous step() returned
+  std::uint64_t bytes_h2d = 0, bytes_d2h = 0, bytes_disk_read = 0, bytes_disk_write = 0;
+  double stall_s = 0.0;             //!< host time blocked inside acquire()
+  double busy_s[kTrackCount] = {};  //!< per track
+  std::uint64_t gpu_high_water_bytes = 0;
+  std::uint64_t host_high_water_bytes = 0;
+  std::uint64_t nvme_bytes = 0;
+};
+
+//! The chunk runtime. See the usage example above and Note [Runtime threading].
+class Runtime {
+ public:
+  //! Creates a runtime over `device` (not owned; must outlive the runtime).
+  //! Fails with InvalidArgument naming a bad option, or the Status of the thread
+  //! pool / I/O engine / NVMe directory set-up.
+  static Result<std::unique_ptr<Runtime>> create(memory::Device& device, RuntimeOptions options);
+  //! Waits for background work, frees every tier, removes the swap files.
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  //! Registers a tensor. Fails: InvalidArgument (zero elements, a dtype other than
+  //! the compute dtype, a duplicate name), FailedPrecondition after the first acquire.
+  Result<TensorId> register_tensor(TensorSpec spec);
+  //! Looks a tensor up by name (NotFound otherwise).
+  Result<TensorId> find_tensor(std::string_view name) const;
+  std::size_t tensor_count() const;
+
+  //! Sets a tensor's initial value (fp32 master and compute-dtype param); its
+  //! optimizer states start at zero. Valid between steps. Blocks (may read/write NVMe).
+  Status init_tensor(TensorId tensor, std::span<const float> values);
+  //! Copies a tensor's current state of `kind` (param: as fp32; master: the fp32
+  //! master, which is the param for fp32 compute; states) into `out`. Valid between
+  //! steps. Blocks. FailedPrecondition for a kind this optimizer does not have.
+  Status read_tensor(TensorId tensor, StateKind kind, std::span<float> out);
+
+  //! Pins `tensor`'s `kind` chunk on `where` and returns a view. On the device it
+  //! does not wait for the move on the host: the compute stream waits for it. It
+  //! blocks only for CPU work the chunk depends on (its family's optimizer step)
+  //! or for a free slot. Fails: InvalidArgument (bad id/kind), FailedPrecondition
+  //! (a second write lease on the same tensor, a grad of a frozen tensor, kAccumulate
+  //! before any write this step), OutOfBudget (every slot pinned: raise the budget).
+  Result<Lease> acquire(TensorId tensor, StateKind kind, Access access, Where where = Where::kDevice);
+
+  //! The stream compute runs on; leases on kDevice are ordered against it.
+  const memory::Stream& compute_stream() const;
+  //! Runs fn on the compute stream (the sim device's kernels); the time it takes
+  //! counts as compute on the timeline.
+  Status launch(std::function<void()> fn);
+
+  //! Multiplies every gradient by `scale` in the next optimizer step (1/loss_scale).
+  void set_grad_scale(float scale);
+  //! Starts a micro-batch: with last = false its gradients are kept (accumulated
+  //! by the next micro-batch with Access::kAccumulate) and no optimizer runs.
+  Status begin_micro_batch(bool last);
+
+  //! Ends the step: waits for (or runs) every family's optimizer step, checks
+  //! Inf/NaN, advances the step counter, and after the warm-up step (or a step
+  //! that departed from the trace) re-plans. Blocks. Fails with the first error of
+  //! a background task (an NVMe EIO, a corrupt chunk); the state of the last
+  //! completed step is then intact and the runtime can be destroyed cleanly.
+  Result<StepStats> step();
+
+  const ChunkLayout& layout() const;
+  const Plan& plan() const;
+  //! The cost model's prediction for the current plan with `rates`.
+  StepCost predict(const Rates& rates) const;
+  const StepTrace& last_trace() const;
+  const Timeline& timeline() const;
+  Status write_chrome_trace(const std::string& path) const;
+
+  //! Implementation; public so the .cpp files can share it, opaque to users.
+  struct Impl;
+
+ private:
+  friend class Lease;
+  explicit Runtime(std::unique_ptr<Impl> impl);
+  void release(Lease& lease);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata::runtime

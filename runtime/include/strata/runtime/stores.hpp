@@ -1,0 +1,77 @@
+#pragma once
+// The runtime's view of the host and NVMe tiers: two small interfaces, so the
+// chunk state machine does not depend on how a tier is built, and the
+// model-based test can run it over in-memory fakes with injected faults.
+// make_host_store() wraps memory::PinnedHostPool; make_nvme_store() wraps
+// offload::SwapStore over an IoEngine (stores.cpp).
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "strata/common/status.hpp"
+#include "strata/memory/device.hpp"
+
+namespace strata::runtime {
+
+//! Host memory for chunks and staging under a hard budget. Thread-safe.
+class HostStore {
+ public:
+  virtual ~HostStore() = default;
+  //! `bytes` (> 0), 4096-aligned. OutOfBudget names the host budget and the request.
+  virtual Result<std::byte*> allocate(std::uint64_t bytes) = 0;
+  //! Returns memory from allocate(). Never fails.
+  virtual void free(std::byte* data, std::uint64_t bytes) = 0;
+  virtual std::uint64_t used_bytes() const = 0;
+  virtual std::uint64_t high_water_bytes() const = 0;
+  virtual std::uint64_t budget_bytes() const = 0;
+  //! Memory ranges I/O may register as fixed buffers (may be empty).
+  virtual std::vector<std::span<std::byte>> regions() const = 0;
+  //! One line for the log: how the memory is pinned.
+  virtual std::string describe() const = 0;
+};
+
+//! Called once with the outcome of an asynchronous NVMe transfer; must not block.
+using IoDone = std::function<void(Status)>;
+
+//! Chunk-sized slots on NVMe with checksums. Thread-safe.
+class NvmeStore {
+ public:
+  virtual ~NvmeStore() = default;
+  //! Bytes of one slot (a chunk larger than this uses several).
+  virtual std::uint64_t slot_bytes() const = 0;
+  //! A free slot. NoSpace (or OutOfBudget) when the store is full.
+  virtual Result<std::uint32_t> allocate_slot() = 0;
+  virtual void free_slot(std::uint32_t slot) = 0;
+  //! Writes `data` (<= slot_bytes, 4096-aligned) to `slot`; `done` runs on an I/O thread.
+  virtual Status write(std::uint32_t slot, std::span<const std::byte> data, IoDone done) = 0;
+  //! Reads back what was last written to `slot` into `data`, verifying its checksum
+  //! (Corrupt names the chunk, file and offset). Reading a never-written slot is an error.
+  virtual Status read(std::uint32_t slot, std::span<std::byte> data, IoDone done) = 0;
+  virtual std::uint64_t used_bytes() const = 0;
+  virtual std::string describe() const = 0;
+};
+
+//! Host store over a pinned host pool of `budget_bytes` (memory::PinnedHostPool, all
+//! of it a jemalloc arena carved from the pinned region). `device` (may be null)
+//! registers the region for fast copies (cudaHostRegister); else mlock or plain, logged.
+Result<std::unique_ptr<HostStore>> make_host_store(std::uint64_t budget_bytes, memory::Device* device);
+
+//! Settings of the NVMe store.
+struct NvmeStoreOptions {
+  std::vector<std::string> dirs;
+  std::uint64_t slot_bytes = 0;
+  std::uint64_t capacity_bytes = 0;                 //!< total, across dirs (the NVMe budget)
+  std::string engine = "auto";                      //!< auto, uring, posix
+  std::vector<std::span<std::byte>> fixed_buffers;  //!< host regions to register
+};
+
+//! NVMe store over offload::SwapStore. Fails with the store's Status (missing or
+//! unwritable directory, not enough space: the message gives the sizes).
+Result<std::unique_ptr<NvmeStore>> make_nvme_store(const NvmeStoreOptions& options);
+
+}  // namespace strata::runtime

@@ -1,0 +1,193 @@
+#include "strata/runtime/planner.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+#include "strata/common/assert.hpp"
+#include "strata/common/bytes.hpp"
+
+namespace strata::runtime {
+namespace {
+
+// Position in the trace of each family's last backward use (when its gradient is
+// complete); families without a backward use get -1.
+std::vector<long> grad_completion(const StepTrace& trace, std::size_t family_count) {
+  std::vector<long> done(family_count, -1);
+  for (std::size_t i = 0; i < trace.uses.size(); ++i) {
+    const FamilyUse& use = trace.uses[i];
+    if (use.phase == Phase::kBackward && use.family < family_count) done[use.family] = static_cast<long>(i);
+  }
+  return done;
+}
+
+Status budget_error(std::string_view budget, std::uint64_t have, std::uint64_t need, std::string_view what) {
+  return out_of_budget("{} budget is {} but {} needs {}; raise {} (or shrink the chunk size / the model)",
+                       budget, format_bytes(have), what, format_bytes(need), budget);
+}
+
+}  // namespace
+
+std::string_view tier_name(Tier tier) {
+  switch (tier) {
+    case Tier::kGpu:
+      return "gpu";
+    case Tier::kHost:
+      return "host";
+    case Tier::kNvme:
+      return "nvme";
+  }
+  return "unknown";
+}
+
+std::string Plan::summary() const {
+  std::size_t optim[3] = {0, 0, 0};
+  std::size_t param[3] = {0, 0, 0};
+  std::size_t resident = 0;
+  for (const FamilyPlan& f : families) {
+    ++optim[static_cast<int>(f.optim_home)];
+    ++param[static_cast<int>(f.param_home)];
+    resident += f.param_resident_gpu ? 1 : 0;
+  }
+  return fmt::format(
+      "{} families; {}; params home gpu/host/nvme = {}/{}/{} ({} resident on GPU); optimizer states "
+      "gpu/host/nvme = {}/{}/{}; {} GPU chunk slots, prefetch depth {}; planned bytes gpu {} host {} nvme {}",
+      families.size(), all_gpu ? "everything on the GPU" : "streaming", param[0], param[1], param[2],
+      resident, optim[0], optim[1], optim[2], gpu_cache_slots, prefetch_depth, format_bytes(gpu_bytes),
+      format_bytes(host_bytes), format_bytes(nvme_bytes));
+}
+
+Result<Plan> make_plan(const PlanInput& in) {
+  const std::size_t n = in.families.size();
+  if (n == 0) return invalid_argument("planner: no chunk families (register tensors before the first step)");
+  const PlanOptions& opt = in.options;
+  const Budgets& budget = in.budgets;
+
+  std::uint64_t all_bytes = 0;
+  std::uint64_t slot_bytes = in.slot_bytes;
+  std::uint64_t grad_max = 0;
+  std::uint64_t optim_max = 0;
+  std::uint64_t param_max = 0;
+  for (const FamilyBytes& f : in.families) {
+    all_bytes += f.param_bytes + f.grad_bytes + f.optim_bytes;
+    slot_bytes = std::max({slot_bytes, f.param_bytes, f.grad_bytes});
+    grad_max = std::max(grad_max, f.grad_bytes);
+    optim_max = std::max(optim_max, f.optim_bytes);
+    param_max = std::max(param_max, f.param_bytes);
+  }
+  const std::uint64_t non_chunk = in.trace.non_chunk_peak_bytes;
+  if (non_chunk >= budget.gpu_bytes) {
+    return budget_error("gpu_budget", budget.gpu_bytes, non_chunk + slot_bytes * 3,
+                        "the traced non-chunk peak (activations, workspaces) plus 3 chunk slots");
+  }
+  const std::uint64_t gpu_avail = budget.gpu_bytes - non_chunk;
+
+  Plan plan;
+  plan.families.assign(n, FamilyPlan{});
+
+  // 1. Everything on the GPU.
+  if (opt.allow_gpu_optimizer && all_bytes <= gpu_avail) {
+    for (FamilyPlan& f : plan.families)
+      f = {.param_home = Tier::kGpu, .optim_home = Tier::kGpu, .param_resident_gpu = true};
+    plan.all_gpu = true;
+    plan.gpu_bytes = non_chunk + all_bytes;
+    return plan;
+  }
+
+  // 2. GPU streaming slots, then spare GPU bytes keep params resident.
+  constexpr std::uint64_t kSlotsMin = 3;  // current param + current grad + the next param
+  if (gpu_avail < kSlotsMin * slot_bytes) {
+    return budget_error("gpu_budget", budget.gpu_bytes, non_chunk + kSlotsMin * slot_bytes,
+                        fmt::format("the smallest working set (3 chunk slots of {} + non-chunk peak {})",
+                                    format_bytes(slot_bytes), format_bytes(non_chunk)));
+  }
+  const std::uint64_t slots_fit = gpu_avail / slot_bytes;
+  const std::uint64_t slots_wanted = 2 + 2 * std::uint64_t{opt.prefetch_depth_max};
+  plan.gpu_cache_slots = std::max(kSlotsMin, std::min(slots_fit, slots_wanted));
+  plan.prefetch_depth = opt.prefetch ? static_cast<std::uint32_t>(std::min<std::uint64_t>(
+                                           opt.prefetch_depth_max, plan.gpu_cache_slots - 2))
+                                     : 0;
+  std::uint64_t gpu_spare = gpu_avail - plan.gpu_cache_slots * slot_bytes;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (in.families[i].param_bytes <= gpu_spare) {
+      plan.families[i].param_resident_gpu = true;
+      gpu_spare -= in.families[i].param_bytes;
+    }
+  }
+  plan.gpu_bytes = budget.gpu_bytes - gpu_spare;
+
+  // 3. Host: grad landing slots, param homes, then optimizer states.
+  const std::uint64_t grad_staging = std::uint64_t{opt.grad_staging_slots} * grad_max;
+  std::uint64_t host_used = grad_staging + opt.host_reserve_bytes;
+  if (host_used > budget.host_bytes) {
+    return budget_error("host_budget", budget.host_bytes, host_used,
+                        "the gradient landing slots and the reserve");
+  }
+  std::uint64_t nvme_used = 0;
+  bool params_on_nvme = false;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t p = in.families[i].param_bytes;
+    // Param staging for NVMe homes: prefetch depth + 2 slots, reserved once.
+    if (host_used + p <= budget.host_bytes) {
+      plan.families[i].param_home = Tier::kHost;
+      host_used += p;
+    } else {
+      if (!params_on_nvme) {
+        params_on_nvme = true;
+        host_used += (plan.prefetch_depth + 2) * slot_bytes;
+      }
+      plan.families[i].param_home = Tier::kNvme;
+      nvme_used += p;
+    }
+  }
+  if (host_used > budget.host_bytes) {
+    return budget_error("host_budget", budget.host_bytes, host_used,
+                        "param staging for NVMe-resident params");
+  }
+
+  std::uint64_t optim_total = 0;
+  for (const FamilyBytes& f : in.families) optim_total += f.optim_bytes;
+  if (host_used + optim_total > budget.host_bytes) {
+    // Some optimizer states go to NVMe: reserve the pipeline's staging first
+    // (states, and the param updated beside them until they are written).
+    const std::uint64_t staging = std::uint64_t{opt.nvme_families_in_flight} * (optim_max + param_max);
+    plan.nvme_staging_families = opt.nvme_families_in_flight;
+    host_used += staging;
+    if (host_used > budget.host_bytes) {
+      return budget_error(
+          "host_budget", budget.host_bytes, host_used,
+          fmt::format("staging for {} NVMe optimizer families in flight", opt.nvme_families_in_flight));
+    }
+    // Families completing last in backward stay on host (Note [Placement policy]).
+    std::vector<long> done = grad_completion(in.trace, n);
+    std::vector<std::size_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t a, std::size_t b) { return done[a] > done[b]; });
+    for (std::size_t i : order) {
+      const std::uint64_t o = in.families[i].optim_bytes;
+      if (host_used + o <= budget.host_bytes) {
+        plan.families[i].optim_home = Tier::kHost;
+        host_used += o;
+      } else {
+        plan.families[i].optim_home = Tier::kNvme;
+        nvme_used += o;
+      }
+    }
+  } else {
+    host_used += optim_total;
+  }
+  if (nvme_used > 0 && budget.nvme_bytes == 0) {
+    return out_of_budget(
+        "host_budget {} holds only part of the model state; {} more must go to NVMe but no NVMe tier is "
+        "configured: set an NVMe path, or raise host_budget",
+        format_bytes(budget.host_bytes), format_bytes(nvme_used));
+  }
+  if (nvme_used > budget.nvme_bytes) {
+    return budget_error("nvme_budget", budget.nvme_bytes, nvme_used, "the state that does not fit on host");
+  }
+  plan.host_bytes = host_used;
+  plan.nvme_bytes = nvme_used;
+  return plan;
+}
+
+}  // namespace strata::runtime

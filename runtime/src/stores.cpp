@@ -1,0 +1,168 @@
+// The runtime's host and NVMe tiers over memory::PinnedHostPool and offload::SwapStore.
+#include "strata/runtime/stores.hpp"
+
+#include <mutex>
+#include <unordered_map>
+
+#include "strata/common/bytes.hpp"
+#include "strata/common/log.hpp"
+#include "strata/memory/pinned_host_pool.hpp"
+#include "strata/offload/io_engine.hpp"
+#include "strata/offload/swap_store.hpp"
+
+namespace strata::runtime {
+namespace {
+
+// Note [Host store arena]
+// Chunks of different kinds have different sizes (a bf16 param chunk is half an
+// fp32 master chunk), so the runtime takes all host memory from the pinned
+// pool's jemalloc arena rather than its fixed-size slab (a one-slot slab of one
+// page is the smallest the pool allows). The host budget is enforced here, on
+// the bytes the runtime asks for, because that is what the planner counts;
+// the region is made larger than the budget by what jemalloc needs on top
+// (its size classes round a large request up by at most 25%, and it keeps a
+// 2 MiB block of metadata), so the budget, not fragmentation, is the limit.
+class PinnedHostStore final : public HostStore {
+ public:
+  PinnedHostStore(std::unique_ptr<memory::PinnedHostPool> pool, std::uint64_t budget_bytes)
+      : pool_(std::move(pool)), budget_(budget_bytes) {}
+  ~PinnedHostStore() override {
+    std::lock_guard lock(mu_);
+    buffers_.clear();
+  }
+
+  Result<std::byte*> allocate(std::uint64_t bytes) override {
+    std::lock_guard lock(mu_);
+    if (used_ + bytes > budget_) {
+      return out_of_budget("host_budget {} cannot take {} more ({} in use); raise host_budget",
+                           format_bytes(budget_), format_bytes(bytes), format_bytes(used_));
+    }
+    auto buffer = pool_->allocate(bytes, 4096);
+    if (!buffer.ok()) {
+      Status s = buffer.status();
+      s.with_context(fmt::format("host tier: {} for a chunk ({} of host_budget {} in use)",
+                                 format_bytes(bytes), format_bytes(used_), format_bytes(budget_)));
+      return s;
+    }
+    std::byte* data = buffer->data();
+    buffers_.emplace(data, std::move(buffer).value());
+    used_ += bytes;
+    high_water_ = std::max(high_water_, used_);
+    return data;
+  }
+  void free(std::byte* data, std::uint64_t bytes) override {
+    std::lock_guard lock(mu_);
+    if (buffers_.erase(data) > 0) used_ -= bytes;
+  }
+  std::uint64_t used_bytes() const override {
+    std::lock_guard lock(mu_);
+    return used_;
+  }
+  std::uint64_t high_water_bytes() const override {
+    std::lock_guard lock(mu_);
+    return high_water_;
+  }
+  std::uint64_t budget_bytes() const override { return budget_; }
+  std::vector<std::span<std::byte>> regions() const override { return pool_->regions(); }
+  std::string describe() const override {
+    return fmt::format("pinned host pool {} ({}: {})", format_bytes(pool_->options().budget_bytes),
+                       memory::pinning_mode_name(pool_->pinning()), pool_->pinning_reason());
+  }
+
+ private:
+  std::unique_ptr<memory::PinnedHostPool> pool_;
+  const std::uint64_t budget_;
+  mutable std::mutex mu_;
+  std::unordered_map<std::byte*, memory::PinnedBuffer> buffers_;
+  std::uint64_t used_ = 0;
+  std::uint64_t high_water_ = 0;
+};
+
+class SwapNvmeStore final : public NvmeStore {
+ public:
+  SwapNvmeStore(std::unique_ptr<offload::IoEngine> engine, std::unique_ptr<offload::SwapStore> store)
+      : engine_(std::move(engine)), store_(std::move(store)) {}
+  ~SwapNvmeStore() override {
+    engine_->shutdown(offload::ShutdownMode::kDrain);
+    store_.reset();
+  }
+  std::uint64_t slot_bytes() const override { return store_->slot_bytes(); }
+  Result<std::uint32_t> allocate_slot() override {
+    auto slot = store_->allocate();
+    if (!slot.ok()) {
+      Status s = slot.status();
+      s.with_context(
+          fmt::format("NVMe tier: every one of its {} slots of {} is in use; raise the NVMe budget",
+                      store_->slots(), format_bytes(store_->slot_bytes())));
+      return s;
+    }
+    return *slot;
+  }
+  void free_slot(std::uint32_t slot) override { store_->release(slot); }
+  Status write(std::uint32_t slot, std::span<const std::byte> data, IoDone done) override {
+    return store_->write_async(slot, slot, data, std::move(done));
+  }
+  Status read(std::uint32_t slot, std::span<std::byte> data, IoDone done) override {
+    return store_->read_async(slot, slot, data, std::move(done));
+  }
+  std::uint64_t used_bytes() const override {
+    return std::uint64_t{store_->slots() - store_->slots_free()} * store_->slot_bytes();
+  }
+  std::string describe() const override {
+    std::string files;
+    for (const auto& f : store_->files()) files += (files.empty() ? "" : ", ") + f.string();
+    return fmt::format("{} slots of {} on {} ({} I/O, engine {})", store_->slots(),
+                       format_bytes(store_->slot_bytes()), files,
+                       store_->direct_io() ? "O_DIRECT" : "buffered", engine_->name());
+  }
+
+ private:
+  std::unique_ptr<offload::IoEngine> engine_;
+  std::unique_ptr<offload::SwapStore> store_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<HostStore>> make_host_store(std::uint64_t budget_bytes, memory::Device* device) {
+  memory::PinnedHostPoolOptions o;
+  // Note [Host store arena]: room for jemalloc's rounding and metadata.
+  o.arena_bytes = align_up(budget_bytes + budget_bytes / 4 + 8 * kMiB, 2 * kMiB);
+  o.slot_bytes = 4096;
+  o.slot_count = 1;
+  o.budget_bytes = o.arena_bytes + o.slot_bytes;
+  auto pool = memory::PinnedHostPool::create(o, device);
+  if (!pool.ok()) {
+    Status s = pool.status();
+    s.with_context(fmt::format("creating the host tier ({})", format_bytes(budget_bytes)));
+    return s;
+  }
+  return std::unique_ptr<HostStore>(new PinnedHostStore(std::move(pool).value(), budget_bytes));
+}
+
+Result<std::unique_ptr<NvmeStore>> make_nvme_store(const NvmeStoreOptions& options) {
+  if (options.dirs.empty()) return invalid_argument("NVMe tier: no directories (set nvme_dirs)");
+  if (options.slot_bytes == 0 || options.slot_bytes % 4096 != 0) {
+    return invalid_argument("NVMe tier: slot size {} must be a positive multiple of 4096",
+                            options.slot_bytes);
+  }
+  offload::IoEngineOptions eo;
+  eo.kind = options.engine == "posix"   ? offload::EngineKind::kPosix
+            : options.engine == "uring" ? offload::EngineKind::kUring
+                                        : offload::EngineKind::kAuto;
+  eo.fixed_buffer_regions = options.fixed_buffers;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<offload::IoEngine> engine, offload::make_io_engine(std::move(eo)));
+  offload::SwapStoreOptions so;
+  for (const auto& d : options.dirs) so.dirs.emplace_back(d);
+  so.slot_bytes = options.slot_bytes;
+  so.slots =
+      static_cast<std::uint32_t>(std::max<std::uint64_t>(1, options.capacity_bytes / options.slot_bytes));
+  auto store = offload::SwapStore::create(*engine, so);
+  if (!store.ok()) {
+    Status s = store.status();
+    s.with_context("creating the NVMe tier");
+    return s;
+  }
+  return std::unique_ptr<NvmeStore>(new SwapNvmeStore(std::move(engine), std::move(store).value()));
+}
+
+}  // namespace strata::runtime

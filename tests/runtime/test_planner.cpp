@@ -1,0 +1,95 @@
+#include <gtest/gtest.h>
+
+#include "strata/common/bytes.hpp"
+#include "strata/runtime/cost_model.hpp"
+#include "strata/runtime/planner.hpp"
+
+namespace strata::runtime {
+namespace {
+
+// A layered model: `layers` families of equal size, forward 0..L-1 then backward L-1..0.
+PlanInput layered(std::size_t layers, std::uint64_t numel, Budgets budgets) {
+  PlanInput in;
+  for (std::size_t i = 0; i < layers; ++i) {
+    in.families.push_back({.numel = numel,
+                           .param_bytes = 4 * numel,
+                           .grad_bytes = 4 * numel,
+                           .optim_bytes = 8 * numel});  // fp32 params: Adam m, v
+  }
+  for (std::size_t i = 0; i < layers; ++i) {
+    in.trace.uses.push_back(
+        {.family = static_cast<FamilyId>(i), .phase = Phase::kForward, .compute_s = 0.01});
+  }
+  for (std::size_t i = layers; i-- > 0;) {
+    in.trace.uses.push_back({.family = static_cast<FamilyId>(i),
+                             .phase = Phase::kBackward,
+                             .writes_grad = true,
+                             .compute_s = 0.02});
+  }
+  in.budgets = budgets;
+  in.slot_bytes = 4 * numel;
+  return in;
+}
+
+TEST(Planner, EverythingOnGpuWhenItFits) {
+  auto in = layered(4, 1u << 20, {.gpu_bytes = 1 * kGiB, .host_bytes = 1 * kGiB});
+  auto plan = make_plan(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->all_gpu);
+  StepCost cost = predict_step(in, *plan, Rates{});
+  EXPECT_EQ(cost.bytes_h2d, 0u);
+  EXPECT_EQ(cost.bytes_d2h, 0u);
+  EXPECT_NEAR(cost.compute_s, 4 * 0.03, 1e-12);
+}
+
+TEST(Planner, StreamsAndSpillsToNvmeWithinBudgets) {
+  // 24 layers x 4 Mi params = 16 B/param -> 1.5 GiB of state.
+  auto in = layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 1 * kGiB, .nvme_bytes = 8 * kGiB});
+  auto plan = make_plan(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->all_gpu);
+  EXPECT_LE(plan->gpu_bytes, in.budgets.gpu_bytes);
+  EXPECT_LE(plan->host_bytes, in.budgets.host_bytes);
+  int nvme = 0;
+  for (const auto& f : plan->families) nvme += f.optim_home == Tier::kNvme;
+  EXPECT_GT(nvme, 0);
+  // The families whose grads complete first (the last layers) are the NVMe ones.
+  EXPECT_EQ(plan->families[23].optim_home, Tier::kNvme);
+  EXPECT_EQ(plan->families[0].optim_home, Tier::kHost);
+  EXPECT_GT(plan->prefetch_depth, 0u);
+
+  StepCost cost = predict_step(in, *plan, Rates{});
+  EXPECT_GT(cost.bytes_h2d, 0u);
+  EXPECT_EQ(cost.bytes_disk_read, cost.bytes_disk_write);
+  EXPECT_GT(cost.step_s, cost.bound_s);
+  EXPECT_FALSE(cost.bottleneck.empty());
+}
+
+TEST(Planner, BudgetTooSmallNamesTheBudget) {
+  auto in = layered(8, 4u << 20, {.gpu_bytes = 32 * kMiB, .host_bytes = 1 * kGiB, .nvme_bytes = 8 * kGiB});
+  auto plan = make_plan(in);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), StatusCode::kOutOfBudget);
+  EXPECT_NE(plan.status().message().find("gpu_budget"), std::string::npos) << plan.status();
+
+  auto no_nvme = layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 512 * kMiB});
+  auto p2 = make_plan(no_nvme);
+  ASSERT_FALSE(p2.ok());
+  EXPECT_NE(p2.status().message().find("NVMe"), std::string::npos) << p2.status();
+}
+
+TEST(Planner, BeladyFetchesEachStreamedParamTwicePerStepAtMost) {
+  auto in = layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 4 * kGiB, .nvme_bytes = 0});
+  auto plan = make_plan(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::uint64_t bytes = 0;
+  std::uint64_t fetches = simulate_param_fetches(in, *plan, &bytes);
+  std::size_t streamed = 0;
+  for (const auto& f : plan->families) streamed += f.param_resident_gpu ? 0 : 1;
+  EXPECT_LE(fetches, 2 * streamed);
+  // The turn from forward to backward reuses the last layers' params from the cache.
+  EXPECT_LT(fetches, 2 * streamed);
+}
+
+}  // namespace
+}  // namespace strata::runtime
