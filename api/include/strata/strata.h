@@ -1,0 +1,137 @@
+/* strata.h: the C ABI of strata, for training frameworks and other languages.
+ *
+ * Usage (error handling shortened; every call returns a strata_status):
+ *
+ *   strata_config* cfg;
+ *   strata_config_new(&cfg);                                // defaults
+ *   strata_config_set(cfg, "device.kind", "sim");           // keys as in docs/config.md
+ *   strata_config_set(cfg, "budgets.gpu", "64MiB");
+ *   strata_runtime* rt;
+ *   if (strata_runtime_new(cfg, &rt) != STRATA_OK) fprintf(stderr, "%s\n", strata_last_error());
+ *   strata_config_free(cfg);                                // the runtime keeps a copy
+ *   int64_t shape[2] = {64, 64};
+ *   uint32_t w;
+ *   strata_register_tensor(rt, "w", shape, 2, 0, &w);
+ *   strata_init_tensor(rt, w, values, 64 * 64);
+ *   for (...) {
+ *     strata_lease* p;
+ *     strata_acquire(rt, w, STRATA_PARAM, STRATA_READ, STRATA_ON_DEVICE, &p);
+ *     strata_launch(rt, forward_fn, &ctx);                  // runs on the compute stream
+ *     strata_lease_release(p);                              // frees the handle
+ *     ... backward: STRATA_GRAD with STRATA_WRITE ...
+ *     strata_step_stats st;
+ *     strata_step(rt, &st);
+ *   }
+ *   strata_runtime_free(rt);
+ *
+ * Handles are opaque and owned by the caller: each *_new / strata_acquire result
+ * is freed exactly once with its *_free / strata_lease_release. Leases must be
+ * released before their runtime is freed. No C++ exception crosses this ABI;
+ * failures are a strata_status with a message from strata_last_error().
+ * Threading: one runtime is driven from one thread (as the C++ API); different
+ * runtimes may be used from different threads. The error message is per thread.
+ */
+#ifndef STRATA_STRATA_H
+#define STRATA_STRATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Outcome of a call; the values match strata::StatusCode's order and are stable. */
+typedef enum strata_status {
+  STRATA_OK = 0,
+  STRATA_INVALID_ARGUMENT = 1,
+  STRATA_OUT_OF_BUDGET = 2,
+  STRATA_OUT_OF_MEMORY = 3,
+  STRATA_NO_SPACE = 4,
+  STRATA_IO_ERROR = 5,
+  STRATA_CORRUPT = 6,
+  STRATA_NOT_FOUND = 7,
+  STRATA_PERMISSION_DENIED = 8,
+  STRATA_UNAVAILABLE = 9,
+  STRATA_FAILED_PRECONDITION = 10,
+  STRATA_CANCELLED = 11,
+  STRATA_INTERNAL = 12
+} strata_status;
+
+/** Which state of a tensor a lease is on. */
+typedef enum strata_state {
+  STRATA_PARAM = 0,
+  STRATA_GRAD = 1,
+  STRATA_MASTER = 2,
+  STRATA_STATE0 = 3,
+  STRATA_STATE1 = 4
+} strata_state;
+/** What a lease may do. */
+typedef enum strata_access { STRATA_READ = 0, STRATA_WRITE = 1, STRATA_ACCUMULATE = 2 } strata_access;
+/** Where the lease's pointer is valid. */
+typedef enum strata_where { STRATA_ON_DEVICE = 0, STRATA_ON_HOST = 1 } strata_where;
+
+typedef struct strata_config strata_config;   /**< settings (opaque) */
+typedef struct strata_runtime strata_runtime; /**< a runtime and its device (opaque) */
+typedef struct strata_lease strata_lease;     /**< a pinned view of one tensor state (opaque) */
+
+/** What one step did (see strata::StepStats). */
+typedef struct strata_step_stats {
+  uint64_t step;
+  int applied;
+  double step_s;
+  double stall_s;
+  uint64_t bytes_h2d, bytes_d2h, bytes_disk_read, bytes_disk_write;
+  uint64_t gpu_high_water_bytes, host_high_water_bytes, nvme_bytes;
+} strata_step_stats;
+
+/** The message of this thread's last failed call ("" when none). Valid until the next call on this thread. */
+const char* strata_last_error(void);
+/** "invalid_argument", "out_of_budget", ... */
+const char* strata_status_name(strata_status status);
+
+/** New settings with defaults. Fails only when out of memory. */
+strata_status strata_config_new(strata_config** out);
+/** Settings from JSON text / a JSON file (unknown keys, wrong types, bad values rejected by name). */
+strata_status strata_config_from_json(const char* json_text, strata_config** out);
+strata_status strata_config_from_file(const char* path, strata_config** out);
+/** Sets one key ("budgets.gpu", "optimizer.name", "nvme.dirs" as a comma list, ...) from text. */
+strata_status strata_config_set(strata_config* config, const char* key, const char* value);
+/** Frees settings (NULL is ignored). */
+void strata_config_free(strata_config* config);
+
+/** Creates a runtime (and its device) from a copy of `config`. Blocks while tiers are reserved. */
+strata_status strata_runtime_new(const strata_config* config, strata_runtime** out);
+/** Waits for background work and frees everything (NULL is ignored). Leases must be released first. */
+void strata_runtime_free(strata_runtime* runtime);
+
+/** Registers a tensor of `ndim` extents; its id goes to *id_out. Before the first lease. */
+strata_status strata_register_tensor(strata_runtime* runtime, const char* name, const int64_t* shape,
+                                     size_t ndim, int frozen, uint32_t* id_out);
+/** Sets a tensor's initial value (count must equal its element count). Between steps; blocks. */
+strata_status strata_init_tensor(strata_runtime* runtime, uint32_t tensor, const float* values,
+                                 uint64_t count);
+/** Copies a tensor's state as fp32 into out (count = its element count). Between steps; blocks. */
+strata_status strata_read_tensor(strata_runtime* runtime, uint32_t tensor, strata_state state, float* out,
+                                 uint64_t count);
+/** Pins a state of a tensor; the lease handle goes to *out. */
+strata_status strata_acquire(strata_runtime* runtime, uint32_t tensor, strata_state state,
+                             strata_access access, strata_where where, strata_lease** out);
+/** The lease's first element (device memory on STRATA_ON_DEVICE; host-addressable on the sim device). */
+void* strata_lease_data(const strata_lease* lease);
+/** Elements the lease covers. */
+uint64_t strata_lease_numel(const strata_lease* lease);
+/** Releases the pin and frees the handle (NULL is ignored). */
+void strata_lease_release(strata_lease* lease);
+/** Runs fn(user) on the compute stream, after the work of leases taken so far. fn must not longjmp out. */
+strata_status strata_launch(strata_runtime* runtime, void (*fn)(void* user), void* user);
+/** Ends the step (optimizer, re-planning); *out (may be NULL) receives its figures. Blocks. */
+strata_status strata_step(strata_runtime* runtime, strata_step_stats* out);
+/** Writes the Chrome trace of the recorded timeline to `path`. */
+strata_status strata_write_trace(const strata_runtime* runtime, const char* path);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STRATA_STRATA_H */

@@ -1,0 +1,185 @@
+#pragma once
+// strata.hpp: the C++ face of strata. A Runtime built from a Config places a
+// model's state (params, grads, optimizer states) in chunks on the GPU, pinned
+// host memory and NVMe, moves it ahead of use and runs the optimizer where the
+// states live. A complete trainer:
+//
+//   #include <strata/strata.hpp>
+//
+//   int main() {
+//     // 1. Settings: in code, or from a JSON file (docs/config.md lists every key).
+//     auto config = strata::Config::from_json_text(R"({
+//         "device":    {"kind": "sim", "budget": "64MiB", "h2d_bandwidth": "12GiB"},
+//         "budgets":   {"gpu": "32MiB", "host": "256MiB", "nvme": "1GiB"},
+//         "nvme":      {"dirs": ["/tmp/strata-nvme"]},
+//         "optimizer": {"name": "adamw", "lr": 1e-3, "weight_decay": 0.01}})");
+//     if (!config.ok()) { fmt::print(stderr, "{}\n", config.status().to_string()); return 1; }
+//
+//     // 2. The runtime owns the device (sim or cuda) and every tier.
+//     auto rt = strata::Runtime::create(*config);
+//     if (!rt.ok()) { ... }
+//     strata::Runtime& r = **rt;
+//
+//     // 3. Register every tensor, then give them initial values (the first
+//     //    init_tensor, lease or step fixes the chunk layout).
+//     strata::TensorId w = *r.register_tensor("fc.weight", {512, 512});
+//     std::vector<float> init(512 * 512, 0.01f);
+//     r.init_tensor(w, init);
+//
+//     // 4. Train: leases pin a tensor's state on a tier for as long as they live.
+//     for (int step = 0; step < 100; ++step) {
+//       {  // forward
+//         auto p = *r.param(w);                       // device memory on cuda, host on sim
+//         r.launch([&] { forward(p.as<float>()); });  // runs on the compute stream
+//       }
+//       {  // backward: the first gradient lease marks the start of backward
+//         auto p = *r.param(w);
+//         auto g = *r.grad(w);                        // Access::kWrite: overwrite
+//         r.launch([&] { backward(p.as<float>(), g.as<float>()); });
+//       }
+//       auto stats = r.step();                        // optimizer, re-planning
+//       if (!stats.ok()) { ... }
+//     }
+//     r.write_chrome_trace("trace.json");             // chrome://tracing / Perfetto
+//   }
+//
+// Ownership: Runtime::create returns a unique_ptr the caller owns; it owns the
+// device and all memory. Leases borrow from the Runtime and must be destroyed
+// before it (checked). TensorIds are plain indices.
+//
+// Threading: one training thread makes every call (as runtime::Runtime; see
+// Note [Runtime threading] in runtime/runtime.hpp). Functions given to launch()
+// run on the device's compute stream thread (sim) or as host callbacks (cuda).
+//
+// Failure: every call that can fail returns Status or Result<T> with a message
+// naming the setting, tensor, budget or path and what to do. Misuse (a lease
+// outliving its Runtime, an id from another Runtime) is a checked programmer error.
+// No exceptions are thrown.
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/common/status.hpp"
+#include "strata/kernels/hyper.hpp"
+#include "strata/memory/device_factory.hpp"
+#include "strata/runtime/runtime.hpp"
+
+namespace strata {
+
+using runtime::Access;
+using runtime::Lease;
+using runtime::StateKind;
+using runtime::StepStats;
+using runtime::TensorId;
+using runtime::Where;
+
+//! Every setting of a Runtime. Plain value: fill it in code, or read it from JSON
+//! (docs/config.md). `device` is the device factory's, `runtime` the chunk
+//! runtime's own options (budgets, optimizer and hyperparameters, dtypes, NVMe
+//! directories, layout and plan knobs); Runtime::create validates both.
+struct Config {
+  memory::DeviceOptions device;
+  runtime::RuntimeOptions runtime;
+
+  //! Defaults with the optimizer's own default hyperparameters (torch's).
+  Config();
+  //! Sets one setting from text by its JSON path, e.g. ("budgets.gpu", "256MiB"),
+  //! ("optimizer.name", "lamb"), ("optimizer.lr", "3e-4"), ("nvme.dirs", "/a,/b").
+  //! InvalidArgument names the key and the value and says what is accepted
+  //! (unknown keys are listed with the known ones of their section).
+  Status set(std::string_view key, std::string_view value);
+  //! Parses a JSON object (sections device, budgets, nvme, optimizer, precision,
+  //! plan, layout and top-level keys; docs/config.md). Rejects unknown keys, wrong
+  //! JSON types and bad values by name. Never throws.
+  static Result<Config> from_json_text(std::string_view text);
+  //! Reads `path` and parses it as from_json_text; NotFound / PermissionDenied name the path.
+  static Result<Config> from_json_file(const std::filesystem::path& path);
+  //! The keys set() and the JSON loader accept, in "section.key" form.
+  static std::vector<std::string> keys();
+};
+
+//! Totals since the Runtime was created (per-step figures are in StepStats).
+struct Stats {
+  std::uint64_t steps = 0;
+  std::uint64_t steps_skipped = 0;  //!< Inf/NaN gradients with loss scaling
+  std::uint64_t bytes_h2d = 0, bytes_d2h = 0, bytes_disk_read = 0, bytes_disk_write = 0;
+  double stall_s = 0.0;  //!< host time blocked inside acquire()
+  double step_s = 0.0;   //!< wall time in steps
+  std::uint64_t gpu_high_water_bytes = 0, host_high_water_bytes = 0, nvme_bytes = 0;
+};
+
+//! The runtime facade. Not copyable or movable (held by unique_ptr). One training
+//! thread; see the header comment for ownership and failure.
+class Runtime {
+ public:
+  //! Creates the device (config.device; auto = cuda when usable, else sim, logged)
+  //! and the chunk runtime. Fails: InvalidArgument naming a bad setting,
+  //! Unavailable (cuda forced and no GPU), the NVMe directory's Status
+  //! (NotFound, PermissionDenied, NoSpace). Blocks while tiers are reserved.
+  static Result<std::unique_ptr<Runtime>> create(Config config);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  //! Registers a tensor in the compute dtype. Before the first init_tensor, lease or step.
+  //! Fails: InvalidArgument (empty or overflowing shape, duplicate name),
+  //! FailedPrecondition after the first lease.
+  Result<TensorId> register_tensor(std::string name, std::vector<std::int64_t> shape, bool frozen = false);
+  //! Looks a tensor up by name (NotFound otherwise).
+  Result<TensorId> find_tensor(std::string_view name) const;
+  //! Sets a tensor's initial value (values.size() == its element count, else
+  //! InvalidArgument). Between steps. Blocks (may write NVMe).
+  Status init_tensor(TensorId tensor, std::span<const float> values);
+  //! Copies a tensor's state (param as fp32 by default) into `out`. Between steps. Blocks.
+  Status read_tensor(TensorId tensor, std::span<float> out, StateKind kind = StateKind::kParam);
+
+  //! A read lease on the param, on `where` (device by default). Fails as acquire().
+  Result<Lease> param(TensorId tensor, Where where = Where::kDevice);
+  //! A write (or accumulate) lease on the gradient. Fails as acquire().
+  Result<Lease> grad(TensorId tensor, Access access = Access::kWrite, Where where = Where::kDevice);
+  //! Any lease (runtime::Runtime::acquire: may block for the chunk's optimizer
+  //! step or a free slot; OutOfBudget when every slot is pinned).
+  Result<Lease> acquire(TensorId tensor, StateKind kind, Access access, Where where = Where::kDevice);
+  //! Runs fn on the compute stream, ordered after the leases taken so far.
+  //! fn must not throw. Fails when the stream refuses work (device error).
+  Status launch(std::function<void()> fn);
+  //! Waits for everything launched so far. Blocks.
+  Status synchronize();
+
+  //! Multiplies every gradient by `scale` in the next optimizer step (1/loss_scale).
+  void set_grad_scale(float scale);
+  //! Ends the step: optimizer, Inf/NaN check, re-planning. Blocks. Fails with the
+  //! first background error (NVMe EIO, corrupt chunk); the last completed step's
+  //! state stays intact.
+  Result<StepStats> step();
+
+  //! Totals since creation.
+  const Stats& stats() const { return stats_; }
+  //! Chrome trace (chrome://tracing, Perfetto) of the recorded timeline; the
+  //! path's Status on failure.
+  Status write_chrome_trace(const std::string& path) const;
+  //! "device sim (...); plan: ..." for a progress line or a log.
+  std::string describe() const;
+
+  //! The device (sim or cuda) this runtime runs on.
+  memory::Device& device() { return *device_; }
+  //! The chunk runtime underneath, for what the facade does not wrap.
+  runtime::Runtime& core() { return *core_; }
+  //! The settings in effect.
+  const Config& config() const { return config_; }
+
+ private:
+  Runtime(Config config, std::unique_ptr<memory::Device> device, std::unique_ptr<runtime::Runtime> core);
+  Config config_;
+  std::unique_ptr<memory::Device> device_;  // declared before core_: destroyed after it
+  std::unique_ptr<runtime::Runtime> core_;
+  Stats stats_;
+};
+
+}  // namespace strata

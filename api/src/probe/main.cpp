@@ -1,0 +1,445 @@
+// strata-probe: measures this machine, then tells for each placement how large a
+// model it can train and how fast, from the runtime's planner and cost model
+// (Note [Probe placements] in model.hpp). --verify trains a synthetic model to
+// check the prediction (Note [Verify on the sim device] in verify.hpp).
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "measure.hpp"
+#include "model.hpp"
+#include "strata/common/bytes.hpp"
+#include "strata/common/log.hpp"
+#include "verify.hpp"
+
+namespace {
+
+using namespace strata;
+using namespace strata::probe;
+using Clock = std::chrono::steady_clock;
+
+struct Settings {
+  std::string nvme;
+  bool json = false;
+  std::string params;
+  std::uint64_t layers = 0, hidden = 0, seq = 1024, batch = 4, vocab = 50257;
+  std::string optimizer = "adamw";
+  std::string precision = "fp32";
+  std::string state_dtype = "fp32";
+  std::string device = "auto";
+  std::string device_budget = "auto";
+  std::string host_budget = "auto";
+  std::string link = "12GiB";
+  double tflops = 400;
+  std::string nvme_bytes = "1GiB";
+  double nvme_seconds = 3;
+  std::string optimizer_params = "16M";
+  bool verify = false;
+  std::string verify_placement;
+  std::string verify_params;
+  int verify_steps = 3;
+  bool needs = false;
+};
+
+// A one-line bar on stderr, only when stderr is a terminal.
+Progress progress_bar() {
+  if (::isatty(STDERR_FILENO) == 0) return {};
+  return [](std::string_view stage, double fraction) {
+    const int width = 30;
+    const int filled = static_cast<int>(fraction * width);
+    std::fprintf(stderr, "\r  %-14.*s [%s%s] %3d%%", static_cast<int>(stage.size()), stage.data(),
+                 std::string(static_cast<std::size_t>(filled), '#').c_str(),
+                 std::string(static_cast<std::size_t>(width - filled), ' ').c_str(),
+                 static_cast<int>(fraction * 100));
+    if (fraction >= 1.0) std::fprintf(stderr, "\r%60s\r", "");
+    std::fflush(stderr);
+  };
+}
+
+Result<kernels::Optimizer> parse_optimizer(std::string_view name) {
+  using kernels::Optimizer;
+  for (Optimizer o : {Optimizer::kAdam, Optimizer::kAdamW, Optimizer::kLamb, Optimizer::kLars,
+                      Optimizer::kSgd, Optimizer::kLion, Optimizer::kAdagrad}) {
+    if (kernels::optimizer_name(o) == name) return o;
+  }
+  return invalid_argument("--optimizer \"{}\": use adamw, adam, lamb, lars, sgd, lion or adagrad", name);
+}
+
+double gib(double bytes_per_s) {
+  return bytes_per_s / static_cast<double>(kGiB);
+}
+
+Result<TrainSpec> model_spec(const Settings& s) {
+  TrainSpec spec;
+  STRATA_ASSIGN_OR_RETURN(spec.optimizer, parse_optimizer(s.optimizer));
+  STRATA_ASSIGN_OR_RETURN(spec.compute_dtype, runtime::parse_dtype(s.precision));
+  STRATA_ASSIGN_OR_RETURN(spec.state_dtype, runtime::parse_dtype(s.state_dtype));
+  if (!(s.tflops > 0)) return invalid_argument("--tflops {} must be > 0", s.tflops);
+  spec.device_flops_per_s = s.tflops * 1e12;
+  const bool shape_given = s.layers != 0 || s.hidden != 0;
+  if (shape_given && !s.params.empty()) {
+    return invalid_argument("give either --params or a shape (--layers and --hidden), not both");
+  }
+  if (shape_given) {
+    spec.shape = {s.layers, s.hidden, s.seq, s.batch, s.vocab};
+    STRATA_RETURN_IF_ERROR(shape_params(spec.shape).status());
+  } else {
+    STRATA_ASSIGN_OR_RETURN(std::uint64_t n, parse_count(s.params.empty() ? "1.3B" : s.params));
+    STRATA_ASSIGN_OR_RETURN(spec.shape, shape_for_params(n, s.seq, s.batch, s.vocab));
+  }
+  return spec;
+}
+
+int fail(const Status& status) {
+  std::fprintf(stderr, "strata-probe: %s\n", status.to_string().c_str());
+  return 1;
+}
+
+int run(const Settings& s) {
+  const auto start = Clock::now();
+  auto spec = model_spec(s);
+  if (!spec.ok()) return fail(spec.status());
+  auto link = parse_bytes(s.link, "--link");
+  auto nvme_bytes = parse_bytes(s.nvme_bytes, "--nvme-bytes");
+  auto opt_params = parse_count(s.optimizer_params, "--optimizer-params");
+  for (const Status& st : {link.status(), nvme_bytes.status(), opt_params.status()}) {
+    if (!st.ok()) return fail(st);
+  }
+  if (!(s.nvme_seconds > 0)) return fail(invalid_argument("--nvme-seconds {} must be > 0", s.nvme_seconds));
+  const Progress progress = s.json ? Progress{} : progress_bar();
+
+  auto host = measure_host();
+  if (!host.ok()) return fail(host.status());
+  std::optional<NvmeInfo> nvme;
+  if (!s.nvme.empty()) {
+    auto n = measure_nvme(s.nvme, *nvme_bytes, s.nvme_seconds, progress);
+    if (!n.ok()) return fail(n.status());
+    nvme = *n;
+  }
+  memory::DeviceOptions dopt;
+  if (Status st = dopt.set("kind", s.device); !st.ok()) return fail(st);
+  dopt.h2d_bytes_per_s = *link;
+  dopt.d2h_bytes_per_s = *link;
+  dopt.budget_bytes = 0;
+  if (s.device_budget != "auto") {
+    auto b = parse_bytes(s.device_budget, "--device-budget");
+    if (!b.ok()) return fail(b.status());
+    dopt.budget_bytes = *b;
+  }
+  auto device = measure_device(dopt, 64 * kMiB, progress);
+  if (!device.ok()) return fail(device.status());
+  auto cpu = measure_cpu_optimizer(*opt_params, host->cores, progress);
+  if (!cpu.ok()) return fail(cpu.status());
+
+  Capacity cap;
+  cap.gpu_bytes = device->budget_bytes;
+  cap.host_bytes = host->ram_bytes / 4 * 3;
+  if (s.host_budget != "auto") {
+    auto b = parse_bytes(s.host_budget, "--host-budget");
+    if (!b.ok()) return fail(b.status());
+    cap.host_bytes = *b;
+  }
+  if (nvme) cap.nvme_bytes = nvme->free_bytes / 10 * 9;
+  runtime::Rates rates;
+  rates.h2d_bytes_per_s = device->h2d_bytes_per_s;
+  rates.d2h_bytes_per_s = device->d2h_bytes_per_s;
+  rates.cpu_optim_params_per_s = *cpu;
+  const bool sim = device->kind == "sim";
+  if (sim) rates.gpu_optim_params_per_s = *cpu;  // the sim device's "kernels" run on the host
+  if (nvme) {
+    rates.disk_read_bytes_per_s = nvme->read_bytes_per_s;
+    rates.disk_write_bytes_per_s = nvme->write_bytes_per_s;
+  } else {
+    rates.disk_read_bytes_per_s = rates.disk_write_bytes_per_s = 0;
+  }
+  std::vector<Estimate> rows;
+  for (Placement p : kPlacements) rows.push_back(estimate(*spec, p, cap, rates));
+  const std::uint64_t model_params = shape_params(spec->shape).value();
+
+  // What your model needs per placement: the least budgets that give the
+  // placement (tight_budgets against unbounded capacities).
+  struct Need {
+    Placement placement;
+    Result<runtime::Budgets> budgets;
+  };
+  std::vector<Need> needs;
+  if (s.needs) {
+    const Capacity unbounded{.gpu_bytes = 64 * kTiB, .host_bytes = 64 * kTiB, .nvme_bytes = 1024 * kTiB};
+    for (Placement p : kPlacements) needs.push_back({p, tight_budgets(*spec, p, unbounded, rates, 0.0)});
+  }
+
+  std::optional<VerifyResult> checked;
+  VerifyOptions vo;
+  if (s.verify) {
+    std::string pname =
+        s.verify_placement.empty() ? (nvme ? "optim-nvme" : "params-optim-host") : s.verify_placement;
+    auto placement = parse_placement(pname);
+    if (!placement.ok()) return fail(placement.status().with_context("--verify-placement"));
+    const Estimate& row = rows[static_cast<std::size_t>(*placement)];
+    if (!row.feasible && s.verify_params.empty()) {
+      return fail(out_of_budget("--verify: placement {} cannot train any size here: {}", pname, row.why));
+    }
+    // Recommended size: the placement's largest, capped so a few steps take seconds here.
+    constexpr std::uint64_t kVerifyParamsMax = 64'000'000;
+    std::uint64_t n = std::min(row.max_params, kVerifyParamsMax);
+    if (!s.verify_params.empty()) {
+      auto v = parse_count(s.verify_params, "--verify-params");
+      if (!v.ok()) return fail(v.status());
+      n = *v;
+    }
+    vo.spec = *spec;
+    auto vshape = shape_for_verify(n, s.seq, s.batch);
+    if (!vshape.ok()) return fail(vshape.status());
+    vo.spec.shape = *vshape;
+    vo.placement = *placement;
+    vo.capacity = cap;
+    vo.rates = rates;
+    if (!sim) {  // Note [Verify on the sim device]: its links are the throttle
+      vo.rates.h2d_bytes_per_s = vo.rates.d2h_bytes_per_s = static_cast<double>(*link);
+      vo.rates.gpu_optim_params_per_s = *cpu;
+      vo.capacity.gpu_bytes = std::min<std::uint64_t>(cap.gpu_bytes, host->ram_bytes / 8);
+    }
+    vo.link_bytes_per_s = *link;
+    vo.nvme_dir = s.nvme;
+    vo.steps = s.verify_steps;
+    if (progress) progress("verify", 0.0);
+    auto v = verify(vo);
+    if (progress) progress("verify", 1.0);
+    if (!v.ok()) return fail(v.status().with_context("--verify"));
+    checked = *v;
+  }
+  const double elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
+
+  nlohmann::json j;
+  nlohmann::json gpus = nlohmann::json::array();
+  if (!sim) {
+    gpus.push_back({{"name", device->name},
+                    {"memory_bytes", device->budget_bytes},
+                    {"h2d_gib_s", gib(device->h2d_bytes_per_s)},
+                    {"d2h_gib_s", gib(device->d2h_bytes_per_s)}});
+  }
+  j["machine"] = {
+      {"cores", host->cores},
+      {"numa_nodes", host->numa_nodes},
+      {"ram_bytes", host->ram_bytes},
+      {"memlock_bytes",
+       host->memlock_bytes == UINT64_MAX ? nlohmann::json(nullptr) : nlohmann::json(host->memlock_bytes)},
+      {"topology", host->topology},
+      {"gpus", gpus},
+      {"device",
+       {{"kind", device->kind},
+        {"name", device->name},
+        {"why", device->why},
+        {"budget_bytes", device->budget_bytes},
+        {"h2d_gib_s", gib(device->h2d_bytes_per_s)},
+        {"d2h_gib_s", gib(device->d2h_bytes_per_s)},
+        {"throttled", device->throttled}}},
+      {"nvme", nvme ? nlohmann::json{{"path", nvme->path},
+                                     {"engine", nvme->engine},
+                                     {"direct_io", nvme->direct_io},
+                                     {"free_bytes", nvme->free_bytes},
+                                     {"bytes_tested", nvme->bytes_tested},
+                                     {"read_gib_s", gib(nvme->read_bytes_per_s)},
+                                     {"write_gib_s", gib(nvme->write_bytes_per_s)}}
+                    : nlohmann::json(nullptr)},
+      {"cpu_optimizer_mparams_per_s", *cpu / 1e6},
+  };
+  j["model"] = {{"params", model_params},
+                {"layers", spec->shape.layers},
+                {"hidden", spec->shape.hidden},
+                {"seq", spec->shape.seq},
+                {"batch", spec->shape.batch},
+                {"vocab", spec->shape.vocab},
+                {"optimizer", s.optimizer},
+                {"precision", s.precision},
+                {"state_dtype", s.state_dtype},
+                {"device_tflops_assumed", s.tflops},
+                {"state_bytes_per_param", state_bytes_per_param(*spec)}};
+  j["capacity"] = {
+      {"gpu_bytes", cap.gpu_bytes}, {"host_bytes", cap.host_bytes}, {"nvme_bytes", cap.nvme_bytes}};
+  j["placements"] = nlohmann::json::array();
+  for (const Estimate& e : rows) {
+    nlohmann::json row = {
+        {"name", placement_name(e.placement)},
+        {"feasible", e.feasible},
+        {"max_params", e.max_params},
+        {"layers", e.layers},
+        {"predicted_step_s", e.feasible ? nlohmann::json(e.cost.step_s) : nlohmann::json(nullptr)}};
+    if (e.feasible) {
+      row["bottleneck"] = e.cost.bottleneck;
+      row["plan"] = e.plan.summary();
+    } else {
+      row["why"] = e.why;
+    }
+    j["placements"].push_back(row);
+  }
+  if (s.needs) {
+    j["needs"] = nlohmann::json::array();
+    for (const Need& n : needs) {
+      nlohmann::json row = {{"name", placement_name(n.placement)}};
+      if (n.budgets.ok()) {
+        row["gpu_bytes"] = n.budgets->gpu_bytes;
+        row["host_bytes"] = n.budgets->host_bytes;
+        row["nvme_bytes"] = n.budgets->nvme_bytes;
+      } else {
+        row["why"] = n.budgets.status().message();
+      }
+      j["needs"].push_back(row);
+    }
+  }
+  if (checked) {
+    j["verify"] = {{"placement", placement_name(vo.placement)},
+                   {"params", checked->params},
+                   {"device", "sim (Note [Verify on the sim device])"},
+                   {"plan", checked->plan},
+                   {"plan_matches", checked->plan_matches},
+                   {"predicted_step_s", checked->predicted_s},
+                   {"runtime_predicted_step_s", checked->runtime_predicted_s},
+                   {"measured_step_s", checked->measured_s},
+                   {"ratio", checked->ratio},
+                   {"within_25_percent", checked->ratio > 0.75 && checked->ratio < 1.25},
+                   {"budgets_held", checked->budgets_held},
+                   {"gpu_budget_bytes", checked->budgets.gpu_bytes},
+                   {"gpu_chunk_budget_bytes", checked->gpu_chunk_budget_bytes},
+                   {"gpu_high_water_bytes", checked->gpu_high_water_bytes},
+                   {"host_budget_bytes", checked->host_budget_bytes},
+                   {"host_high_water_bytes", checked->host_high_water_bytes},
+                   {"nvme_budget_bytes", 2 * checked->budgets.nvme_bytes},
+                   {"nvme_bytes", checked->nvme_bytes}};
+  }
+  j["elapsed_s"] = elapsed_s;
+  if (s.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    fmt::print("strata-probe — this machine\n");
+    fmt::print("  host      {}; memlock {}\n", host->topology,
+               host->memlock_bytes == UINT64_MAX ? "unlimited" : format_bytes(host->memlock_bytes));
+    if (sim) {
+      fmt::print("  GPU       none: {}\n", device->why);
+      fmt::print(
+          "            placements below are for the sim device: budget {}, copies {} at {:.1f} GiB/s h2d, "
+          "{:.1f} GiB/s d2h\n",
+          format_bytes(device->budget_bytes), device->throttled ? "throttled" : "memcpy",
+          gib(device->h2d_bytes_per_s), gib(device->d2h_bytes_per_s));
+    } else {
+      fmt::print(
+          "  GPU       {}: h2d {:.1f} GiB/s, d2h {:.1f} GiB/s (measured); optimizer rate assumed {:.0f} "
+          "Gparams/s\n",
+          device->name, gib(device->h2d_bytes_per_s), gib(device->d2h_bytes_per_s),
+          rates.gpu_optim_params_per_s / 1e9);
+    }
+    if (nvme) {
+      fmt::print(
+          "  NVMe      {}: write {:.2f} GiB/s, read {:.2f} GiB/s ({} through SwapStore, {}, {}); {} free\n",
+          nvme->path, gib(nvme->write_bytes_per_s), gib(nvme->read_bytes_per_s),
+          format_bytes(nvme->bytes_tested), nvme->engine, nvme->direct_io ? "O_DIRECT" : "buffered",
+          format_bytes(nvme->free_bytes));
+    } else {
+      fmt::print("  NVMe      not measured (give --nvme DIR)\n");
+    }
+    fmt::print("  CPU opt   {:.0f} Mparams/s (fp32 AdamW, {} threads)\n", *cpu / 1e6, host->cores);
+    fmt::print(
+        "\nModel: GPT-like, hidden {}, seq {}, batch {}, vocab {}; {} {} (states {}), {} B of state a "
+        "param; device compute assumed {:.0f} TFLOP/s\n",
+        spec->shape.hidden, spec->shape.seq, spec->shape.batch, spec->shape.vocab, s.optimizer, s.precision,
+        s.state_dtype, state_bytes_per_param(*spec), s.tflops);
+    fmt::print("Your model: {} params ({} layers). Capacity: gpu {}, host {}, nvme {}\n\n",
+               format_count(model_params), spec->shape.layers, format_bytes(cap.gpu_bytes),
+               format_bytes(cap.host_bytes), cap.nvme_bytes ? format_bytes(cap.nvme_bytes) : "none");
+    fmt::print("{:<20}{:>12}{:>9}{:>14}  {:<14}{}\n", "placement", "max params", "layers", "step (pred.)",
+               "bottleneck", "fits your model");
+    for (const Estimate& e : rows) {
+      if (!e.feasible) {
+        fmt::print("{:<20}{:>12}{:>9}{:>14}  {}\n", placement_name(e.placement), "-", "-", "-", e.why);
+        continue;
+      }
+      fmt::print("{:<20}{:>12}{:>9}{:>14}  {:<14}{}\n", placement_name(e.placement),
+                 format_count(e.max_params), e.layers, fmt::format("{:.3f} s", e.cost.step_s),
+                 e.cost.bottleneck, e.max_params >= model_params ? "yes" : "no");
+    }
+    if (s.needs) {
+      fmt::print("\nWhat your model ({} params) needs per placement (least budgets the planner accepts):\n",
+                 format_count(model_params));
+      fmt::print("{:<20}{:>12}{:>12}{:>12}\n", "placement", "gpu", "host", "nvme");
+      for (const Need& n : needs) {
+        if (!n.budgets.ok()) {
+          fmt::print("{:<20}  {}\n", placement_name(n.placement), n.budgets.status().message());
+          continue;
+        }
+        fmt::print("{:<20}{:>12}{:>12}{:>12}\n", placement_name(n.placement),
+                   format_bytes(n.budgets->gpu_bytes), format_bytes(n.budgets->host_bytes),
+                   format_bytes(n.budgets->nvme_bytes));
+      }
+    }
+    if (checked) {
+      const auto& v = *checked;
+      fmt::print(
+          "\nverify ({}, {} params, sim device): measured {:.3f} s vs predicted {:.3f} s (ratio {:.2f}, {}); "
+          "runtime's own prediction {:.3f} s\n",
+          placement_name(vo.placement), format_count(v.params), v.measured_s, v.predicted_s, v.ratio,
+          v.ratio > 0.75 && v.ratio < 1.25 ? "within 25%" : "OUTSIDE 25%", v.runtime_predicted_s);
+      fmt::print("  plan: {}{}\n", v.plan, v.plan_matches ? "" : "  (NOT the placement asked for)");
+      fmt::print(
+          "  budgets {} (high water / budget): gpu chunks {} / {} (+ {} modelled activations), host {} / {}, "
+          "nvme {} / {}\n",
+          v.budgets_held ? "held" : "EXCEEDED", format_bytes(v.gpu_high_water_bytes),
+          format_bytes(v.gpu_chunk_budget_bytes),
+          format_bytes(v.budgets.gpu_bytes - v.gpu_chunk_budget_bytes), format_bytes(v.host_high_water_bytes),
+          format_bytes(v.host_budget_bytes), format_bytes(v.nvme_bytes),
+          format_bytes(2 * v.budgets.nvme_bytes));
+    }
+    fmt::print("\n(probe took {:.1f} s)\n", elapsed_s);
+  }
+  if (checked && !(checked->budgets_held && checked->plan_matches)) return 3;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"strata-probe: measure this machine and predict how large a model it trains, and how fast"};
+  Settings s;
+  app.add_option("--nvme", s.nvme, "directory on the NVMe drive to measure and plan with");
+  app.add_flag("--json", s.json, "print one JSON object");
+  app.add_option("--params", s.params, "model size, e.g. 1.3B (default 1.3B unless a shape is given)");
+  app.add_option("--layers", s.layers, "GPT shape: layers");
+  app.add_option("--hidden", s.hidden, "GPT shape: hidden size");
+  app.add_option("--seq", s.seq, "sequence length")->capture_default_str();
+  app.add_option("--batch", s.batch, "micro-batch size")->capture_default_str();
+  app.add_option("--vocab", s.vocab, "vocabulary size")->capture_default_str();
+  app.add_option("--optimizer", s.optimizer, "adamw, adam, lamb, lars, sgd, lion, adagrad")
+      ->capture_default_str();
+  app.add_option("--precision", s.precision, "compute dtype: fp32, bf16, fp16")->capture_default_str();
+  app.add_option("--state-dtype", s.state_dtype, "optimizer state dtype: fp32, bf16")->capture_default_str();
+  app.add_option("--device", s.device, "auto, sim or cuda")->capture_default_str();
+  app.add_option("--device-budget", s.device_budget,
+                 "device memory to plan with (auto: sim 4GiB, cuda: free)")
+      ->capture_default_str();
+  app.add_option("--host-budget", s.host_budget, "host memory to plan with (auto: 3/4 of RAM)")
+      ->capture_default_str();
+  app.add_option("--link", s.link, "sim copy throttle per direction, per second")->capture_default_str();
+  app.add_option("--tflops", s.tflops, "sustained device compute, TFLOP/s (assumed, not measured)")
+      ->capture_default_str();
+  app.add_option("--nvme-bytes", s.nvme_bytes, "NVMe test size at most")->capture_default_str();
+  app.add_option("--nvme-seconds", s.nvme_seconds, "NVMe test time per direction at most")
+      ->capture_default_str();
+  app.add_option("--optimizer-params", s.optimizer_params, "CPU optimizer test size")->capture_default_str();
+  app.add_flag("--verify", s.verify,
+               "train a few steps of a synthetic model and compare with the prediction");
+  app.add_option("--verify-placement", s.verify_placement,
+                 "placement to verify (default optim-nvme with --nvme)");
+  app.add_option("--verify-params", s.verify_params, "size to verify (default: recommended, at most 64M)");
+  app.add_option("--verify-steps", s.verify_steps, "timed steps")->capture_default_str();
+  app.add_flag("--needs", s.needs,
+               "also print the least gpu/host/nvme budgets your model needs per placement");
+  CLI11_PARSE(app, argc, argv);
+  // The probe prints what ran (device and why, I/O engine, O_DIRECT); the log's
+  // info lines would repeat it, so it shows warnings unless STRATA_LOG_LEVEL asks.
+  if (std::getenv("STRATA_LOG_LEVEL") == nullptr) strata::set_log_level("warn");
+  return run(s);
+}

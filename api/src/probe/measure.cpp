@@ -1,0 +1,273 @@
+// strata-probe's measurements; see measure.hpp.
+#include "measure.hpp"
+
+#include <sys/resource.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+
+#include "strata/common/assert.hpp"
+#include "strata/common/bytes.hpp"
+#include "strata/common/log.hpp"
+#include "strata/common/thread_pool.hpp"
+#include "strata/kernels/optim.hpp"
+#include "strata/memory/topology.hpp"
+#include "strata/offload/io_engine.hpp"
+#include "strata/offload/swap_store.hpp"
+
+namespace strata::probe {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+void report(const Progress& progress, std::string_view stage, double fraction) {
+  if (progress) progress(stage, std::clamp(fraction, 0.0, 1.0));
+}
+
+// 4096-aligned host memory, freed on destruction.
+struct AlignedBuffer {
+  explicit AlignedBuffer(std::size_t bytes)
+      : data(static_cast<std::byte*>(std::aligned_alloc(4096, align_up(bytes, 4096)))), size(bytes) {}
+  ~AlignedBuffer() { std::free(data); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  std::byte* data;
+  std::size_t size;
+};
+
+double median3(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+Result<HostInfo> measure_host() {
+  HostInfo h;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<memory::Topology> topo, memory::Topology::discover());
+  h.cores = topo->cores();
+  h.numa_nodes = topo->numa_nodes().size();
+  h.topology = topo->summary();
+  h.ram_bytes = memory::physical_memory_bytes();
+  struct rlimit lim {};
+  if (::getrlimit(RLIMIT_MEMLOCK, &lim) != 0) return errno_status(errno, "getrlimit(RLIMIT_MEMLOCK)");
+  h.memlock_bytes = lim.rlim_cur == RLIM_INFINITY ? UINT64_MAX : static_cast<std::uint64_t>(lim.rlim_cur);
+  return h;
+}
+
+Result<DeviceInfo> measure_device(memory::DeviceOptions options, std::uint64_t copy_bytes,
+                                  const Progress& progress) {
+  DeviceInfo info;
+  report(progress, "device", 0.0);
+  std::unique_ptr<memory::Device> device;
+  if (options.budget_bytes == 0) {
+    // Find the largest budget cuda accepts; sim gets 4 GiB.
+    memory::DeviceOptions first = options;
+    first.budget_bytes = std::max<std::uint64_t>(copy_bytes + 64 * kMiB, kGiB);
+    STRATA_ASSIGN_OR_RETURN(device, memory::make_device(first, &info.why));
+    if (device->kind() == memory::DeviceKind::kCuda) {
+      std::uint64_t lo = first.budget_bytes, hi = 4 * kTiB;
+      for (int i = 0; i < 8 && hi - lo > kGiB; ++i) {
+        memory::DeviceOptions t = options;
+        t.kind = memory::DeviceChoice::kCuda;
+        t.budget_bytes = lo + (hi - lo) / 2;
+        std::string ignored;
+        (memory::make_device(t, &ignored).ok() ? lo : hi) = t.budget_bytes;
+      }
+      info.budget_bytes = lo;
+    } else {
+      info.budget_bytes = 4 * kGiB;
+    }
+  } else {
+    STRATA_ASSIGN_OR_RETURN(device, memory::make_device(options, &info.why));
+    info.budget_bytes = options.budget_bytes;
+  }
+  info.kind = std::string(memory::device_kind_name(device->kind()));
+  info.name = device->name();
+  info.throttled = device->kind() == memory::DeviceKind::kSim && options.h2d_bytes_per_s > 0;
+
+  STRATA_ASSIGN_OR_RETURN(memory::DeviceAllocation dev, device->allocate(copy_bytes));
+  AlignedBuffer host(copy_bytes);
+  std::memset(host.data, 1, copy_bytes);
+  STRATA_ASSIGN_OR_RETURN(memory::Stream stream, device->create_stream());
+  auto timed = [&](memory::CopyKind kind, void* dst, const void* src) -> Result<double> {
+    constexpr int kCopies = 3;
+    STRATA_RETURN_IF_ERROR(device->copy_async(stream, dst, src, copy_bytes, kind));  // warm-up
+    STRATA_RETURN_IF_ERROR(device->synchronize(stream));
+    const auto start = Clock::now();
+    for (int i = 0; i < kCopies; ++i)
+      STRATA_RETURN_IF_ERROR(device->copy_async(stream, dst, src, copy_bytes, kind));
+    STRATA_RETURN_IF_ERROR(device->synchronize(stream));
+    return static_cast<double>(copy_bytes) * kCopies / since(start);
+  };
+  STRATA_ASSIGN_OR_RETURN(info.h2d_bytes_per_s,
+                          timed(memory::CopyKind::kHostToDevice, dev.data(), host.data));
+  report(progress, "device", 0.5);
+  STRATA_ASSIGN_OR_RETURN(info.d2h_bytes_per_s,
+                          timed(memory::CopyKind::kDeviceToHost, host.data, dev.data()));
+  report(progress, "device", 1.0);
+  return info;
+}
+
+Result<NvmeInfo> measure_nvme(const std::string& dir, std::uint64_t bytes_max, double seconds_max,
+                              const Progress& progress) {
+  constexpr std::uint64_t kSlotBytes = 16 * kMiB;
+  constexpr std::uint64_t kFreeMin = 64 * kMiB;
+  constexpr std::size_t kInFlight = 16;
+  NvmeInfo info;
+  info.path = dir;
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return not_found("--nvme {}: no such directory; create it or name another", dir);
+  if (!fs::is_directory(dir, ec)) return invalid_argument("--nvme {}: not a directory", dir);
+  struct statvfs vfs {};
+  if (::statvfs(dir.c_str(), &vfs) != 0) return errno_status(errno, fmt::format("--nvme {}: statvfs", dir));
+  if ((vfs.f_flag & ST_RDONLY) != 0) {
+    return permission_denied("--nvme {}: the file system is mounted read-only; name a writable directory",
+                             dir);
+  }
+  if (::access(dir.c_str(), W_OK) != 0) {
+    return permission_denied("--nvme {}: not writable by this user; name a writable directory", dir);
+  }
+  info.free_bytes = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  if (info.free_bytes < kFreeMin) {
+    return no_space(
+        "--nvme {}: only {} free; the probe needs {} to measure (and the NVMe tier needs room for "
+        "model state): free space or name another directory",
+        dir, format_bytes(info.free_bytes), format_bytes(kFreeMin));
+  }
+  const std::uint64_t bytes =
+      std::max(kSlotBytes * kInFlight, align_down(std::min(bytes_max, info.free_bytes / 2), kSlotBytes));
+  const auto slots = static_cast<std::uint32_t>(bytes / kSlotBytes);
+
+  // One region for every in-flight buffer, registered with io_uring as fixed
+  // buffers, as the runtime registers its pinned host region.
+  AlignedBuffer region(kSlotBytes * kInFlight);
+  for (std::size_t b = 0; b < region.size; b += 8) {
+    const std::uint64_t v = (b + 1) * 0x9E3779B97F4A7C15ull;
+    std::memcpy(region.data + b, &v, 8);
+  }
+  offload::IoEngineOptions eo;
+  eo.fixed_buffer_regions = {std::span<std::byte>(region.data, region.size)};
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<offload::IoEngine> engine, offload::make_io_engine(eo));
+  info.engine = std::string(engine->name());
+  auto buffer_at = [&](std::size_t i) { return region.data + i * kSlotBytes; };
+  auto store = offload::SwapStore::create(
+      *engine, {.dirs = {fs::path(dir)}, .slot_bytes = kSlotBytes, .slots = slots});
+  if (!store.ok()) return Status(store.status()).with_context(fmt::format("--nvme {}", dir));
+  info.direct_io = (*store)->direct_io();
+
+  // Writes (or reads) slots with kInFlight transfers outstanding at all times (a
+  // sliding window, as the runtime's pipeline keeps its queue full) until done or
+  // out of time.
+  // op(i) says whether transfer i writes and which slot it uses.
+  using Op = std::function<std::pair<bool, offload::SlotId>(std::uint32_t)>;
+  auto pass = [&](const Op& op, std::uint32_t count,
+                  std::string_view stage) -> Result<std::pair<std::uint32_t, double>> {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::size_t outstanding = 0;
+    Status first_error;
+    std::vector<std::size_t> free_buffers;
+    for (std::size_t i = 0; i < kInFlight; ++i) free_buffers.push_back(i);
+    const auto start = Clock::now();
+    std::uint32_t issued = 0;
+    auto wait_below = [&](std::size_t limit) {
+      std::unique_lock lock(mu);
+      cv.wait(lock, [&] { return outstanding < limit; });
+    };
+    while (issued < count && (issued == 0 || since(start) < seconds_max)) {
+      wait_below(kInFlight);
+      std::size_t buffer = 0;
+      {
+        std::lock_guard lock(mu);
+        if (!first_error.ok()) break;
+        buffer = free_buffers.back();
+        free_buffers.pop_back();
+        ++outstanding;
+      }
+      const auto [write, slot] = op(issued);
+      std::span<std::byte> buf(buffer_at(buffer), kSlotBytes);
+      auto done = [&, buffer](Status st) {
+        std::lock_guard lock(mu);
+        if (!st.ok() && first_error.ok()) first_error = st;
+        free_buffers.push_back(buffer);
+        --outstanding;
+        cv.notify_all();
+      };
+      Status s =
+          write ? (*store)->write_async(slot, slot, buf, done) : (*store)->read_async(slot, slot, buf, done);
+      if (!s.ok()) {
+        done(Status::Ok());
+        wait_below(1);
+        return s.with_context(fmt::format("--nvme {}", dir));
+      }
+      ++issued;
+      report(progress, stage, static_cast<double>(issued) / count);
+    }
+    wait_below(1);
+    if (!first_error.ok()) return first_error.with_context(fmt::format("--nvme {}", dir));
+    return std::pair{issued, since(start)};
+  };
+  for (std::uint32_t i = 0; i < slots; ++i) {
+    STRATA_ASSIGN_OR_RETURN(offload::SlotId s, (*store)->allocate());
+    STRATA_CHECK(s < slots);
+  }
+  // The first pass writes fresh (fallocated, unwritten) extents, which costs the
+  // file system extent conversions the runtime's steady state never pays: it
+  // rewrites its slots. So the first pass is a warm-up and the second is timed.
+  auto write_op = [](std::uint32_t i) { return std::pair{true, i}; };
+  STRATA_ASSIGN_OR_RETURN(auto warm, pass(write_op, slots, "nvme warm-up"));
+  STRATA_ASSIGN_OR_RETURN(auto written, pass(write_op, warm.first, "nvme write"));
+  STRATA_ASSIGN_OR_RETURN(auto read, pass(
+                                         [](std::uint32_t i) {
+                                           return std::pair{false, i};
+                                         },
+                                         written.first, "nvme read"));
+  info.bytes_tested = std::uint64_t{written.first} * kSlotBytes;
+  info.write_bytes_per_s = static_cast<double>(info.bytes_tested) / written.second;
+  info.read_bytes_per_s = static_cast<double>(std::uint64_t{read.first} * kSlotBytes) / read.second;
+  store->reset();  // removes the swap file
+  engine->shutdown(offload::ShutdownMode::kDrain);
+  return info;
+}
+
+Result<double> measure_cpu_optimizer(std::uint64_t params, std::size_t threads, const Progress& progress) {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ThreadPool> pool, ThreadPool::create({.threads = threads}));
+  std::vector<float> master(params, 0.5f), grad(params, 1e-3f), m(params, 0.0f), v(params, 0.0f);
+  kernels::Span span;
+  span.master = master.data();
+  span.grad = grad.data();
+  span.state = {m.data(), v.data()};
+  span.n = params;
+  kernels::StepArgs args;
+  args.hyper.optimizer = kernels::Optimizer::kAdamW;
+  args.spans = std::span<const kernels::Span>(&span, 1);
+  args.pool = pool.get();
+  std::vector<double> rates;
+  for (int i = 0; i < 4; ++i) {
+    args.step = i + 1;
+    const auto start = Clock::now();
+    STRATA_ASSIGN_OR_RETURN(kernels::StepReport r, kernels::step(args));
+    const double s = since(start);
+    if (!r.applied) return internal_error("probe: the optimizer step on finite gradients was not applied");
+    if (i > 0) rates.push_back(static_cast<double>(params) / s);  // the first one warms up
+    report(progress, "cpu optimizer", (i + 1) / 4.0);
+  }
+  return median3(rates);
+}
+
+}  // namespace strata::probe

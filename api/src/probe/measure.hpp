@@ -1,0 +1,74 @@
+#pragma once
+// strata-probe's measurements of this machine: topology, RAM, memlock, the
+// device and its copy rates, the NVMe directory's read/write bandwidth through
+// strata's own IoEngine + SwapStore, and the CPU optimizer rate through
+// kernels::step. Each measurement is bounded in bytes and seconds.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/common/status.hpp"
+#include "strata/memory/device.hpp"
+#include "strata/memory/device_factory.hpp"
+
+namespace strata::probe {
+
+//! Called with a stage name and its completed fraction in [0, 1]; may be empty.
+using Progress = std::function<void(std::string_view stage, double fraction)>;
+
+//! The device the probe measured.
+struct DeviceInfo {
+  std::string kind;                //!< "sim" or "cuda"
+  std::string name;                //!< Device::name()
+  std::string why;                 //!< the factory's reason (e.g. why there is no GPU)
+  std::uint64_t budget_bytes = 0;  //!< device memory the placements may use
+  double h2d_bytes_per_s = 0;      //!< measured
+  double d2h_bytes_per_s = 0;      //!< measured
+  bool throttled = false;          //!< sim: the rates are its configured throttle
+};
+
+//! What `--nvme DIR` sustained.
+struct NvmeInfo {
+  std::string path;
+  std::string engine;  //!< "uring" or "posix"
+  bool direct_io = false;
+  std::uint64_t free_bytes = 0;
+  std::uint64_t bytes_tested = 0;
+  double read_bytes_per_s = 0;
+  double write_bytes_per_s = 0;
+};
+
+//! Host facts.
+struct HostInfo {
+  std::size_t cores = 0;
+  std::size_t numa_nodes = 0;
+  std::uint64_t ram_bytes = 0;
+  std::uint64_t memlock_bytes = 0;  //!< RLIMIT_MEMLOCK soft limit; UINT64_MAX = unlimited
+  std::string topology;             //!< Topology::summary()
+};
+
+//! Topology (hwloc), RAM, memlock. Fails when hwloc cannot load the topology.
+Result<HostInfo> measure_host();
+
+//! Creates the device `options` ask for (auto: cuda when usable, else sim) and times
+//! `copy_bytes` each way a few times. For cuda with budget 0, the budget becomes
+//! the largest that opens (bisection, 8 tries). Fails with the factory's Status.
+Result<DeviceInfo> measure_device(memory::DeviceOptions options, std::uint64_t copy_bytes,
+                                  const Progress& progress);
+
+//! Writes (a warm-up pass, then a timed one), then reads up to `bytes_max` (at most
+//! `seconds_max` per pass) in 16 MiB
+//! slots through a SwapStore on `dir`; the swap file is removed before returning.
+//! Fails: NotFound (missing dir), PermissionDenied / IoError (read-only), NoSpace
+//! (less than 64 MiB free), with the path in the message.
+Result<NvmeInfo> measure_nvme(const std::string& dir, std::uint64_t bytes_max, double seconds_max,
+                              const Progress& progress);
+
+//! fp32 AdamW over `params` elements (about 16 bytes each) with `threads` workers,
+//! median of 3 timed steps after a warm-up: parameters per second.
+Result<double> measure_cpu_optimizer(std::uint64_t params, std::size_t threads, const Progress& progress);
+
+}  // namespace strata::probe

@@ -1,0 +1,401 @@
+// strata-probe's model side; see model.hpp (Note [Probe placements], Note [Probe activations]).
+#include "model.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <limits>
+#include <optional>
+
+#include "strata/common/assert.hpp"
+#include "strata/common/bytes.hpp"
+
+namespace strata::probe {
+namespace {
+
+constexpr std::uint64_t kCountMax = std::uint64_t{1} << 62;
+constexpr std::uint64_t kChunkAlignElems = 4096;  // the runtime's LayoutOptions::chunk_align_elems
+constexpr std::uint64_t kLayersMax = 1u << 20;    // bisection bound
+
+// a * b, or nullopt past kCountMax.
+std::optional<std::uint64_t> mul(std::uint64_t a, std::uint64_t b) {
+  if (a != 0 && b > kCountMax / a) return std::nullopt;
+  return a * b;
+}
+
+std::optional<std::uint64_t> add(std::uint64_t a, std::uint64_t b) {
+  if (a > kCountMax - b) return std::nullopt;
+  return a + b;
+}
+
+// Optimizer states per element as the runtime keeps them (hyper.hpp lists them).
+std::uint64_t optimizer_states(kernels::Optimizer optimizer) {
+  using kernels::Optimizer;
+  switch (optimizer) {
+    case Optimizer::kAdam:
+    case Optimizer::kAdamW:
+    case Optimizer::kLamb:
+      return 2;
+    case Optimizer::kLars:
+    case Optimizer::kSgd:  // with momentum (the probe assumes it)
+    case Optimizer::kLion:
+    case Optimizer::kAdagrad:
+      return 1;
+    case Optimizer::kCame:
+      return 2;  // about 1 + (rows + cols)/n; the chunk runtime does not run it
+  }
+  return 2;
+}
+
+runtime::FamilyBytes family_bytes(const TrainSpec& spec, std::uint64_t numel) {
+  const std::uint64_t cap = align_up(numel, kChunkAlignElems);
+  const std::uint64_t cb = runtime::dtype_bytes(spec.compute_dtype);
+  const std::uint64_t sb = kernels::dtype_size(spec.state_dtype);
+  runtime::FamilyBytes f;
+  f.numel = numel;
+  f.param_bytes = cap * cb;
+  f.grad_bytes = cap * cb;
+  f.optim_bytes = (spec.compute_dtype != runtime::DType::kF32 ? cap * 4 : 0) +
+                  optimizer_states(spec.optimizer) * cap * sb;
+  return f;
+}
+
+// Note [Probe activations].
+std::optional<std::uint64_t> activation_bytes(const TrainSpec& spec, std::uint64_t layers) {
+  const ModelShape& m = spec.shape;
+  const std::uint64_t e = runtime::dtype_bytes(spec.compute_dtype);
+  auto tokens = mul(m.seq, m.batch);
+  auto sbh = tokens ? mul(*tokens, m.hidden) : std::nullopt;
+  if (!sbh) return std::nullopt;
+  auto checkpoints = mul(*sbh, layers);  // each layer's input
+  auto working = mul(*sbh, 17 * e);      // 34 s*b*h bytes at 2 bytes a value
+  auto logits = mul(*tokens, m.vocab);
+  if (!checkpoints || !working || !logits) return std::nullopt;
+  auto a = mul(*checkpoints, e);
+  auto c = mul(*logits, 4);
+  if (!a || !c) return std::nullopt;
+  auto ab = add(*a, *working);
+  return ab ? add(*ab, *c) : std::nullopt;
+}
+
+}  // namespace
+
+Result<std::uint64_t> parse_count(std::string_view text, std::string_view setting) {
+  auto bad = [&](std::string_view why) {
+    return invalid_argument(
+        "{} = \"{}\": {}; give a positive count like 125000, 350M, 1.3B or 2T (K, M, B, T = powers of 1000)",
+        setting, text, why);
+  };
+  std::string s(text);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  if (s.empty()) return bad("empty");
+  double scale = 1;
+  const char last = static_cast<char>(std::toupper(static_cast<unsigned char>(s.back())));
+  if (std::isalpha(static_cast<unsigned char>(last))) {
+    switch (last) {
+      case 'K':
+        scale = 1e3;
+        break;
+      case 'M':
+        scale = 1e6;
+        break;
+      case 'B':
+      case 'G':
+        scale = 1e9;
+        break;
+      case 'T':
+        scale = 1e12;
+        break;
+      default:
+        return bad(fmt::format("unknown suffix '{}'", s.back()));
+    }
+    s.pop_back();
+  }
+  if (s.empty() || !(std::isdigit(static_cast<unsigned char>(s[0])) || s[0] == '.'))
+    return bad(s.empty() ? "no number" : "not a positive number");
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(s, &used);
+  } catch (...) {
+    return bad("not a number");
+  }
+  if (used != s.size()) return bad(fmt::format("unknown suffix \"{}\"", s.substr(used)));
+  const double count = value * scale;
+  if (!std::isfinite(count) || count >= static_cast<double>(kCountMax)) return bad("too large (max 2^62)");
+  if (count < 1) return bad("must be at least 1");
+  return static_cast<std::uint64_t>(std::llround(count));
+}
+
+std::string format_count(std::uint64_t count) {
+  const double c = static_cast<double>(count);
+  if (count >= 1'000'000'000'000ull) return fmt::format("{:.2f}T", c / 1e12);
+  if (count >= 1'000'000'000ull) return fmt::format("{:.2f}B", c / 1e9);
+  if (count >= 1'000'000ull) return fmt::format("{:.1f}M", c / 1e6);
+  if (count >= 1'000ull) return fmt::format("{:.1f}K", c / 1e3);
+  return fmt::format("{}", count);
+}
+
+Result<std::uint64_t> shape_params(const ModelShape& m) {
+  const std::pair<const char*, std::uint64_t> fields[] = {{"--layers", m.layers},
+                                                          {"--hidden", m.hidden},
+                                                          {"--seq", m.seq},
+                                                          {"--batch", m.batch},
+                                                          {"--vocab", m.vocab}};
+  for (const auto& [name, v] : fields) {
+    if (v == 0) return invalid_argument("{} = 0: every dimension of the model shape must be >= 1", name);
+  }
+  auto h2 = mul(m.hidden, m.hidden);
+  auto per_layer = h2 ? mul(*h2, 12) : std::nullopt;
+  auto layers = per_layer ? mul(*per_layer, m.layers) : std::nullopt;
+  auto emb = mul(m.vocab, m.hidden);
+  auto total = layers && emb ? add(*layers, *emb) : std::nullopt;
+  auto tokens = mul(m.seq, m.batch);
+  auto acts = tokens ? mul(*tokens, m.hidden) : std::nullopt;
+  auto attn = tokens ? mul(*tokens, m.seq) : std::nullopt;
+  if (!total || !acts || !attn || !mul(*acts, m.layers) || !mul(*attn, m.hidden)) {
+    return invalid_argument(
+        "model shape layers={} hidden={} seq={} batch={} vocab={} overflows 2^62 (parameters or "
+        "activations); use smaller dimensions",
+        m.layers, m.hidden, m.seq, m.batch, m.vocab);
+  }
+  return *total;
+}
+
+Result<ModelShape> shape_for_params(std::uint64_t params, std::uint64_t seq, std::uint64_t batch,
+                                    std::uint64_t vocab) {
+  ModelShape m{.layers = 1, .hidden = 64, .seq = seq, .batch = batch, .vocab = vocab};
+  STRATA_ASSIGN_OR_RETURN(std::uint64_t smallest, shape_params(m));
+  if (params < smallest) {
+    return invalid_argument(
+        "--params {}: smaller than the smallest model the probe shapes (1 layer, hidden 64, vocab {}: {} "
+        "params); give a shape with --layers/--hidden or a smaller --vocab",
+        params, vocab, smallest);
+  }
+  double h = std::cbrt(static_cast<double>(params) * 128.0 / 12.0);
+  std::uint64_t hidden = std::max<std::uint64_t>(64, static_cast<std::uint64_t>(h / 64.0 + 0.5) * 64);
+  // Keep the embedding at most half the model.
+  while (hidden > 64 && vocab * hidden * 2 > params) hidden -= 64;
+  m.hidden = hidden;
+  const double rest = static_cast<double>(params) - static_cast<double>(vocab * hidden);
+  const double per_layer = 12.0 * static_cast<double>(hidden) * static_cast<double>(hidden);
+  m.layers =
+      std::max<std::uint64_t>(1, static_cast<std::uint64_t>(std::llround(std::max(rest, 0.0) / per_layer)));
+  STRATA_RETURN_IF_ERROR(shape_params(m).status());
+  return m;
+}
+
+Result<ModelShape> shape_for_verify(std::uint64_t params, std::uint64_t seq, std::uint64_t batch) {
+  constexpr std::uint64_t kLayers = 16;
+  // 12 * L * h^2 + 12h * h = (12L + 12) h^2
+  const double h = std::sqrt(static_cast<double>(params) / (12.0 * (kLayers + 1)));
+  const auto hidden = static_cast<std::uint64_t>(std::llround(h / 64.0)) * 64;
+  if (hidden == 0) {
+    return invalid_argument(
+        "--verify-params {}: too small for the verify model (16 layers of hidden 64 = {} params)", params,
+        12 * (kLayers + 1) * 64 * 64);
+  }
+  ModelShape m{.layers = kLayers, .hidden = hidden, .seq = seq, .batch = batch, .vocab = 12 * hidden};
+  STRATA_RETURN_IF_ERROR(shape_params(m).status());
+  return m;
+}
+
+std::uint64_t state_bytes_per_param(const TrainSpec& spec) {
+  const std::uint64_t cb = runtime::dtype_bytes(spec.compute_dtype);
+  return 2 * cb + (spec.compute_dtype != runtime::DType::kF32 ? 4 : 0) +
+         optimizer_states(spec.optimizer) * kernels::dtype_size(spec.state_dtype);
+}
+
+std::string_view placement_name(Placement placement) {
+  switch (placement) {
+    case Placement::kAllGpu:
+      return "all-gpu";
+    case Placement::kOptimHost:
+      return "optim-host";
+    case Placement::kParamsOptimHost:
+      return "params-optim-host";
+    case Placement::kOptimNvme:
+      return "optim-nvme";
+    case Placement::kAllNvme:
+      return "all-nvme";
+  }
+  return "unknown";
+}
+
+Result<Placement> parse_placement(std::string_view text) {
+  for (Placement p : kPlacements) {
+    if (placement_name(p) == text) return p;
+  }
+  return invalid_argument(
+      "placement \"{}\": use all-gpu, optim-host, params-optim-host, optim-nvme or all-nvme", text);
+}
+
+Result<runtime::PlanInput> plan_input(const TrainSpec& spec, std::uint64_t layers, Placement placement,
+                                      const Capacity& capacity) {
+  ModelShape shape = spec.shape;
+  shape.layers = layers;
+  STRATA_RETURN_IF_ERROR(shape_params(shape).status());
+  auto acts = activation_bytes(spec, layers);
+  if (!acts) return invalid_argument("activations of the model shape overflow 2^62; use smaller dimensions");
+
+  runtime::PlanInput in;
+  const std::uint64_t per_layer = 12 * shape.hidden * shape.hidden;
+  const std::uint64_t embed = shape.vocab * shape.hidden;
+  const double tokens = static_cast<double>(shape.seq) * static_cast<double>(shape.batch);
+  in.families.push_back(family_bytes(spec, embed));
+  for (std::uint64_t l = 0; l < layers; ++l) in.families.push_back(family_bytes(spec, per_layer));
+  auto fwd_s = [&](std::uint64_t numel) {
+    return 2.0 * static_cast<double>(numel) * tokens / spec.device_flops_per_s;
+  };
+  const auto families = static_cast<runtime::FamilyId>(in.families.size());
+  for (runtime::FamilyId f = 0; f < families; ++f) {
+    in.trace.uses.push_back({f, runtime::Phase::kForward, false, fwd_s(in.families[f].numel)});
+  }
+  for (runtime::FamilyId f = families; f-- > 0;) {
+    in.trace.uses.push_back({f, runtime::Phase::kBackward, true, 2 * fwd_s(in.families[f].numel)});
+  }
+  in.trace.non_chunk_peak_bytes = *acts;
+  in.budgets = {.gpu_bytes = capacity.gpu_bytes, .host_bytes = capacity.host_bytes, .nvme_bytes = 0};
+  in.options.allow_gpu_optimizer = placement == Placement::kAllGpu;
+  if (placement == Placement::kOptimNvme || placement == Placement::kAllNvme) {
+    in.budgets.nvme_bytes = capacity.nvme_bytes;
+  }
+  return in;
+}
+
+Result<std::uint64_t> activation_peak_bytes(const TrainSpec& spec) {
+  auto acts = activation_bytes(spec, spec.shape.layers);
+  if (!acts) return invalid_argument("activations of the model shape overflow 2^62; use smaller dimensions");
+  return *acts;
+}
+
+bool plan_matches(const runtime::Plan& plan, Placement placement) {
+  auto all = [&](auto pred) { return std::all_of(plan.families.begin(), plan.families.end(), pred); };
+  using runtime::Tier;
+  switch (placement) {
+    case Placement::kAllGpu:
+      return plan.all_gpu;
+    case Placement::kOptimHost:
+      return !plan.all_gpu && all([](const runtime::FamilyPlan& f) {
+        return f.param_resident_gpu && f.optim_home == Tier::kHost;
+      });
+    case Placement::kParamsOptimHost:
+      return !plan.all_gpu && all([](const runtime::FamilyPlan& f) {
+        return f.param_home == Tier::kHost && f.optim_home == Tier::kHost;
+      });
+    case Placement::kOptimNvme:
+      return !plan.all_gpu && all([](const runtime::FamilyPlan& f) { return f.param_home == Tier::kHost; });
+    case Placement::kAllNvme:
+      return !plan.all_gpu;
+  }
+  return false;
+}
+
+namespace {
+
+// The plan for `layers`, or the reason there is none for `placement`.
+Result<runtime::Plan> try_plan(const TrainSpec& spec, std::uint64_t layers, Placement placement,
+                               const Capacity& capacity, runtime::PlanInput* input_out = nullptr) {
+  STRATA_ASSIGN_OR_RETURN(runtime::PlanInput in, plan_input(spec, layers, placement, capacity));
+  STRATA_ASSIGN_OR_RETURN(runtime::Plan plan, runtime::make_plan(in));
+  if (!plan_matches(plan, placement)) {
+    return out_of_budget("not even {} layer(s) of hidden {} fit {}: with these budgets the planner picks {}",
+                         layers, spec.shape.hidden, placement_name(placement), plan.summary());
+  }
+  if (input_out != nullptr) *input_out = std::move(in);
+  return plan;
+}
+
+}  // namespace
+
+Estimate estimate(const TrainSpec& spec, Placement placement, const Capacity& capacity,
+                  const runtime::Rates& rates) {
+  Estimate e;
+  e.placement = placement;
+  if ((placement == Placement::kOptimNvme || placement == Placement::kAllNvme) && capacity.nvme_bytes == 0) {
+    e.why = "no NVMe tier (give --nvme DIR)";
+    return e;
+  }
+  auto first = try_plan(spec, 1, placement, capacity);
+  if (!first.ok()) {
+    e.why = first.status().message();
+    return e;
+  }
+  std::uint64_t lo = 1, hi = 2;  // lo fits; find an hi that does not
+  while (hi <= kLayersMax && try_plan(spec, hi, placement, capacity).ok()) {
+    lo = hi;
+    hi *= 2;
+  }
+  hi = std::min(hi, kLayersMax + 1);
+  while (hi - lo > 1) {
+    const std::uint64_t mid = lo + (hi - lo) / 2;
+    (try_plan(spec, mid, placement, capacity).ok() ? lo : hi) = mid;
+  }
+  runtime::PlanInput in;
+  auto plan = try_plan(spec, lo, placement, capacity, &in);
+  STRATA_CHECK(plan.ok());
+  ModelShape shape = spec.shape;
+  shape.layers = lo;
+  e.feasible = true;
+  e.layers = lo;
+  e.max_params = shape_params(shape).value();
+  e.plan = *plan;
+  e.cost = runtime::predict_step(in, e.plan, rates);
+  return e;
+}
+
+Result<Estimate> estimate_at(const TrainSpec& spec, Placement placement, const Capacity& capacity,
+                             const runtime::Rates& rates) {
+  STRATA_ASSIGN_OR_RETURN(std::uint64_t params, shape_params(spec.shape));
+  runtime::PlanInput in;
+  auto plan = try_plan(spec, spec.shape.layers, placement, capacity, &in);
+  if (!plan.ok()) {
+    Estimate most = estimate(spec, placement, capacity, rates);
+    return out_of_budget(
+        "{} params ({} layers) do not fit placement {} on this machine: {}; it holds at most {}",
+        format_count(params), spec.shape.layers, placement_name(placement), plan.status().message(),
+        most.feasible ? format_count(most.max_params) + " params (" + std::to_string(most.layers) + " layers)"
+                      : "nothing (" + most.why + ")");
+  }
+  Estimate e;
+  e.placement = placement;
+  e.feasible = true;
+  e.layers = spec.shape.layers;
+  e.max_params = params;
+  e.plan = *plan;
+  e.cost = runtime::predict_step(in, e.plan, rates);
+  return e;
+}
+
+Result<runtime::Budgets> tight_budgets(const TrainSpec& spec, Placement placement, const Capacity& capacity,
+                                       const runtime::Rates& rates, double slack) {
+  STRATA_RETURN_IF_ERROR(estimate_at(spec, placement, capacity, rates).status());
+  Capacity c = capacity;
+  if (placement != Placement::kOptimNvme && placement != Placement::kAllNvme) c.nvme_bytes = 0;
+  // Shrink each budget in turn to the least that still gives the placement.
+  for (std::uint64_t Capacity::*field :
+       {&Capacity::gpu_bytes, &Capacity::host_bytes, &Capacity::nvme_bytes}) {
+    if (c.*field == 0) continue;
+    std::uint64_t lo = 0, hi = c.*field;  // hi fits
+    while (hi - lo > kMiB) {
+      const std::uint64_t mid = lo + (hi - lo) / 2;
+      Capacity t = c;
+      t.*field = mid;
+      (try_plan(spec, spec.shape.layers, placement, t).ok() ? hi : lo) = mid;
+    }
+    c.*field =
+        std::min(c.*field, align_up(static_cast<std::uint64_t>(static_cast<double>(hi) * (1 + slack)), kMiB));
+  }
+  if (placement == Placement::kOptimNvme || placement == Placement::kAllNvme) {
+    STRATA_ASSIGN_OR_RETURN(runtime::Plan plan, try_plan(spec, spec.shape.layers, placement, c));
+    if (plan.nvme_bytes == 0) {
+      return failed_precondition(
+          "placement {} at {} layers: even at the least host budget the planner keeps every state on host "
+          "(staging NVMe families would cost more host memory than the states); choose a larger size",
+          placement_name(placement), spec.shape.layers);
+    }
+  }
+  return runtime::Budgets{.gpu_bytes = c.gpu_bytes, .host_bytes = c.host_bytes, .nvme_bytes = c.nvme_bytes};
+}
+
+}  // namespace strata::probe

@@ -1,0 +1,153 @@
+// strata-probe --verify; see verify.hpp (Note [Verify on the sim device]).
+#include "verify.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "strata/common/bytes.hpp"
+#include "strata/common/log.hpp"
+#include "strata/memory/device_factory.hpp"
+#include "strata/runtime/runtime.hpp"
+
+namespace strata::probe {
+namespace {
+
+namespace fs = std::filesystem;
+using runtime::Access;
+using runtime::StateKind;
+
+void sleep_s(double s) {
+  std::this_thread::sleep_for(std::chrono::duration<double>(s));
+}
+
+}  // namespace
+
+Result<VerifyResult> verify(const VerifyOptions& o) {
+  VerifyResult r;
+  const TrainSpec& spec = o.spec;
+  STRATA_ASSIGN_OR_RETURN(r.params, shape_params(spec.shape));
+  STRATA_ASSIGN_OR_RETURN(Estimate predicted, estimate_at(spec, o.placement, o.capacity, o.rates));
+  // Note [Verify budgets]: the runtime's host budget is the probe's plus a reserve
+  // (PlanOptions::host_reserve_bytes, 25%) that its planner keeps free, so both
+  // planners place the same states, and the runtime has room for what its plan
+  // does not count (the pinned arena fragments; the warm-up step is unplanned). The
+  // budgets_held check is against the runtime's budget. The GPU budget the runtime
+  // gets leaves out the modelled activations, which this synthetic model does not
+  // allocate (the runtime does not trace a non-chunk peak on the sim device), so
+  // the runtime's plan sees the same free GPU bytes as the probe's.
+  STRATA_ASSIGN_OR_RETURN(r.budgets, tight_budgets(spec, o.placement, o.capacity, o.rates));
+  // The prediction at the budgets the runtime will get.
+  Capacity tight{r.budgets.gpu_bytes, r.budgets.host_bytes, r.budgets.nvme_bytes};
+  STRATA_ASSIGN_OR_RETURN(predicted, estimate_at(spec, o.placement, tight, o.rates));
+  r.predicted_s = predicted.cost.step_s;
+  r.bottleneck = predicted.cost.bottleneck;
+
+  memory::DeviceOptions dopt;
+  dopt.kind = memory::DeviceChoice::kSim;
+  STRATA_ASSIGN_OR_RETURN(std::uint64_t activations, activation_peak_bytes(spec));
+  dopt.budget_bytes = r.budgets.gpu_bytes + 64 * kMiB;
+  dopt.h2d_bytes_per_s = o.link_bytes_per_s;
+  dopt.d2h_bytes_per_s = o.link_bytes_per_s;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<memory::Device> device, memory::make_device(dopt));
+
+  fs::path dir;
+  struct Cleanup {
+    fs::path p;
+    ~Cleanup() {
+      std::error_code e;
+      if (!p.empty()) fs::remove_all(p, e);
+    }
+  } cleanup;
+  runtime::RuntimeOptions ro;
+  ro.compute_dtype = spec.compute_dtype;
+  ro.hyper.optimizer = spec.optimizer;
+  if (spec.optimizer == kernels::Optimizer::kSgd) ro.hyper.momentum = 0.9f;
+  ro.state_dtype = spec.state_dtype;
+  ro.budgets = r.budgets;
+  ro.budgets.gpu_bytes = r.budgets.gpu_bytes - activations;
+  r.gpu_chunk_budget_bytes = ro.budgets.gpu_bytes;
+  ro.plan.host_reserve_bytes = align_up(r.budgets.host_bytes / 4, kMiB);
+  ro.budgets.host_bytes = r.budgets.host_bytes + ro.plan.host_reserve_bytes;
+  r.host_budget_bytes = ro.budgets.host_bytes;
+  // The NVMe store writes a family's new states to fresh slots before it frees the
+  // old ones, so it needs room beyond the planned bytes; twice is what
+  // strata-bench step gives it. It does not change the plan.
+  ro.budgets.nvme_bytes = 2 * r.budgets.nvme_bytes;
+  if (r.budgets.nvme_bytes > 0) {
+    dir = fs::path(o.nvme_dir) / fmt::format("strata-probe-verify-{}", ::getpid());
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) return errno_status(ec.value(), fmt::format("creating {}", dir.string()));
+    cleanup.p = dir;
+    ro.nvme_dirs = {dir.string()};
+  }
+  const std::uint64_t per_layer = 12 * spec.shape.hidden * spec.shape.hidden;
+  ro.layout.chunk_elems = align_up(per_layer, 4096);
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Runtime> rt, runtime::Runtime::create(*device, ro));
+
+  std::vector<runtime::TensorId> ids;
+  std::vector<std::uint64_t> numels;
+  const auto embed = static_cast<std::int64_t>(spec.shape.vocab * spec.shape.hidden);
+  STRATA_ASSIGN_OR_RETURN(runtime::TensorId e, rt->register_tensor({"embed", {embed}, spec.compute_dtype}));
+  ids.push_back(e);
+  numels.push_back(static_cast<std::uint64_t>(embed));
+  for (std::uint64_t l = 0; l < spec.shape.layers; ++l) {
+    STRATA_ASSIGN_OR_RETURN(runtime::TensorId id, rt->register_tensor({fmt::format("layer{}", l),
+                                                                       {static_cast<std::int64_t>(per_layer)},
+                                                                       spec.compute_dtype}));
+    ids.push_back(id);
+    numels.push_back(per_layer);
+  }
+  const double tokens = static_cast<double>(spec.shape.seq * spec.shape.batch);
+  auto fwd_s = [&](std::size_t i) {
+    return 2.0 * static_cast<double>(numels[i]) * tokens / spec.device_flops_per_s;
+  };
+  const std::uint64_t esize = runtime::dtype_bytes(spec.compute_dtype);
+
+  std::vector<double> steady;
+  runtime::StepStats last{};
+  for (int s = 0; s < o.warmup_steps + o.steps; ++s) {
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      STRATA_ASSIGN_OR_RETURN(runtime::Lease p, rt->acquire(ids[i], StateKind::kParam, Access::kRead));
+      STRATA_RETURN_IF_ERROR(rt->launch([t = fwd_s(i)] { sleep_s(t); }));
+    }
+    for (std::size_t i = ids.size(); i-- > 0;) {
+      STRATA_ASSIGN_OR_RETURN(runtime::Lease p, rt->acquire(ids[i], StateKind::kParam, Access::kRead));
+      STRATA_ASSIGN_OR_RETURN(runtime::Lease g, rt->acquire(ids[i], StateKind::kGrad, Access::kWrite));
+      auto* grad = static_cast<std::byte*>(g.data());
+      const std::size_t bytes = g.numel() * esize;
+      STRATA_RETURN_IF_ERROR(rt->launch([grad, bytes, t = 2 * fwd_s(i)] {
+        const auto t0 = std::chrono::steady_clock::now();
+        std::memset(grad, 0, bytes);  // the kernel's output: a (zero) gradient
+        std::this_thread::sleep_until(t0 + std::chrono::duration<double>(t));
+      }));
+    }
+    STRATA_ASSIGN_OR_RETURN(runtime::StepStats st, rt->step());
+    if (s >= o.warmup_steps) {
+      steady.push_back(st.step_s);
+      r.gpu_high_water_bytes = std::max(r.gpu_high_water_bytes, st.gpu_high_water_bytes);
+      r.host_high_water_bytes = std::max(r.host_high_water_bytes, st.host_high_water_bytes);
+      r.nvme_bytes = std::max(r.nvme_bytes, st.nvme_bytes);
+      last = st;
+    }
+  }
+  std::sort(steady.begin(), steady.end());
+  r.measured_s = steady[steady.size() / 2];
+  r.ratio = r.measured_s / r.predicted_s;
+  r.plan = rt->plan().summary();
+  r.plan_matches = plan_matches(rt->plan(), o.placement);
+  r.runtime_predicted_s = rt->predict(o.rates).step_s;
+  r.budgets_held = r.gpu_high_water_bytes <= ro.budgets.gpu_bytes &&
+                   r.host_high_water_bytes <= ro.budgets.host_bytes &&
+                   (ro.budgets.nvme_bytes == 0 || r.nvme_bytes <= ro.budgets.nvme_bytes);
+  STRATA_LOG_DEBUG("probe verify: last step h2d {} d2h {} disk r/w {} / {}", last.bytes_h2d, last.bytes_d2h,
+                   last.bytes_disk_read, last.bytes_disk_write);
+  return r;
+}
+
+}  // namespace strata::probe

@@ -1,0 +1,232 @@
+// The C ABI (strata.h) over the C++ facade. Every entry point catches whatever
+// might escape (std::bad_alloc, a CLI/JSON library exception) and turns it into
+// a status, so no exception crosses the ABI.
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "strata/strata.h"
+#include "strata/strata.hpp"
+
+struct strata_config {
+  strata::Config config;
+};
+struct strata_runtime {
+  std::unique_ptr<strata::Runtime> rt;
+};
+struct strata_lease {
+  strata::Lease lease;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+strata_status fail(const strata::Status& status) {
+  last_error = status.to_string();
+  static_assert(static_cast<int>(strata::StatusCode::kInternal) == STRATA_INTERNAL);
+  return static_cast<strata_status>(status.code());
+}
+
+strata_status ok() {
+  last_error.clear();
+  return STRATA_OK;
+}
+
+strata_status null_argument(const char* what) {
+  return fail(strata::invalid_argument("{} must not be NULL", what));
+}
+
+// Runs fn, mapping a thrown exception to STRATA_INTERNAL / STRATA_OUT_OF_MEMORY.
+template <typename Fn>
+strata_status guarded(Fn&& fn) noexcept {
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    return fail(strata::out_of_memory("strata: out of host memory"));
+  } catch (const std::exception& e) {
+    return fail(strata::internal_error("strata: unexpected exception: {}", e.what()));
+  } catch (...) {
+    return fail(strata::internal_error("strata: unexpected exception"));
+  }
+}
+
+strata_status from(const strata::Status& s) {
+  return s.ok() ? ok() : fail(s);
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* strata_last_error(void) {
+  return last_error.c_str();
+}
+
+const char* strata_status_name(strata_status status) {
+  static const char* const names[] = {"ok",
+                                      "invalid_argument",
+                                      "out_of_budget",
+                                      "out_of_memory",
+                                      "no_space",
+                                      "io_error",
+                                      "corrupt",
+                                      "not_found",
+                                      "permission_denied",
+                                      "unavailable",
+                                      "failed_precondition",
+                                      "cancelled",
+                                      "internal"};
+  const auto i = static_cast<unsigned>(status);
+  return i < sizeof(names) / sizeof(names[0]) ? names[i] : "unknown";
+}
+
+strata_status strata_config_new(strata_config** out) {
+  if (out == nullptr) return null_argument("out");
+  return guarded([&] {
+    *out = new strata_config{};
+    return ok();
+  });
+}
+
+strata_status strata_config_from_json(const char* json_text, strata_config** out) {
+  if (json_text == nullptr) return null_argument("json_text");
+  if (out == nullptr) return null_argument("out");
+  return guarded([&] {
+    auto c = strata::Config::from_json_text(json_text);
+    if (!c.ok()) return fail(c.status());
+    *out = new strata_config{std::move(c).value()};
+    return ok();
+  });
+}
+
+strata_status strata_config_from_file(const char* path, strata_config** out) {
+  if (path == nullptr) return null_argument("path");
+  if (out == nullptr) return null_argument("out");
+  return guarded([&] {
+    auto c = strata::Config::from_json_file(path);
+    if (!c.ok()) return fail(c.status());
+    *out = new strata_config{std::move(c).value()};
+    return ok();
+  });
+}
+
+strata_status strata_config_set(strata_config* config, const char* key, const char* value) {
+  if (config == nullptr) return null_argument("config");
+  if (key == nullptr || value == nullptr) return null_argument("key and value");
+  return guarded([&] { return from(config->config.set(key, value)); });
+}
+
+void strata_config_free(strata_config* config) {
+  delete config;
+}
+
+strata_status strata_runtime_new(const strata_config* config, strata_runtime** out) {
+  if (config == nullptr) return null_argument("config");
+  if (out == nullptr) return null_argument("out");
+  return guarded([&] {
+    auto rt = strata::Runtime::create(config->config);
+    if (!rt.ok()) return fail(rt.status());
+    *out = new strata_runtime{std::move(rt).value()};
+    return ok();
+  });
+}
+
+void strata_runtime_free(strata_runtime* runtime) {
+  delete runtime;
+}
+
+strata_status strata_register_tensor(strata_runtime* runtime, const char* name, const int64_t* shape,
+                                     size_t ndim, int frozen, uint32_t* id_out) {
+  if (runtime == nullptr || name == nullptr || id_out == nullptr)
+    return null_argument("runtime, name and id_out");
+  if (shape == nullptr && ndim > 0) return null_argument("shape");
+  return guarded([&] {
+    auto id = runtime->rt->register_tensor(name, std::vector<std::int64_t>(shape, shape + ndim), frozen != 0);
+    if (!id.ok()) return fail(id.status());
+    *id_out = *id;
+    return ok();
+  });
+}
+
+strata_status strata_init_tensor(strata_runtime* runtime, uint32_t tensor, const float* values,
+                                 uint64_t count) {
+  if (runtime == nullptr || values == nullptr) return null_argument("runtime and values");
+  return guarded(
+      [&] { return from(runtime->rt->init_tensor(tensor, std::span<const float>(values, count))); });
+}
+
+strata_status strata_read_tensor(strata_runtime* runtime, uint32_t tensor, strata_state state, float* out,
+                                 uint64_t count) {
+  if (runtime == nullptr || out == nullptr) return null_argument("runtime and out");
+  if (state < STRATA_PARAM || state > STRATA_STATE1)
+    return fail(strata::invalid_argument("state {} is not a strata_state", static_cast<int>(state)));
+  return guarded([&] {
+    return from(runtime->rt->read_tensor(tensor, std::span<float>(out, count),
+                                         static_cast<strata::StateKind>(state)));
+  });
+}
+
+strata_status strata_acquire(strata_runtime* runtime, uint32_t tensor, strata_state state,
+                             strata_access access, strata_where where, strata_lease** out) {
+  if (runtime == nullptr || out == nullptr) return null_argument("runtime and out");
+  if (state < STRATA_PARAM || state > STRATA_STATE1 || access < STRATA_READ || access > STRATA_ACCUMULATE ||
+      where < STRATA_ON_DEVICE || where > STRATA_ON_HOST) {
+    return fail(strata::invalid_argument("strata_acquire: state {}, access {} or where {} out of range",
+                                         static_cast<int>(state), static_cast<int>(access),
+                                         static_cast<int>(where)));
+  }
+  return guarded([&] {
+    auto lease = runtime->rt->acquire(tensor, static_cast<strata::StateKind>(state),
+                                      static_cast<strata::Access>(access), static_cast<strata::Where>(where));
+    if (!lease.ok()) return fail(lease.status());
+    *out = new strata_lease{std::move(lease).value()};
+    return ok();
+  });
+}
+
+void* strata_lease_data(const strata_lease* lease) {
+  return lease == nullptr ? nullptr : lease->lease.data();
+}
+
+uint64_t strata_lease_numel(const strata_lease* lease) {
+  return lease == nullptr ? 0 : lease->lease.numel();
+}
+
+void strata_lease_release(strata_lease* lease) {
+  delete lease;
+}
+
+strata_status strata_launch(strata_runtime* runtime, void (*fn)(void* user), void* user) {
+  if (runtime == nullptr || fn == nullptr) return null_argument("runtime and fn");
+  return guarded([&] { return from(runtime->rt->launch([fn, user] { fn(user); })); });
+}
+
+strata_status strata_step(strata_runtime* runtime, strata_step_stats* out) {
+  if (runtime == nullptr) return null_argument("runtime");
+  return guarded([&] {
+    auto st = runtime->rt->step();
+    if (!st.ok()) return fail(st.status());
+    if (out != nullptr) {
+      *out = strata_step_stats{st->step,
+                               st->applied ? 1 : 0,
+                               st->step_s,
+                               st->stall_s,
+                               st->bytes_h2d,
+                               st->bytes_d2h,
+                               st->bytes_disk_read,
+                               st->bytes_disk_write,
+                               st->gpu_high_water_bytes,
+                               st->host_high_water_bytes,
+                               st->nvme_bytes};
+    }
+    return ok();
+  });
+}
+
+strata_status strata_write_trace(const strata_runtime* runtime, const char* path) {
+  if (runtime == nullptr || path == nullptr) return null_argument("runtime and path");
+  return guarded([&] { return from(runtime->rt->write_chrome_trace(path)); });
+}
+
+}  // extern "C"

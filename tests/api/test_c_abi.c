@@ -1,0 +1,151 @@
+/* The C ABI from C: trains y = x . w (one 64x64 weight) toward a target on the
+ * sim device, checks the loss falls, and checks errors come back as codes with
+ * messages. Exit 0 on success; prints the failing check otherwise. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "strata/strata.h"
+
+#define N 64
+#define BATCH 8
+
+static int failures = 0;
+#define CHECK(cond, ...)                                           \
+  do {                                                             \
+    if (!(cond)) {                                                 \
+      fprintf(stderr, "test_c_abi: FAIL %s: ", #cond);             \
+      fprintf(stderr, __VA_ARGS__);                                \
+      fprintf(stderr, " (last error: %s)\n", strata_last_error()); \
+      ++failures;                                                  \
+    }                                                              \
+  } while (0)
+
+typedef struct {
+  float x[BATCH * N];
+  float target[BATCH * N];
+  float out[BATCH * N];
+  float dout[BATCH * N];
+  const float* w;
+  float* g;
+  float loss;
+} Model;
+
+static void forward(void* user) {
+  Model* m = (Model*)user;
+  float loss = 0.0f;
+  for (int r = 0; r < BATCH; ++r) {
+    for (int j = 0; j < N; ++j) {
+      float s = 0.0f;
+      for (int k = 0; k < N; ++k) s += m->x[r * N + k] * m->w[k * N + j];
+      m->out[r * N + j] = s;
+      const float d = s - m->target[r * N + j];
+      loss += d * d / (BATCH * N);
+      m->dout[r * N + j] = 2.0f * d / (BATCH * N);
+    }
+  }
+  m->loss = loss;
+}
+
+static void backward(void* user) {
+  Model* m = (Model*)user;
+  for (int k = 0; k < N; ++k) {
+    for (int j = 0; j < N; ++j) {
+      float s = 0.0f;
+      for (int r = 0; r < BATCH; ++r) s += m->x[r * N + k] * m->dout[r * N + j];
+      m->g[k * N + j] = s;
+    }
+  }
+}
+
+int main(void) {
+  /* Errors: codes and messages, never a crash. */
+  strata_config* bad = NULL;
+  strata_status st = strata_config_from_json("{\"budgets\": {\"gpx\": \"1GiB\"}}", &bad);
+  CHECK(st == STRATA_INVALID_ARGUMENT, "unknown key gives %s", strata_status_name(st));
+  CHECK(strstr(strata_last_error(), "budgets.gpx") != NULL, "message names the key");
+  CHECK(bad == NULL, "no handle on failure");
+
+  strata_config* cfg = NULL;
+  st = strata_config_new(&cfg);
+  CHECK(st == STRATA_OK, "config_new");
+  CHECK(strata_config_set(cfg, "device.kind", "sim") == STRATA_OK, "device.kind");
+  CHECK(strata_config_set(cfg, "device.budget", "16MiB") == STRATA_OK, "device.budget");
+  CHECK(strata_config_set(cfg, "budgets.gpu", "8MiB") == STRATA_OK, "budgets.gpu");
+  CHECK(strata_config_set(cfg, "budgets.host", "16MiB") == STRATA_OK, "budgets.host");
+  CHECK(strata_config_set(cfg, "optimizer.name", "sgd") == STRATA_OK, "optimizer.name");
+  CHECK(strata_config_set(cfg, "optimizer.lr", "2.0") == STRATA_OK, "optimizer.lr");
+  CHECK(strata_config_set(cfg, "optimizer.momentum", "0.9") == STRATA_OK, "optimizer.momentum");
+  CHECK(strata_config_set(cfg, "threads", "2") == STRATA_OK, "threads");
+  CHECK(strata_config_set(cfg, "layout.chunk_elems", "4096") == STRATA_OK, "layout.chunk_elems");
+  CHECK(strata_config_set(cfg, "budgets.host", "-3GiB") == STRATA_INVALID_ARGUMENT, "negative size refused");
+
+  strata_runtime* rt = NULL;
+  st = strata_runtime_new(cfg, &rt);
+  strata_config_free(cfg);
+  if (st != STRATA_OK) {
+    fprintf(stderr, "test_c_abi: runtime_new failed: %s\n", strata_last_error());
+    return 1;
+  }
+
+  const int64_t shape[2] = {N, N};
+  uint32_t w = 0;
+  CHECK(strata_register_tensor(rt, "w", shape, 2, 0, &w) == STRATA_OK, "register");
+  uint32_t dup = 0;
+  CHECK(strata_register_tensor(rt, "w", shape, 2, 0, &dup) == STRATA_INVALID_ARGUMENT,
+        "duplicate name refused");
+
+  static Model m;
+  static float init[N * N];
+  unsigned seed = 12345u;
+  for (int i = 0; i < N * N; ++i) {
+    seed = seed * 1103515245u + 12345u;
+    init[i] = ((float)((seed >> 16) & 0x7fff) / 32768.0f - 0.5f) * 0.02f;
+  }
+  for (int i = 0; i < BATCH * N; ++i) {
+    seed = seed * 1103515245u + 12345u;
+    m.x[i] = (float)((seed >> 16) & 0x7fff) / 32768.0f - 0.5f;
+    m.target[i] = 0.25f * sinf((float)i);
+  }
+  CHECK(strata_init_tensor(rt, w, init, N * N) == STRATA_OK, "init");
+
+  float first = -1.0f, last = -1.0f;
+  for (int step = 0; step < 30; ++step) {
+    strata_lease* p = NULL;
+    st = strata_acquire(rt, w, STRATA_PARAM, STRATA_READ, STRATA_ON_DEVICE, &p);
+    CHECK(st == STRATA_OK, "acquire param");
+    if (st != STRATA_OK) break;
+    CHECK(strata_lease_numel(p) == N * N, "lease numel");
+    m.w = (const float*)strata_lease_data(p);
+    CHECK(strata_launch(rt, forward, &m) == STRATA_OK, "launch forward");
+    strata_lease* g = NULL;
+    st = strata_acquire(rt, w, STRATA_GRAD, STRATA_WRITE, STRATA_ON_DEVICE, &g);
+    CHECK(st == STRATA_OK, "acquire grad");
+    if (st != STRATA_OK) break;
+    m.g = (float*)strata_lease_data(g);
+    CHECK(strata_launch(rt, backward, &m) == STRATA_OK, "launch backward");
+    strata_lease_release(g);
+    strata_lease_release(p);
+    strata_step_stats stats;
+    CHECK(strata_step(rt, &stats) == STRATA_OK, "step");
+    CHECK(stats.step == (uint64_t)step + 1, "step index %llu", (unsigned long long)stats.step);
+    if (step == 0) first = m.loss;
+    last = m.loss;
+  }
+  printf("test_c_abi: loss %.5f -> %.5f over 30 SGD steps\n", first, last);
+  CHECK(last < 0.5f * first, "loss falls (%f -> %f)", first, last);
+
+  static float after[N * N];
+  CHECK(strata_read_tensor(rt, w, STRATA_PARAM, after, N * N) == STRATA_OK, "read");
+  int changed = 0;
+  for (int i = 0; i < N * N; ++i) changed += after[i] != init[i];
+  CHECK(changed > N * N / 2, "params changed (%d of %d)", changed, N * N);
+  CHECK(strata_read_tensor(rt, w, STRATA_PARAM, after, 3) == STRATA_INVALID_ARGUMENT, "wrong count refused");
+  CHECK(strata_acquire(rt, 999, STRATA_PARAM, STRATA_READ, STRATA_ON_DEVICE, &(strata_lease*){NULL}) ==
+            STRATA_INVALID_ARGUMENT,
+        "bad id refused");
+  strata_runtime_free(rt);
+  if (failures == 0) printf("test_c_abi: ok\n");
+  return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,132 @@
+// strata-probe's model side: counts, shapes, placements from the planner, tight budgets.
+#include <gtest/gtest.h>
+
+#include "probe/model.hpp"
+#include "strata/common/bytes.hpp"
+
+namespace strata::probe {
+namespace {
+
+TEST(ProbeCount, ParsesSuffixes) {
+  EXPECT_EQ(parse_count("1.3B").value(), 1'300'000'000u);
+  EXPECT_EQ(parse_count("350M").value(), 350'000'000u);
+  EXPECT_EQ(parse_count("125k").value(), 125'000u);
+  EXPECT_EQ(parse_count("2T").value(), 2'000'000'000'000u);
+  EXPECT_EQ(parse_count("777").value(), 777u);
+}
+
+TEST(ProbeCount, RejectsBadText) {
+  for (const char* bad : {"1.3X", "", "-5M", "B", "1.2.3M", "0", "9e30", "12MiB"}) {
+    auto r = parse_count(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("--params"), std::string::npos) << r.status().message();
+  }
+  EXPECT_NE(parse_count("1.3X").status().message().find("unknown suffix"), std::string::npos);
+}
+
+TEST(ProbeShape, CountsAndOverflow) {
+  ModelShape m{.layers = 24, .hidden = 2048, .seq = 1024, .batch = 8, .vocab = 50257};
+  EXPECT_EQ(shape_params(m).value(), 12ull * 24 * 2048 * 2048 + 50257ull * 2048);
+  ModelShape huge{.layers = 1u << 20, .hidden = 1ull << 30, .seq = 1024, .batch = 8, .vocab = 50257};
+  auto r = shape_params(huge);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("overflows"), std::string::npos);
+  ModelShape zero = m;
+  zero.hidden = 0;
+  EXPECT_NE(shape_params(zero).status().message().find("--hidden"), std::string::npos);
+}
+
+TEST(ProbeShape, ForParamsIsClose) {
+  for (std::uint64_t n : {125'000'000ull, 1'300'000'000ull, 13'000'000'000ull}) {
+    auto m = shape_for_params(n, 1024, 8, 50257);
+    ASSERT_TRUE(m.ok()) << m.status();
+    const double got = static_cast<double>(shape_params(*m).value());
+    EXPECT_NEAR(got / static_cast<double>(n), 1.0, 0.15) << n << " -> " << m->layers << "x" << m->hidden;
+    EXPECT_EQ(m->hidden % 64, 0u);
+  }
+  EXPECT_FALSE(shape_for_params(1000, 1024, 8, 50257).ok());
+}
+
+TrainSpec spec_for(std::uint64_t params) {
+  TrainSpec s;
+  s.shape = shape_for_params(params, 512, 4, 32000).value();
+  return s;
+}
+
+TEST(ProbePlacements, OrderedByCapacityAndMatchThePlanner) {
+  const TrainSpec spec = spec_for(1'300'000'000);
+  const Capacity cap{.gpu_bytes = 16 * kGiB, .host_bytes = 64 * kGiB, .nvme_bytes = 1024 * kGiB};
+  runtime::Rates rates;
+  std::vector<Estimate> rows;
+  for (Placement p : kPlacements) rows.push_back(estimate(spec, p, cap, rates));
+  for (const Estimate& e : rows) {
+    ASSERT_TRUE(e.feasible) << placement_name(e.placement) << ": " << e.why;
+    EXPECT_TRUE(plan_matches(e.plan, e.placement)) << placement_name(e.placement) << ": " << e.plan.summary();
+    EXPECT_GT(e.cost.step_s, 0.0);
+    // One more layer does not fit this placement.
+    TrainSpec more = spec;
+    more.shape.layers = e.layers + 1;
+    EXPECT_FALSE(estimate_at(more, e.placement, cap, rates).ok()) << placement_name(e.placement);
+  }
+  // 16 B/param fp32 AdamW: all-gpu holds less than 16 GiB / 16 B = 1.07B params.
+  EXPECT_LT(rows[0].max_params, 16 * kGiB / 16);
+  EXPECT_LE(rows[0].max_params, rows[1].max_params);  // optimizer off the GPU holds more
+  EXPECT_LE(rows[1].max_params, rows[2].max_params);  // params streaming from host: more still
+  EXPECT_LE(rows[2].max_params, rows[3].max_params);  // optimizer on NVMe
+  EXPECT_LE(rows[3].max_params, rows[4].max_params);  // everything on NVMe
+  EXPECT_GT(rows[4].max_params, rows[2].max_params);  // params spill to NVMe too
+}
+
+TEST(ProbePlacements, NoNvmeSaysWhy) {
+  const TrainSpec spec = spec_for(125'000'000);
+  const Capacity cap{.gpu_bytes = 4 * kGiB, .host_bytes = 8 * kGiB, .nvme_bytes = 0};
+  Estimate e = estimate(spec, Placement::kOptimNvme, cap, runtime::Rates{});
+  EXPECT_FALSE(e.feasible);
+  EXPECT_NE(e.why.find("--nvme"), std::string::npos);
+}
+
+TEST(ProbePlacements, TooLargeNamesTheLargestThatFits) {
+  TrainSpec spec = spec_for(13'000'000'000);
+  const Capacity cap{.gpu_bytes = 4 * kGiB, .host_bytes = 8 * kGiB, .nvme_bytes = 0};
+  auto r = estimate_at(spec, Placement::kParamsOptimHost, cap, runtime::Rates{});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kOutOfBudget);
+  EXPECT_NE(r.status().message().find("at most"), std::string::npos) << r.status().message();
+}
+
+TEST(ProbeShape, ForVerifyHasEqualFamilies) {
+  auto m = shape_for_verify(24'000'000, 1024, 8);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->layers, 16u);
+  EXPECT_EQ(m->vocab, 12 * m->hidden);
+  EXPECT_NEAR(static_cast<double>(shape_params(*m).value()) / 24e6, 1.0, 0.3);
+  EXPECT_FALSE(shape_for_verify(1000, 1024, 8).ok());
+}
+
+TEST(ProbePlacements, TightBudgetsKeepThePlacement) {
+  TrainSpec spec;
+  spec.shape = shape_for_verify(60'000'000, 512, 4).value();
+  const Capacity cap{.gpu_bytes = 4 * kGiB, .host_bytes = 8 * kGiB, .nvme_bytes = 64 * kGiB};
+  runtime::Rates rates;
+  for (Placement p : kPlacements) {
+    auto b = tight_budgets(spec, p, cap, rates);
+    ASSERT_TRUE(b.ok()) << placement_name(p) << ": " << b.status();
+    EXPECT_LE(b->gpu_bytes, cap.gpu_bytes);
+    EXPECT_LE(b->host_bytes, cap.host_bytes);
+    auto e = estimate_at(spec, p, Capacity{b->gpu_bytes, b->host_bytes, b->nvme_bytes}, rates);
+    ASSERT_TRUE(e.ok()) << placement_name(p) << ": " << e.status();
+    EXPECT_TRUE(plan_matches(e->plan, p));
+    if (p == Placement::kOptimNvme || p == Placement::kAllNvme) {
+      EXPECT_GT(e->plan.nvme_bytes, 0u);
+    }
+  }
+}
+
+TEST(ProbePlacements, ParsesNames) {
+  for (Placement p : kPlacements) EXPECT_EQ(parse_placement(placement_name(p)).value(), p);
+  EXPECT_FALSE(parse_placement("gpu").ok());
+}
+
+}  // namespace
+}  // namespace strata::probe
