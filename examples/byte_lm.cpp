@@ -1,0 +1,358 @@
+// strata-example-lm: a byte-level language model trained through the C++ API
+// (strata.hpp) on text the repository ships. An MLP over a window of bytes:
+// embed (256 x E) -> concat (C*E) -> `depth` ReLU layers of width H -> 256 logits,
+// softmax cross-entropy on the next byte. Every weight is a strata tensor reached
+// through leases; the math runs on the compute stream with BLAS (cblas_sgemm).
+//
+// Note [Example sizes]
+// The defaults put the model state (fp32 AdamW: 16 B a parameter) at more than 4x
+// the sim device's chunk budget (budgets.gpu), and the host budget below the
+// rest, so params and grads stream through the GPU, params and some optimizer
+// states live in pinned host memory, and the remaining optimizer states live on
+// NVMe (a temporary directory unless --nvme is given). The first progress line
+// prints the plan, so the three tiers can be seen.
+//
+// Note [Example device]
+// The math calls the host BLAS on the lease pointers, which are host-addressable
+// on the sim device only. A cuBLAS path is not built, so the example runs on the
+// sim device and says so when asked for cuda.
+#include <cblas.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "strata/common/bytes.hpp"
+#include "strata/common/log.hpp"
+#include "strata/strata.hpp"
+
+namespace {
+
+using namespace strata;
+namespace fs = std::filesystem;
+
+struct Settings {
+  std::vector<std::string> text;
+  std::string nvme;
+  std::string trace;
+  int steps = 300;
+  std::size_t context = 32, embed = 32, width = 512, depth = 5, batch = 128;
+  float lr = 2e-3f;
+  std::string gpu_budget = "6MiB", host_budget = "40MiB", link = "12GiB";
+  std::uint64_t seed = 1;
+  bool check_loss = false;
+};
+
+// Activations and their gradients, host memory owned by the trainer.
+struct Model {
+  std::size_t C, E, H, D, B;
+  TensorId embed;
+  std::vector<TensorId> w, b;            // D hidden layers + the output layer
+  std::vector<std::vector<float>> act;   // act[0] = gathered input (B x C*E), act[l+1] = layer l output
+  std::vector<std::vector<float>> dact;  // gradients of act
+  std::vector<int> ctx, next;            // B x C input bytes, B targets
+  float loss = 0;
+
+  std::size_t in_dim(std::size_t l) const { return l == 0 ? C * E : H; }
+  std::size_t out_dim(std::size_t l) const { return l == D ? 256 : H; }
+};
+
+void sgemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const float* a, const float* b,
+           float* c, float beta) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a,
+              ta ? static_cast<int>(m) : static_cast<int>(k), b,
+              tb ? static_cast<int>(k) : static_cast<int>(n), beta, c, static_cast<int>(n));
+}
+
+Status build(Runtime& rt, Model& m, std::uint64_t seed) {
+  std::mt19937 rng(static_cast<std::uint32_t>(seed));
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  STRATA_ASSIGN_OR_RETURN(m.embed, rt.register_tensor("embed", {256, static_cast<std::int64_t>(m.E)}));
+  for (std::size_t l = 0; l <= m.D; ++l) {
+    STRATA_ASSIGN_OR_RETURN(
+        TensorId w, rt.register_tensor(fmt::format("l{}.w", l), {static_cast<std::int64_t>(m.in_dim(l)),
+                                                                 static_cast<std::int64_t>(m.out_dim(l))}));
+    STRATA_ASSIGN_OR_RETURN(
+        TensorId b, rt.register_tensor(fmt::format("l{}.b", l), {static_cast<std::int64_t>(m.out_dim(l))}));
+    m.w.push_back(w);
+    m.b.push_back(b);
+  }
+  std::vector<float> e(256 * m.E);
+  for (auto& v : e) v = 0.5f * n(rng);
+  STRATA_RETURN_IF_ERROR(rt.init_tensor(m.embed, e));
+  for (std::size_t l = 0; l <= m.D; ++l) {
+    std::vector<float> w(m.in_dim(l) * m.out_dim(l));
+    const float scale = std::sqrt(2.0f / static_cast<float>(m.in_dim(l))) * (l == m.D ? 0.2f : 1.0f);
+    for (auto& v : w) v = scale * n(rng);
+    STRATA_RETURN_IF_ERROR(rt.init_tensor(m.w[l], w));
+    STRATA_RETURN_IF_ERROR(rt.init_tensor(m.b[l], std::vector<float>(m.out_dim(l), 0.0f)));
+  }
+  m.act.resize(m.D + 2);
+  m.dact.resize(m.D + 2);
+  m.act[0].resize(m.B * m.C * m.E);
+  m.dact[0].resize(m.B * m.C * m.E);
+  for (std::size_t l = 0; l <= m.D; ++l) {
+    m.act[l + 1].resize(m.B * m.out_dim(l));
+    m.dact[l + 1].resize(m.B * m.out_dim(l));
+  }
+  return Status::Ok();
+}
+
+// One training step's forward and backward through leases.
+Status train_step(Runtime& rt, Model& m) {
+  const std::size_t B = m.B, C = m.C, E = m.E;
+  {  // gather the byte embeddings
+    STRATA_ASSIGN_OR_RETURN(Lease e, rt.param(m.embed));
+    const float* table = e.as<float>();
+    STRATA_RETURN_IF_ERROR(rt.launch([&m, table, B, C, E] {
+      for (std::size_t r = 0; r < B; ++r)
+        for (std::size_t c = 0; c < C; ++c)
+          std::copy_n(table + m.ctx[r * C + c] * E, E, m.act[0].data() + (r * C + c) * E);
+    }));
+  }
+  for (std::size_t l = 0; l <= m.D; ++l) {
+    STRATA_ASSIGN_OR_RETURN(Lease w, rt.param(m.w[l]));
+    STRATA_ASSIGN_OR_RETURN(Lease b, rt.param(m.b[l]));
+    const float* W = w.as<float>();
+    const float* bias = b.as<float>();
+    STRATA_RETURN_IF_ERROR(rt.launch([&m, l, W, bias, B] {
+      const std::size_t out = m.out_dim(l);
+      float* y = m.act[l + 1].data();
+      for (std::size_t r = 0; r < B; ++r) std::copy_n(bias, out, y + r * out);
+      sgemm(false, false, B, out, m.in_dim(l), m.act[l].data(), W, y, 1.0f);
+      if (l < m.D) {
+        for (std::size_t i = 0; i < B * out; ++i) y[i] = std::max(y[i], 0.0f);
+      }
+    }));
+  }
+  STRATA_RETURN_IF_ERROR(rt.launch([&m, B] {  // softmax cross-entropy
+    float total = 0;
+    for (std::size_t r = 0; r < B; ++r) {
+      const float* z = m.act[m.D + 1].data() + r * 256;
+      float* dz = m.dact[m.D + 1].data() + r * 256;
+      const float mx = *std::max_element(z, z + 256);
+      float sum = 0;
+      for (int i = 0; i < 256; ++i) sum += std::exp(z[i] - mx);
+      for (int i = 0; i < 256; ++i) dz[i] = std::exp(z[i] - mx) / sum / static_cast<float>(B);
+      dz[m.next[r]] -= 1.0f / static_cast<float>(B);
+      total += std::log(sum) + mx - z[m.next[r]];
+    }
+    m.loss = total / static_cast<float>(B);
+  }));
+  for (std::size_t l = m.D + 1; l-- > 0;) {
+    STRATA_ASSIGN_OR_RETURN(Lease w, rt.param(m.w[l]));
+    STRATA_ASSIGN_OR_RETURN(Lease gw, rt.grad(m.w[l]));
+    STRATA_ASSIGN_OR_RETURN(Lease gb, rt.grad(m.b[l]));
+    const float* W = w.as<float>();
+    float* GW = gw.as<float>();
+    float* GB = gb.as<float>();
+    STRATA_RETURN_IF_ERROR(rt.launch([&m, l, W, GW, GB, B] {
+      const std::size_t in = m.in_dim(l), out = m.out_dim(l);
+      const float* dy = m.dact[l + 1].data();
+      sgemm(true, false, in, out, B, m.act[l].data(), dy, GW, 0.0f);  // dW = x^T dy
+      std::fill_n(GB, out, 0.0f);
+      for (std::size_t r = 0; r < B; ++r)
+        for (std::size_t j = 0; j < out; ++j) GB[j] += dy[r * out + j];
+      float* dx = m.dact[l].data();
+      sgemm(false, true, B, in, out, dy, W, dx, 0.0f);  // dx = dy W^T
+      if (l > 0) {
+        const float* x = m.act[l].data();
+        for (std::size_t i = 0; i < B * in; ++i) dx[i] = x[i] > 0 ? dx[i] : 0.0f;
+      }
+    }));
+  }
+  STRATA_ASSIGN_OR_RETURN(Lease ge, rt.grad(m.embed));
+  float* GE = ge.as<float>();
+  return rt.launch([&m, GE, B, C, E] {  // scatter into the embedding gradient
+    std::fill_n(GE, 256 * E, 0.0f);
+    for (std::size_t r = 0; r < B; ++r)
+      for (std::size_t c = 0; c < C; ++c) {
+        const float* d = m.dact[0].data() + (r * C + c) * E;
+        float* g = GE + m.ctx[r * C + c] * E;
+        for (std::size_t k = 0; k < E; ++k) g[k] += d[k];
+      }
+  });
+}
+
+// The files, concatenated.
+Result<std::string> read_text(const std::vector<std::string>& paths) {
+  std::stringstream s;
+  for (const std::string& path : paths) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in)
+      return not_found("--text {}: cannot be read; name text files (the repository's README.md works)", path);
+    s << in.rdbuf() << "\n";
+  }
+  return s.str();
+}
+
+int run(const Settings& s) {
+  auto text = read_text(s.text);
+  if (!text.ok()) {
+    std::fprintf(stderr, "strata-example-lm: %s\n", text.status().to_string().c_str());
+    return 2;
+  }
+  if (text->size() < s.context + 2) {
+    std::fprintf(stderr,
+                 "strata-example-lm: --text has only %zu bytes; it needs more than the %zu-byte context\n",
+                 text->size(), s.context);
+    return 2;
+  }
+  fs::path dir = s.nvme.empty() ? fs::temp_directory_path() : fs::path(s.nvme);
+  dir /= fmt::format("strata-example-lm-{}", ::getpid());
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    std::fprintf(stderr, "strata-example-lm: cannot create %s: %s\n", dir.c_str(), ec.message().c_str());
+    return 2;
+  }
+  struct Cleanup {
+    fs::path p;
+    ~Cleanup() {
+      std::error_code e;
+      fs::remove_all(p, e);
+    }
+  } cleanup{dir};
+
+  Config config;
+  for (auto [key, value] : {std::pair<std::string, std::string>{"device.kind", "sim"},
+                            {"device.h2d_bandwidth", s.link},
+                            {"device.d2h_bandwidth", s.link},
+                            {"budgets.gpu", s.gpu_budget},
+                            {"budgets.host", s.host_budget},
+                            {"budgets.nvme", "1GiB"},
+                            {"nvme.dirs", dir.string()},
+                            {"optimizer.name", "adamw"},
+                            {"optimizer.lr", fmt::format("{}", s.lr)},
+                            {"layout.chunk_elems", "524288"},
+                            {"plan.host_reserve", "8MiB"}}) {
+    if (Status st = config.set(key, value); !st.ok()) {
+      std::fprintf(stderr, "strata-example-lm: %s\n", st.to_string().c_str());
+      return 2;
+    }
+  }
+  config.device.budget_bytes = config.runtime.budgets.gpu_bytes + 64 * kMiB;
+  auto created = Runtime::create(config);
+  if (!created.ok()) {
+    std::fprintf(stderr, "strata-example-lm: %s\n", created.status().to_string().c_str());
+    return 2;
+  }
+  Runtime& rt = **created;
+  Model m{.C = s.context, .E = s.embed, .H = s.width, .D = s.depth, .B = s.batch};
+  if (Status st = build(rt, m, s.seed); !st.ok()) {
+    std::fprintf(stderr, "strata-example-lm: %s\n", st.to_string().c_str());
+    return 2;
+  }
+  std::uint64_t params = 256 * m.E;
+  for (std::size_t l = 0; l <= m.D; ++l) params += (m.in_dim(l) + 1) * m.out_dim(l);
+  const std::uint64_t state = params * 16;
+  std::printf(
+      "strata-example-lm: byte-level MLP, context %zu, %zu layers of %zu, %llu params; fp32 AdamW state %s "
+      "= %.1fx the sim device's chunk budget (%s); host budget %s; NVMe in %s\n",
+      m.C, m.D, m.H, static_cast<unsigned long long>(params), format_bytes(state).c_str(),
+      static_cast<double>(state) / static_cast<double>(config.runtime.budgets.gpu_bytes),
+      s.gpu_budget.c_str(), s.host_budget.c_str(), dir.c_str());
+  std::printf(
+      "device: sim (Note [Example device]: the BLAS math needs host-addressable leases); text: %zu files, "
+      "%zu bytes\n",
+      s.text.size(), text->size());
+
+  std::mt19937_64 rng(s.seed);
+  std::uniform_int_distribution<std::size_t> pick(0, text->size() - s.context - 1);
+  m.ctx.resize(m.B * m.C);
+  m.next.resize(m.B);
+  std::vector<float> losses;
+  const auto start = std::chrono::steady_clock::now();
+  for (int step = 1; step <= s.steps; ++step) {
+    for (std::size_t r = 0; r < m.B; ++r) {
+      const std::size_t at = pick(rng);
+      for (std::size_t c = 0; c < m.C; ++c) m.ctx[r * m.C + c] = static_cast<unsigned char>((*text)[at + c]);
+      m.next[r] = static_cast<unsigned char>((*text)[at + m.C]);
+    }
+    Status st = train_step(rt, m);
+    auto stats = st.ok() ? rt.step() : Result<StepStats>(st);
+    if (!stats.ok()) {
+      std::fprintf(stderr, "strata-example-lm: step %d: %s\n", step, stats.status().to_string().c_str());
+      return 1;
+    }
+    if (step == 2) std::printf("plan: %s\n", rt.describe().c_str());
+    losses.push_back(m.loss);
+    const double tokens_per_s = static_cast<double>(m.B) / std::max(stats->step_s, 1e-9);
+    std::printf("step %4d  loss %.4f  %7.0f tok/s  h2d %9s  d2h %9s  disk r %9s  w %9s  stall %.3f s\n", step,
+                m.loss, tokens_per_s, format_bytes(stats->bytes_h2d).c_str(),
+                format_bytes(stats->bytes_d2h).c_str(), format_bytes(stats->bytes_disk_read).c_str(),
+                format_bytes(stats->bytes_disk_write).c_str(), stats->stall_s);
+    std::fflush(stdout);
+  }
+  const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const Stats& t = rt.stats();
+  std::printf(
+      "done: %d steps in %.1f s; moved h2d %s, d2h %s, disk read %s, write %s; stall %.2f s; high water gpu "
+      "%s / %s, host %s / %s, nvme %s\n",
+      s.steps, total_s, format_bytes(t.bytes_h2d).c_str(), format_bytes(t.bytes_d2h).c_str(),
+      format_bytes(t.bytes_disk_read).c_str(), format_bytes(t.bytes_disk_write).c_str(), t.stall_s,
+      format_bytes(t.gpu_high_water_bytes).c_str(), s.gpu_budget.c_str(),
+      format_bytes(t.host_high_water_bytes).c_str(), s.host_budget.c_str(),
+      format_bytes(t.nvme_bytes).c_str());
+  if (!s.trace.empty()) {
+    if (Status st = rt.write_chrome_trace(s.trace); !st.ok()) {
+      std::fprintf(stderr, "strata-example-lm: %s\n", st.to_string().c_str());
+      return 1;
+    }
+    std::printf("trace: %s (open in chrome://tracing or ui.perfetto.dev)\n", s.trace.c_str());
+  }
+  if (s.check_loss) {
+    const std::size_t k = std::min<std::size_t>(5, losses.size() / 2);
+    double first = 0, last = 0;
+    for (std::size_t i = 0; i < k; ++i) {
+      first += losses[i] / static_cast<double>(k);
+      last += losses[losses.size() - 1 - i] / static_cast<double>(k);
+    }
+    const bool tiers = t.bytes_h2d > 0 && t.bytes_disk_write > 0 && t.nvme_bytes > 0;
+    std::printf(
+        "check: mean loss of the first %zu steps %.4f, of the last %zu %.4f; all three tiers used: %s\n", k,
+        first, k, last, tiers ? "yes" : "no");
+    if (!(last < first - 0.3) || !tiers) {
+      std::fprintf(stderr, "strata-example-lm: check failed\n");
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"strata-example-lm: a byte-level language model trained through strata's C++ API"};
+  Settings s;
+  for (const char* f : {"README.md", "docs/probe.md", "docs/config.md"}) {
+    s.text.push_back(std::string(STRATA_SOURCE_DIR) + "/" + f);
+  }
+  app.add_option("--text", s.text, "training text files (default: the README and docs/)")
+      ->capture_default_str();
+  app.add_option("--steps", s.steps, "training steps")->capture_default_str();
+  app.add_option("--nvme", s.nvme, "directory for the NVMe tier (default: the temp dir)");
+  app.add_option("--trace", s.trace, "write the Chrome trace here");
+  app.add_option("--context", s.context, "context bytes")->capture_default_str();
+  app.add_option("--width", s.width, "hidden width")->capture_default_str();
+  app.add_option("--depth", s.depth, "hidden layers")->capture_default_str();
+  app.add_option("--batch", s.batch, "positions per step")->capture_default_str();
+  app.add_option("--lr", s.lr, "AdamW learning rate")->capture_default_str();
+  app.add_option("--gpu-budget", s.gpu_budget, "sim device chunk budget")->capture_default_str();
+  app.add_option("--host-budget", s.host_budget, "host budget")->capture_default_str();
+  app.add_option("--link", s.link, "sim copy throttle per direction, per second")->capture_default_str();
+  app.add_option("--seed", s.seed, "seed")->capture_default_str();
+  app.add_flag("--check-loss", s.check_loss,
+               "exit 1 unless the loss fell and every tier was used (for tests)");
+  CLI11_PARSE(app, argc, argv);
+  if (std::getenv("STRATA_LOG_LEVEL") == nullptr) set_log_level("warn");
+  return run(s);
+}
