@@ -285,6 +285,17 @@ void Runtime::Impl::io_done(FamilyId f, Status status, Track track, double enque
   run.new_slots.clear();
   Chunk& p = chunk(f, StateKind::kParam);
   std::byte*& staged = run.staging[static_cast<std::size_t>(StateKind::kParam)];
+  // A load of the old param may still be copying from it: wait for that copy
+  // (rare: the family's param is not leased while its optimizer runs; the h2d
+  // stream never needs this lock, Note [Runtime threading]).
+  if (p.dev_valid && p.slot >= 0) {
+    DeviceSlot& slot = slots[static_cast<std::size_t>(p.slot)];
+    auto loaded = device.query(slot.ready);
+    if (!loaded.ok() || !*loaded) {
+      Status st = device.synchronize(slot.ready);
+      if (!st.ok()) fail(st);
+    }
+  }
   host->free(p.host, p.bytes);
   p.host = staged;
   staged = nullptr;

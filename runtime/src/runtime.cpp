@@ -385,6 +385,8 @@ Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, W
     }
     STRATA_RETURN_IF_ERROR(m.ensure_on_host(lock, c));
     if (access != Access::kRead) {
+      // A load or prefetch may still be copying from the host copy.
+      STRATA_RETURN_IF_ERROR(m.device.synchronize(m.h2d));
       if (c.readers > 0)
         return failed_precondition("acquire(\"{}\") for write on host while leased on the device",
                                    info.spec.name);

@@ -92,6 +92,8 @@ Status Runtime::Impl::with_host_copy(std::unique_lock<std::mutex>& lock, Chunk& 
   const bool on_nvme = is_optim_kind(c.kind) && plan.families[c.family].optim_home == Tier::kNvme;
   if (!on_nvme) {
     STRATA_RETURN_IF_ERROR(ensure_on_host(lock, c));
+    // A load or prefetch may still be copying from the host copy.
+    if (write) STRATA_RETURN_IF_ERROR(device.synchronize(h2d));
     fn(c.host);
     if (write && c.dev_valid) {
       STRATA_CHECK(c.readers == 0);

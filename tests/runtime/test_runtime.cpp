@@ -114,10 +114,10 @@ struct Trained {
 
 Trained train(RuntimeOptions options, int steps, std::size_t frozen = ~std::size_t{0},
               std::function<std::size_t(int)> skip = nullptr) {
+  Mlp mlp;  // outlives the device: queued kernels use it
   auto device = sim_device();
   auto rt = Runtime::create(*device, std::move(options));
   EXPECT_TRUE(rt.ok()) << rt.status();
-  Mlp mlp;
   mlp.layers = kLayers;
   mlp.width = kWidth;
   EXPECT_TRUE(mlp.build(**rt, frozen).ok());
@@ -336,10 +336,10 @@ class FaultyNvme final : public NvmeStore {
 };
 
 Snapshot train_tiered_clean(const fs::path& dir, int steps) {
+  Mlp mlp;  // outlives the device: queued kernels use it
   auto device = sim_device();
   auto rt = Runtime::create(*device, tiered(kernels::Optimizer::kAdamW, dir));
   EXPECT_TRUE(rt.ok());
-  Mlp mlp;
   mlp.layers = kLayers;
   mlp.width = kWidth;
   EXPECT_TRUE(mlp.build(**rt).ok());
@@ -360,10 +360,10 @@ void fault_run(bool eio) {
   auto faulty = std::make_shared<FaultyNvme>(std::move(inner).value());
   RuntimeOptions o = tiered(kernels::Optimizer::kAdamW, dir.path);
   o.nvme_store = faulty;
+  Mlp mlp;  // outlives the device: queued kernels use it
   auto device = sim_device();
   auto rt = Runtime::create(*device, o);
   ASSERT_TRUE(rt.ok()) << rt.status();
-  Mlp mlp;
   mlp.layers = kLayers;
   mlp.width = kWidth;
   ASSERT_TRUE(mlp.build(**rt).ok());
@@ -418,10 +418,10 @@ TEST(RuntimeFaults, FullNvmeMidRunSurfacesAndKeepsLastState) {
 
 TEST(Runtime, ChromeTraceShowsTracks) {
   TempDir dir;
+  Mlp mlp;  // outlives the device: queued kernels use it
   auto device = sim_device();
   auto rt = Runtime::create(*device, tiered(kernels::Optimizer::kAdamW, dir.path));
   ASSERT_TRUE(rt.ok());
-  Mlp mlp;
   mlp.layers = kLayers;
   mlp.width = kWidth;
   ASSERT_TRUE(mlp.build(**rt).ok());
