@@ -120,7 +120,7 @@ void Runtime::Impl::launch_device_optimizer(FamilyId f) {
       c.dev_valid = st.ok();
     }
     if (!st.ok()) {
-      finish_family(f, st, /*ran=*/false);
+      finish_family(f, st);
       return;
     }
   }
@@ -139,14 +139,13 @@ void Runtime::Impl::launch_device_optimizer(FamilyId f) {
     pool->post([this, f, r, updated] {
       std::lock_guard lock(mu);
       if (r.ok()) {
-        runs[f].finite = r->grads_finite;
         runs[f].applied = r->applied;
         if (r->applied) {
           for (TensorId t : updated) ++tensors[t].updates;
         }
       }
       release_gradient(f, r.ok());
-      finish_family(f, r.ok() ? Status::Ok() : r.status(), /*ran=*/true);
+      finish_family(f, r.ok() ? Status::Ok() : r.status());
     });
   });
   for (std::size_t k = 0; k < kStateKindCount && st.ok(); ++k) {

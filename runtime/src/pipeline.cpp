@@ -32,14 +32,6 @@
 #include "strata/common/log.hpp"
 
 namespace strata::runtime {
-namespace {
-
-bool is_optim_kind(StateKind k) {
-  return k == StateKind::kMaster || k == StateKind::kState0 || k == StateKind::kState1;
-}
-
-}  // namespace
-
 bool Runtime::Impl::on_nvme(FamilyId f) const {
   return plan.families[f].optim_home == Tier::kNvme;
 }
@@ -51,7 +43,7 @@ void Runtime::Impl::pump() {
     grad_queue.clear();
     for (FamilyId f : launch_fifo) {
       FamilyRun& run = runs[f];
-      if (!run.done && !run.computing && run.io_pending == 0) finish_family(f, Status::Ok(), /*ran=*/false);
+      if (!run.done && !run.computing && run.io_pending == 0) finish_family(f, Status::Ok());
     }
     return;
   }
@@ -136,7 +128,7 @@ void Runtime::Impl::read_states(FamilyId f) {
       }
       Status s = buffer.status();
       s.with_context(fmt::format("NVMe staging for family {}", f));
-      finish_family(f, s, /*ran=*/false);
+      finish_family(f, s);
       return;
     }
     run.staging[k] = *buffer;
@@ -186,7 +178,7 @@ void Runtime::Impl::land_gradient(FamilyId f) {
     if (!buffer.ok()) {
       Status s = buffer.status();
       s.with_context(fmt::format("gradient staging for family {}", f));
-      finish_family(f, s, /*ran=*/false);
+      finish_family(f, s);
       return;
     }
     run.grad_host = *buffer;
@@ -213,7 +205,7 @@ void Runtime::Impl::land_gradient(FamilyId f) {
     }
     g.dev_valid = false;
     g.dev_dirty = false;
-    if (!st.ok()) finish_family(f, st, /*ran=*/false);
+    if (!st.ok()) finish_family(f, st);
     return;
   }
   if (g.host_valid) {
@@ -223,7 +215,7 @@ void Runtime::Impl::land_gradient(FamilyId f) {
     maybe_compute(f);
     return;
   }
-  finish_family(f, internal_error("family {}: gradient is on no tier when its optimizer starts", f), false);
+  finish_family(f, internal_error("family {}: gradient is on no tier when its optimizer starts", f));
 }
 
 void Runtime::Impl::maybe_compute(FamilyId f) {
@@ -256,7 +248,7 @@ void Runtime::Impl::io_done(FamilyId f, Status status, Track track, double enque
     }
     if (!run.io_status.ok()) {
       if (run.launched) {
-        finish_family(f, run.io_status, /*ran=*/false);
+        finish_family(f, run.io_status);
       } else {
         fail(run.io_status);  // a read-ahead failed: the data is bad or the disk is
         release_nvme_place(f);
@@ -270,7 +262,7 @@ void Runtime::Impl::io_done(FamilyId f, Status status, Track track, double enque
     return;
   }
   if (!run.io_status.ok()) {
-    finish_family(f, run.io_status, /*ran=*/true);
+    finish_family(f, run.io_status);
     return;
   }
   // Writes done (Note [Copy-on-write NVMe slots]): switch to the new slots and the new param.
@@ -300,7 +292,7 @@ void Runtime::Impl::io_done(FamilyId f, Status status, Track track, double enque
   p.host = staged;
   staged = nullptr;
   commit_param(f);
-  finish_family(f, Status::Ok(), /*ran=*/true);
+  finish_family(f, Status::Ok());
 }
 
 void Runtime::Impl::compute_family(FamilyId f) {
@@ -318,7 +310,7 @@ void Runtime::Impl::compute_family(FamilyId f) {
     } else {
       Status st = ensure_on_host(lock, c);
       if (!st.ok()) {
-        finish_family(f, st, /*ran=*/false);
+        finish_family(f, st);
         return;
       }
       ptrs.at[k] = c.host;
@@ -344,15 +336,14 @@ void Runtime::Impl::compute_family(FamilyId f) {
   lock.lock();
   release_gradient(f, r.ok());
   if (!r.ok()) {
-    finish_family(f, r.status(), /*ran=*/false);
+    finish_family(f, r.status());
     return;
   }
-  run.finite = r->grads_finite;
   run.applied = r->applied;
   run.updated = std::move(updated);
   if (!nvme_family || !r->applied) {
     if (r->applied) commit_param(f);
-    finish_family(f, Status::Ok(), /*ran=*/true);
+    finish_family(f, Status::Ok());
     return;
   }
   // Write the updated states to fresh slots (Note [Copy-on-write NVMe slots]).
@@ -368,7 +359,7 @@ void Runtime::Impl::compute_family(FamilyId f) {
       if (!slot.ok()) {
         Status st = slot.status();
         st.with_context(fmt::format("NVMe write of family {}'s optimizer states", f));
-        finish_family(f, st, /*ran=*/true);
+        finish_family(f, st);
         return;
       }
       run.new_slots[k].push_back(*slot);
@@ -416,7 +407,7 @@ void Runtime::Impl::release_gradient(FamilyId f, bool consumed) {
   }
 }
 
-void Runtime::Impl::finish_family(FamilyId f, Status status, bool ran) {
+void Runtime::Impl::finish_family(FamilyId f, Status status) {
   FamilyRun& run = runs[f];
   STRATA_CHECK(run.launched);
   STRATA_CHECK(!run.done);
@@ -429,7 +420,6 @@ void Runtime::Impl::finish_family(FamilyId f, Status status, bool ran) {
   if (run.has_grad_slot) release_gradient(f, /*consumed=*/false);
   release_nvme_place(f);
   if (!status.ok()) fail(status);
-  (void)ran;
   run.done = true;
   --tasks_in_flight;
   pump();

@@ -87,7 +87,6 @@ struct FamilyRun {
   bool launched = false;  //!< gradients complete, optimizer requested
   bool done = true;       //!< nothing pending (true until launched)
   bool applied = false;
-  bool finite = true;
   bool computing = false;  //!< the CPU kernel is queued or running
   bool has_grad_slot = false;
   bool grad_ready = false;  //!< the gradient is on host (grad_host)
@@ -103,6 +102,11 @@ struct FamilyRun {
   Status io_status;
   std::vector<TensorId> updated;  //!< tensors the kernel updated (committed with the param)
 };
+
+//! The kinds the optimizer owns (they live where the family's optimizer states live).
+inline bool is_optim_kind(StateKind k) {
+  return k == StateKind::kMaster || k == StateKind::kState0 || k == StateKind::kState1;
+}
 
 //! Base pointers of one family's chunks, per StateKind, on one tier.
 struct FamilyPtrs {
@@ -220,7 +224,7 @@ struct Runtime::Impl {
   void compute_family(FamilyId f);  // pool thread; takes mu
   void io_done(FamilyId f, Status status, Track track, double enqueued_us, std::uint64_t bytes);  // takes mu
   void release_gradient(FamilyId f, bool consumed);
-  void finish_family(FamilyId f, Status status, bool ran);
+  void finish_family(FamilyId f, Status status);
   //! Counts the update and drops the stale GPU copy of the family's param.
   void commit_param(FamilyId f);
   std::vector<kernels::Span> spans_for(FamilyId f, const FamilyPtrs& ptrs, std::vector<TensorId>* updated);

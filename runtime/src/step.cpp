@@ -11,14 +11,6 @@
 #include "strata/common/log.hpp"
 
 namespace strata::runtime {
-namespace {
-
-bool is_optim_kind(StateKind k) {
-  return k == StateKind::kMaster || k == StateKind::kState0 || k == StateKind::kState1;
-}
-
-}  // namespace
-
 Status Runtime::Impl::ensure_nvme_store() {
   if (nvme != nullptr) return Status::Ok();
   std::uint64_t slot = 0;
