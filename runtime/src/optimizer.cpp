@@ -176,8 +176,13 @@ void Runtime::Impl::commit_param(FamilyId f) {
   p.dev_dirty = false;
 }
 
-Status Runtime::Impl::wait_optimizers(std::unique_lock<std::mutex>& lock) {
+Status Runtime::Impl::wait_step_work(std::unique_lock<std::mutex>& lock) {
   cv.wait(lock, [&] { return tasks_in_flight == 0 && io_families == 0; });
+  return background_error;
+}
+
+Status Runtime::Impl::wait_optimizers(std::unique_lock<std::mutex>& lock) {
+  cv.wait(lock, [&] { return tasks_in_flight == 0 && io_families == 0 && writebacks_in_flight == 0; });
   return background_error;
 }
 

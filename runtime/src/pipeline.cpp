@@ -23,6 +23,20 @@
 // starts; the ones already running finish. So after a failed step every family
 // holds either its state before the step or after it — never a mix — and the
 // failed one (named in the error) holds the state before it.
+//
+// Note [Write-back after step]
+// An NVMe family's write-back is not part of its step: once its kernel has run,
+// the updated param is committed at once (the next forward needs it first —
+// backward finishes with the first layers, so waiting for their writes would
+// idle the device), and the updated states go to fresh slots in the background
+// while step() returns and the next forward runs. The family keeps its NVMe
+// place (and so its staging memory) until the writes end; its next read waits
+// for them. When they succeed the new slots replace the old; when one fails the
+// updated states stay in host memory as the authoritative copy (nothing is lost:
+// read_tensor reads them), the error surfaces from the next call, and no further
+// family starts. So a write failure leaves its family at the state *after* the
+// step; a full disk (no slot to write to, found before anything is committed)
+// leaves it at the state before. flush() waits for every write-back.
 
 #include <cstring>
 
@@ -43,7 +57,9 @@ void Runtime::Impl::pump() {
     grad_queue.clear();
     for (FamilyId f : launch_fifo) {
       FamilyRun& run = runs[f];
-      if (!run.done && !run.computing && run.io_pending == 0) finish_family(f, Status::Ok());
+      // (A gradient still being copied to host ends here when its copy lands.)
+      const bool copying_grad = run.has_grad_slot && !run.grad_ready;
+      if (!run.done && !run.computing && run.io_pending == 0 && !copying_grad) finish_family(f, Status::Ok());
     }
     return;
   }
@@ -51,6 +67,7 @@ void Runtime::Impl::pump() {
   for (FamilyId f : launch_fifo) {
     FamilyRun& run = runs[f];
     if (!on_nvme(f) || run.has_nvme_place || run.done) continue;
+    if (writebacks[f].active) continue;  // writeback_done pumps again
     if (nvme_places_used >= nvme_places_max) {
       // Take a place back from a read-ahead that is not launched yet.
       for (FamilyId g : nvme_order) {
@@ -70,6 +87,7 @@ void Runtime::Impl::pump() {
       FamilyId f = nvme_order[read_ahead_cursor];
       FamilyRun& run = runs[f];
       if (run.has_nvme_place || run.states_ready || (run.launched && run.done)) continue;
+      if (writebacks[f].active) break;  // its last step's states are still being written
       take_nvme_place(f);
     }
   }
@@ -133,6 +151,10 @@ void Runtime::Impl::read_states(FamilyId f) {
     }
     run.staging[k] = *buffer;
     if (c.kind == StateKind::kParam) continue;  // copied when the kernel starts
+    if (c.host_valid) {
+      std::memcpy(*buffer, c.host, c.bytes);  // left in host memory by a failed write-back
+      continue;
+    }
     if (!c.nvme_valid) {
       std::memset(*buffer, 0, c.bytes);  // never written: zeros
       continue;
@@ -149,7 +171,6 @@ void Runtime::Impl::read_states(FamilyId f) {
     maybe_compute(f);
     return;
   }
-  run.writing = false;
   run.io_pending = static_cast<int>(pieces.size());
   run.io_status = Status::Ok();
   ++io_families;
@@ -194,7 +215,12 @@ void Runtime::Impl::land_gradient(FamilyId f) {
         pool->post([this, f] {
           std::lock_guard lock(mu);
           runs[f].grad_ready = true;
-          maybe_compute(f);
+          if (background_error.ok()) {
+            maybe_compute(f);
+          } else {
+            pump();  // ends this family, untouched, now that its staging is free to reuse
+            cv.notify_all();
+          }
         });
       });
     }
@@ -228,71 +254,77 @@ void Runtime::Impl::maybe_compute(FamilyId f) {
 
 void Runtime::Impl::io_done(FamilyId f, Status status, Track track, double enqueued_us, std::uint64_t bytes) {
   const double end = timeline.now_us();
-  timeline.add(track, track == Track::kDiskRead ? "nvme read" : "nvme write", enqueued_us, end, bytes);
+  timeline.add(track, "nvme read", enqueued_us, end, bytes);
   std::lock_guard lock(mu);
   FamilyRun& run = runs[f];
   if (!status.ok() && run.io_status.ok()) {
-    status.with_context(fmt::format("NVMe {} of family {}'s optimizer states",
-                                    track == Track::kDiskRead ? "read" : "write", f));
+    status.with_context(fmt::format("NVMe read of family {}'s optimizer states", f));
     run.io_status = std::move(status);
   }
   if (--run.io_pending > 0) return;
   --io_families;
-  if (!run.writing) {
-    if (run.cancel_read_ahead) {
-      run.cancel_read_ahead = false;
-      release_nvme_place(f);
-      pump();
-      cv.notify_all();
-      return;
-    }
-    if (!run.io_status.ok()) {
-      if (run.launched) {
-        finish_family(f, run.io_status);
-      } else {
-        fail(run.io_status);  // a read-ahead failed: the data is bad or the disk is
-        release_nvme_place(f);
-        cv.notify_all();
-      }
-      return;
-    }
-    run.states_ready = true;
-    maybe_compute(f);
+  if (run.cancel_read_ahead) {
+    run.cancel_read_ahead = false;
+    release_nvme_place(f);
+    pump();
     cv.notify_all();
     return;
   }
   if (!run.io_status.ok()) {
-    finish_family(f, run.io_status);
+    if (run.launched) {
+      finish_family(f, run.io_status);
+    } else {
+      fail(run.io_status);  // a read-ahead failed: the data is bad or the disk is
+      release_nvme_place(f);
+      cv.notify_all();
+    }
     return;
   }
-  // Writes done (Note [Copy-on-write NVMe slots]): switch to the new slots and the new param.
+  run.states_ready = true;
+  maybe_compute(f);
+  cv.notify_all();
+}
+
+void Runtime::Impl::writeback_done(FamilyId f, Status status, double enqueued_us, std::uint64_t bytes) {
+  timeline.add(Track::kDiskWrite, "nvme write", enqueued_us, timeline.now_us(), bytes);
+  std::lock_guard lock(mu);
+  WriteBack& wb = writebacks[f];
+  if (!status.ok() && wb.status.ok()) wb.status = std::move(status);
+  if (--wb.io_pending > 0) return;
   for (std::size_t k = 0; k < kStateKindCount; ++k) {
     Chunk& c = chunks[f * kStateKindCount + k];
     if (c.bytes == 0 || !is_optim_kind(c.kind)) continue;
-    for (std::uint32_t old : c.nvme_slots) nvme->free_slot(old);
-    c.nvme_slots = std::move(run.new_slots[k]);
-    c.nvme_valid = true;
+    if (wb.status.ok()) {
+      // The new slots replace the old (Note [Copy-on-write NVMe slots]).
+      for (std::uint32_t old : c.nvme_slots) nvme->free_slot(old);
+      c.nvme_slots = std::move(wb.new_slots[k]);
+      c.nvme_valid = true;
+      host->free(wb.staging[k], c.bytes);
+    } else {
+      // The updated states stay in host memory as the authoritative copy.
+      for (std::uint32_t s : wb.new_slots[k]) nvme->free_slot(s);
+      for (std::uint32_t old : c.nvme_slots) nvme->free_slot(old);
+      c.nvme_slots.clear();
+      c.nvme_valid = false;
+      if (c.host != nullptr) host->free(c.host, c.bytes);
+      c.host = wb.staging[k];
+      c.host_valid = true;
+    }
     c.absent = false;
   }
-  run.new_slots.clear();
-  Chunk& p = chunk(f, StateKind::kParam);
-  std::byte*& staged = run.staging[static_cast<std::size_t>(StateKind::kParam)];
-  // A load of the old param may still be copying from it: wait for that copy
-  // (rare: the family's param is not leased while its optimizer runs; the h2d
-  // stream never needs this lock, Note [Runtime threading]).
-  if (p.dev_valid && p.slot >= 0) {
-    DeviceSlot& slot = slots[static_cast<std::size_t>(p.slot)];
-    auto loaded = device.query(slot.ready);
-    if (!loaded.ok() || !*loaded) {
-      Status st = device.synchronize(slot.ready);
-      if (!st.ok()) fail(st);
-    }
+  if (!wb.status.ok()) {
+    Status s = std::move(wb.status);
+    s.with_context(fmt::format(
+        "NVMe write-back of family {}'s optimizer states after step {}; that step's states are kept in host "
+        "memory (read_tensor reads them: save a checkpoint) and no further step runs",
+        f, wb.step));
+    fail(std::move(s));
   }
-  host->free(p.host, p.bytes);
-  p.host = staged;
-  staged = nullptr;
-  commit_param(f);
-  finish_family(f, Status::Ok());
+  wb = WriteBack{};
+  --writebacks_in_flight;
+  --nvme_places_used;  // the family's place, held since its states were read
+  pump();
+  cv.notify_all();
 }
 
 void Runtime::Impl::compute_family(FamilyId f) {
@@ -346,9 +378,10 @@ void Runtime::Impl::compute_family(FamilyId f) {
     finish_family(f, Status::Ok());
     return;
   }
-  // Write the updated states to fresh slots (Note [Copy-on-write NVMe slots]).
-  run.writing = true;
-  run.new_slots.assign(kStateKindCount, {});
+  // Write the updated states to fresh slots (Note [Copy-on-write NVMe slots]);
+  // every slot is taken before anything is committed, so a full disk leaves the
+  // family as it was.
+  std::vector<std::vector<std::uint32_t>> new_slots(kStateKindCount);
   std::vector<std::pair<std::uint32_t, std::span<const std::byte>>> writes;
   const std::uint64_t piece = nvme->slot_bytes();
   for (std::size_t k = 0; k < kStateKindCount; ++k) {
@@ -357,25 +390,58 @@ void Runtime::Impl::compute_family(FamilyId f) {
     for (std::uint64_t begin = 0; begin < c.bytes; begin += piece) {
       auto slot = nvme->allocate_slot();
       if (!slot.ok()) {
+        for (auto& list : new_slots) {
+          for (std::uint32_t s : list) nvme->free_slot(s);
+        }
         Status st = slot.status();
         st.with_context(fmt::format("NVMe write of family {}'s optimizer states", f));
         finish_family(f, st);
         return;
       }
-      run.new_slots[k].push_back(*slot);
+      new_slots[k].push_back(*slot);
       writes.emplace_back(
           *slot, std::span<const std::byte>(run.staging[k] + begin, std::min(piece, c.bytes - begin)));
     }
   }
-  run.io_pending = static_cast<int>(writes.size());
-  run.io_status = Status::Ok();
-  ++io_families;
+  // Commit the param now; the states follow in the background (Note [Write-back after step]).
+  std::byte*& staged = run.staging[static_cast<std::size_t>(StateKind::kParam)];
+  // A load of the old param may still be copying from it: wait for that copy
+  // (rare: the family's param is not leased while its optimizer runs; the h2d
+  // stream never needs this lock, Note [Runtime threading]).
+  if (p.dev_valid && p.slot >= 0) {
+    DeviceSlot& slot = slots[static_cast<std::size_t>(p.slot)];
+    auto loaded = device.query(slot.ready);
+    if (!loaded.ok() || !*loaded) {
+      Status st = device.synchronize(slot.ready);
+      if (!st.ok()) fail(st);
+    }
+  }
+  host->free(p.host, p.bytes);
+  p.host = staged;
+  staged = nullptr;
+  commit_param(f);
+  WriteBack& wb = writebacks[f];
+  STRATA_CHECK(!wb.active);
+  wb.active = true;
+  wb.staging = std::move(run.staging);
+  wb.new_slots = std::move(new_slots);
+  wb.io_pending = static_cast<int>(writes.size());
+  wb.step = step_index + 1;
+  ++writebacks_in_flight;
+  // The place (and its staging memory) goes with the write-back.
+  run.staging.clear();
+  run.states_ready = false;
+  run.has_nvme_place = false;
+  finish_family(f, Status::Ok());
+  if (writes.empty()) {
+    lock.unlock();
+    writeback_done(f, Status::Ok(), timeline.now_us(), 0);  // (a family with no optimizer states)
+    return;
+  }
   lock.unlock();  // a store may call back on this thread
   const double enqueued = timeline.now_us();
   for (auto& [slot, data] : writes) {
-    auto done = [this, f, enqueued, n = data.size()](Status s) {
-      io_done(f, std::move(s), Track::kDiskWrite, enqueued, n);
-    };
+    auto done = [this, f, enqueued, n = data.size()](Status s) { writeback_done(f, std::move(s), enqueued, n); };
     Status st = nvme->write(slot, data, done);
     if (!st.ok()) done(st);
   }
@@ -411,11 +477,11 @@ void Runtime::Impl::finish_family(FamilyId f, Status status) {
   FamilyRun& run = runs[f];
   STRATA_CHECK(run.launched);
   STRATA_CHECK(!run.done);
-  if (!run.new_slots.empty()) {
-    for (auto& list : run.new_slots) {
-      for (std::uint32_t s : list) nvme->free_slot(s);
-    }
-    run.new_slots.clear();
+  if (run.has_grad_slot && !run.grad_ready && run.grad_host != nullptr && !run.grad_host_owned_by_chunk) {
+    // An error ends the family while its gradient is still being copied into
+    // the staging buffer: the copy must land before the buffer is reused (the
+    // d2h stream never takes this lock, Note [Runtime threading]).
+    device.synchronize(d2h).ignore();
   }
   if (run.has_grad_slot) release_gradient(f, /*consumed=*/false);
   release_nvme_place(f);

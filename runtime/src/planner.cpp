@@ -56,6 +56,14 @@ std::string Plan::summary() const {
       format_bytes(host_bytes), format_bytes(nvme_bytes));
 }
 
+std::uint64_t nvme_slot_bytes(std::uint64_t largest_chunk_bytes) {
+  return std::min<std::uint64_t>(align_up(std::max<std::uint64_t>(largest_chunk_bytes, 1), 4096), 64 * kMiB);
+}
+
+std::uint64_t nvme_chunk_bytes(std::uint64_t chunk_bytes, std::uint64_t slot_bytes) {
+  return (chunk_bytes + slot_bytes - 1) / slot_bytes * slot_bytes;
+}
+
 Result<Plan> make_plan(const PlanInput& in) {
   const std::size_t n = in.families.size();
   if (n == 0) return invalid_argument("planner: no chunk families (register tensors before the first step)");
@@ -163,16 +171,21 @@ Result<Plan> make_plan(const PlanInput& in) {
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(),
                      [&](std::size_t a, std::size_t b) { return done[a] > done[b]; });
+    std::uint64_t nvme_family_max = 0;
     for (std::size_t i : order) {
-      const std::uint64_t o = in.families[i].optim_bytes;
-      if (host_used + o <= budget.host_bytes) {
+      const FamilyBytes& f = in.families[i];
+      if (host_used + f.optim_bytes <= budget.host_bytes) {
         plan.families[i].optim_home = Tier::kHost;
-        host_used += o;
+        host_used += f.optim_bytes;
       } else {
         plan.families[i].optim_home = Tier::kNvme;
-        nvme_used += o;
+        const std::uint64_t on_disk = f.optim_nvme_bytes != 0 ? f.optim_nvme_bytes : f.optim_bytes;
+        nvme_used += on_disk;
+        nvme_family_max = std::max(nvme_family_max, on_disk);
       }
     }
+    // Fresh slots for the families being written (Note [Copy-on-write NVMe slots]).
+    nvme_used += std::uint64_t{opt.nvme_families_in_flight} * nvme_family_max;
   } else {
     host_used += optim_total;
   }
@@ -183,7 +196,10 @@ Result<Plan> make_plan(const PlanInput& in) {
         format_bytes(budget.host_bytes), format_bytes(nvme_used));
   }
   if (nvme_used > budget.nvme_bytes) {
-    return budget_error("nvme_budget", budget.nvme_bytes, nvme_used, "the state that does not fit on host");
+    return budget_error("nvme_budget", budget.nvme_bytes, nvme_used,
+                        fmt::format("the state that does not fit on host, in whole NVMe slots, and copy-on-write "
+                                    "room for {} families in flight",
+                                    opt.nvme_families_in_flight));
   }
   plan.host_bytes = host_used;
   plan.nvme_bytes = nvme_used;

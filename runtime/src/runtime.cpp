@@ -232,6 +232,7 @@ Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
   chunks.assign(families * kStateKindCount, Chunk{});
   family_bytes.assign(families, FamilyBytes{});
   runs.assign(families, FamilyRun{});
+  writebacks.assign(families, WriteBack{});
   trainable.assign(families, 0);
   grads_written.assign(families, 0);
   for (FamilyId f = 0; f < families; ++f) {
@@ -263,6 +264,12 @@ Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
     b.grad_bytes = chunk(f, StateKind::kGrad).bytes;
     for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1})
       b.optim_bytes += chunk(f, k).bytes;
+  }
+  // As the NVMe tier will store them (ensure_nvme_store picks the same slot).
+  const std::uint64_t nvme_slot = nvme_slot_bytes(largest_optim_chunk());
+  for (FamilyId f = 0; f < families; ++f) {
+    for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1})
+      family_bytes[f].optim_nvme_bytes += nvme_chunk_bytes(chunk(f, k).bytes, nvme_slot);
   }
   // Every param has a host home (zeros until init_tensor).
   for (FamilyId f = 0; f < families; ++f) {

@@ -96,11 +96,20 @@ struct FamilyRun {
   bool states_ready = false;                          //!< NVMe states are in staging
   bool cancel_read_ahead = false;                     //!< release the place when the reads end
   std::vector<std::byte*> staging;                    //!< per kind: NVMe states and the param being updated
-  std::vector<std::vector<std::uint32_t>> new_slots;  //!< NVMe slots being written, per kind
-  bool writing = false;  //!< NVMe phase: false = reading states, true = writing them back
   int io_pending = 0;
   Status io_status;
   std::vector<TensorId> updated;  //!< tensors the kernel updated (committed with the param)
+};
+
+//! An NVMe family's updated states on their way to fresh NVMe slots after its
+//! optimizer step; outlives the step (Note [Write-back after step]).
+struct WriteBack {
+  bool active = false;
+  std::vector<std::byte*> staging;                    //!< per kind: the updated states
+  std::vector<std::vector<std::uint32_t>> new_slots;  //!< per kind: the slots being written
+  int io_pending = 0;
+  Status status;
+  std::uint64_t step = 0;  //!< the step whose update this is (1-based)
 };
 
 //! The kinds the optimizer owns (they live where the family's optimizer states live).
@@ -174,7 +183,9 @@ struct Runtime::Impl {
   bool read_ahead = false;  //!< read NVMe states ahead this step
   int grad_slots_used = 0, grad_slots_max = 2;
   int nvme_places_used = 0, nvme_places_max = 2;
-  int io_families = 0;  //!< families with NVMe I/O in flight
+  int io_families = 0;  //!< families with NVMe reads in flight
+  std::vector<WriteBack> writebacks;  //!< per family (Note [Write-back after step])
+  int writebacks_in_flight = 0;
 
   Timeline timeline;
   std::mutex compute_mu;               //!< guards compute_by_use (stream callbacks take it, never mu)
@@ -223,6 +234,7 @@ struct Runtime::Impl {
   void maybe_compute(FamilyId f);
   void compute_family(FamilyId f);  // pool thread; takes mu
   void io_done(FamilyId f, Status status, Track track, double enqueued_us, std::uint64_t bytes);  // takes mu
+  void writeback_done(FamilyId f, Status status, double enqueued_us, std::uint64_t bytes);       // takes mu
   void release_gradient(FamilyId f, bool consumed);
   void finish_family(FamilyId f, Status status);
   //! Counts the update and drops the stale GPU copy of the family's param.
@@ -235,6 +247,9 @@ struct Runtime::Impl {
   //! stream reaches it, end when it is done).
   Status timed_copy(const memory::Stream& stream, Track track, void* dst, const void* src,
                     std::uint64_t bytes, memory::CopyKind kind, std::string name);
+  //! Waits for this step's optimizer work (not for NVMe write-backs).
+  Status wait_step_work(std::unique_lock<std::mutex>& lock);
+  //! Waits for everything in the background, NVMe write-backs included.
   Status wait_optimizers(std::unique_lock<std::mutex>& lock);
   void fail(Status status);  // records the first background error
 
@@ -256,6 +271,13 @@ struct Runtime::Impl {
   Status nvme_transfer(std::unique_lock<std::mutex>& lock, bool write, std::span<std::byte> data,
                        std::vector<std::uint32_t>& slots_io);
   Status ensure_nvme_store();
+  std::uint64_t largest_optim_chunk() const {
+    std::uint64_t largest = 0;
+    for (const Chunk& c : chunks) {
+      if (is_optim_kind(c.kind)) largest = std::max(largest, c.bytes);
+    }
+    return largest;
+  }
   kernels::Hyper hyper() const { return opt.hyper; }
 };
 

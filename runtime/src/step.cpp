@@ -13,11 +13,7 @@
 namespace strata::runtime {
 Status Runtime::Impl::ensure_nvme_store() {
   if (nvme != nullptr) return Status::Ok();
-  std::uint64_t slot = 0;
-  for (const Chunk& c : chunks) {
-    if (is_optim_kind(c.kind)) slot = std::max(slot, c.bytes);
-  }
-  slot = std::min<std::uint64_t>(align_up(slot, 4096), 64 * kMiB);
+  const std::uint64_t slot = nvme_slot_bytes(largest_optim_chunk());
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<NvmeStore> store,
                           make_nvme_store({.dirs = opt.nvme_dirs,
                                            .slot_bytes = slot,
@@ -96,6 +92,11 @@ Status Runtime::Impl::with_host_copy(std::unique_lock<std::mutex>& lock, Chunk& 
         c.slot = -1;
       }
     }
+    return Status::Ok();
+  }
+  if (c.host_valid) {
+    // An NVMe write-back failed and left the states in host memory (Note [Write-back after step]).
+    fn(c.host);
     return Status::Ok();
   }
   if (write && runs[c.family].has_nvme_place && !runs[c.family].launched) {
@@ -240,6 +241,7 @@ Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace t
     // Homes start where the plan puts them: nothing to migrate.
   } else {
     STRATA_CHECK(p.all_gpu == plan.all_gpu);  // sizes do not change between plans
+    STRATA_RETURN_IF_ERROR(wait_optimizers(lock));  // write-backs end before homes move
     STRATA_RETURN_IF_ERROR(migrate_homes(lock, p));
   }
   if (first || !p.all_gpu) STRATA_RETURN_IF_ERROR(build_slots(p));
@@ -363,7 +365,8 @@ Result<StepStats> Runtime::step() {
     if (m.runs[f].has_nvme_place && !m.runs[f].launched) m.cancel_read_ahead(f);
   }
   m.pump();
-  Status waited = m.wait_optimizers(lock);
+  // NVMe write-backs go on past step() (Note [Write-back after step]).
+  Status waited = m.wait_step_work(lock);
   if (!waited.ok()) return waited;
   stats.applied = !skip;
   for (const FamilyRun& run : m.runs) {
@@ -428,6 +431,12 @@ Result<StepStats> Runtime::step() {
   stats.host_high_water_bytes = m.host->high_water_bytes();
   stats.nvme_bytes = m.nvme != nullptr ? m.nvme->used_bytes() : 0;
   return stats;
+}
+
+Status Runtime::flush() {
+  Impl& m = *impl_;
+  std::unique_lock lock(m.mu);
+  return m.wait_optimizers(lock);
 }
 
 Status Runtime::init_tensor(TensorId tensor, std::span<const float> values) {

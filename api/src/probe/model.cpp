@@ -244,6 +244,21 @@ Result<runtime::PlanInput> plan_input(const TrainSpec& spec, std::uint64_t layer
   const double tokens = static_cast<double>(shape.seq) * static_cast<double>(shape.batch);
   in.families.push_back(family_bytes(spec, embed));
   for (std::uint64_t l = 0; l < layers; ++l) in.families.push_back(family_bytes(spec, per_layer));
+  {
+    // On NVMe each optimizer chunk takes whole slots sized by the largest one.
+    const std::uint64_t master_elem = spec.compute_dtype != runtime::DType::kF32 ? 4 : 0;
+    const std::uint64_t state_elem = kernels::dtype_size(spec.state_dtype);
+    const std::uint64_t states = optimizer_states(spec.optimizer);
+    auto cap = [](std::uint64_t numel) { return align_up(numel, kChunkAlignElems); };
+    const std::uint64_t largest =
+        cap(std::max(embed, per_layer)) * std::max(master_elem, states > 0 ? state_elem : 0);
+    const std::uint64_t slot = runtime::nvme_slot_bytes(largest);
+    for (runtime::FamilyBytes& f : in.families) {
+      const std::uint64_t c = cap(f.numel);
+      f.optim_nvme_bytes = (master_elem > 0 ? runtime::nvme_chunk_bytes(c * master_elem, slot) : 0) +
+                           states * runtime::nvme_chunk_bytes(c * state_elem, slot);
+    }
+  }
   auto fwd_s = [&](std::uint64_t numel) {
     return 2.0 * static_cast<double>(numel) * tokens / spec.device_flops_per_s;
   };

@@ -15,6 +15,9 @@
 //    *first* in backward go to NVMe, because they have the rest of backward to
 //    hide the read-update-write pipeline; those completing last stay on host.
 // 4. Params that do not fit on host live on NVMe too.
+// NVMe bytes count whole slots, and room for the copy-on-write slots of the
+// families in flight (Note [Copy-on-write NVMe slots]: updated states go to
+// fresh slots before the old ones are freed).
 // A budget that cannot hold the smallest working set is an error that says how
 // many bytes are needed and which budget to raise.
 
@@ -37,7 +40,16 @@ struct FamilyBytes {
   std::uint64_t param_bytes = 0;  //!< compute-dtype param chunk
   std::uint64_t grad_bytes = 0;   //!< compute-dtype grad chunk (0 when all tensors are frozen)
   std::uint64_t optim_bytes = 0;  //!< fp32 master (when separate) + optimizer states
+  //! optim_bytes as the NVMe tier stores them (each chunk rounded up to whole
+  //! slots, nvme_chunk_bytes); 0 = optim_bytes.
+  std::uint64_t optim_nvme_bytes = 0;
 };
+
+//! The NVMe tier's slot: the largest optimizer chunk (4 KiB aligned), at most
+//! 64 MiB (larger chunks take several slots).
+std::uint64_t nvme_slot_bytes(std::uint64_t largest_chunk_bytes);
+//! Bytes a chunk of `chunk_bytes` takes on the NVMe tier: whole slots.
+std::uint64_t nvme_chunk_bytes(std::uint64_t chunk_bytes, std::uint64_t slot_bytes);
 
 //! Hard limits per tier. nvme_bytes = 0 means there is no NVMe tier.
 struct Budgets {

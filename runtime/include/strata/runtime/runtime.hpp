@@ -190,12 +190,20 @@ class Runtime {
   //! by the next micro-batch with Access::kAccumulate) and no optimizer runs.
   Status begin_micro_batch(bool last);
 
-  //! Ends the step: waits for (or runs) every family's optimizer step, checks
+  //! Ends the step: waits for (or runs) every family's optimizer step (not for
+  //! the NVMe write-backs of updated states: see flush()), checks
   //! Inf/NaN, advances the step counter, and after the warm-up step (or a step
   //! that departed from the trace) re-plans. Blocks. Fails with the first error of
   //! a background task (an NVMe EIO, a corrupt chunk); the state of the last
   //! completed step is then intact and the runtime can be destroyed cleanly.
   Result<StepStats> step();
+
+  //! Waits until every state the last step updated is on its home tier: NVMe
+  //! write-backs go on after step() returns, overlapping the next forward (Note
+  //! [Write-back after step] in pipeline.cpp). Returns the first background error
+  //! (a failed write-back keeps that step's states in host memory; read_tensor
+  //! reads them). Blocks. read_tensor, init_tensor and the destructor flush by themselves.
+  Status flush();
 
   const ChunkLayout& layout() const;
   const Plan& plan() const;
