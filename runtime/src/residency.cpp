@@ -77,6 +77,12 @@ Status Runtime::Impl::load_to_slot(Chunk& c, DeviceSlot& slot) {
     c.absent = false;
   }
   STRATA_RETURN_IF_ERROR(device.wait(h2d, slot.fence));
+  if (!opt.plan.prefetch) {
+    // Without prefetch a move starts when the compute that needs it is reached
+    // (PlanOptions::prefetch), not when the host thread, running ahead, asks.
+    STRATA_RETURN_IF_ERROR(device.record(demand, compute));
+    STRATA_RETURN_IF_ERROR(device.wait(h2d, demand));
+  }
   STRATA_RETURN_IF_ERROR(timed_copy(h2d, Track::kH2D, slot.ptr, c.host, c.bytes,
                                     memory::CopyKind::kHostToDevice,
                                     fmt::format("h2d f{} {}", c.family, state_kind_name(c.kind))));

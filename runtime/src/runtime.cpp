@@ -153,6 +153,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(memory::Device& device, Runtime
   STRATA_ASSIGN_OR_RETURN(m.h2d, device.create_stream());
   STRATA_ASSIGN_OR_RETURN(m.d2h, device.create_stream());
   STRATA_ASSIGN_OR_RETURN(m.opt_stream, device.create_stream());
+  STRATA_ASSIGN_OR_RETURN(m.demand, device.create_event());
   m.state_count = optimizer_state_count(m.opt.hyper);
   m.separate_master = m.opt.compute_dtype != DType::kF32;
   STRATA_LOG_INFO(

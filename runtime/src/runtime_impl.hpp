@@ -131,6 +131,7 @@ struct Runtime::Impl {
   std::shared_ptr<HostStore> host;
   std::shared_ptr<NvmeStore> nvme;
   memory::Stream compute, h2d, d2h, opt_stream;
+  memory::Event demand;  //!< without prefetch, loads wait for the compute before them
   std::vector<memory::DeviceAllocation> device_memory;
   std::vector<DeviceSlot> slots;
   std::size_t cache_slots = 0;  //!< slots [0, cache_slots) stream; the rest are dedicated

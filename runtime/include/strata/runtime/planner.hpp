@@ -60,6 +60,10 @@ struct Budgets {
 
 //! Knobs of the plan; all bounded.
 struct PlanOptions {
+  //! false: no move starts before the compute that needs it is reached (a load
+  //! waits for the compute enqueued before its acquire, as a runtime without
+  //! prefetch moves chunks on the compute stream), and NVMe states are read only
+  //! when their gradients are complete. The baseline that shows what prefetch buys.
   bool prefetch = true;
   std::uint32_t prefetch_depth_max = 4;       //!< uses ahead
   std::uint32_t nvme_families_in_flight = 2;  //!< optimizer pipeline depth for NVMe states
