@@ -96,6 +96,9 @@ StepCost predict_step(const PlanInput& in, const Plan& plan, const Rates& rates)
       continue;
     }
     c.params_cpu_optim += f.numel;
+    // Gradient read; params and optimizer states read and written.
+    c.bytes_host_memory += f.grad_bytes + 2 * f.param_bytes + 2 * f.optim_bytes;
+    if (p.optim_home == Tier::kNvme) c.bytes_host_memory += 2 * f.param_bytes;  // the param's staging copy
     c.bytes_d2h += f.grad_bytes;
     if (p.param_resident_gpu) c.bytes_h2d += f.param_bytes;  // refreshed after the update
     if (p.optim_home == Tier::kNvme) {
@@ -111,6 +114,9 @@ StepCost predict_step(const PlanInput& in, const Plan& plan, const Rates& rates)
   for (std::size_t i = 0; i < n; ++i) {
     if (plan.families[i].param_home == Tier::kNvme) c.bytes_disk_read += 2 * in.families[i].param_bytes;
   }
+  c.bytes_host_memory += static_cast<std::uint64_t>(
+      rates.copy_host_passes * static_cast<double>(c.bytes_h2d + c.bytes_d2h));
+  c.bytes_host_memory += c.bytes_disk_read + c.bytes_disk_write;
   c.compute_s = in.trace.compute_total_s();
   c.h2d_s = seconds(static_cast<double>(c.bytes_h2d), rates.h2d_bytes_per_s);
   c.d2h_s = seconds(static_cast<double>(c.bytes_d2h), rates.d2h_bytes_per_s);
@@ -118,6 +124,12 @@ StepCost predict_step(const PlanInput& in, const Plan& plan, const Rates& rates)
   c.disk_write_s = seconds(static_cast<double>(c.bytes_disk_write), rates.disk_write_bytes_per_s);
   c.cpu_optim_s = seconds(static_cast<double>(c.params_cpu_optim), rates.cpu_optim_params_per_s);
   c.gpu_optim_s = seconds(static_cast<double>(c.params_gpu_optim), rates.gpu_optim_params_per_s);
+  c.disk_s = rates.disk_mixed_bytes_per_s > 0
+                 ? static_cast<double>(c.bytes_disk_read + c.bytes_disk_write) / rates.disk_mixed_bytes_per_s
+                 : 0.0;
+  c.host_memory_s = rates.host_memory_bytes_per_s > 0
+                        ? static_cast<double>(c.bytes_host_memory) / rates.host_memory_bytes_per_s
+                        : 0.0;
 
   const std::pair<const char*, double> busy[] = {{"compute", c.compute_s},
                                                  {"h2d", c.h2d_s},
@@ -125,7 +137,9 @@ StepCost predict_step(const PlanInput& in, const Plan& plan, const Rates& rates)
                                                  {"disk_read", c.disk_read_s},
                                                  {"disk_write", c.disk_write_s},
                                                  {"cpu_optimizer", c.cpu_optim_s},
-                                                 {"gpu_optimizer", c.gpu_optim_s}};
+                                                 {"gpu_optimizer", c.gpu_optim_s},
+                                                 {"host_memory", c.host_memory_s},
+                                                 {"disk", c.disk_s}};
   for (const auto& [name, s] : busy) {
     if (s > c.bound_s || c.bottleneck.empty()) {
       c.bound_s = s;

@@ -65,6 +65,59 @@ TEST(Planner, StreamsAndSpillsToNvmeWithinBudgets) {
   EXPECT_FALSE(cost.bottleneck.empty());
 }
 
+TEST(Planner, NvmeBytesCountWholeSlotsAndCopyOnWriteRoom) {
+  auto in = layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 1 * kGiB, .nvme_bytes = 8 * kGiB});
+  // States stored in 12 MiB slots: each 16 MiB family takes 24 MiB on disk.
+  const std::uint64_t slot = nvme_slot_bytes(12 * kMiB);
+  EXPECT_EQ(slot, 12 * kMiB);
+  EXPECT_EQ(nvme_chunk_bytes(16 * kMiB, slot), 24 * kMiB);
+  EXPECT_EQ(nvme_slot_bytes(1 * kGiB), 64 * kMiB);  // capped; big chunks take several slots
+  EXPECT_EQ(nvme_slot_bytes(5000), 8192u);
+  for (FamilyBytes& f : in.families) f.optim_nvme_bytes = 2 * nvme_chunk_bytes(f.optim_bytes / 2, slot);
+  in.options.nvme_families_in_flight = 3;
+  auto plan = make_plan(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::uint64_t families_on_nvme = 0;
+  for (const auto& f : plan->families) families_on_nvme += f.optim_home == Tier::kNvme;
+  ASSERT_GT(families_on_nvme, 0u);
+  // Whole slots for every NVMe family, plus fresh slots for the 3 in flight.
+  EXPECT_EQ(plan->nvme_bytes, (families_on_nvme + 3) * 2 * 24 * kMiB);
+
+  // A budget that holds the states but not the copy-on-write room is refused, by name.
+  in.budgets.nvme_bytes = families_on_nvme * 2 * 24 * kMiB;
+  auto tight = make_plan(in);
+  ASSERT_FALSE(tight.ok());
+  EXPECT_NE(tight.status().message().find("nvme_budget"), std::string::npos) << tight.status();
+  EXPECT_NE(tight.status().message().find("copy-on-write"), std::string::npos) << tight.status();
+}
+
+TEST(CostModel, HostMemoryAndSharedDiskAreResources) {
+  auto in = layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 1 * kGiB, .nvme_bytes = 8 * kGiB});
+  auto plan = make_plan(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  Rates rates;
+  const StepCost base = predict_step(in, *plan, rates);
+  EXPECT_EQ(base.host_memory_s, 0.0);  // not modelled without a rate
+  EXPECT_EQ(base.disk_s, 0.0);
+
+  // A slow host memory becomes the bottleneck; sim copies (memcpy) count twice.
+  rates.host_memory_bytes_per_s = 1e8;
+  const StepCost dma = predict_step(in, *plan, rates);
+  EXPECT_EQ(dma.bottleneck, "host_memory");
+  EXPECT_NEAR(dma.host_memory_s, static_cast<double>(dma.bytes_host_memory) / 1e8, 1e-9);
+  rates.copy_host_passes = 2.0;
+  const StepCost sim = predict_step(in, *plan, rates);
+  EXPECT_EQ(sim.bytes_host_memory - dma.bytes_host_memory, dma.bytes_h2d + dma.bytes_d2h);
+
+  // Reads and writes sharing one disk: the mixed rate bounds both together.
+  rates = Rates{};
+  rates.disk_mixed_bytes_per_s = 1e8;
+  const StepCost disk = predict_step(in, *plan, rates);
+  EXPECT_EQ(disk.bottleneck, "disk");
+  EXPECT_NEAR(disk.disk_s, static_cast<double>(disk.bytes_disk_read + disk.bytes_disk_write) / 1e8, 1e-9);
+  EXPECT_GT(disk.step_s, base.step_s);
+}
+
 TEST(Planner, BudgetTooSmallNamesTheBudget) {
   auto in = layered(8, 4u << 20, {.gpu_bytes = 32 * kMiB, .host_bytes = 1 * kGiB, .nvme_bytes = 8 * kGiB});
   auto plan = make_plan(in);

@@ -2,9 +2,12 @@
 // accumulation, bad input and NVMe faults.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "mlp.hpp"
 #include "strata/common/bytes.hpp"
@@ -335,6 +338,32 @@ class FaultyNvme final : public NvmeStore {
   std::unique_ptr<NvmeStore> inner_;
 };
 
+// An MLP on its own runtime over the sim device; members are destroyed in
+// reverse: the runtime, then the device, then the MLP its queued kernels use.
+struct MlpRun {
+  Mlp mlp;
+  std::unique_ptr<memory::Device> device = sim_device();
+  std::unique_ptr<Runtime> rt;
+};
+
+void start(MlpRun& run, RuntimeOptions options) {
+  auto rt = Runtime::create(*run.device, std::move(options));
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  run.rt = std::move(rt).value();
+  run.mlp.layers = kLayers;
+  run.mlp.width = kWidth;
+  ASSERT_TRUE(run.mlp.build(*run.rt).ok());
+}
+
+std::unique_ptr<NvmeStore> posix_store(const fs::path& dir) {
+  auto store = make_nvme_store({.dirs = {dir.string()},
+                                .slot_bytes = kChunkElems * 4 * 2,
+                                .capacity_bytes = 32 * kMiB,
+                                .engine = "posix"});
+  EXPECT_TRUE(store.ok()) << store.status();
+  return store.ok() ? std::move(store).value() : nullptr;
+}
+
 Snapshot train_tiered_clean(const fs::path& dir, int steps) {
   Mlp mlp;  // outlives the device: queued kernels use it
   auto device = sim_device();
@@ -352,34 +381,25 @@ Snapshot train_tiered_clean(const fs::path& dir, int steps) {
 
 void fault_run(bool eio) {
   TempDir dir;
-  auto inner = make_nvme_store({.dirs = {dir.path.string()},
-                                .slot_bytes = kChunkElems * 4 * 2,
-                                .capacity_bytes = 32 * kMiB,
-                                .engine = "posix"});
-  ASSERT_TRUE(inner.ok()) << inner.status();
-  auto faulty = std::make_shared<FaultyNvme>(std::move(inner).value());
+  auto faulty = std::make_shared<FaultyNvme>(posix_store(dir.path));
   RuntimeOptions o = tiered(kernels::Optimizer::kAdamW, dir.path);
   o.nvme_store = faulty;
-  Mlp mlp;  // outlives the device: queued kernels use it
-  auto device = sim_device();
-  auto rt = Runtime::create(*device, o);
-  ASSERT_TRUE(rt.ok()) << rt.status();
-  mlp.layers = kLayers;
-  mlp.width = kWidth;
-  ASSERT_TRUE(mlp.build(**rt).ok());
+  MlpRun run;
+  ASSERT_NO_FATAL_FAILURE(start(run, o));
+  Mlp& mlp = run.mlp;
   for (int s = 0; s < 3; ++s) {
-    ASSERT_TRUE(mlp.train_step(**rt).ok());
-    ASSERT_TRUE((*rt)->step().ok());
+    ASSERT_TRUE(mlp.train_step(*run.rt).ok());
+    ASSERT_TRUE(run.rt->step().ok());
   }
-  Snapshot before = snapshot(**rt, mlp);
+  Snapshot before = snapshot(*run.rt, mlp);
   (eio ? faulty->fail_writes_ : faulty->full_) = true;
   // The failure surfaces from the first call after it: an acquire in backward
   // (optimizer steps overlap it), step(), or — for a write-back that ends after
   // step() returned (Note [Write-back after step]) — flush().
-  Status during = mlp.train_step(**rt);
+  Status during = mlp.train_step(*run.rt);
   Status failed = during;
-  if (failed.ok()) failed = (*rt)->step().status();
-  if (failed.ok()) failed = (*rt)->flush();
+  if (failed.ok()) failed = run.rt->step().status();
+  if (failed.ok()) failed = run.rt->flush();
   ASSERT_FALSE(failed.ok());
   EXPECT_EQ(failed.code(), eio ? StatusCode::kIoError : StatusCode::kNoSpace) << failed;
   EXPECT_NE(failed.message().find("family"), std::string::npos) << failed;
@@ -387,10 +407,10 @@ void fault_run(bool eio) {
     EXPECT_NE(failed.message().find("kept in host memory"), std::string::npos) << failed;
   }
   // The runtime stays failed (no silent continuation) and shuts down cleanly.
-  EXPECT_FALSE((*rt)->acquire(0, StateKind::kParam, Access::kRead).ok());
-  EXPECT_FALSE((*rt)->step().ok());
+  EXPECT_FALSE(run.rt->acquire(0, StateKind::kParam, Access::kRead).ok());
+  EXPECT_FALSE(run.rt->step().ok());
   (eio ? faulty->fail_writes_ : faulty->full_) = false;
-  Snapshot after = snapshot(**rt, mlp);
+  Snapshot after = snapshot(*run.rt, mlp);
   // Every tensor holds either the last completed step's state or the next
   // step's (as a clean run computes it), never a mix.
   TempDir clean_dir;
@@ -423,6 +443,75 @@ TEST(RuntimeFaults, EioMidStepSurfacesAndKeepsLastState) {
 }
 TEST(RuntimeFaults, FullNvmeMidRunSurfacesAndKeepsLastState) {
   fault_run(false);
+}
+
+// An NVMe store whose writes land `delay` after they are submitted, on their own
+// thread, so write-backs are still in flight when step() returns.
+class SlowWritesNvme final : public NvmeStore {
+ public:
+  SlowWritesNvme(std::unique_ptr<NvmeStore> inner, std::chrono::milliseconds delay)
+      : inner_(std::move(inner)), delay_(delay) {}
+  ~SlowWritesNvme() override {
+    for (std::thread& t : threads_) t.join();
+  }
+  std::uint64_t slot_bytes() const override { return inner_->slot_bytes(); }
+  Result<std::uint32_t> allocate_slot() override { return inner_->allocate_slot(); }
+  void free_slot(std::uint32_t s) override { inner_->free_slot(s); }
+  Status write(std::uint32_t s, std::span<const std::byte> d, IoDone done) override {
+    ++pending_;
+    std::lock_guard lock(mu_);
+    threads_.emplace_back([this, s, d, done = std::move(done)]() mutable {
+      std::this_thread::sleep_for(delay_);
+      Status st = inner_->write(s, d, [this, done = std::move(done)](Status r) {
+        --pending_;
+        done(std::move(r));
+      });
+      if (!st.ok()) {
+        --pending_;
+        done(st);
+      }
+    });
+    return Status::Ok();
+  }
+  Status read(std::uint32_t s, std::span<std::byte> d, IoDone done) override {
+    return inner_->read(s, d, std::move(done));
+  }
+  std::uint64_t used_bytes() const override { return inner_->used_bytes(); }
+  std::string describe() const override { return "slow-writes(" + inner_->describe() + ")"; }
+  std::atomic<int> pending_{0};
+
+ private:
+  std::unique_ptr<NvmeStore> inner_;
+  std::chrono::milliseconds delay_;
+  std::mutex mu_;
+  std::vector<std::thread> threads_;
+};
+
+TEST(Runtime, NvmeWriteBacksOutliveStepAndStayExact) {
+  TempDir dir;
+  auto slow = std::make_shared<SlowWritesNvme>(posix_store(dir.path), std::chrono::milliseconds(30));
+  RuntimeOptions o = tiered(kernels::Optimizer::kAdamW, dir.path);
+  o.nvme_store = slow;
+  Snapshot state;
+  int returned_with_writes_pending = 0;
+  {
+    MlpRun run;
+    ASSERT_NO_FATAL_FAILURE(start(run, o));
+    for (int s = 0; s < 6; ++s) {
+      ASSERT_TRUE(run.mlp.train_step(*run.rt).ok());
+      auto stats = run.rt->step();
+      ASSERT_TRUE(stats.ok()) << stats.status();
+      returned_with_writes_pending += slow->pending_ > 0;
+    }
+    EXPECT_TRUE(run.rt->flush().ok());
+    EXPECT_EQ(slow->pending_, 0);
+    state = snapshot(*run.rt, run.mlp);
+  }
+  // step() did not wait for the write-backs, and the next forward still read
+  // the updated params: the result is the one-tier run's, bit for bit.
+  EXPECT_GT(returned_with_writes_pending, 0);
+  Trained one = train(resident(kernels::Optimizer::kAdamW), 6);
+  EXPECT_TRUE(one.state == state) << "write-backs after step() changed the result";
 }
 
 TEST(Runtime, ChromeTraceShowsTracks) {

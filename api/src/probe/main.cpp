@@ -135,6 +135,8 @@ int run(const Settings& s) {
   if (!device.ok()) return fail(device.status());
   auto cpu = measure_cpu_optimizer(*opt_params, host->cores, progress);
   if (!cpu.ok()) return fail(cpu.status());
+  auto memory_rate = measure_host_memory(256 * kMiB, host->cores, progress);
+  if (!memory_rate.ok()) return fail(memory_rate.status());
 
   Capacity cap;
   cap.gpu_bytes = device->budget_bytes;
@@ -151,9 +153,12 @@ int run(const Settings& s) {
   rates.cpu_optim_params_per_s = *cpu;
   const bool sim = device->kind == "sim";
   if (sim) rates.gpu_optim_params_per_s = *cpu;  // the sim device's "kernels" run on the host
+  rates.host_memory_bytes_per_s = *memory_rate;
+  rates.copy_host_passes = sim ? 2.0 : 1.0;  // the sim device copies with memcpy
   if (nvme) {
     rates.disk_read_bytes_per_s = nvme->read_bytes_per_s;
     rates.disk_write_bytes_per_s = nvme->write_bytes_per_s;
+    rates.disk_mixed_bytes_per_s = nvme->mixed_bytes_per_s;
   } else {
     rates.disk_read_bytes_per_s = rates.disk_write_bytes_per_s = 0;
   }
@@ -202,6 +207,7 @@ int run(const Settings& s) {
     if (!sim) {  // Note [Verify on the sim device]: its links are the throttle
       vo.rates.h2d_bytes_per_s = vo.rates.d2h_bytes_per_s = static_cast<double>(*link);
       vo.rates.gpu_optim_params_per_s = *cpu;
+      vo.rates.copy_host_passes = 2.0;
       vo.capacity.gpu_bytes = std::min<std::uint64_t>(cap.gpu_bytes, host->ram_bytes / 8);
     }
     vo.link_bytes_per_s = *link;
@@ -245,9 +251,11 @@ int run(const Settings& s) {
                                      {"free_bytes", nvme->free_bytes},
                                      {"bytes_tested", nvme->bytes_tested},
                                      {"read_gib_s", gib(nvme->read_bytes_per_s)},
-                                     {"write_gib_s", gib(nvme->write_bytes_per_s)}}
+                                     {"write_gib_s", gib(nvme->write_bytes_per_s)},
+                                     {"mixed_gib_s", gib(nvme->mixed_bytes_per_s)}}
                     : nlohmann::json(nullptr)},
       {"cpu_optimizer_mparams_per_s", *cpu / 1e6},
+      {"host_memory_gib_s", *memory_rate / static_cast<double>(kGiB)},
   };
   j["model"] = {{"params", model_params},
                 {"layers", spec->shape.layers},
@@ -343,6 +351,8 @@ int run(const Settings& s) {
       fmt::print("  NVMe      not measured (give --nvme DIR)\n");
     }
     fmt::print("  CPU opt   {:.0f} Mparams/s (fp32 AdamW, {} threads)\n", *cpu / 1e6, host->cores);
+    fmt::print("  memory    {:.1f} GiB/s of host memory traffic (parallel copy, read + write)\n",
+               *memory_rate / static_cast<double>(kGiB));
     fmt::print(
         "\nModel: GPT-like, hidden {}, seq {}, batch {}, vocab {}; {} {} (states {}), {} B of state a "
         "param; device compute assumed {:.0f} TFLOP/s\n",

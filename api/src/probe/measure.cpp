@@ -5,6 +5,8 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -39,9 +41,15 @@ void report(const Progress& progress, std::string_view stage, double fraction) {
 }
 
 // 4096-aligned host memory, freed on destruction.
+// Buffers backed as the runtime's pinned host pool is (transparent huge pages
+// where the kernel allows them): O_DIRECT reads into 4 KiB pages run at a
+// fraction of the rate on some disks (strata-bench io --no-huge-pages shows it),
+// so measuring with them would under-predict the runtime's NVMe reads.
 struct AlignedBuffer {
   explicit AlignedBuffer(std::size_t bytes)
-      : data(static_cast<std::byte*>(std::aligned_alloc(4096, align_up(bytes, 4096)))), size(bytes) {}
+      : data(static_cast<std::byte*>(std::aligned_alloc(2 * kMiB, align_up(bytes, 2 * kMiB)))), size(bytes) {
+    if (data != nullptr) ::madvise(data, align_up(bytes, 2 * kMiB), MADV_HUGEPAGE);  // a hint; may be refused
+  }
   ~AlignedBuffer() { std::free(data); }
   AlignedBuffer(const AlignedBuffer&) = delete;
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
@@ -175,8 +183,8 @@ Result<NvmeInfo> measure_nvme(const std::string& dir, std::uint64_t bytes_max, d
   // out of time.
   // op(i) says whether transfer i writes and which slot it uses.
   using Op = std::function<std::pair<bool, offload::SlotId>(std::uint32_t)>;
-  auto pass = [&](const Op& op, std::uint32_t count,
-                  std::string_view stage) -> Result<std::pair<std::uint32_t, double>> {
+  auto pass = [&](const Op& op, std::uint32_t count, std::string_view stage,
+                  std::size_t in_flight) -> Result<std::pair<std::uint32_t, double>> {
     std::mutex mu;
     std::condition_variable cv;
     std::size_t outstanding = 0;
@@ -190,7 +198,7 @@ Result<NvmeInfo> measure_nvme(const std::string& dir, std::uint64_t bytes_max, d
       cv.wait(lock, [&] { return outstanding < limit; });
     };
     while (issued < count && (issued == 0 || since(start) < seconds_max)) {
-      wait_below(kInFlight);
+      wait_below(in_flight);
       std::size_t buffer = 0;
       {
         std::lock_guard lock(mu);
@@ -230,19 +238,49 @@ Result<NvmeInfo> measure_nvme(const std::string& dir, std::uint64_t bytes_max, d
   // file system extent conversions the runtime's steady state never pays: it
   // rewrites its slots. So the first pass is a warm-up and the second is timed.
   auto write_op = [](std::uint32_t i) { return std::pair{true, i}; };
-  STRATA_ASSIGN_OR_RETURN(auto warm, pass(write_op, slots, "nvme warm-up"));
-  STRATA_ASSIGN_OR_RETURN(auto written, pass(write_op, warm.first, "nvme write"));
+  STRATA_ASSIGN_OR_RETURN(auto warm, pass(write_op, slots, "nvme warm-up", kInFlight));
+  STRATA_ASSIGN_OR_RETURN(auto written, pass(write_op, warm.first, "nvme write", kInFlight));
   STRATA_ASSIGN_OR_RETURN(auto read, pass(
                                          [](std::uint32_t i) {
                                            return std::pair{false, i};
                                          },
-                                         written.first, "nvme read"));
+                                         written.first, "nvme read", kInFlight));
+  // Half the transfers write, half read other slots, interleaved, as the
+  // pipeline's write-backs and read-aheads share the disk, with as much in
+  // flight as its default two NVMe places keep (two families' states).
+  const std::uint32_t half = std::max<std::uint32_t>(written.first / 2, 1);
+  STRATA_ASSIGN_OR_RETURN(auto mixed, pass(
+                                          [half](std::uint32_t i) {
+                                            return std::pair{i % 2 == 0, (i / 2) % half + (i % 2) * half};
+                                          },
+                                          2 * half, "nvme read + write", 4));
+  info.mixed_bytes_per_s = static_cast<double>(std::uint64_t{mixed.first} * kSlotBytes) / mixed.second;
   info.bytes_tested = std::uint64_t{written.first} * kSlotBytes;
   info.write_bytes_per_s = static_cast<double>(info.bytes_tested) / written.second;
   info.read_bytes_per_s = static_cast<double>(std::uint64_t{read.first} * kSlotBytes) / read.second;
   store->reset();  // removes the swap file
   engine->shutdown(offload::ShutdownMode::kDrain);
   return info;
+}
+
+Result<double> measure_host_memory(std::uint64_t bytes, std::size_t threads, const Progress& progress) {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ThreadPool> pool, ThreadPool::create({.threads = threads}));
+  AlignedBuffer src(bytes), dst(bytes);
+  if (src.data == nullptr || dst.data == nullptr)
+    return out_of_memory("probe: no memory for 2 x {} to measure host memory", format_bytes(bytes));
+  std::memset(src.data, 1, bytes);
+  std::memset(dst.data, 0, bytes);
+  std::vector<double> rates;
+  for (int i = 0; i < 4; ++i) {
+    const auto start = Clock::now();
+    pool->parallel_for(bytes / 4096, 0, [&](std::size_t, std::size_t begin, std::size_t end) {
+      std::memcpy(dst.data + begin * 4096, src.data + begin * 4096, (end - begin) * 4096);
+    });
+    const double s = since(start);
+    if (i > 0) rates.push_back(2.0 * static_cast<double>(bytes) / s);  // the first one warms up
+    report(progress, "host memory", (i + 1) / 4.0);
+  }
+  return median3(rates);
 }
 
 Result<double> measure_cpu_optimizer(std::uint64_t params, std::size_t threads, const Progress& progress) {

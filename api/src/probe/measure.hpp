@@ -39,6 +39,9 @@ struct NvmeInfo {
   std::uint64_t bytes_tested = 0;
   double read_bytes_per_s = 0;
   double write_bytes_per_s = 0;
+  //! Reads and writes in flight together (the optimizer pipeline reads one
+  //! family's states while it writes another's): bytes of both a second.
+  double mixed_bytes_per_s = 0;
 };
 
 //! Host facts.
@@ -69,6 +72,9 @@ Result<NvmeInfo> measure_nvme(const std::string& dir, std::uint64_t bytes_max, d
 
 //! fp32 AdamW over `params` elements (about 16 bytes each) with `threads` workers,
 //! median of 3 timed steps after a warm-up: parameters per second.
+//! Host memory traffic (read + write bytes a second) of a parallel copy of
+//! `bytes` over `threads` threads, median of 3 (Note [Host memory as a resource]).
+Result<double> measure_host_memory(std::uint64_t bytes, std::size_t threads, const Progress& progress);
 Result<double> measure_cpu_optimizer(std::uint64_t params, std::size_t threads, const Progress& progress);
 
 }  // namespace strata::probe

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <thread>
 
+#include <fmt/ranges.h>
+
 #include "strata/common/bytes.hpp"
 #include "strata/common/log.hpp"
 #include "strata/memory/device_factory.hpp"
@@ -74,10 +76,9 @@ Result<VerifyResult> verify(const VerifyOptions& o) {
   ro.plan.host_reserve_bytes = align_up(r.budgets.host_bytes / 4, kMiB);
   ro.budgets.host_bytes = r.budgets.host_bytes + ro.plan.host_reserve_bytes;
   r.host_budget_bytes = ro.budgets.host_bytes;
-  // The NVMe store writes a family's new states to fresh slots before it frees the
-  // old ones, so it needs room beyond the planned bytes; twice is what
-  // strata-bench step gives it. It does not change the plan.
-  ro.budgets.nvme_bytes = 2 * r.budgets.nvme_bytes;
+  // The planned NVMe bytes count whole slots and the copy-on-write room
+  // (Note [Copy-on-write NVMe slots]), so the runtime gets exactly them.
+  ro.budgets.nvme_bytes = r.budgets.nvme_bytes;
   if (r.budgets.nvme_bytes > 0) {
     dir = fs::path(o.nvme_dir) / fmt::format("strata-probe-verify-{}", ::getpid());
     std::error_code ec;
@@ -145,8 +146,9 @@ Result<VerifyResult> verify(const VerifyOptions& o) {
   r.budgets_held = r.gpu_high_water_bytes <= ro.budgets.gpu_bytes &&
                    r.host_high_water_bytes <= ro.budgets.host_bytes &&
                    (ro.budgets.nvme_bytes == 0 || r.nvme_bytes <= ro.budgets.nvme_bytes);
-  STRATA_LOG_DEBUG("probe verify: last step h2d {} d2h {} disk r/w {} / {}", last.bytes_h2d, last.bytes_d2h,
-                   last.bytes_disk_read, last.bytes_disk_write);
+  STRATA_LOG_DEBUG("probe verify: last step h2d {} d2h {} disk r/w {} / {}; busy s: {}", last.bytes_h2d,
+                   last.bytes_d2h, last.bytes_disk_read, last.bytes_disk_write, fmt::join(last.busy_s, " "));
+  STRATA_LOG_DEBUG("probe verify: stall {:.3f} s", last.stall_s);
   return r;
 }
 

@@ -4,6 +4,8 @@
 // Note [Step-time model]
 // Each resource — device compute, host->device link, device->host link, disk read,
 // disk write, CPU optimizer, GPU optimizer — is busy for (work / rate) per step.
+// Reads and writes share one disk: with a measured mixed rate, the disk as a
+// whole is one more resource, busy for (read + write bytes) / mixed rate.
 // With perfect overlap the step takes as long as the busiest resource (`bound_s`).
 // What cannot overlap is added as a tail: the optimizer step of the family whose
 // gradients complete last (it starts only when backward ends) and the upload of
@@ -11,6 +13,16 @@
 // replaying the traced sequence against the plan's GPU cache with the same
 // farthest-next-use eviction the scheduler uses, so they are exact for a step
 // that follows the trace. strata-probe uses this same model.
+//
+// Note [Host memory as a resource]
+// Copies, the CPU optimizer and disk DMA all move bytes through host memory, and
+// on a host with few cores that, not any one link, can bound the step. With a
+// measured host memory rate (Rates::host_memory_bytes_per_s, read + write bytes
+// a second), the model counts the step's host memory traffic as one more
+// resource: each copied byte once (DMA) or twice (the sim device, whose copies are
+// memcpy: Rates::copy_host_passes), disk reads and writes once, the CPU
+// optimizer's reads and writes (gradient, params, master and states), and the
+// staging copy of an NVMe family's param.
 
 #include <cstdint>
 #include <string>
@@ -25,8 +37,15 @@ struct Rates {
   double d2h_bytes_per_s = 16e9;
   double disk_read_bytes_per_s = 2e9;
   double disk_write_bytes_per_s = 1.5e9;
+  //! Reads and writes in flight together on one disk, bytes of both a second;
+  //! 0 = not measured (reads and writes then overlap perfectly).
+  double disk_mixed_bytes_per_s = 0;
   double cpu_optim_params_per_s = 400e6;
   double gpu_optim_params_per_s = 20e9;
+  //! Host memory traffic a second (read + write bytes); 0 = not modelled.
+  double host_memory_bytes_per_s = 0;
+  //! Host memory passes per copied byte: 1 for DMA, 2 for the sim device's memcpy.
+  double copy_host_passes = 1.0;
 };
 
 //! Work and time per resource for one steady step.
@@ -37,8 +56,9 @@ struct StepCost {
   std::uint64_t bytes_disk_write = 0;
   std::uint64_t params_cpu_optim = 0;
   std::uint64_t params_gpu_optim = 0;
+  std::uint64_t bytes_host_memory = 0;  //!< Note [Host memory as a resource]
   double compute_s = 0, h2d_s = 0, d2h_s = 0, disk_read_s = 0, disk_write_s = 0, cpu_optim_s = 0,
-         gpu_optim_s = 0;
+         gpu_optim_s = 0, host_memory_s = 0, disk_s = 0;
   double bound_s = 0;      //!< busiest resource
   double tail_s = 0;       //!< what cannot overlap
   double step_s = 0;       //!< predicted = bound_s + tail_s
