@@ -17,6 +17,7 @@
 #include "registry.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/common/log.hpp"
+#include "strata/common/scratch_dir.hpp"
 #include "strata/memory/device_factory.hpp"
 #include "strata/runtime/runtime.hpp"
 
@@ -68,23 +69,14 @@ Result<RunResult> run_once(const StepOptions& o, bool prefetch, const std::strin
   dopt.d2h_bytes_per_s = link;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<memory::Device> device, memory::make_device(dopt));
 
-  fs::path dir = o.dir.empty() ? fs::temp_directory_path() : fs::path(o.dir);
-  dir /= fmt::format("strata-bench-step-{}", ::getpid());
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return errno_status(ec.value(), fmt::format("creating {}", dir.string()));
-  struct Cleanup {
-    fs::path p;
-    ~Cleanup() {
-      std::error_code e;
-      fs::remove_all(p, e);
-    }
-  } cleanup{dir};
+  STRATA_ASSIGN_OR_RETURN(
+      ScratchDir dir,
+      ScratchDir::create(o.dir.empty() ? fs::temp_directory_path() : fs::path(o.dir), "strata-bench-step"));
 
   runtime::RuntimeOptions ro;
   ro.hyper.optimizer = kernels::Optimizer::kAdamW;
   ro.budgets = {.gpu_bytes = gpu, .host_bytes = host, .nvme_bytes = 2 * states};
-  ro.nvme_dirs = {dir.string()};
+  ro.nvme_dirs = {dir.path().string()};
   ro.layout.chunk_elems = per_layer;
   ro.plan.prefetch = prefetch;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Runtime> rt, Runtime::create(*device, ro));

@@ -17,7 +17,6 @@
 // on the sim device only. A cuBLAS path is not built, so the example runs on the
 // sim device and says so when asked for cuda.
 #include <cblas.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -31,6 +30,7 @@
 
 #include "strata/common/bytes.hpp"
 #include "strata/common/log.hpp"
+#include "strata/common/scratch_dir.hpp"
 #include "strata/strata.hpp"
 
 namespace {
@@ -206,21 +206,13 @@ int run(const Settings& s) {
                  text->size(), s.context);
     return 2;
   }
-  fs::path dir = s.nvme.empty() ? fs::temp_directory_path() : fs::path(s.nvme);
-  dir /= fmt::format("strata-example-lm-{}", ::getpid());
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) {
-    std::fprintf(stderr, "strata-example-lm: cannot create %s: %s\n", dir.c_str(), ec.message().c_str());
+  auto scratch =
+      ScratchDir::create(s.nvme.empty() ? fs::temp_directory_path() : fs::path(s.nvme), "strata-example-lm");
+  if (!scratch.ok()) {
+    std::fprintf(stderr, "strata-example-lm: %s\n", scratch.status().to_string().c_str());
     return 2;
   }
-  struct Cleanup {
-    fs::path p;
-    ~Cleanup() {
-      std::error_code e;
-      fs::remove_all(p, e);
-    }
-  } cleanup{dir};
+  const fs::path dir = scratch->path();
 
   Config config;
   for (auto [key, value] : {std::pair<std::string, std::string>{"device.kind", "sim"},

@@ -1,7 +1,6 @@
 // strata-probe --verify; see verify.hpp (Note [Verify on the sim device]).
 #include "verify.hpp"
 
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -13,6 +12,7 @@
 
 #include "strata/common/bytes.hpp"
 #include "strata/common/log.hpp"
+#include "strata/common/scratch_dir.hpp"
 #include "strata/memory/device_factory.hpp"
 #include "strata/runtime/runtime.hpp"
 
@@ -57,14 +57,7 @@ Result<VerifyResult> verify(const VerifyOptions& o) {
   dopt.d2h_bytes_per_s = o.link_bytes_per_s;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<memory::Device> device, memory::make_device(dopt));
 
-  fs::path dir;
-  struct Cleanup {
-    fs::path p;
-    ~Cleanup() {
-      std::error_code e;
-      if (!p.empty()) fs::remove_all(p, e);
-    }
-  } cleanup;
+  ScratchDir dir;
   runtime::RuntimeOptions ro;
   ro.compute_dtype = spec.compute_dtype;
   ro.hyper.optimizer = spec.optimizer;
@@ -80,12 +73,8 @@ Result<VerifyResult> verify(const VerifyOptions& o) {
   // (Note [Copy-on-write NVMe slots]), so the runtime gets exactly them.
   ro.budgets.nvme_bytes = r.budgets.nvme_bytes;
   if (r.budgets.nvme_bytes > 0) {
-    dir = fs::path(o.nvme_dir) / fmt::format("strata-probe-verify-{}", ::getpid());
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (ec) return errno_status(ec.value(), fmt::format("creating {}", dir.string()));
-    cleanup.p = dir;
-    ro.nvme_dirs = {dir.string()};
+    STRATA_ASSIGN_OR_RETURN(dir, ScratchDir::create(o.nvme_dir, "strata-probe-verify"));
+    ro.nvme_dirs = {dir.path().string()};
   }
   const std::uint64_t per_layer = 12 * spec.shape.hidden * spec.shape.hidden;
   ro.layout.chunk_elems = align_up(per_layer, 4096);
