@@ -116,35 +116,48 @@ Status Runtime::Impl::evict_slot(std::size_t s) {
 }
 
 std::int64_t Runtime::Impl::pick_slot(FamilyId for_family) {
-  // A free streaming slot first.
-  for (std::size_t s = 0; s < cache_slots; ++s) {
-    if (slots[s].chunk < 0) return static_cast<std::int64_t>(s);
-  }
-  // Then a victim nobody leases: farthest next use when following the plan
-  // (Note [Cyclic access sequence]), least recently used otherwise. Clean
-  // chunks are preferred over dirty ones (no write-back).
+  // A free slot, or a victim nobody leases: farthest next use when following
+  // the plan (Note [Cyclic access sequence]), least recently used otherwise.
+  // Clean chunks are preferred over dirty ones (no write-back).
+  //
+  // Note [Idle victims first]
+  // The training thread runs ahead of the device, so the free slot or the
+  // farthest-next-use victim is often one whose last use (a compute, or the d2h
+  // of a gradient) is still queued: a load into it waits for that work, and the
+  // h2d stream (one queue) holds every later load behind it, so the next compute
+  // stalls for the whole copy. So slots are ranked: idle (fence completed)
+  // before busy; within each, free before occupied; then by next use. The price
+  // is at most a few more fetches a step, on a link that is rarely the bottleneck.
   std::int64_t best = -1;
   std::uint64_t best_key = 0;
+  int best_rank = -1;
   for (std::size_t s = 0; s < cache_slots; ++s) {
-    const Chunk& c = chunks[static_cast<std::size_t>(slots[s].chunk)];
-    if (c.readers > 0 || c.writers > 0) continue;
-    if (c.family == for_family && c.kind != StateKind::kGrad) continue;
-    // A complete gradient waiting for the optimizer pipeline leaves by itself;
-    // writing it back to host would spend host memory the plan did not give it.
-    // Waiting for the pipeline is the back-pressure (ensure_on_device).
-    if (c.kind == StateKind::kGrad && runs[c.family].launched) continue;
+    const bool free = slots[s].chunk < 0;
     std::uint64_t key = 0;
-    if (following && next_use.length() > 0) {
-      std::uint64_t d = next_use.distance(c.family, pos == SIZE_MAX ? 0 : pos);
-      // A gradient still being accumulated is used again at the family's next backward use.
-      key =
-          (d == NextUse::kNever ? std::numeric_limits<std::uint32_t>::max() : d) * 2 + (c.dev_dirty ? 0 : 1);
-    } else {
-      key = (std::numeric_limits<std::uint64_t>::max() / 4 - c.tick) * 2 + (c.dev_dirty ? 0 : 1);
+    if (!free) {
+      const Chunk& c = chunks[static_cast<std::size_t>(slots[s].chunk)];
+      if (c.readers > 0 || c.writers > 0) continue;
+      if (c.family == for_family && c.kind != StateKind::kGrad) continue;
+      // A complete gradient waiting for the optimizer pipeline leaves by itself;
+      // writing it back to host would spend host memory the plan did not give it.
+      // Waiting for the pipeline is the back-pressure (ensure_on_device).
+      if (c.kind == StateKind::kGrad && runs[c.family].launched) continue;
+      if (following && next_use.length() > 0) {
+        std::uint64_t d = next_use.distance(c.family, pos == SIZE_MAX ? 0 : pos);
+        // A gradient still being accumulated is used again at the family's next backward use.
+        key = (d == NextUse::kNever ? std::numeric_limits<std::uint32_t>::max() : d) * 2 +
+              (c.dev_dirty ? 0 : 1);
+      } else {
+        key = (std::numeric_limits<std::uint64_t>::max() / 4 - c.tick) * 2 + (c.dev_dirty ? 0 : 1);
+      }
     }
-    if (best < 0 || key > best_key) {
+    auto done = device.query(slots[s].fence);
+    const bool idle = done.ok() && *done;
+    const int rank = (idle ? 2 : 0) + (free ? 1 : 0);
+    if (rank > best_rank || (rank == best_rank && key > best_key)) {
       best = static_cast<std::int64_t>(s);
       best_key = key;
+      best_rank = rank;
     }
   }
   return best;
@@ -232,16 +245,9 @@ void Runtime::Impl::prefetch() {
       continue;
     }
     // Take a slot only if its occupant is used later than this prefetch target.
-    std::int64_t s = -1;
-    for (std::size_t i = 0; i < cache_slots; ++i) {
-      if (slots[i].chunk < 0) {
-        s = static_cast<std::int64_t>(i);
-        break;
-      }
-    }
-    if (s < 0) {
-      s = pick_slot(f);
-      if (s < 0) return;
+    const std::int64_t s = pick_slot(f);
+    if (s < 0) return;
+    if (slots[static_cast<std::size_t>(s)].chunk >= 0) {
       const Chunk& victim = chunks[static_cast<std::size_t>(slots[static_cast<std::size_t>(s)].chunk)];
       const std::size_t here = pos == SIZE_MAX ? 0 : pos;
       if (victim.dev_dirty || next_use.distance(victim.family, here) <= q - here) return;
