@@ -354,6 +354,13 @@ void Runtime::Impl::compute_family(FamilyId f) {
   std::vector<std::int64_t> steps;
   for (TensorId t : updated) steps.push_back(tensors[t].updates + 1);
   const float scale = step_scale;
+  // The kernel writes a host family's param in place: no load may still read it.
+  if (!nvme_family) {
+    if (Status st = wait_host_reads(p); !st.ok()) {
+      finish_family(f, st);
+      return;
+    }
+  }
   lock.unlock();
 
   const double t0 = timeline.now_us();
@@ -405,17 +412,8 @@ void Runtime::Impl::compute_family(FamilyId f) {
   }
   // Commit the param now; the states follow in the background (Note [Write-back after step]).
   std::byte*& staged = run.staging[static_cast<std::size_t>(StateKind::kParam)];
-  // A load of the old param may still be copying from it: wait for that copy
-  // (rare: the family's param is not leased while its optimizer runs; the h2d
-  // stream never needs this lock, Note [Runtime threading]).
-  if (p.dev_valid && p.slot >= 0) {
-    DeviceSlot& slot = slots[static_cast<std::size_t>(p.slot)];
-    auto loaded = device.query(slot.ready);
-    if (!loaded.ok() || !*loaded) {
-      Status st = device.synchronize(slot.ready);
-      if (!st.ok()) fail(st);
-    }
-  }
+  // A load of the old param may still be copying from it.
+  if (Status st = wait_host_reads(p); !st.ok()) fail(st);
   host->free(p.host, p.bytes);
   p.host = staged;
   staged = nullptr;

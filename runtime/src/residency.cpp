@@ -88,7 +88,20 @@ Status Runtime::Impl::load_to_slot(Chunk& c, DeviceSlot& slot) {
                                     fmt::format("h2d f{} {}", c.family, state_kind_name(c.kind))));
   STRATA_RETURN_IF_ERROR(device.record(slot.ready, h2d));
   STRATA_RETURN_IF_ERROR(device.record(slot.fence, h2d));
-  return Status::Ok();
+  if (!c.host_read.valid()) {
+    STRATA_ASSIGN_OR_RETURN(c.host_read, device.create_event());
+  }
+  return device.record(c.host_read, h2d);
+}
+
+Status Runtime::Impl::wait_host_reads(Chunk& c) {
+  // Rare: the slot the load went to may have been given away already, so the
+  // chunk's own event, not the slot's, says when its host copy is free. The h2d
+  // stream never needs the runtime's lock (Note [Runtime threading]).
+  if (!c.host_read.valid()) return Status::Ok();  // never loaded
+  auto done = device.query(c.host_read);
+  if (done.ok() && *done) return Status::Ok();
+  return device.synchronize(c.host_read);
 }
 
 Status Runtime::Impl::evict_slot(std::size_t s) {

@@ -230,7 +230,8 @@ Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
   const std::uint64_t cb = dtype_bytes(opt.compute_dtype);
   const std::uint64_t sb = kernels::dtype_size(opt.state_dtype);
   const std::size_t families = layout.families.size();
-  chunks.assign(families * kStateKindCount, Chunk{});
+  chunks.clear();
+  chunks.resize(families * kStateKindCount);
   family_bytes.assign(families, FamilyBytes{});
   runs.assign(families, FamilyRun{});
   writebacks.assign(families, WriteBack{});

@@ -70,6 +70,9 @@ struct Chunk {
   int readers = 0;
   int writers = 0;
   std::uint64_t tick = 0;  //!< last use, for LRU
+  //! The last copy that reads the host copy (a load); the host copy is not
+  //! written or freed before it completes (wait_host_reads).
+  memory::Event host_read;
 };
 
 //! A registered tensor and its per-step flags.
@@ -213,6 +216,8 @@ struct Runtime::Impl {
   //! Chooses a slot for a new occupant; -1 when none can be freed now.
   std::int64_t pick_slot(FamilyId for_family);
   Status load_to_slot(Chunk& c, DeviceSlot& slot);
+  //! Waits until no queued copy still reads c's host copy (before it is written or freed).
+  Status wait_host_reads(Chunk& c);
   void prefetch();
   Result<std::byte*> host_buffer(Chunk& c);
   void note_gpu_use();
