@@ -128,7 +128,7 @@ Status Runtime::Impl::evict_slot(std::size_t s) {
   return Status::Ok();
 }
 
-std::int64_t Runtime::Impl::pick_slot(FamilyId for_family) {
+std::int64_t Runtime::Impl::pick_slot(FamilyId for_family, std::uint64_t farther_than) {
   // A free slot, or a victim nobody leases: farthest next use when following
   // the plan (Note [Cyclic access sequence]), least recently used otherwise.
   // Clean chunks are preferred over dirty ones (no write-back).
@@ -138,8 +138,9 @@ std::int64_t Runtime::Impl::pick_slot(FamilyId for_family) {
   // farthest-next-use victim is often one whose last use (a compute, or the d2h
   // of a gradient) is still queued: a load into it waits for that work, and the
   // h2d stream (one queue) holds every later load behind it, so the next compute
-  // stalls for the whole copy. So slots are ranked: idle (fence completed)
-  // before busy; within each, free before occupied; then by next use. The price
+  // stalls for the whole copy. So slots are ranked: idle (fence completed, and
+  // not needed within the prefetch window) before busy; within each, free before
+  // occupied; then by next use. The price
   // is at most a few more fetches a step, on a link that is rarely the bottleneck.
   std::int64_t best = -1;
   std::uint64_t best_key = 0;
@@ -155,6 +156,9 @@ std::int64_t Runtime::Impl::pick_slot(FamilyId for_family) {
       // writing it back to host would spend host memory the plan did not give it.
       // Waiting for the pipeline is the back-pressure (ensure_on_device).
       if (c.kind == StateKind::kGrad && runs[c.family].launched) continue;
+      if (farther_than > 0 &&
+          (c.dev_dirty || next_use.distance(c.family, pos == SIZE_MAX ? 0 : pos) <= farther_than))
+        continue;
       if (following && next_use.length() > 0) {
         std::uint64_t d = next_use.distance(c.family, pos == SIZE_MAX ? 0 : pos);
         // A gradient still being accumulated is used again at the family's next backward use.
@@ -164,8 +168,13 @@ std::int64_t Runtime::Impl::pick_slot(FamilyId for_family) {
         key = (std::numeric_limits<std::uint64_t>::max() / 4 - c.tick) * 2 + (c.dev_dirty ? 0 : 1);
       }
     }
+    // A chunk needed within the prefetch window is no idle victim: it was loaded
+    // (or prefetched) for that use.
+    const bool soon = !free && following && next_use.length() > 0 &&
+                      next_use.distance(chunks[static_cast<std::size_t>(slots[s].chunk)].family,
+                                        pos == SIZE_MAX ? 0 : pos) <= std::uint64_t{plan.prefetch_depth} + 1;
     auto done = device.query(slots[s].fence);
-    const bool idle = done.ok() && *done;
+    const bool idle = done.ok() && *done && !soon;
     const int rank = (idle ? 2 : 0) + (free ? 1 : 0);
     if (rank > best_rank || (rank == best_rank && key > best_key)) {
       best = static_cast<std::int64_t>(s);
@@ -257,14 +266,23 @@ void Runtime::Impl::prefetch() {
       c.dev_valid = true;
       continue;
     }
-    // Take a slot only if its occupant is used later than this prefetch target.
-    const std::int64_t s = pick_slot(f);
-    if (s < 0) return;
-    if (slots[static_cast<std::size_t>(s)].chunk >= 0) {
-      const Chunk& victim = chunks[static_cast<std::size_t>(slots[static_cast<std::size_t>(s)].chunk)];
-      const std::size_t here = pos == SIZE_MAX ? 0 : pos;
-      if (victim.dev_dirty || next_use.distance(victim.family, here) <= q - here) return;
+    // Leave two slots to the uses on demand (the next param and gradient): slots
+    // hogged by gradients waiting for the optimizer pipeline would otherwise make
+    // a prefetch and the next demand evict each other's chunk, round after round.
+    std::size_t movable = 0;
+    for (std::size_t i = 0; i < cache_slots; ++i) {
+      if (slots[i].chunk < 0) {
+        ++movable;
+        continue;
+      }
+      const Chunk& o = chunks[static_cast<std::size_t>(slots[i].chunk)];
+      if (o.readers == 0 && o.writers == 0 && !(o.kind == StateKind::kGrad && runs[o.family].launched)) ++movable;
     }
+    if (movable <= 2) return;
+    // Take a slot only if its occupant is clean and used later than this prefetch target.
+    const std::size_t here = pos == SIZE_MAX ? 0 : pos;
+    const std::int64_t s = pick_slot(f, std::max<std::uint64_t>(q - here, 1));
+    if (s < 0) return;
     if (!evict_slot(static_cast<std::size_t>(s)).ok()) return;
     DeviceSlot& slot = slots[static_cast<std::size_t>(s)];
     slot.chunk = chunk_index(f, StateKind::kParam);

@@ -213,8 +213,10 @@ struct Runtime::Impl {
   Status ensure_on_host(std::unique_lock<std::mutex>& lock, Chunk& c);
   //! Frees slot `s` (writing back a dirty occupant). Caller holds the lock.
   Status evict_slot(std::size_t s);
-  //! Chooses a slot for a new occupant; -1 when none can be freed now.
-  std::int64_t pick_slot(FamilyId for_family);
+  //! Chooses a slot for a new occupant; -1 when none can be freed now. With
+  //! farther_than > 0 (prefetch), only a free slot or a clean occupant whose next
+  //! use is more than that many uses ahead.
+  std::int64_t pick_slot(FamilyId for_family, std::uint64_t farther_than = 0);
   Status load_to_slot(Chunk& c, DeviceSlot& slot);
   //! Waits until no queued copy still reads c's host copy (before it is written or freed).
   Status wait_host_reads(Chunk& c);
