@@ -131,25 +131,34 @@ Result<Plan> make_plan(const PlanInput& in) {
                         "the gradient landing slots and the reserve");
   }
   std::uint64_t nvme_used = 0;
-  bool params_on_nvme = false;
+  std::uint64_t params_total = 0;
+  for (const FamilyBytes& f : in.families) params_total += f.param_bytes;
+  // The optimizer pipeline's staging for NVMe states (the states, and the param
+  // updated beside them until they are written).
+  const std::uint64_t optim_staging = std::uint64_t{opt.nvme_families_in_flight} * (optim_max + param_max);
+  bool optim_staging_reserved = false;
+  if (opt.allow_nvme_params && host_used + params_total > budget.host_bytes) {
+    // Params spill, so every optimizer state does too: reserve both stagings
+    // first (param staging: prefetch depth + 2 slots).
+    host_used += (plan.prefetch_depth + 2) * slot_bytes + optim_staging;
+    optim_staging_reserved = true;
+  }
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint64_t p = in.families[i].param_bytes;
-    // Param staging for NVMe homes: prefetch depth + 2 slots, reserved once.
-    if (host_used + p <= budget.host_bytes) {
+    if (host_used + p <= budget.host_bytes || !opt.allow_nvme_params) {
       plan.families[i].param_home = Tier::kHost;
       host_used += p;
     } else {
-      if (!params_on_nvme) {
-        params_on_nvme = true;
-        host_used += (plan.prefetch_depth + 2) * slot_bytes;
-      }
       plan.families[i].param_home = Tier::kNvme;
       nvme_used += p;
     }
   }
   if (host_used > budget.host_bytes) {
     return budget_error("host_budget", budget.host_bytes, host_used,
-                        "param staging for NVMe-resident params");
+                        opt.allow_nvme_params
+                            ? "param staging for NVMe-resident params"
+                            : "every param's home copy (the runtime keeps each param on host: NVMe-homed params "
+                              "are not implemented) with the gradient landing slots and the reserve");
   }
 
   std::uint64_t optim_total = 0;
@@ -157,9 +166,8 @@ Result<Plan> make_plan(const PlanInput& in) {
   if (host_used + optim_total > budget.host_bytes) {
     // Some optimizer states go to NVMe: reserve the pipeline's staging first
     // (states, and the param updated beside them until they are written).
-    const std::uint64_t staging = std::uint64_t{opt.nvme_families_in_flight} * (optim_max + param_max);
     plan.nvme_staging_families = opt.nvme_families_in_flight;
-    host_used += staging;
+    if (!optim_staging_reserved) host_used += optim_staging;
     if (host_used > budget.host_bytes) {
       return budget_error(
           "host_budget", budget.host_bytes, host_used,

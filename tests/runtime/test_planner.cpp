@@ -118,6 +118,20 @@ TEST(CostModel, HostMemoryAndSharedDiskAreResources) {
   EXPECT_GT(disk.step_s, base.step_s);
 }
 
+TEST(Planner, ParamsThatDoNotFitOnHostAreAnErrorUnlessNvmeParamsAreAllowed) {
+  // 24 x 16 MiB of params; 256 MiB of host.
+  auto in = layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 256 * kMiB, .nvme_bytes = 8 * kGiB});
+  auto plan = make_plan(in);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("host_budget"), std::string::npos) << plan.status();
+  EXPECT_NE(plan.status().message().find("NVMe-homed params are not implemented"), std::string::npos)
+      << plan.status();
+  in.options.allow_nvme_params = true;  // what the cost model would give
+  auto what_if = make_plan(in);
+  ASSERT_TRUE(what_if.ok()) << what_if.status();
+  EXPECT_EQ(what_if->families.back().param_home, Tier::kNvme);
+}
+
 TEST(Planner, BudgetTooSmallNamesTheBudget) {
   auto in = layered(8, 4u << 20, {.gpu_bytes = 32 * kMiB, .host_bytes = 1 * kGiB, .nvme_bytes = 8 * kGiB});
   auto plan = make_plan(in);

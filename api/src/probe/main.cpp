@@ -23,6 +23,10 @@ using namespace strata;
 using namespace strata::probe;
 using Clock = std::chrono::steady_clock;
 
+constexpr const char* kAllNvmeNote =
+    "optimizer states on NVMe, params on host: the runtime keeps every param's home copy on host "
+    "(NVMe-homed params are not implemented yet), so this placement is bounded like optim-nvme";
+
 struct Settings {
   std::string nvme;
   bool json = false;
@@ -284,6 +288,7 @@ int run(const Settings& s) {
     } else {
       row["why"] = e.why;
     }
+    if (e.placement == Placement::kAllNvme) row["note"] = kAllNvmeNote;
     j["placements"].push_back(row);
   }
   if (s.needs) {
@@ -372,6 +377,7 @@ int run(const Settings& s) {
                  format_count(e.max_params), e.layers, fmt::format("{:.3f} s", e.cost.step_s),
                  e.cost.bottleneck, e.max_params >= model_params ? "yes" : "no");
     }
+    fmt::print("(all-nvme: {})\n", kAllNvmeNote);
     if (s.needs) {
       fmt::print("\nWhat your model ({} params) needs per placement (least budgets the planner accepts):\n",
                  format_count(model_params));

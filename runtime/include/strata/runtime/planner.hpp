@@ -14,7 +14,8 @@
 //    moments) for as many families as fit. The families whose gradients complete
 //    *first* in backward go to NVMe, because they have the rest of backward to
 //    hide the read-update-write pipeline; those completing last stay on host.
-// 4. Params that do not fit on host live on NVMe too.
+// 4. Params that do not fit on host live on NVMe too (PlanOptions::allow_nvme_params;
+//    the runtime does not implement it yet: it keeps every param on host).
 // NVMe bytes count whole slots, and room for the copy-on-write slots of the
 // families in flight (Note [Copy-on-write NVMe slots]: updated states go to
 // fresh slots before the old ones are freed).
@@ -69,6 +70,10 @@ struct PlanOptions {
   std::uint32_t nvme_families_in_flight = 2;  //!< optimizer pipeline depth for NVMe states
   std::uint32_t grad_staging_slots = 2;       //!< host slots grads land in for CPU optimizers
   bool allow_gpu_optimizer = true;            //!< everything-on-GPU placement allowed
+  //! Params whose home copy does not fit on host may live on NVMe. The runtime
+  //! does not implement NVMe-homed params yet and plans with false; the cost
+  //! model and strata-probe's all-nvme row may set it to see what they would give.
+  bool allow_nvme_params = false;
   //! Host bytes kept free for what the plan does not schedule: gradients written
   //! back from the GPU when a step departs from the trace or between micro-batches.
   std::uint64_t host_reserve_bytes = 0;
