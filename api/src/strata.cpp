@@ -67,6 +67,10 @@ void Runtime::set_grad_scale(float scale) {
   core_->set_grad_scale(scale);
 }
 
+Status Runtime::flush() {
+  return core_->flush();
+}
+
 Result<StepStats> Runtime::step() {
   STRATA_ASSIGN_OR_RETURN(StepStats st, core_->step());
   ++stats_.steps;

@@ -202,6 +202,15 @@ strata_status strata_launch(strata_runtime* runtime, void (*fn)(void* user), voi
   return guarded([&] { return from(runtime->rt->launch([fn, user] { fn(user); })); });
 }
 
+strata_status strata_flush(strata_runtime* runtime) {
+  if (runtime == nullptr) return null_argument("runtime");
+  return guarded([&] {
+    strata::Status st = runtime->rt->flush();
+    if (!st.ok()) return fail(st);
+    return ok();
+  });
+}
+
 strata_status strata_step(strata_runtime* runtime, strata_step_stats* out) {
   if (runtime == nullptr) return null_argument("runtime");
   return guarded([&] {

@@ -133,6 +133,8 @@ int main(void) {
     if (step == 0) first = m.loss;
     last = m.loss;
   }
+  CHECK(strata_flush(rt) == STRATA_OK, "flush");
+  CHECK(strata_flush(NULL) != STRATA_OK, "flush(NULL) is an error");
   printf("test_c_abi: loss %.5f -> %.5f over 30 SGD steps\n", first, last);
   CHECK(last < 0.5f * first, "loss falls (%f -> %f)", first, last);
 

@@ -127,6 +127,10 @@ void strata_lease_release(strata_lease* lease);
 strata_status strata_launch(strata_runtime* runtime, void (*fn)(void* user), void* user);
 /** Ends the step (optimizer, re-planning); *out (may be NULL) receives its figures. Blocks. */
 strata_status strata_step(strata_runtime* runtime, strata_step_stats* out);
+/** Waits until the last step's states are on their home tiers (NVMe write-backs outlive strata_step).
+ * Returns the first background error. Blocks. strata_read_tensor and strata_runtime_free flush by
+ * themselves. */
+strata_status strata_flush(strata_runtime* runtime);
 /** Writes the Chrome trace of the recorded timeline to `path`. */
 strata_status strata_write_trace(const strata_runtime* runtime, const char* path);
 

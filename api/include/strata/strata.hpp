@@ -158,6 +158,12 @@ class Runtime {
   //! first background error (NVMe EIO, corrupt chunk); the last completed step's
   //! state stays intact.
   Result<StepStats> step();
+  //! Waits until every state the last step updated is on its home tier (NVMe
+  //! write-backs go on after step() returns, overlapping the next forward).
+  //! Returns the first background error; a failed write-back keeps that step's
+  //! states in host memory, where read_tensor still reads them. Blocks.
+  //! read_tensor and the destructor flush by themselves.
+  Status flush();
 
   //! Totals since creation.
   const Stats& stats() const { return stats_; }
