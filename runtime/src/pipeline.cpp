@@ -16,13 +16,13 @@
 //
 // Note [Copy-on-write NVMe slots]
 // Updated NVMe states are written to fresh slots, and the param (the fp32 master
-// itself for fp32 compute) is updated in a staging copy; both are committed only
-// when every write of the family succeeded. An EIO or a full disk therefore
-// leaves the family's state of the last completed step intact, and the failure
-// surfaces from the next acquire or step(). From the first failure on, no family
-// starts; the ones already running finish. So after a failed step every family
-// holds either its state before the step or after it — never a mix — and the
-// failed one (named in the error) holds the state before it.
+// itself for fp32 compute) is updated in a staging copy. Every fresh slot is
+// taken before anything is committed, and the old slots are freed only when
+// every write of the family succeeded; a failure surfaces from the next call.
+// From the first failure on, no family starts; the ones already running finish.
+// So after a failure every family holds either its state before the step or
+// after it — never a mix: a full disk leaves the failed family (named in the
+// error) before it, a failed write after it (Note [Write-back after step]).
 //
 // Note [Write-back after step]
 // An NVMe family's write-back is not part of its step: once its kernel has run,

@@ -128,6 +128,16 @@ Status Runtime::Impl::evict_slot(std::size_t s) {
   return Status::Ok();
 }
 
+bool Runtime::Impl::movable(const DeviceSlot& slot) const {
+  if (slot.chunk < 0) return true;
+  const Chunk& c = chunks[static_cast<std::size_t>(slot.chunk)];
+  if (c.readers > 0 || c.writers > 0) return false;
+  // A complete gradient waiting for the optimizer pipeline leaves by itself;
+  // writing it back to host would spend host memory the plan did not give it.
+  // Waiting for the pipeline is the back-pressure (ensure_on_device).
+  return !(c.kind == StateKind::kGrad && runs[c.family].launched);
+}
+
 std::int64_t Runtime::Impl::pick_slot(FamilyId for_family, std::uint64_t farther_than) {
   // A free slot, or a victim nobody leases: farthest next use when following
   // the plan (Note [Cyclic access sequence]), least recently used otherwise.
@@ -140,39 +150,31 @@ std::int64_t Runtime::Impl::pick_slot(FamilyId for_family, std::uint64_t farther
   // h2d stream (one queue) holds every later load behind it, so the next compute
   // stalls for the whole copy. So slots are ranked: idle (fence completed, and
   // not needed within the prefetch window) before busy; within each, free before
-  // occupied; then by next use. The price
-  // is at most a few more fetches a step, on a link that is rarely the bottleneck.
+  // occupied; then by next use. The price is at most a few more fetches a step,
+  // on a link that is rarely the bottleneck.
+  const bool planned = following && next_use.length() > 0;
+  const std::size_t here = pos == SIZE_MAX ? 0 : pos;
   std::int64_t best = -1;
   std::uint64_t best_key = 0;
   int best_rank = -1;
   for (std::size_t s = 0; s < cache_slots; ++s) {
+    if (!movable(slots[s])) continue;
     const bool free = slots[s].chunk < 0;
     std::uint64_t key = 0;
+    bool soon = false;  // needed within the prefetch window: loaded for that use
     if (!free) {
       const Chunk& c = chunks[static_cast<std::size_t>(slots[s].chunk)];
-      if (c.readers > 0 || c.writers > 0) continue;
       if (c.family == for_family && c.kind != StateKind::kGrad) continue;
-      // A complete gradient waiting for the optimizer pipeline leaves by itself;
-      // writing it back to host would spend host memory the plan did not give it.
-      // Waiting for the pipeline is the back-pressure (ensure_on_device).
-      if (c.kind == StateKind::kGrad && runs[c.family].launched) continue;
-      if (farther_than > 0 &&
-          (c.dev_dirty || next_use.distance(c.family, pos == SIZE_MAX ? 0 : pos) <= farther_than))
-        continue;
-      if (following && next_use.length() > 0) {
-        std::uint64_t d = next_use.distance(c.family, pos == SIZE_MAX ? 0 : pos);
-        // A gradient still being accumulated is used again at the family's next backward use.
-        key = (d == NextUse::kNever ? std::numeric_limits<std::uint32_t>::max() : d) * 2 +
-              (c.dev_dirty ? 0 : 1);
+      // A gradient still being accumulated is used again at the family's next backward use.
+      const std::uint64_t d = planned ? next_use.distance(c.family, here) : 0;
+      if (farther_than > 0 && (c.dev_dirty || d <= farther_than)) continue;
+      if (planned) {
+        key = (d == NextUse::kNever ? std::numeric_limits<std::uint32_t>::max() : d) * 2 + (c.dev_dirty ? 0 : 1);
+        soon = d <= std::uint64_t{plan.prefetch_depth} + 1;
       } else {
         key = (std::numeric_limits<std::uint64_t>::max() / 4 - c.tick) * 2 + (c.dev_dirty ? 0 : 1);
       }
     }
-    // A chunk needed within the prefetch window is no idle victim: it was loaded
-    // (or prefetched) for that use.
-    const bool soon = !free && following && next_use.length() > 0 &&
-                      next_use.distance(chunks[static_cast<std::size_t>(slots[s].chunk)].family,
-                                        pos == SIZE_MAX ? 0 : pos) <= std::uint64_t{plan.prefetch_depth} + 1;
     auto done = device.query(slots[s].fence);
     const bool idle = done.ok() && *done && !soon;
     const int rank = (idle ? 2 : 0) + (free ? 1 : 0);
@@ -269,16 +271,9 @@ void Runtime::Impl::prefetch() {
     // Leave two slots to the uses on demand (the next param and gradient): slots
     // hogged by gradients waiting for the optimizer pipeline would otherwise make
     // a prefetch and the next demand evict each other's chunk, round after round.
-    std::size_t movable = 0;
-    for (std::size_t i = 0; i < cache_slots; ++i) {
-      if (slots[i].chunk < 0) {
-        ++movable;
-        continue;
-      }
-      const Chunk& o = chunks[static_cast<std::size_t>(slots[i].chunk)];
-      if (o.readers == 0 && o.writers == 0 && !(o.kind == StateKind::kGrad && runs[o.family].launched)) ++movable;
-    }
-    if (movable <= 2) return;
+    std::size_t room = 0;
+    for (std::size_t i = 0; i < cache_slots; ++i) room += movable(slots[i]) ? 1 : 0;
+    if (room <= 2) return;
     // Take a slot only if its occupant is clean and used later than this prefetch target.
     const std::size_t here = pos == SIZE_MAX ? 0 : pos;
     const std::int64_t s = pick_slot(f, std::max<std::uint64_t>(q - here, 1));

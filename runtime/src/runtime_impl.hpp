@@ -217,6 +217,9 @@ struct Runtime::Impl {
   //! farther_than > 0 (prefetch), only a free slot or a clean occupant whose next
   //! use is more than that many uses ahead.
   std::int64_t pick_slot(FamilyId for_family, std::uint64_t farther_than = 0);
+  //! The slot is free, or its occupant may be evicted now (not leased, not a
+  //! gradient waiting for the optimizer pipeline).
+  bool movable(const DeviceSlot& slot) const;
   Status load_to_slot(Chunk& c, DeviceSlot& slot);
   //! Waits until no queued copy still reads c's host copy (before it is written or freed).
   Status wait_host_reads(Chunk& c);

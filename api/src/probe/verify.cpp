@@ -69,8 +69,8 @@ Result<VerifyResult> verify(const VerifyOptions& o) {
   ro.plan.host_reserve_bytes = align_up(r.budgets.host_bytes / 4, kMiB);
   ro.budgets.host_bytes = r.budgets.host_bytes + ro.plan.host_reserve_bytes;
   r.host_budget_bytes = ro.budgets.host_bytes;
-  // The planned NVMe bytes count whole slots and the copy-on-write room
-  // (Note [Copy-on-write NVMe slots]), so the runtime gets exactly them.
+  // The probe's least NVMe budget already counts whole slots and the
+  // copy-on-write room (Note [Copy-on-write NVMe slots]): no extra headroom.
   ro.budgets.nvme_bytes = r.budgets.nvme_bytes;
   if (r.budgets.nvme_bytes > 0) {
     STRATA_ASSIGN_OR_RETURN(dir, ScratchDir::create(o.nvme_dir, "strata-probe-verify"));
