@@ -63,6 +63,34 @@ Status Runtime::synchronize() {
   return device_->synchronize(core_->compute_stream());
 }
 
+Status Runtime::wait(const Lease& lease) {
+  return core_->wait(lease);
+}
+
+Status Runtime::begin_micro_batch(bool last) {
+  return core_->begin_micro_batch(last);
+}
+
+Status Runtime::write_tensor(TensorId tensor, std::span<const float> values, StateKind kind) {
+  return core_->write_tensor(tensor, kind, values);
+}
+
+Result<std::int64_t> Runtime::tensor_steps(TensorId tensor) const {
+  return core_->tensor_steps(tensor);
+}
+
+Status Runtime::set_tensor_steps(TensorId tensor, std::int64_t steps) {
+  return core_->set_tensor_steps(tensor, steps);
+}
+
+Status Runtime::set_tensor_group(TensorId tensor, std::uint32_t group) {
+  return core_->set_tensor_group(tensor, group);
+}
+
+Status Runtime::set_group_hyper(std::uint32_t group, float lr, float weight_decay) {
+  return core_->set_group_hyper(group, lr, weight_decay);
+}
+
 void Runtime::set_grad_scale(float scale) {
   core_->set_grad_scale(scale);
 }

@@ -1,6 +1,7 @@
 // The C ABI (strata.h) over the C++ facade. Every entry point catches whatever
 // might escape (std::bad_alloc, a CLI/JSON library exception) and turns it into
 // a status, so no exception crosses the ABI.
+#include <cmath>
 #include <cstring>
 #include <new>
 #include <string>
@@ -236,6 +237,62 @@ strata_status strata_step(strata_runtime* runtime, strata_step_stats* out) {
 strata_status strata_write_trace(const strata_runtime* runtime, const char* path) {
   if (runtime == nullptr || path == nullptr) return null_argument("runtime and path");
   return guarded([&] { return from(runtime->rt->write_chrome_trace(path)); });
+}
+
+strata_status strata_lease_wait(strata_runtime* runtime, const strata_lease* lease) {
+  if (runtime == nullptr || lease == nullptr) return null_argument("runtime and lease");
+  return guarded([&] { return from(runtime->rt->wait(lease->lease)); });
+}
+
+strata_status strata_begin_micro_batch(strata_runtime* runtime, int last) {
+  if (runtime == nullptr) return null_argument("runtime");
+  return guarded([&] { return from(runtime->rt->begin_micro_batch(last != 0)); });
+}
+
+strata_status strata_set_grad_scale(strata_runtime* runtime, float scale) {
+  if (runtime == nullptr) return null_argument("runtime");
+  if (!std::isfinite(scale) || scale <= 0.0f)
+    return fail(strata::invalid_argument("strata_set_grad_scale: scale {} must be finite and > 0", scale));
+  return guarded([&] {
+    runtime->rt->set_grad_scale(scale);
+    return ok();
+  });
+}
+
+strata_status strata_set_tensor_group(strata_runtime* runtime, uint32_t tensor, uint32_t group) {
+  if (runtime == nullptr) return null_argument("runtime");
+  return guarded([&] { return from(runtime->rt->set_tensor_group(tensor, group)); });
+}
+
+strata_status strata_set_group_hyper(strata_runtime* runtime, uint32_t group, float lr, float weight_decay) {
+  if (runtime == nullptr) return null_argument("runtime");
+  return guarded([&] { return from(runtime->rt->set_group_hyper(group, lr, weight_decay)); });
+}
+
+strata_status strata_write_tensor(strata_runtime* runtime, uint32_t tensor, strata_state state,
+                                  const float* values, uint64_t count) {
+  if (runtime == nullptr || values == nullptr) return null_argument("runtime and values");
+  if (state < STRATA_PARAM || state > STRATA_STATE1)
+    return fail(strata::invalid_argument("state {} is not a strata_state", static_cast<int>(state)));
+  return guarded([&] {
+    return from(runtime->rt->write_tensor(tensor, std::span<const float>(values, count),
+                                          static_cast<strata::StateKind>(state)));
+  });
+}
+
+strata_status strata_tensor_steps(strata_runtime* runtime, uint32_t tensor, int64_t* out) {
+  if (runtime == nullptr || out == nullptr) return null_argument("runtime and out");
+  return guarded([&] {
+    auto steps = runtime->rt->tensor_steps(tensor);
+    if (!steps.ok()) return fail(steps.status());
+    *out = *steps;
+    return ok();
+  });
+}
+
+strata_status strata_set_tensor_steps(strata_runtime* runtime, uint32_t tensor, int64_t steps) {
+  if (runtime == nullptr) return null_argument("runtime");
+  return guarded([&] { return from(runtime->rt->set_tensor_steps(tensor, steps)); });
 }
 
 }  // extern "C"

@@ -60,21 +60,36 @@ std::vector<kernels::Span> Runtime::Impl::spans_for(FamilyId f, const FamilyPtrs
   return spans;
 }
 
+void Runtime::Impl::kernel_keys(const std::vector<TensorId>& updated, std::vector<std::int64_t>* keys,
+                                std::vector<kernels::Hyper>* hypers) const {
+  std::uint32_t groups_used = 1;
+  for (TensorId t : updated) {
+    keys->push_back((static_cast<std::int64_t>(tensors[t].group) << 48) | (tensors[t].updates + 1));
+    groups_used = std::max(groups_used, tensors[t].group + 1);
+  }
+  for (std::uint32_t g = 0; g < groups_used; ++g) hypers->push_back(hyper(g));
+}
+
 Result<kernels::StepReport> Runtime::Impl::run_kernels(const std::vector<kernels::Span>& spans,
-                                                       const std::vector<std::int64_t>& steps, float scale) {
+                                                       const std::vector<std::int64_t>& keys, float scale,
+                                                       const std::vector<kernels::Hyper>& hypers) {
   // Tensors updated a different number of times (one was unused in some step)
-  // need their own bias corrections: one kernel call per distinct step count.
+  // need their own bias corrections, and each parameter group its own lr and
+  // weight decay: one kernel call per distinct (group, step) key.
+  constexpr std::int64_t kStepMask = (std::int64_t{1} << 48) - 1;
   kernels::StepReport total{.grads_finite = true, .applied = true};
-  std::vector<std::int64_t> distinct(steps);
+  std::vector<std::int64_t> distinct(keys);
   std::sort(distinct.begin(), distinct.end());
   distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
-  for (std::int64_t step_number : distinct) {
+  for (std::int64_t key : distinct) {
     std::vector<kernels::Span> group;
     for (std::size_t i = 0; i < spans.size(); ++i) {
-      if (steps[i] == step_number) group.push_back(spans[i]);
+      if (keys[i] == key) group.push_back(spans[i]);
     }
+    const auto g = static_cast<std::size_t>(key >> 48);
+    STRATA_CHECK(g < hypers.size());
     kernels::StepArgs args{
-        .hyper = opt.hyper, .step = step_number, .grad_scale = scale, .spans = group, .pool = pool.get()};
+        .hyper = hypers[g], .step = key & kStepMask, .grad_scale = scale, .spans = group, .pool = pool.get()};
     STRATA_ASSIGN_OR_RETURN(kernels::StepReport r, kernels::step(args));
     total.grads_finite = total.grads_finite && r.grads_finite;
     total.applied = total.applied && r.applied;
@@ -127,11 +142,12 @@ void Runtime::Impl::launch_device_optimizer(FamilyId f) {
   std::vector<TensorId> updated;
   std::vector<kernels::Span> spans = spans_for(f, ptrs, &updated);
   std::vector<std::int64_t> steps;
-  for (TensorId t : updated) steps.push_back(tensors[t].updates + 1);
+  std::vector<kernels::Hyper> hypers;
+  kernel_keys(updated, &steps, &hypers);
   const double enqueued = timeline.now_us();
   const float scale = step_scale;
-  Status st = device.launch_host(opt_stream, [this, f, spans, steps, updated, enqueued, scale] {
-    Result<kernels::StepReport> r = run_kernels(spans, steps, scale);
+  Status st = device.launch_host(opt_stream, [this, f, spans, steps, hypers, updated, enqueued, scale] {
+    Result<kernels::StepReport> r = run_kernels(spans, steps, scale, hypers);
     std::uint64_t elems = 0;
     for (const auto& s : spans) elems += s.n;
     record_span(Track::kGpuOptimizer, fmt::format("optimizer f{}", f), enqueued, elems);

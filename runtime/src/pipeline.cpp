@@ -352,7 +352,8 @@ void Runtime::Impl::compute_family(FamilyId f) {
   std::vector<TensorId> updated;
   std::vector<kernels::Span> spans = spans_for(f, ptrs, &updated);
   std::vector<std::int64_t> steps;
-  for (TensorId t : updated) steps.push_back(tensors[t].updates + 1);
+  std::vector<kernels::Hyper> hypers;
+  kernel_keys(updated, &steps, &hypers);
   const float scale = step_scale;
   // The kernel writes a host family's param in place: no load may still read it.
   if (!nvme_family) {
@@ -367,7 +368,7 @@ void Runtime::Impl::compute_family(FamilyId f) {
   // The param is updated in its staging copy for NVMe families; nothing else
   // writes the host param while this family's optimizer runs.
   if (nvme_family) std::memcpy(ptrs.at[static_cast<int>(StateKind::kParam)], p.host, p.bytes);
-  Result<kernels::StepReport> r = run_kernels(spans, steps, scale);
+  Result<kernels::StepReport> r = run_kernels(spans, steps, scale, hypers);
   std::uint64_t elems = 0;
   for (const auto& s : spans) elems += s.n;
   timeline.add(Track::kCpuOptimizer, fmt::format("optimizer f{}", f), t0, timeline.now_us(), elems);
@@ -439,7 +440,9 @@ void Runtime::Impl::compute_family(FamilyId f) {
   lock.unlock();  // a store may call back on this thread
   const double enqueued = timeline.now_us();
   for (auto& [slot, data] : writes) {
-    auto done = [this, f, enqueued, n = data.size()](Status s) { writeback_done(f, std::move(s), enqueued, n); };
+    auto done = [this, f, enqueued, n = data.size()](Status s) {
+      writeback_done(f, std::move(s), enqueued, n);
+    };
     Status st = nvme->write(slot, data, done);
     if (!st.ok()) done(st);
   }

@@ -496,6 +496,9 @@ Status Runtime::launch(std::function<void()> fn) {
 void Runtime::set_grad_scale(float scale) {
   std::lock_guard lock(impl_->mu);
   impl_->grad_scale = scale;
+  // Families that start before step() (not deferred) take the scale in effect
+  // when they start; step() sets it again for the deferred ones.
+  if (!impl_->deferred()) impl_->step_scale = scale;
 }
 
 Status Runtime::begin_micro_batch(bool last) {

@@ -83,6 +83,14 @@ struct TensorInfo {
   bool written_in_micro_batch = false;  //!< Note [Gradient completion]
   int write_leases = 0;
   std::int64_t updates = 0;  //!< optimizer steps applied to this tensor (its bias-correction step)
+  std::uint32_t group = 0;   //!< Note [Parameter groups]
+};
+
+//! A parameter group's overrides of the optimizer's lr and weight decay (Note [Parameter groups]).
+struct GroupHyper {
+  bool set = false;
+  float lr = 0.0f;
+  float weight_decay = 0.0f;
 };
 
 //! A family's optimizer work in the current step (Note [Pipeline places]).
@@ -96,9 +104,9 @@ struct FamilyRun {
   std::byte* grad_host = nullptr;
   bool grad_host_owned_by_chunk = false;  //!< grad_host is the grad chunk's own host copy
   bool has_nvme_place = false;
-  bool states_ready = false;                          //!< NVMe states are in staging
-  bool cancel_read_ahead = false;                     //!< release the place when the reads end
-  std::vector<std::byte*> staging;                    //!< per kind: NVMe states and the param being updated
+  bool states_ready = false;        //!< NVMe states are in staging
+  bool cancel_read_ahead = false;   //!< release the place when the reads end
+  std::vector<std::byte*> staging;  //!< per kind: NVMe states and the param being updated
   int io_pending = 0;
   Status io_status;
   std::vector<TensorId> updated;  //!< tensors the kernel updated (committed with the param)
@@ -187,7 +195,7 @@ struct Runtime::Impl {
   bool read_ahead = false;  //!< read NVMe states ahead this step
   int grad_slots_used = 0, grad_slots_max = 2;
   int nvme_places_used = 0, nvme_places_max = 2;
-  int io_families = 0;  //!< families with NVMe reads in flight
+  int io_families = 0;                //!< families with NVMe reads in flight
   std::vector<WriteBack> writebacks;  //!< per family (Note [Write-back after step])
   int writebacks_in_flight = 0;
 
@@ -245,15 +253,22 @@ struct Runtime::Impl {
   void maybe_compute(FamilyId f);
   void compute_family(FamilyId f);  // pool thread; takes mu
   void io_done(FamilyId f, Status status, Track track, double enqueued_us, std::uint64_t bytes);  // takes mu
-  void writeback_done(FamilyId f, Status status, double enqueued_us, std::uint64_t bytes);       // takes mu
+  void writeback_done(FamilyId f, Status status, double enqueued_us, std::uint64_t bytes);        // takes mu
   void release_gradient(FamilyId f, bool consumed);
   void finish_family(FamilyId f, Status status);
   //! Counts the update and drops the stale GPU copy of the family's param.
   void commit_param(FamilyId f);
   std::vector<kernels::Span> spans_for(FamilyId f, const FamilyPtrs& ptrs, std::vector<TensorId>* updated);
   //! kernels::step over spans grouped by step number; no lock needed.
+  //! The kernel keys and group hyperparameters of `updated` tensors (for run_kernels). Caller holds mu.
+  void kernel_keys(const std::vector<TensorId>& updated, std::vector<std::int64_t>* keys,
+                   std::vector<kernels::Hyper>* hypers) const;
+  //! `keys` per span: (group << 48) | step number, so each kernel call has one
+  //! hyper and one bias-correction step; `hypers` the groups' hyperparameters,
+  //! captured under the lock when the run was launched.
   Result<kernels::StepReport> run_kernels(const std::vector<kernels::Span>& spans,
-                                          const std::vector<std::int64_t>& steps, float scale);
+                                          const std::vector<std::int64_t>& steps, float scale,
+                                          const std::vector<kernels::Hyper>& hypers);
   //! Enqueues a copy on `stream` and records its span on `track` (start when the
   //! stream reaches it, end when it is done).
   Status timed_copy(const memory::Stream& stream, Track track, void* dst, const void* src,
@@ -289,7 +304,16 @@ struct Runtime::Impl {
     }
     return largest;
   }
-  kernels::Hyper hyper() const { return opt.hyper; }
+  //! The hyperparameters of `group` (the runtime's, with the group's overrides).
+  kernels::Hyper hyper(std::uint32_t group) const {
+    kernels::Hyper h = opt.hyper;
+    if (group < groups.size() && groups[group].set) {
+      h.lr = groups[group].lr;
+      h.weight_decay = groups[group].weight_decay;
+    }
+    return h;
+  }
+  std::vector<GroupHyper> groups;  //!< per group id; Note [Parameter groups]
 };
 
 //! Synthetic trace before the first step: forward in packing order, backward in reverse.

@@ -240,7 +240,7 @@ Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace t
   if (first) {
     // Homes start where the plan puts them: nothing to migrate.
   } else {
-    STRATA_CHECK(p.all_gpu == plan.all_gpu);  // sizes do not change between plans
+    STRATA_CHECK(p.all_gpu == plan.all_gpu);        // sizes do not change between plans
     STRATA_RETURN_IF_ERROR(wait_optimizers(lock));  // write-backs end before homes move
     STRATA_RETURN_IF_ERROR(migrate_homes(lock, p));
   }
@@ -437,90 +437,6 @@ Status Runtime::flush() {
   Impl& m = *impl_;
   std::unique_lock lock(m.mu);
   return m.wait_optimizers(lock);
-}
-
-Status Runtime::init_tensor(TensorId tensor, std::span<const float> values) {
-  Impl& m = *impl_;
-  std::unique_lock lock(m.mu);
-  if (tensor >= m.tensors.size())
-    return invalid_argument("init_tensor: tensor id {} is not registered", tensor);
-  const TensorInfo& info = m.tensors[tensor];
-  if (values.size() != info.numel) {
-    return invalid_argument("init_tensor(\"{}\"): {} values for {} elements", info.spec.name, values.size(),
-                            info.numel);
-  }
-  if (m.leases_out > 0)
-    return failed_precondition("init_tensor(\"{}\") while leases are held", info.spec.name);
-  STRATA_RETURN_IF_ERROR(m.finalize(lock));
-  STRATA_RETURN_IF_ERROR(m.wait_optimizers(lock));
-  const TensorSlot& ts = m.layout.slots[tensor];
-  const DType cdt = m.opt.compute_dtype;
-  auto write_param = [&](std::byte* base) {
-    std::byte* p = base + ts.offset_elems * dtype_bytes(cdt);
-    for (std::size_t i = 0; i < values.size(); ++i) {
-      if (cdt == DType::kF32) {
-        std::memcpy(p + 4 * i, &values[i], 4);
-      } else {
-        std::uint16_t h =
-            cdt == DType::kBF16 ? kernels::float_to_bf16(values[i]) : kernels::float_to_f16(values[i]);
-        std::memcpy(p + 2 * i, &h, 2);
-      }
-    }
-  };
-  STRATA_RETURN_IF_ERROR(m.with_host_copy(lock, m.chunk(ts.family, StateKind::kParam), true, write_param));
-  // Frozen tensors get their master too (when their family has one), so reading
-  // any tensor's master gives its fp32 value.
-  if (m.separate_master && m.chunk(ts.family, StateKind::kMaster).bytes > 0) {
-    STRATA_RETURN_IF_ERROR(m.with_host_copy(
-        lock, m.chunk(ts.family, StateKind::kMaster), true,
-        [&](std::byte* base) { std::memcpy(base + ts.offset_elems * 4, values.data(), values.size() * 4); }));
-  }
-  return Status::Ok();
-}
-
-Status Runtime::read_tensor(TensorId tensor, StateKind kind, std::span<float> out) {
-  Impl& m = *impl_;
-  std::unique_lock lock(m.mu);
-  if (tensor >= m.tensors.size())
-    return invalid_argument("read_tensor: tensor id {} is not registered", tensor);
-  const TensorInfo& info = m.tensors[tensor];
-  if (out.size() != info.numel) {
-    return invalid_argument("read_tensor(\"{}\"): room for {} values, the tensor has {}", info.spec.name,
-                            out.size(), info.numel);
-  }
-  if (m.leases_out > 0)
-    return failed_precondition("read_tensor(\"{}\") while leases are held", info.spec.name);
-  STRATA_RETURN_IF_ERROR(m.finalize(lock));
-  // After a failed step the last good state must stay readable (to checkpoint
-  // it), so a background error does not stop a read.
-  m.wait_optimizers(lock).ignore();
-  const TensorSlot& ts = m.layout.slots[tensor];
-  if (kind == StateKind::kMaster && !m.separate_master)
-    kind = StateKind::kParam;  // fp32: the param is the master
-  Chunk& c = m.chunk(ts.family, kind);
-  if (c.bytes == 0) {
-    return failed_precondition("read_tensor(\"{}\", {}): this tensor has no such state", info.spec.name,
-                               state_kind_name(kind));
-  }
-  if (kind == StateKind::kGrad && c.absent) {
-    return failed_precondition("read_tensor(\"{}\", grad): no gradient is held (it is consumed by step())",
-                               info.spec.name);
-  }
-  const DType dtype = (kind == StateKind::kParam || kind == StateKind::kGrad)
-                          ? m.opt.compute_dtype
-                          : (kind == StateKind::kMaster ? DType::kF32 : m.opt.state_dtype);
-  return m.with_host_copy(lock, c, false, [&](std::byte* base) {
-    const std::byte* p = base + ts.offset_elems * dtype_bytes(dtype);
-    for (std::size_t i = 0; i < out.size(); ++i) {
-      if (dtype == DType::kF32) {
-        std::memcpy(&out[i], p + 4 * i, 4);
-      } else {
-        std::uint16_t h;
-        std::memcpy(&h, p + 2 * i, 2);
-        out[i] = dtype == DType::kBF16 ? kernels::bf16_to_float(h) : kernels::f16_to_float(h);
-      }
-    }
-  });
 }
 
 }  // namespace strata::runtime

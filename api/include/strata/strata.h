@@ -134,6 +134,30 @@ strata_status strata_flush(strata_runtime* runtime);
 /** Writes the Chrome trace of the recorded timeline to `path`. */
 strata_status strata_write_trace(const strata_runtime* runtime, const char* path);
 
+/* --- For training frameworks (the torch binding uses these) --------------------------- */
+
+/** Blocks until a lease's memory holds its tensor, for math run on the calling thread instead of
+ * strata_launch (torch CPU ops on the sim device). The lease stays valid. */
+strata_status strata_lease_wait(strata_runtime* runtime, const strata_lease* lease);
+/** Starts a micro-batch: with last = 0 no optimizer runs and gradients are kept for the next
+ * micro-batch to add to (STRATA_ACCUMULATE). Fails while leases are held. */
+strata_status strata_begin_micro_batch(strata_runtime* runtime, int last);
+/** Multiplies every gradient by scale (finite, > 0; 1/loss_scale) in the next optimizer step. */
+strata_status strata_set_grad_scale(strata_runtime* runtime, float scale);
+/** Puts a tensor in parameter group `group` (< 65536; 0 by default). Between steps. */
+strata_status strata_set_tensor_group(strata_runtime* runtime, uint32_t tensor, uint32_t group);
+/** Sets a group's lr and weight decay (finite, >= 0), overriding the optimizer's. Between step and
+ * the next backward (the values in effect when a family's optimizer starts are used). */
+strata_status strata_set_group_hyper(strata_runtime* runtime, uint32_t group, float lr, float weight_decay);
+/** Overwrites one state of a tensor (param, master, state0/1; not grad) from fp32 values (count =
+ * its element count). Between steps; blocks. */
+strata_status strata_write_tensor(strata_runtime* runtime, uint32_t tensor, strata_state state,
+                                  const float* values, uint64_t count);
+/** The optimizer steps applied to a tensor (its bias-correction step counter) into *out. */
+strata_status strata_tensor_steps(strata_runtime* runtime, uint32_t tensor, int64_t* out);
+/** Sets a tensor's step counter (a checkpoint's load; >= 0). Between steps. */
+strata_status strata_set_tensor_steps(strata_runtime* runtime, uint32_t tensor, int64_t steps);
+
 #ifdef __cplusplus
 }
 #endif

@@ -152,6 +152,26 @@ class Runtime {
   //! Waits for everything launched so far. Blocks.
   Status synchronize();
 
+  //! Blocks the host until a device lease's memory holds its tensor, for math run
+  //! on the host thread instead of through launch() (torch CPU ops on the sim device).
+  Status wait(const Lease& lease);
+  //! Starts a micro-batch; with last = false no optimizer runs and gradients are
+  //! kept for the next micro-batch to accumulate into (Access::kAccumulate).
+  //! FailedPrecondition while leases are held.
+  Status begin_micro_batch(bool last);
+
+  //! Overwrites one state of a tensor from fp32 values (param, master, state0/1;
+  //! runtime::Runtime::write_tensor). Between steps. Blocks.
+  Status write_tensor(TensorId tensor, std::span<const float> values, StateKind kind);
+  //! Optimizer steps applied to a tensor (its bias-correction counter).
+  Result<std::int64_t> tensor_steps(TensorId tensor) const;
+  //! Sets a tensor's step counter (a checkpoint's load). Between steps.
+  Status set_tensor_steps(TensorId tensor, std::int64_t steps);
+  //! Puts a tensor in a parameter group (Note [Parameter groups] in runtime/runtime.hpp).
+  Status set_tensor_group(TensorId tensor, std::uint32_t group);
+  //! Sets a group's lr and weight decay; between step() and the next backward.
+  Status set_group_hyper(std::uint32_t group, float lr, float weight_decay);
+
   //! Multiplies every gradient by `scale` in the next optimizer step (1/loss_scale).
   void set_grad_scale(float scale);
   //! Ends the step: optimizer, Inf/NaN check, re-planning. Blocks. Fails with the

@@ -169,6 +169,30 @@ class Runtime {
   //! master, which is the param for fp32 compute; states) into `out`. Valid between
   //! steps. Blocks. FailedPrecondition for a kind this optimizer does not have.
   Status read_tensor(TensorId tensor, StateKind kind, std::span<float> out);
+  //! Overwrites one state of a tensor from fp32 values (a checkpoint's load): kParam
+  //! sets the param and its master (as init_tensor); kMaster the fp32 master alone
+  //! (kept, for fp32 compute, as the param); kState0/kState1 an optimizer state,
+  //! rounded to the state dtype. Valid between steps; blocks (may read/write NVMe).
+  //! Fails: InvalidArgument (bad id, wrong count), FailedPrecondition (leases held, a
+  //! kind this tensor does not have, kGrad).
+  Status write_tensor(TensorId tensor, StateKind kind, std::span<const float> values);
+  //! Optimizer steps applied to a tensor so far (its bias-correction step counter;
+  //! a tensor that got no gradient in a step does not count it).
+  Result<std::int64_t> tensor_steps(TensorId tensor) const;
+  //! Sets a tensor's step counter (a checkpoint's load). Valid between steps.
+  Status set_tensor_steps(TensorId tensor, std::int64_t steps);
+
+  //! Note [Parameter groups]
+  //! Every tensor belongs to one group (0 unless set); a group may override the
+  //! optimizer's lr and weight decay (torch's param_groups). The other
+  //! hyperparameters are the runtime's. The values in effect when a family's
+  //! optimizer step starts are used: set them before backward (a torch LR
+  //! scheduler sets the next step's lr after step(), which is in time).
+  //! Puts `tensor` in `group` (< 65536). Valid before the first acquire and between steps.
+  Status set_tensor_group(TensorId tensor, std::uint32_t group);
+  //! Sets group `group`'s lr and weight decay (finite, >= 0). Valid while no
+  //! optimizer step runs (between step() and the start of backward); FailedPrecondition otherwise.
+  Status set_group_hyper(std::uint32_t group, float lr, float weight_decay);
 
   //! Pins `tensor`'s `kind` chunk on `where` and returns a view. On the device it
   //! does not wait for the move on the host: the compute stream waits for it. It
@@ -178,13 +202,20 @@ class Runtime {
   //! before any write this step), OutOfBudget (every slot pinned: raise the budget).
   Result<Lease> acquire(TensorId tensor, StateKind kind, Access access, Where where = Where::kDevice);
 
+  //! Blocks the host until the lease's memory holds the tensor (its move is done),
+  //! for callers that compute on the host thread rather than on the compute stream
+  //! (torch CPU math on the sim device). The lease stays valid. Fails with the
+  //! device's Status.
+  Status wait(const Lease& lease);
+
   //! The stream compute runs on; leases on kDevice are ordered against it.
   const memory::Stream& compute_stream() const;
   //! Runs fn on the compute stream (the sim device's kernels); the time it takes
   //! counts as compute on the timeline.
   Status launch(std::function<void()> fn);
 
-  //! Multiplies every gradient by `scale` in the next optimizer step (1/loss_scale).
+  //! Multiplies every gradient by `scale` (1/loss_scale) from the next optimizer
+  //! step on; set it before backward (families start during backward).
   void set_grad_scale(float scale);
   //! Starts a micro-batch: with last = false its gradients are kept (accumulated
   //! by the next micro-batch with Access::kAccumulate) and no optimizer runs.
