@@ -1,3 +1,5 @@
+// RegionArena over a private jemalloc arena (the default backend; Note [Arena
+// backends] in jemalloc_arena.hpp).
 #include "jemalloc_arena.hpp"
 
 #include <jemalloc/jemalloc.h>
@@ -98,10 +100,12 @@ Result<std::unique_ptr<RegionArena>> RegionArena::create(std::byte* base, std::s
 }
 
 RegionArena::~RegionArena() {
-  if (!created_) return;
-  const std::string name = fmt::format("arena.{}.destroy", index_);
-  int err = strata_je_mallctl(name.c_str(), nullptr, nullptr, nullptr, 0);
-  STRATA_CHECK_MSG(err == 0, "jemalloc arena.<i>.destroy failed");
+  if (created_) {
+    const std::string name = fmt::format("arena.{}.destroy", index_);
+    int err = strata_je_mallctl(name.c_str(), nullptr, nullptr, nullptr, 0);
+    STRATA_CHECK_MSG(err == 0, "jemalloc arena.<i>.destroy failed");
+  }
+  delete hooks_;
 }
 
 std::size_t RegionArena::size_class(std::size_t bytes, std::size_t alignment) const {
@@ -114,50 +118,6 @@ void* RegionArena::allocate(std::size_t bytes, std::size_t alignment) {
 
 void RegionArena::free(void* data) {
   strata_je_dallocx(data, MALLOCX_TCACHE_NONE);
-}
-
-std::size_t RegionArena::extent_bytes() const {
-  std::lock_guard lock(mutex_);
-  return extent_bytes_;
-}
-
-void* RegionArena::carve(void* wanted, std::size_t bytes, std::size_t alignment) {
-  if (alignment == 0) alignment = 1;
-  std::lock_guard lock(mutex_);
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    const std::uintptr_t begin = it->first;
-    const std::uintptr_t end = begin + it->second;
-    const std::uintptr_t take =
-        wanted != nullptr ? reinterpret_cast<std::uintptr_t>(wanted) : align_up(begin, alignment);
-    if (take < begin || take + bytes > end || take + bytes < take) continue;
-    free_.erase(it);
-    if (take > begin) free_.emplace(begin, take - begin);
-    if (take + bytes < end) free_.emplace(take + bytes, end - take - bytes);
-    extent_bytes_ += bytes;
-    return reinterpret_cast<void*>(take);
-  }
-  return nullptr;
-}
-
-void RegionArena::give_back(void* data, std::size_t bytes) {
-  std::uintptr_t begin = reinterpret_cast<std::uintptr_t>(data);
-  STRATA_CHECK(begin >= reinterpret_cast<std::uintptr_t>(base_));
-  STRATA_CHECK(begin + bytes <= reinterpret_cast<std::uintptr_t>(base_) + bytes_);
-  std::lock_guard lock(mutex_);
-  extent_bytes_ -= bytes;
-  auto next = free_.lower_bound(begin);
-  if (next != free_.end() && begin + bytes == next->first) {  // merge with the range after
-    bytes += next->second;
-    next = free_.erase(next);
-  }
-  if (next != free_.begin()) {  // merge with the range before
-    auto prev = std::prev(next);
-    if (prev->first + prev->second == begin) {
-      prev->second += bytes;
-      return;
-    }
-  }
-  free_.emplace(begin, bytes);
 }
 
 }  // namespace strata::memory

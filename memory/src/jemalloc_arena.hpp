@@ -1,6 +1,17 @@
 #pragma once
 // RegionArena: a jemalloc arena whose memory comes only from one caller-owned range.
 // Internal to memory/; PinnedHostPool uses it for variable-size pinned buffers.
+//
+// Note [Arena backends]
+// The default backend (jemalloc_arena.cpp) is a private jemalloc arena whose extent
+// hooks carve the region (Note [Private jemalloc]). jemalloc keeps its thread state in
+// initial-exec TLS, which a library loaded with dlopen() cannot have (the loader
+// refuses: "cannot allocate memory in static TLS block"), so a binary that is
+// dlopen()ed — the torch extension strata.torch._C — links the first-fit backend
+// (first_fit_arena.cpp, target strata_first_fit_arena) instead: the same class over
+// the same free-range map (region_arena.cpp), each buffer carved directly, rounded
+// to 4 KiB. Its object files define every backend symbol, so the linker never pulls
+// jemalloc_arena.o (or jemalloc) into that binary. The log says which backend runs.
 
 #include <cstddef>
 #include <cstdint>
@@ -16,7 +27,8 @@ namespace strata::memory {
 class RegionArena {
  public:
   //! Creates the arena over [base, base + bytes); `base` and `bytes` are 2 MiB multiples
-  //! and the range outlives the arena. Fails (Internal) when jemalloc refuses.
+  //! and the range outlives the arena. Fails (Internal) when jemalloc refuses. Logs
+  //! the backend once per process.
   static Result<std::unique_ptr<RegionArena>> create(std::byte* base, std::size_t bytes);
   //! Destroys the arena; every allocation must have been freed (checked).
   ~RegionArena();
@@ -40,7 +52,7 @@ class RegionArena {
   void* carve(void* wanted, std::size_t bytes, std::size_t alignment);
   void give_back(void* data, std::size_t bytes);
 
-  std::unique_ptr<Hooks> hooks_;  // jemalloc holds a pointer to it until the arena dies
+  Hooks* hooks_ = nullptr;  // jemalloc backend: owned; jemalloc holds a pointer to it until the arena dies
   std::byte* const base_;
   const std::size_t bytes_;
   unsigned index_ = 0;
@@ -48,6 +60,7 @@ class RegionArena {
   mutable std::mutex mutex_;
   std::map<std::uintptr_t, std::size_t> free_;  // begin -> bytes, coalesced
   std::size_t extent_bytes_ = 0;
+  std::map<std::uintptr_t, std::size_t> used_;  // first-fit backend: buffer begin -> bytes carved
 };
 
 }  // namespace strata::memory

@@ -1,0 +1,56 @@
+// RegionArena's map of the region's free ranges, shared by both backends (Note
+// [Arena backends] in jemalloc_arena.hpp): jemalloc's extent hooks carve from it,
+// and the first-fit backend carves buffers from it directly.
+#include <iterator>
+
+#include "jemalloc_arena.hpp"
+#include "strata/common/assert.hpp"
+#include "strata/common/bytes.hpp"
+
+namespace strata::memory {
+
+std::size_t RegionArena::extent_bytes() const {
+  std::lock_guard lock(mutex_);
+  return extent_bytes_;
+}
+
+void* RegionArena::carve(void* wanted, std::size_t bytes, std::size_t alignment) {
+  if (alignment == 0) alignment = 1;
+  std::lock_guard lock(mutex_);
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    const std::uintptr_t begin = it->first;
+    const std::uintptr_t end = begin + it->second;
+    const std::uintptr_t take =
+        wanted != nullptr ? reinterpret_cast<std::uintptr_t>(wanted) : align_up(begin, alignment);
+    if (take < begin || take + bytes > end || take + bytes < take) continue;
+    free_.erase(it);
+    if (take > begin) free_.emplace(begin, take - begin);
+    if (take + bytes < end) free_.emplace(take + bytes, end - take - bytes);
+    extent_bytes_ += bytes;
+    return reinterpret_cast<void*>(take);
+  }
+  return nullptr;
+}
+
+void RegionArena::give_back(void* data, std::size_t bytes) {
+  std::uintptr_t begin = reinterpret_cast<std::uintptr_t>(data);
+  STRATA_CHECK(begin >= reinterpret_cast<std::uintptr_t>(base_));
+  STRATA_CHECK(begin + bytes <= reinterpret_cast<std::uintptr_t>(base_) + bytes_);
+  std::lock_guard lock(mutex_);
+  extent_bytes_ -= bytes;
+  auto next = free_.lower_bound(begin);
+  if (next != free_.end() && begin + bytes == next->first) {  // merge with the range after
+    bytes += next->second;
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {  // merge with the range before
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == begin) {
+      prev->second += bytes;
+      return;
+    }
+  }
+  free_.emplace(begin, bytes);
+}
+
+}  // namespace strata::memory
