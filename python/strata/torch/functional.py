@@ -1,0 +1,29 @@
+"""strata's fused optimizer kernels on plain torch tensors, one tensor at a time.
+
+The same code the runtime runs on its chunks (kernels/, one rule header per
+optimizer, the CPU ISA chosen by CPUID), for comparing strata.torch training
+against torch-only training that uses the same arithmetic. Every call updates
+``param`` (contiguous fp32) and its states in place.
+"""
+
+from . import _C
+
+
+def step_(optimizer, param, grad, states, step, grad_scale=1.0, **hyper):
+    """One step of `optimizer` ("adamw", "adam", "lamb", "lars", "sgd", "lion", "adagrad") for one tensor.
+
+    states: fp32 tensors like param (exp_avg, exp_avg_sq for the Adam family; momentum
+    for SGD with momentum, LARS and Lion; the sum of squares for Adagrad). step: 1-based.
+    hyper: lr, beta1, beta2, eps, weight_decay, momentum, dampening, nesterov, ...
+    """
+    _C.fused_step(optimizer, param, grad.contiguous(), list(states), int(step), hyper, float(grad_scale))
+
+
+def adamw_(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+    step_("adamw", param, grad, [exp_avg, exp_avg_sq], step, lr=lr, beta1=betas[0], beta2=betas[1], eps=eps,
+          weight_decay=weight_decay)
+
+
+def adam_(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+    step_("adam", param, grad, [exp_avg, exp_avg_sq], step, lr=lr, beta1=betas[0], beta2=betas[1], eps=eps,
+          weight_decay=weight_decay)

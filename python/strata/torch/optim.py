@@ -1,0 +1,341 @@
+"""strata.torch optimizers: torch.optim.Optimizer subclasses whose step() is strata's.
+
+The optimizer runs inside strata's runtime, on whichever tier each chunk family's
+states live (GPU, pinned host, NVMe), overlapping backward; p.grad is always None
+(gradients live in strata's grad chunks). Param groups carry their own lr and
+weight_decay (read at each step, so torch LR schedulers work unchanged); every
+other hyperparameter is shared by all groups. Gradient clipping by global norm
+(``max_grad_norm``) and a loss scale (``loss_scale``: strata divides the gradients
+by it and skips a step whose gradients are Inf/NaN, leaving every state unchanged)
+are options of every optimizer.
+
+Note [When lr is read]
+A family's optimizer step starts as soon as its gradients are complete, during
+backward, so the groups' lr and weight_decay are handed to the runtime when a
+step's first micro-batch begins (its first forward). A scheduler stepped after
+optimizer.step() — the usual place — or an lr set before the forward is in time;
+an lr changed between backward and optimizer.step() applies from the next step,
+and strata warns once when it sees that.
+"""
+
+import math
+import warnings
+
+import torch
+
+from . import _wrap
+
+# The names torch.optim gives each state, in strata's state order (state0, state1).
+_STATE_NAMES = {
+    "adamw": ("exp_avg", "exp_avg_sq"),
+    "adam": ("exp_avg", "exp_avg_sq"),
+    "lamb": ("exp_avg", "exp_avg_sq"),
+    "lars": ("momentum_buffer",),
+    "sgd": ("momentum_buffer",),
+    "lion": ("exp_avg",),
+    "adagrad": ("sum",),
+}
+
+
+class _StrataOptimizer(torch.optim.Optimizer):
+    """Base of strata.torch's optimizers. Subclasses set _name and map hyperparameters."""
+
+    _name = None
+    # torch's group key -> strata's config key (tuples split betas).
+    _per_group = ("lr", "weight_decay")
+
+    def __init__(self, params, defaults, max_grad_norm=0.0, loss_scale=None):
+        if not math.isfinite(max_grad_norm) or max_grad_norm < 0:
+            raise ValueError(f"{type(self).__name__}: max_grad_norm = {max_grad_norm} must be finite and >= 0")
+        if loss_scale is not None and (not math.isfinite(loss_scale) or loss_scale <= 0):
+            raise ValueError(f"{type(self).__name__}: loss_scale = {loss_scale} must be finite and > 0")
+        super().__init__(params, defaults)
+        self.max_grad_norm = float(max_grad_norm)
+        self._loss_scale = loss_scale
+        all_params = [p for g in self.param_groups for p in g["params"]]
+        self._wrapped = _wrap._owner_of(all_params)
+        self._check_groups()
+        self._wrapped.optimizer = self
+        self._wrapped._build(self._settings())
+        self._assign_groups()
+        self._warned_lr = False
+        self.last_step_applied = None
+
+    # --- settings --------------------------------------------------------------------------
+
+    def _hyper(self, group):
+        """strata's optimizer keys for one group (subclasses)."""
+        raise NotImplementedError
+
+    def _check_groups(self):
+        first = {k: v for k, v in self._hyper(self.param_groups[0]).items() if k not in self._per_group}
+        for i, g in enumerate(self.param_groups[1:], start=1):
+            other = {k: v for k, v in self._hyper(g).items() if k not in self._per_group}
+            if other != first:
+                diff = sorted(k for k in set(first) | set(other) if first.get(k) != other.get(k))
+                raise ValueError(
+                    f"{type(self).__name__}: param group {i} sets {', '.join(diff)} differently from group 0; "
+                    "strata's groups may differ in lr and weight_decay only")
+            for k in ("lr", "weight_decay"):
+                if not math.isfinite(g[k]) or g[k] < 0:
+                    raise ValueError(f"{type(self).__name__}: param group {i}: {k} = {g[k]} must be >= 0")
+
+    def _settings(self):
+        opt = {"name": self._name}
+        opt.update(self._hyper(self.param_groups[0]))
+        trainable = {id(p) for g in self.param_groups for p in g["params"] if p.requires_grad}
+        return {"optimizer": opt, "clip_max_norm": self.max_grad_norm,
+                "loss_scaling": self._loss_scale is not None, "_trainable": trainable}
+
+    def _assign_groups(self):
+        engine = self._wrapped.engine
+        for gi, g in enumerate(self.param_groups):
+            for p in g["params"]:
+                engine.set_group(self._wrapped._pid[id(p)], gi)
+        self._push_groups()
+
+    def _group_values(self):
+        return tuple((float(g["lr"]), float(g["weight_decay"])) for g in self.param_groups)
+
+    def _push_groups(self):
+        """Hands the groups' lr and weight decay to the runtime (Note [When lr is read])."""
+        values = self._group_values()
+        w = self._wrapped
+        if w._pushed_groups != values:
+            for gi, (lr, wd) in enumerate(values):
+                w.engine.set_group_hyper(gi, lr, wd)
+            w._pushed_groups = values
+        w.engine.set_grad_scale(1.0 / self._loss_scale if self._loss_scale is not None else 1.0)
+
+    @property
+    def loss_scale(self):
+        """The static loss scale (None: off). Multiply the loss by it before backward
+        (or use scale_loss); strata divides the gradients by it."""
+        return self._loss_scale
+
+    @loss_scale.setter
+    def loss_scale(self, value):
+        if self._loss_scale is None:
+            raise RuntimeError(f"{type(self).__name__}: loss scaling was not enabled (pass loss_scale= when "
+                               "creating the optimizer)")
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"loss_scale = {value} must be finite and > 0")
+        self._loss_scale = float(value)
+
+    def scale_loss(self, loss):
+        return loss * self._loss_scale if self._loss_scale is not None else loss
+
+    # --- torch.optim.Optimizer ---------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._wrapped._pushed_groups != self._group_values() and not self._warned_lr:
+            warnings.warn(
+                f"{type(self).__name__}: a group's lr or weight_decay changed after this step's backward began; "
+                "strata applies it from the next step (Note [When lr is read] in strata/torch/optim.py)",
+                stacklevel=2)
+            self._warned_lr = True
+        stats = self._wrapped.step()
+        self.last_step_applied = stats["applied"]
+        return loss
+
+    def zero_grad(self, set_to_none=True):
+        """Nothing to do: strata hands each gradient to its grad chunk and sets p.grad = None."""
+        for g in self.param_groups:
+            for p in g["params"]:
+                p.grad = None
+
+    def state_dict(self):
+        """torch.optim's format: {'state': {index: {'step', <state names>}}, 'param_groups': [...]}."""
+        w = self._wrapped
+        w.engine.flush()
+        names = self._state_names()
+        state, groups, index = {}, [], 0
+        for g in self.param_groups:
+            entry = {k: v for k, v in g.items() if k != "params"}
+            entry["params"] = list(range(index, index + len(g["params"])))
+            for p in g["params"]:
+                pid = w._pid[id(p)]
+                steps = w.engine.steps(pid)
+                if steps > 0 and not w._frozen[pid]:
+                    s = {"step": torch.tensor(float(steps))}
+                    for k, name in enumerate(names):
+                        s[name] = w.engine.read(pid, _wrap.STATE0 + k).to(p.dtype) if p.dtype != torch.float32 \
+                            else w.engine.read(pid, _wrap.STATE0 + k)
+                    if w.engine.separate_master():
+                        s["master_param"] = w.engine.read(pid, _wrap.MASTER)
+                    state[index] = s
+                index += 1
+            groups.append(entry)
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict):
+        """Loads torch.optim's format (from strata or from torch.optim with the same states); every
+        entry is checked before anything is written."""
+        w = self._wrapped
+        if not isinstance(state_dict, dict) or "state" not in state_dict or "param_groups" not in state_dict:
+            raise ValueError("load_state_dict: expected {'state': ..., 'param_groups': ...}")
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups):
+            raise ValueError(f"load_state_dict: {len(groups)} param groups in the checkpoint, "
+                             f"{len(self.param_groups)} in the optimizer")
+        params, errors = [], []
+        for gi, (saved, mine) in enumerate(zip(groups, self.param_groups)):
+            if len(saved["params"]) != len(mine["params"]):
+                errors.append(f"group {gi}: {len(saved['params'])} params in the checkpoint, "
+                              f"{len(mine['params'])} here")
+                continue
+            params.extend(zip(saved["params"], mine["params"]))
+        names = self._state_names()
+        todo = []
+        for index, p in params:
+            s = state_dict["state"].get(index)
+            if s is None:
+                todo.append((p, None))
+                continue
+            for name in names:
+                t = s.get(name)
+                if t is None:
+                    errors.append(f"state of param {index}: no {name!r}")
+                elif tuple(t.shape) != tuple(p.shape):
+                    errors.append(f"state of param {index}: {name} has shape {tuple(t.shape)}, "
+                                  f"the parameter {tuple(p.shape)}")
+            todo.append((p, s))
+        if errors:
+            raise ValueError("load_state_dict refused, nothing was loaded: " + "; ".join(errors))
+        w.engine.flush()
+        zeros = None
+        for p, s in todo:
+            pid = w._pid[id(p)]
+            if w._frozen[pid]:
+                continue
+            if s is None:
+                zeros = torch.zeros(p.shape)
+                for k in range(len(names)):
+                    w.engine.write(pid, _wrap.STATE0 + k, zeros)
+                w.engine.set_steps(pid, 0)
+                continue
+            for k, name in enumerate(names):
+                w.engine.write(pid, _wrap.STATE0 + k, s[name])
+            if "master_param" in s and w.engine.separate_master():
+                w.engine.write(pid, _wrap.MASTER, s["master_param"])
+            step = s.get("step", 0)
+            w.engine.set_steps(pid, int(step.item() if isinstance(step, torch.Tensor) else step))
+        for saved, mine in zip(groups, self.param_groups):
+            for k, v in saved.items():
+                if k != "params":
+                    mine[k] = v
+        self._check_groups()
+
+    def _state_names(self):
+        names = _STATE_NAMES[self._name]
+        if self._name == "sgd" and self.param_groups[0]["momentum"] == 0:
+            return ()
+        return names
+
+
+class AdamW(_StrataOptimizer):
+    """torch.optim.AdamW, run by strata (decoupled weight decay)."""
+
+    _name = "adamw"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
+                 max_grad_norm=0.0, loss_scale=None):
+        if amsgrad:
+            raise ValueError(f"{type(self).__name__}: amsgrad is not supported by strata's kernels")
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=False),
+                         max_grad_norm, loss_scale)
+
+    def _hyper(self, g):
+        return {"lr": g["lr"], "beta1": g["betas"][0], "beta2": g["betas"][1], "eps": g["eps"],
+                "weight_decay": g["weight_decay"]}
+
+
+class Adam(AdamW):
+    """torch.optim.Adam, run by strata (L2 weight decay)."""
+
+    _name = "adam"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
+                 max_grad_norm=0.0, loss_scale=None):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, max_grad_norm=max_grad_norm,
+                         loss_scale=loss_scale)
+
+
+class LAMB(_StrataOptimizer):
+    """LAMB (You et al.), per-tensor trust ratios."""
+
+    _name = "lamb"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, bias_correction=True, *,
+                 max_grad_norm=0.0, loss_scale=None):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                      bias_correction=bias_correction), max_grad_norm, loss_scale)
+
+    def _hyper(self, g):
+        return {"lr": g["lr"], "beta1": g["betas"][0], "beta2": g["betas"][1], "eps": g["eps"],
+                "weight_decay": g["weight_decay"], "bias_correction": bool(g["bias_correction"])}
+
+
+class LARS(_StrataOptimizer):
+    """LARS (You et al.), SGD with momentum and per-tensor trust ratios."""
+
+    _name = "lars"
+
+    def __init__(self, params, lr, momentum=0.9, weight_decay=0.0, trust_coefficient=0.001, eps=1e-8,
+                 clip=False, *, max_grad_norm=0.0, loss_scale=None):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                                      trust_coefficient=trust_coefficient, eps=eps, clip=clip),
+                         max_grad_norm, loss_scale)
+
+    def _hyper(self, g):
+        return {"lr": g["lr"], "momentum": g["momentum"], "weight_decay": g["weight_decay"],
+                "trust_coefficient": g["trust_coefficient"], "eps": g["eps"], "lars_clip": bool(g["clip"])}
+
+
+class SGD(_StrataOptimizer):
+    """torch.optim.SGD, run by strata (momentum, dampening, Nesterov, L2 weight decay)."""
+
+    _name = "sgd"
+
+    def __init__(self, params, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, *,
+                 max_grad_norm=0.0, loss_scale=None):
+        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                                      nesterov=nesterov), max_grad_norm, loss_scale)
+
+    def _hyper(self, g):
+        return {"lr": g["lr"], "momentum": g["momentum"], "dampening": g["dampening"],
+                "weight_decay": g["weight_decay"], "nesterov": bool(g["nesterov"])}
+
+
+class Lion(_StrataOptimizer):
+    """Lion (Chen et al.): sign of an interpolated momentum, decoupled weight decay."""
+
+    _name = "lion"
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *, max_grad_norm=0.0,
+                 loss_scale=None):
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay), max_grad_norm, loss_scale)
+
+    def _hyper(self, g):
+        return {"lr": g["lr"], "beta1": g["betas"][0], "beta2": g["betas"][1], "weight_decay": g["weight_decay"]}
+
+
+class Adagrad(_StrataOptimizer):
+    """torch.optim.Adagrad, run by strata (initial_accumulator_value 0)."""
+
+    _name = "adagrad"
+
+    def __init__(self, params, lr=1e-2, lr_decay=0.0, weight_decay=0.0, initial_accumulator_value=0.0, eps=1e-10,
+                 *, max_grad_norm=0.0, loss_scale=None):
+        if initial_accumulator_value != 0:
+            raise ValueError("Adagrad: strata starts the sum of squares at 0 (initial_accumulator_value = 0)")
+        super().__init__(params, dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
+                                      initial_accumulator_value=0.0, eps=eps), max_grad_norm, loss_scale)
+
+    def _hyper(self, g):
+        return {"lr": g["lr"], "lr_decay": g["lr_decay"], "weight_decay": g["weight_decay"], "eps": g["eps"]}
