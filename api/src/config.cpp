@@ -249,6 +249,11 @@ const std::vector<Key>& table() {
            STRATA_ASSIGN_OR_RETURN(c.runtime.plan.prefetch, to_bool(key, v));
            return Status::Ok();
          }});
+    k.push_back({"plan.reserve_evicted_grads", Kind::kBool,
+                 [](Config& c, std::string_view key, std::string_view v) -> Status {
+                   STRATA_ASSIGN_OR_RETURN(c.runtime.plan.reserve_evicted_grads, to_bool(key, v));
+                   return Status::Ok();
+                 }});
     using P = runtime::PlanOptions;
     for (const auto& [name, field] :
          {std::pair<const char*, std::uint32_t P::*>{"prefetch_depth_max", &P::prefetch_depth_max},

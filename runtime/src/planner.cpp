@@ -123,12 +123,27 @@ Result<Plan> make_plan(const PlanInput& in) {
   }
   plan.gpu_bytes = budget.gpu_bytes - gpu_spare;
 
-  // 3. Host: grad landing slots, param homes, then optimizer states.
+  // 3. Host: grad landing slots, host copies of evicted gradients, param homes,
+  // then optimizer states.
+  //
+  // Note [Evicted gradients]
+  // A gradient whose family's optimizer cannot start yet
+  // (a lease still holds its param, the family is incomplete) may be evicted from
+  // its streaming slot to a host copy; each streaming slot holds at most one
+  // dirty gradient at a time, so gpu_cache_slots copies bound what eviction adds
+  // while the pipeline keeps up. It is reserved when PlanOptions::
+  // reserve_evicted_grads asks: the torch binding releases a module's params only
+  // after its backward, so its families start later than the C++ trainers' and
+  // their gradients are evicted more often; without this room the runtime ran out
+  // of host budget mid-step (OutOfBudget) under budgets the plan had accepted. The
+  // lasting fix is backpressure (an eviction that finds no host room waits for the
+  // pipeline to free some), which the runtime does not have yet.
   const std::uint64_t grad_staging = std::uint64_t{opt.grad_staging_slots} * grad_max;
-  std::uint64_t host_used = grad_staging + opt.host_reserve_bytes;
+  const std::uint64_t evicted_grads = opt.reserve_evicted_grads ? plan.gpu_cache_slots * grad_max : 0;
+  std::uint64_t host_used = grad_staging + evicted_grads + opt.host_reserve_bytes;
   if (host_used > budget.host_bytes) {
     return budget_error("host_budget", budget.host_bytes, host_used,
-                        "the gradient landing slots and the reserve");
+                        "the gradient landing slots, room for gradients evicted from the GPU, and the reserve");
   }
   std::uint64_t nvme_used = 0;
   std::uint64_t params_total = 0;

@@ -43,7 +43,17 @@ PARAM, GRAD, MASTER, STATE0, STATE1 = range(5)
 StrataError = _C.StrataError
 
 # Keys of the wrap config that the binding handles itself (not the runtime's).
-_BINDING_KEYS = ("gradient_accumulation_steps",)
+_BINDING_KEYS = ("gradient_accumulation_steps", "bind_subtree")
+
+# Note [Modules that read their children's parameters]
+# Some modules use a child's parameters without calling the child: nn.MultiheadAttention
+# passes out_proj.weight to F.multi_head_attention_forward, and the transformer layers'
+# inference fast path reads every parameter of the layer. Such a module binds the
+# parameters of its whole subtree for its forward and backward. Other classes can be
+# added by name with the wrap config's "bind_subtree" list; the poison error names the
+# parameter that was read, which tells where one is needed.
+_SUBTREE_CLASSES = (torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer,
+                    torch.nn.TransformerDecoderLayer)
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _live_engines = weakref.WeakSet()
 _WRAPPED_REGISTRY = weakref.WeakSet()
@@ -214,6 +224,18 @@ class Wrapped:
                 pids.append(pid)
             if pids:
                 self._module_pids[module] = pids
+        extra = self.config.get("bind_subtree", [])
+        if not isinstance(extra, list) or not all(isinstance(n, str) for n in extra):
+            raise ValueError("strata.torch.wrap: bind_subtree must be a list of module class names")
+        for module in self.model.modules():
+            if isinstance(module, _SUBTREE_CLASSES) or type(module).__name__ in extra:
+                pids = []
+                for p in module.parameters():
+                    pid = self._pid.get(id(p))
+                    if pid is not None and pid not in pids:
+                        pids.append(pid)
+                if pids:
+                    self._module_pids[module] = pids
         if not self.params:
             raise ValueError("strata.torch.wrap: the model has no parameters to hand over")
         self.dtype = dtype
@@ -252,6 +274,10 @@ class Wrapped:
                              f"parameters are {self.dtype}; leave it out or convert the model")
         precision["compute"] = want
         cfg["precision"] = precision
+        plan = dict(cfg.get("plan", {})) if isinstance(cfg.get("plan"), dict) else cfg.get("plan", {})
+        if isinstance(plan, dict):
+            plan.setdefault("reserve_evicted_grads", True)  # Note [Evicted gradients] in runtime/src/planner.cpp
+            cfg["plan"] = plan
         if settings is not None:
             given = cfg.get("optimizer", {}).get("name") if isinstance(cfg.get("optimizer"), dict) else None
             if given is not None and given != settings["optimizer"]["name"]:
@@ -306,14 +332,20 @@ class Wrapped:
     def close(self):
         """Gives every parameter its value back as torch memory, removes the hooks and frees strata's
         tiers (swap files included). The model is plain torch afterwards."""
+        error = None
         if self.engine is not None:
-            self.engine.flush()
+            try:
+                self.engine.flush()
+            except StrataError as e:
+                error = e  # the last good state is still readable: restore it, then report
             self._restore_all()
         for h in self._handles:
             h.remove()
         self._handles.clear()
         self._acc_nodes.clear()
         self.model._strata_wrapped = None
+        if error is not None:
+            raise error
 
     # --- hooks (Note [Hooks]) ------------------------------------------------------------
 
@@ -356,7 +388,9 @@ class Wrapped:
                 f"strata.torch: parameter(s) {', '.join(repr(h) for h in hits)} were used while not bound to "
                 "strata's memory: a hook was missed (a parameter used outside its own module's forward, a "
                 "module called without its hooks, or a parameter read directly). The values read were zeros. "
-                "Use parameters only inside the module that owns them, or read them with model.state_dict().")
+                "Use parameters only inside the module that owns them, read them with model.state_dict(), or, "
+                "for a module that reads its children's parameters, name its class in the wrap config's "
+                "\"bind_subtree\" list (Note [Modules that read their children's parameters]).")
 
     def _root_pre_forward(self, module, inputs):
         self._check_unchanged()

@@ -77,6 +77,11 @@ struct PlanOptions {
   //! Host bytes kept free for what the plan does not schedule: gradients written
   //! back from the GPU when a step departs from the trace or between micro-batches.
   std::uint64_t host_reserve_bytes = 0;
+  //! Reserve host room for gradients evicted from the GPU before their family's
+  //! optimizer starts: one per streaming slot (Note [Evicted gradients] in
+  //! planner.cpp). The torch binding turns it on: it holds a module's params until
+  //! the module's backward ends, so gradients wait on the device longer.
+  bool reserve_evicted_grads = false;
 };
 
 //! What the plan decides for one family.

@@ -1,0 +1,144 @@
+"""Small torch models for strata.torch's tests, each exercising one kind of hook use."""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint as cp
+
+
+class Mlp(nn.Module):
+    def __init__(self, d=64, h=128, out=10):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(d, h), nn.Linear(h, h), nn.Linear(h, out)
+
+    def forward(self, x):
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+class Encoder(nn.Module):
+    """nn.TransformerEncoderLayer (attention with its in_proj parameters, MLP, layer norms)."""
+
+    def __init__(self, d=64, out=10):
+        super().__init__()
+        self.layers = nn.ModuleList([
+            nn.TransformerEncoderLayer(d, nhead=4, dim_feedforward=128, dropout=0.0, batch_first=True)
+            for _ in range(2)])
+        self.head = nn.Linear(d, out)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x.mean(dim=1))
+
+
+class Tied(nn.Module):
+    """Embedding and output head share one weight."""
+
+    def __init__(self, vocab=200, d=64):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.mid = nn.Linear(d, d)
+        self.mid2 = nn.Linear(d, d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, idx):
+        return self.head(torch.tanh(self.mid2(torch.tanh(self.mid(self.emb(idx))))))
+
+
+class Reused(nn.Module):
+    """One layer called twice in a forward."""
+
+    def __init__(self, d=96, out=10):
+        super().__init__()
+        self.inp, self.shared, self.out = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, out)
+
+    def forward(self, x):
+        h = F.relu(self.inp(x))
+        h = F.relu(self.shared(h))
+        h = F.relu(self.shared(h))
+        return self.out(h)
+
+
+class FrozenUnused(nn.Module):
+    """A frozen layer, and a branch used on even steps only (set .use_branch)."""
+
+    def __init__(self, d=96, out=10):
+        super().__init__()
+        self.frozen, self.a, self.branch, self.out = (nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d),
+                                                      nn.Linear(d, out))
+        for p in self.frozen.parameters():
+            p.requires_grad_(False)
+        self.use_branch = True
+
+    def forward(self, x):
+        h = F.relu(self.a(F.relu(self.frozen(x))))
+        if self.use_branch:
+            h = h + F.relu(self.branch(h))
+        return self.out(h)
+
+
+class Checkpointed(nn.Module):
+    """Two blocks under torch.utils.checkpoint (recomputed in backward)."""
+
+    def __init__(self, d=96, out=10):
+        super().__init__()
+        self.inp = nn.Linear(d, d)
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(d, d), nn.Tanh(), nn.Linear(d, d)) for _ in range(2)])
+        self.out = nn.Linear(d, out)
+
+    def forward(self, x):
+        h = self.inp(x)
+        for b in self.blocks:
+            h = h + cp.checkpoint(b, h)
+        return self.out(h)
+
+
+class Deep(nn.Module):
+    """Eight 64x64 layers (one chunk each), the middle ones under checkpoint: many families, so
+    that a host budget can hold part of the optimizer states and spill the rest to NVMe."""
+
+    def __init__(self, d=64, depth=8, out=10):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(d, d) for _ in range(depth)])
+        self.out = nn.Linear(d, out)
+        self.checkpointed = (3, 4)
+
+    def forward(self, x):
+        for i, layer in enumerate(self.layers):
+            x = torch.tanh(cp.checkpoint(layer, x) if i in self.checkpointed else layer(x))
+        return self.out(x)
+
+
+# name -> (class, input kind, GPU chunk slots: the fewest its working set needs)
+MODELS = {
+    "mlp": (Mlp, "dense", 3),
+    "encoder": (Encoder, "seq", 14),
+    "tied": (Tied, "tokens", 3),
+    "reused": (Reused, "dense", 3),
+    "frozen_unused": (FrozenUnused, "dense", 3),
+    "checkpoint": (Checkpointed, "dense", 3),
+    "deep": (Deep, "dense", 3),
+}
+
+
+def make(name, seed=0):
+    torch.manual_seed(seed)
+    cls, kind, _ = MODELS[name]
+    return cls(), kind
+
+
+def inputs(model, kind, step, micro=0, batch_size=16):
+    g = torch.Generator().manual_seed(1000 * step + micro)
+    if kind == "tokens":
+        return (torch.randint(0, 200, (batch_size, 8), generator=g),
+                torch.randint(0, 200, (batch_size, 8), generator=g))
+    if kind == "seq":
+        return torch.randn(batch_size, 6, 64, generator=g), torch.randint(0, 10, (batch_size,), generator=g)
+    d = next(m for m in model.modules() if isinstance(m, nn.Linear)).in_features
+    return torch.randn(batch_size, d, generator=g), torch.randint(0, 10, (batch_size,), generator=g)
+
+
+def loss_of(model, x, y):
+    out = model(x)
+    return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
