@@ -363,6 +363,11 @@ void fused_step(const std::string& optimizer, at::Tensor param, const at::Tensor
   throw_if(report.status());
 }
 
+//! Parses config text as Runtime creation will (unknown keys, types, values), without creating anything.
+void validate_config(const std::string& config_json) {
+  throw_if(Config::from_json_text(config_json).status());
+}
+
 }  // namespace
 }  // namespace strata::torch_binding
 
@@ -396,6 +401,7 @@ PYBIND11_MODULE(_C, m) {
       .def("device_kind", &Engine::device_kind)
       .def("separate_master", &Engine::separate_master)
       .def("write_trace", &Engine::write_trace);
+  m.def("validate_config", &strata::torch_binding::validate_config, py::arg("config_json"));
   m.def("fused_step", &strata::torch_binding::fused_step, py::arg("optimizer"), py::arg("param"),
         py::arg("grad"), py::arg("states"), py::arg("step"), py::arg("hyper"), py::arg("grad_scale") = 1.0f);
 }

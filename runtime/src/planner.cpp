@@ -142,8 +142,9 @@ Result<Plan> make_plan(const PlanInput& in) {
   const std::uint64_t evicted_grads = opt.reserve_evicted_grads ? plan.gpu_cache_slots * grad_max : 0;
   std::uint64_t host_used = grad_staging + evicted_grads + opt.host_reserve_bytes;
   if (host_used > budget.host_bytes) {
-    return budget_error("host_budget", budget.host_bytes, host_used,
-                        "the gradient landing slots, room for gradients evicted from the GPU, and the reserve");
+    return budget_error(
+        "host_budget", budget.host_bytes, host_used,
+        "the gradient landing slots, room for gradients evicted from the GPU, and the reserve");
   }
   std::uint64_t nvme_used = 0;
   std::uint64_t params_total = 0;
@@ -169,11 +170,12 @@ Result<Plan> make_plan(const PlanInput& in) {
     }
   }
   if (host_used > budget.host_bytes) {
-    return budget_error("host_budget", budget.host_bytes, host_used,
-                        opt.allow_nvme_params
-                            ? "param staging for NVMe-resident params"
-                            : "every param's home copy (the runtime keeps each param on host: NVMe-homed params "
-                              "are not implemented) with the gradient landing slots and the reserve");
+    return budget_error(
+        "host_budget", budget.host_bytes, host_used,
+        opt.allow_nvme_params
+            ? "param staging for NVMe-resident params"
+            : "every param's home copy (the runtime keeps each param on host: NVMe-homed params "
+              "are not implemented) with the gradient landing slots and the reserve");
   }
 
   std::uint64_t optim_total = 0;
@@ -219,10 +221,11 @@ Result<Plan> make_plan(const PlanInput& in) {
         format_bytes(budget.host_bytes), format_bytes(nvme_used));
   }
   if (nvme_used > budget.nvme_bytes) {
-    return budget_error("nvme_budget", budget.nvme_bytes, nvme_used,
-                        fmt::format("the state that does not fit on host, in whole NVMe slots, and copy-on-write "
-                                    "room for {} families in flight",
-                                    opt.nvme_families_in_flight));
+    return budget_error(
+        "nvme_budget", budget.nvme_bytes, nvme_used,
+        fmt::format("the state that does not fit on host, in whole NVMe slots, and copy-on-write "
+                    "room for {} families in flight",
+                    opt.nvme_families_in_flight));
   }
   plan.host_bytes = host_used;
   plan.nvme_bytes = nvme_used;

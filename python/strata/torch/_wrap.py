@@ -175,6 +175,7 @@ class Wrapped:
                        "bytes_disk_write": 0, "stall_s": 0.0}
         self._collect()
         self._check_devices_early()
+        _C.validate_config(json.dumps(self._runtime_config(None)))  # unknown keys fail here, not later
         self._install_hooks()
         model._strata_wrapped = self
         self._signature = self._model_signature()
@@ -303,6 +304,7 @@ class Wrapped:
                 raise ValueError(
                     f"strata.torch: strata runs on {engine.device_kind()} but the parameters are on "
                     f"{self._device_kind_wanted()}")
+            adopted = 0
             trainable_in_opt = None if settings is None else settings.get("_trainable")
             self._frozen = []
             for pid, (name, p) in enumerate(zip(self.names, self.params)):
@@ -310,9 +312,13 @@ class Wrapped:
                 self._frozen.append(frozen)
                 got = engine.register_param(name, p, frozen)
                 assert got == pid
+            adopted = 0
             for pid in range(len(self.params)):
                 engine.adopt(pid)
+                adopted += 1
         except BaseException:
+            for pid in range(adopted):
+                engine.restore(pid)  # give the torch values back before the engine goes
             engine.close()
             raise
         self.engine = engine

@@ -1,0 +1,77 @@
+"""Checkpoints in torch's own format: save at step 10, load in a fresh process, train 10 more:
+equal to 20 straight steps; and strata's checkpoints load into plain torch, and back."""
+
+import os
+import subprocess
+import sys
+
+import torch
+
+import strata.torch as st
+from harness import assert_identical, config, run
+from models import inputs, loss_of, make
+
+WORKER = os.path.join(os.path.dirname(__file__), "ckpt_worker.py")
+
+
+def leg(out, nvme, mode):
+    nvme.mkdir(exist_ok=True)
+    subprocess.run([sys.executable, WORKER, str(out), str(nvme), mode], check=True, timeout=300,
+                   env=dict(os.environ, STRATA_LOG_LEVEL="warn"))
+    assert os.listdir(nvme) == [], "swap files left behind"
+
+
+def test_save_at_10_resume_in_a_fresh_process_equals_20_straight(tmp_path):
+    leg(tmp_path, tmp_path / "nvme_a", "straight")
+    leg(tmp_path, tmp_path / "nvme_b", "first")
+    leg(tmp_path, tmp_path / "nvme_c", "resume")
+    straight = torch.load(tmp_path / "modelstraight.pt")
+    resumed = torch.load(tmp_path / "modelresumed.pt")
+    for k in straight:
+        assert torch.equal(straight[k], resumed[k]), k
+    o1, o2 = torch.load(tmp_path / "optstraight.pt"), torch.load(tmp_path / "optresumed.pt")
+    assert o1["state"].keys() == o2["state"].keys()
+    for i in o1["state"]:
+        for name in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(o1["state"][i][name], o2["state"][i][name]), (i, name)
+
+
+def test_strata_checkpoint_loads_into_plain_torch_and_back(tmp_path):
+    # strata trains 4 steps (AdamW) and saves.
+    model, kind = make("mlp")
+    model = st.wrap(model, config(model, tmp_path))
+    opt = st.AdamW(model.parameters(), lr=1e-2)
+    for step in range(4):
+        x, y = inputs(model, kind, step)
+        loss_of(model, x, y).backward()
+        opt.step()
+    model_sd, opt_sd = model.state_dict(), opt.state_dict()
+    # Plain torch, no strata: both load; torch.optim.AdamW continues from strata's moments.
+    plain, _ = make("mlp", seed=123)
+    plain.load_state_dict(model_sd)
+    plain_opt = torch.optim.AdamW(plain.parameters(), lr=1e-2)
+    plain_opt.load_state_dict(opt_sd)
+    for k, v in model_sd.items():
+        assert torch.equal(plain.state_dict()[k], v)
+    x, y = inputs(plain, kind, 4)
+    loss_of(plain, x, y).backward()
+    plain_opt.step()
+    loss_of(model, x, y).backward()
+    opt.step()
+    for k, v in plain.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[k], v, rtol=2e-5, atol=2e-6)
+    # And back: a torch-only SGD run's checkpoint continues bit-exactly under strata.
+    reference = run("mlp", 6)
+    first = run("mlp", 3)
+    fresh, _ = make("mlp", seed=7)
+    fresh = st.wrap(fresh, config(fresh, tmp_path))
+    sgd = st.SGD(fresh.parameters(), lr=0.125)
+    fresh.load_state_dict(first[1])
+    losses = list(first[0])
+    for step in range(3, 6):
+        x, y = inputs(fresh, kind, step)
+        loss = loss_of(fresh, x, y)
+        loss.backward()
+        sgd.step()
+        losses.append(loss.detach().clone())
+    assert_identical(reference, (losses, fresh.state_dict()))
