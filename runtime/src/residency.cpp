@@ -71,6 +71,25 @@ Status Runtime::Impl::load_to_slot(Chunk& c, DeviceSlot& slot) {
                             state_kind_name(c.kind));
     }
     // Never written: its value is zeros (optimizer states start at zero).
+    if (slot.dedicated) {
+      // A chunk that lives on the device for good (an all-GPU plan) gets no host
+      // copy: the plan gave it none, so the zeros go through a temporary buffer.
+      STRATA_ASSIGN_OR_RETURN(std::byte * zeros, host->allocate(c.bytes));
+      std::memset(zeros, 0, c.bytes);
+      Status st = device.wait(h2d, slot.fence);
+      if (st.ok())
+        st = timed_copy(h2d, Track::kH2D, slot.ptr, zeros, c.bytes, memory::CopyKind::kHostToDevice,
+                        fmt::format("h2d f{} {} zeros", c.family, state_kind_name(c.kind)));
+      if (st.ok()) st = device.synchronize(h2d);  // once per chunk, at its first use
+      host->free(zeros, c.bytes);
+      STRATA_RETURN_IF_ERROR(st);
+      STRATA_RETURN_IF_ERROR(device.record(slot.ready, h2d));
+      STRATA_RETURN_IF_ERROR(device.record(slot.fence, h2d));
+      c.absent = false;
+      c.dev_valid = true;
+      c.dev_dirty = true;  // the device copy is the only one
+      return Status::Ok();
+    }
     STRATA_ASSIGN_OR_RETURN(std::byte * zeros, host_buffer(c));
     std::memset(zeros, 0, c.bytes);
     c.host_valid = true;
@@ -169,7 +188,8 @@ std::int64_t Runtime::Impl::pick_slot(FamilyId for_family, std::uint64_t farther
       const std::uint64_t d = planned ? next_use.distance(c.family, here) : 0;
       if (farther_than > 0 && (c.dev_dirty || d <= farther_than)) continue;
       if (planned) {
-        key = (d == NextUse::kNever ? std::numeric_limits<std::uint32_t>::max() : d) * 2 + (c.dev_dirty ? 0 : 1);
+        key = (d == NextUse::kNever ? std::numeric_limits<std::uint32_t>::max() : d) * 2 +
+              (c.dev_dirty ? 0 : 1);
         soon = d <= std::uint64_t{plan.prefetch_depth} + 1;
       } else {
         key = (std::numeric_limits<std::uint64_t>::max() / 4 - c.tick) * 2 + (c.dev_dirty ? 0 : 1);

@@ -210,3 +210,26 @@ TEST(TensorState, WaitMakesTheLeaseReadableOnTheHostThread) {
 
 }  // namespace
 }  // namespace strata::runtime
+
+namespace strata::runtime {
+namespace {
+
+TEST(TensorState, AllGpuPlanNeedsNoHostCopyOfItsStates) {
+  // Everything fits on the device; the host budget holds the params but not the
+  // optimizer states (2 x the params), which start as zeros on the device.
+  Mlp mlp;
+  auto dev = sim_device();
+  RuntimeOptions o = options(kernels::Optimizer::kAdamW, nullptr);
+  o.budgets = {.gpu_bytes = 64 * kMiB, .host_bytes = kModelStateBytes / 4 + 200 * 1024};
+  auto rt = Runtime::create(*dev, o);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  mlp.layers = kLayers;
+  mlp.width = kWidth;
+  ASSERT_TRUE(mlp.build(**rt).ok());
+  train(**rt, mlp, 3);
+  EXPECT_TRUE((*rt)->plan().all_gpu);
+  EXPECT_EQ(*(*rt)->tensor_steps(mlp.w[0]), 3);
+}
+
+}  // namespace
+}  // namespace strata::runtime
