@@ -174,8 +174,12 @@ Result<Plan> make_plan(const PlanInput& in) {
         "host_budget", budget.host_bytes, host_used,
         opt.allow_nvme_params
             ? "param staging for NVMe-resident params"
-            : "every param's home copy (the runtime keeps each param on host: NVMe-homed params "
-              "are not implemented) with the gradient landing slots and the reserve");
+            : (opt.reserve_evicted_grads
+                   ? "every param's home copy (the runtime keeps each param on host: NVMe-homed params "
+                     "are not implemented) with the gradient landing slots, room for gradients evicted from "
+                     "the GPU (plan.reserve_evicted_grads) and the reserve"
+                   : "every param's home copy (the runtime keeps each param on host: NVMe-homed params "
+                     "are not implemented) with the gradient landing slots and the reserve"));
   }
 
   std::uint64_t optim_total = 0;

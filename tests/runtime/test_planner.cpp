@@ -65,6 +65,30 @@ TEST(Planner, StreamsAndSpillsToNvmeWithinBudgets) {
   EXPECT_FALSE(cost.bottleneck.empty());
 }
 
+TEST(Planner, ReserveEvictedGradsTakesHostRoomPerStreamingSlot) {
+  auto in = layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 1 * kGiB, .nvme_bytes = 8 * kGiB});
+  auto plain = make_plan(in);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  in.options.reserve_evicted_grads = true;
+  auto reserved = make_plan(in);
+  ASSERT_TRUE(reserved.ok()) << reserved.status();
+  // One 16 MiB gradient per streaming slot comes off the host room for states.
+  int host_plain = 0, host_reserved = 0;
+  for (const auto& f : plain->families) host_plain += f.optim_home == Tier::kHost;
+  for (const auto& f : reserved->families) host_reserved += f.optim_home == Tier::kHost;
+  EXPECT_LT(host_reserved, host_plain);
+  EXPECT_LE(reserved->host_bytes, in.budgets.host_bytes);
+  // A host budget that holds the params and landing slots but not the reservation is
+  // refused by name; without the reservation it plans (every state on NVMe).
+  in.budgets.host_bytes = 24 * 16 * kMiB + 8 * 16 * kMiB;  // params + landing slots + NVMe staging
+  in.options.reserve_evicted_grads = false;
+  ASSERT_TRUE(make_plan(in).ok()) << make_plan(in).status();
+  in.options.reserve_evicted_grads = true;
+  auto refused = make_plan(in);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("evicted"), std::string::npos) << refused.status();
+}
+
 TEST(Planner, NvmeBytesCountWholeSlotsAndCopyOnWriteRoom) {
   auto in = layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 1 * kGiB, .nvme_bytes = 8 * kGiB});
   // States stored in 12 MiB slots: each 16 MiB family takes 24 MiB on disk.
@@ -120,7 +144,8 @@ TEST(CostModel, HostMemoryAndSharedDiskAreResources) {
 
 TEST(Planner, ParamsThatDoNotFitOnHostAreAnErrorUnlessNvmeParamsAreAllowed) {
   // 24 x 16 MiB of params; 256 MiB of host.
-  auto in = layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 256 * kMiB, .nvme_bytes = 8 * kGiB});
+  auto in =
+      layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 256 * kMiB, .nvme_bytes = 8 * kGiB});
   auto plan = make_plan(in);
   ASSERT_FALSE(plan.ok());
   EXPECT_NE(plan.status().message().find("host_budget"), std::string::npos) << plan.status();

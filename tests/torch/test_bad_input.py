@@ -115,3 +115,26 @@ def test_budget_too_small_is_an_error_and_leaves_no_files(tmp_path):
     # Nothing was handed over: unwrapped, the model is plain torch with its values.
     model.strata.close()
     assert torch.isfinite(loss_of(model, x, y))
+
+
+def test_a_failed_backward_leaves_the_model_usable(tmp_path):
+    model, kind = wrapped(tmp_path)
+    opt = st.SGD(model.parameters(), lr=0.125)
+    x, y = inputs(model, kind, 0)
+
+    class Boom(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        torch.nn.functional.cross_entropy(Boom.apply(model(x)), y).backward()
+    loss_of(model, x, y).backward()
+    opt.step()
+    assert opt.last_step_applied
+    with pytest.raises(RuntimeError, match="take every param group"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})

@@ -402,8 +402,12 @@ class Wrapped:
         self._check_unchanged()
         self._ensure_engine()
         self._check_poison()
-        if self._phase == "forward":
-            self.engine.unbind_all()  # an earlier forward raised before its hooks ended
+        if self._phase != "idle":
+            # An earlier forward or backward raised before its hooks ended (the root module is
+            # never run again inside backward): start clean.
+            self.engine.unbind_all()
+            self._calls.clear()
+            self._phase = "idle"
         if torch.is_grad_enabled() and self._phase != "backward":
             self._begin_micro_batch()
 

@@ -61,6 +61,12 @@ class _StrataOptimizer(torch.optim.Optimizer):
         self._warned_lr = False
         self.last_step_applied = None
 
+    def add_param_group(self, param_group):
+        if hasattr(self, "_wrapped"):
+            raise RuntimeError(f"{type(self).__name__}: strata's optimizers take every param group when they are "
+                               "created (the runtime's chunk families are built from them)")
+        super().add_param_group(param_group)
+
     # --- settings --------------------------------------------------------------------------
 
     def _hyper(self, group):
