@@ -421,6 +421,7 @@ int run_io(const IoBenchOptions& o) {
                    {"engine_queue_depth", s.engine_depth},
                    {"runs", o.runs},
                    {"timing", fmt::format("median of {} runs, engines interleaved", o.runs)},
+                   {"load_average_1m", load_average_1m()},
                    {"strata_huge_pages", !o.no_huge_pages},
                    {"strata_buffers", o.no_huge_pages ? "mmap, 4 KiB pages" : "mmap + MADV_HUGEPAGE (THP)"},
                    {"strata_buffer_bytes", buffers.size},

@@ -418,6 +418,7 @@ int run_optim(const OptimOptions& o) {
         {"threads_used", cuda ? nlohmann::json(nullptr) : nlohmann::json(m.threads_used)},
         {"n_params", n},
         {"timing", fmt::format("best of {} after a warm-up", o.repeats)},
+        {"load_average_1m", load_average_1m()},
         {"mparams_per_s", kernel_mps},
         {"bytes_per_param", bpp},
         {"gb_s", kernel_mps * bpp / 1e3},

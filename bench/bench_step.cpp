@@ -236,6 +236,7 @@ int run(const StepOptions& o) {
       {"host_budget_bytes", host},
       {"busy_s", nlohmann::json::object()},
       {"runs", o.runs},
+      {"load_average_1m", load_average_1m()},
       {"timing", fmt::format("median of {} runs, each the median of {} steady steps; peaks best of 3", o.runs,
                              o.steps)},
   };
