@@ -19,8 +19,14 @@
 //   buffers). This matters on the development machine's virtio disk: with
 //   huge pages a 4 MiB read is a few physically contiguous segments, without
 //   them up to 1024, and the device's 254-segment limit splits it into more,
-//   smaller device requests. Both figures go in the README, so the comparison
-//   with fio can be read with and without that advantage.
+//   smaller device requests. So fio runs twice per engine: with its default
+//   malloc'd 4 KiB-page buffers and with huge-page buffers (--iomem=mmaphuge:
+//   anonymous MAP_HUGETLB, 2 MiB pages from the hugetlb pool; fio has no option
+//   for transparent huge pages). The ratios on equal buffers are strata (THP,
+//   checked in /proc/self/smaps: strata_buffer_huge_bytes) vs fio mmaphuge, and
+//   strata --no-huge-pages vs fio malloc. fio's huge pages need free hugetlb
+//   pages (/proc/sys/vm/nr_hugepages); without them those columns are null and
+//   fio_huge_note says what to set.
 // - The page cache plays no part (O_DIRECT). Runs interleave the engines so
 //   drift in the device's speed hits all of them alike, and each run starts
 //   with a different engine; medians are reported.
@@ -37,6 +43,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -77,19 +84,30 @@ struct Settings {
   std::uint32_t engine_depth = 0;
 };
 
-// Page-aligned memory for the blocks in flight.
+// Page-aligned memory for the blocks in flight. With huge pages it is a whole
+// number of 2 MiB pages at a 2 MiB boundary, as inside the pinned host pool's
+// region (and as fio's mmaphuge rounds up): a smaller or unaligned mapping
+// would get no transparent huge page at all (e.g. 4 x 256 KiB).
 struct Mapping {
-  Mapping(std::size_t n, bool huge_pages) : size(n) {
-    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    data = p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
-    if (data != nullptr && huge_pages) ::madvise(p, n, MADV_HUGEPAGE);
-    if (data != nullptr) std::memset(p, 0, n);  // touched in order: Note [Fair comparison with fio]
+  static constexpr std::size_t kHuge = 2 * kMiB;
+  Mapping(std::size_t n, bool huge_pages) : size(huge_pages ? align_up(n, kHuge) : n) {
+    reserved = huge_pages ? size + kHuge : size;
+    void* p = ::mmap(nullptr, reserved, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return;
+    base = static_cast<std::byte*>(p);
+    data = huge_pages ? base + (align_up(reinterpret_cast<std::uintptr_t>(p), kHuge) -
+                                reinterpret_cast<std::uintptr_t>(p))
+                      : base;
+    if (huge_pages) ::madvise(data, size, MADV_HUGEPAGE);
+    std::memset(data, 0, size);  // touched in order: Note [Fair comparison with fio]
   }
   ~Mapping() {
-    if (data != nullptr) ::munmap(data, size);
+    if (base != nullptr) ::munmap(base, reserved);
   }
-  std::byte* data;
+  std::byte* base = nullptr;
+  std::byte* data = nullptr;
   std::size_t size;
+  std::size_t reserved = 0;
 };
 
 // Moves the whole file once in `op` direction with `engine`; GiB/s or a failure.
@@ -194,9 +212,12 @@ Status strata_run(EngineKind kind, const Settings& s, Mapping& buffers, Samples&
 }
 
 // fio's bandwidth for one job, or why there is none.
-Result<double> fio_run(const std::string& ioengine, const char* rw, const Settings& s) {
+// iomem: "" for fio's default (malloc) buffers, else its --iomem value.
+Result<double> fio_run(const std::string& ioengine, const std::string& iomem, const char* rw,
+                       const Settings& s) {
   std::filesystem::path json = s.file.parent_path() / "strata-bench-fio.json";
   std::string extra = ioengine == "io_uring" ? " --fixedbufs=1 --registerfiles=1" : "";
+  if (!iomem.empty()) extra += " --iomem=" + iomem;
   std::string command = fmt::format(
       "fio --name=strata --filename={} --size={} --bs={} --iodepth={} --direct=1 --rw={} --ioengine={}{} "
       "--numjobs=1 --group_reporting --output-format=json --output={} >/dev/null 2>&1",
@@ -213,12 +234,12 @@ Result<double> fio_run(const std::string& ioengine, const char* rw, const Settin
   return bw / static_cast<double>(kGiB);
 }
 
-// One fio write pass and one read pass with `ioengine`.
-Status fio_pair(const std::string& ioengine, const Settings& s, Samples& out) {
+// One fio write pass and one read pass with `ioengine` and buffers `iomem`.
+Status fio_pair(const std::string& ioengine, const std::string& iomem, const Settings& s, Samples& out) {
   settle(s);
-  STRATA_ASSIGN_OR_RETURN(double write, fio_run(ioengine, "write", s));
+  STRATA_ASSIGN_OR_RETURN(double write, fio_run(ioengine, iomem, "write", s));
   settle(s);
-  STRATA_ASSIGN_OR_RETURN(double read, fio_run(ioengine, "read", s));
+  STRATA_ASSIGN_OR_RETURN(double read, fio_run(ioengine, iomem, "read", s));
   out.write.push_back(write);
   out.read.push_back(read);
   return Status::Ok();
@@ -240,6 +261,48 @@ Status prepare_file(const Settings& s, Mapping& buffers) {
   }
   Samples ignored;
   return strata_run(EngineKind::kPosix, s, buffers, ignored);
+}
+
+// A value in kB from /proc/meminfo ("HugePages_Free" is a count), or 0.
+std::uint64_t meminfo(const std::string& key) {
+  std::ifstream in("/proc/meminfo");
+  std::string name;
+  std::uint64_t value = 0;
+  while (in >> name >> value) {
+    if (name == key + ":") return value;
+    in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return 0;
+}
+
+// Why fio cannot have huge-page buffers of qd x block here, or nullopt when it can.
+std::optional<std::string> fio_huge_unavailable(const Settings& s) {
+  const std::uint64_t page = meminfo("Hugepagesize") * kKiB, free_pages = meminfo("HugePages_Free");
+  if (page == 0) return "this kernel has no hugetlb pages (no Hugepagesize in /proc/meminfo)";
+  const std::uint64_t needed = div_ceil(s.qd * s.block, page) + 1;  // fio rounds up
+  if (free_pages >= needed) return std::nullopt;
+  return fmt::format(
+      "fio's huge-page buffers (--iomem=mmaphuge) need {} free hugetlb pages of {}, {} are free: as root, "
+      "echo {} > /proc/sys/vm/nr_hugepages (fio cannot use transparent huge pages)",
+      needed, format_bytes(page), free_pages, needed);
+}
+
+// Bytes of [data, data + size) backed by transparent huge pages (/proc/self/smaps).
+std::uint64_t anon_huge_bytes(const void* data, std::size_t size) {
+  std::ifstream in("/proc/self/smaps");
+  std::string line;
+  const auto lo = reinterpret_cast<std::uintptr_t>(data), hi = lo + size;
+  bool inside = false;
+  std::uint64_t total = 0;
+  while (std::getline(in, line)) {
+    unsigned long start = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &start, &end) == 2 && line.find('-') < line.find(' ')) {
+      inside = start < hi && end > lo;
+    } else if (inside && line.rfind("AnonHugePages:", 0) == 0) {
+      total += std::stoull(line.substr(14)) * kKiB;
+    }
+  }
+  return total;
 }
 
 std::optional<double> median_of(const std::map<std::string, Samples>& samples, const std::string& key,
@@ -300,61 +363,91 @@ int run_io(const IoBenchOptions& o) {
     return fail(out_of_memory("mmap of {} for buffers", format_bytes(s.qd * s.block)));
   if (Status st = prepare_file(s, buffers); !st.ok()) return fail(st);
 
-  std::optional<std::string> fio_note;
+  std::optional<std::string> fio_note, fio_huge_note;
   if (o.skip_fio) {
     fio_note = "fio skipped (--skip-fio)";
   } else if (std::system("fio --version >/dev/null 2>&1") != 0) {
     fio_note =
         "fio is not installed (Debian package fio; `scripts/install-deps --bench`): the fio columns are null";
   }
+  fio_huge_note = fio_note ? fio_note : fio_huge_unavailable(s);
+  if (!fio_huge_note && o.no_huge_pages)
+    fio_huge_note = "fio on huge pages not run: strata's buffers are 4 KiB pages";
+  // fio engines: name -> (ioengine, iomem); "huge" ones on huge-page buffers (Note [Fair comparison with
+  // fio]).
+  const std::map<std::string, std::pair<std::string, std::string>> fio_jobs = {
+      {"fio_uring", {"io_uring", ""}},
+      {"fio_libaio", {"libaio", ""}},
+      {"fio_uring_huge", {"io_uring", "mmaphuge"}},
+      {"fio_libaio_huge", {"libaio", "mmaphuge"}}};
   std::map<std::string, Samples> samples;
   // Each run starts with a different engine (rotation), so a device that warms
   // up or slows down within a run favours none of them.
-  const std::vector<std::string> order = {"uring", "posix", "fio_uring", "fio_libaio"};
+  const std::vector<std::string> order = {"uring", "fio_uring",  "fio_uring_huge",
+                                          "posix", "fio_libaio", "fio_libaio_huge"};
   for (int r = 0; r < o.runs; ++r) {
     for (std::size_t k = 0; k < order.size(); ++k) {
       const std::string& name = order[(k + static_cast<std::size_t>(r)) % order.size()];
-      Status st;
       if (name == "uring" || name == "posix") {
-        st = strata_run(name == "uring" ? EngineKind::kUring : EngineKind::kPosix, s, buffers, samples[name]);
+        Status st =
+            strata_run(name == "uring" ? EngineKind::kUring : EngineKind::kPosix, s, buffers, samples[name]);
         if (!st.ok()) return fail(st);
-      } else if (!fio_note) {
-        st = fio_pair(name == "fio_uring" ? "io_uring" : "libaio", s, samples[name]);
-        if (!st.ok()) {
-          fio_note = "fio failed: " + st.message();
-          samples.erase("fio_uring");
-          samples.erase("fio_libaio");
+        continue;
+      }
+      const bool huge = name.ends_with("_huge");
+      std::optional<std::string>& note = huge ? fio_huge_note : fio_note;
+      if (note) continue;
+      const auto& [ioengine, iomem] = fio_jobs.at(name);
+      Status st = fio_pair(ioengine, iomem, s, samples[name]);
+      if (!st.ok()) {
+        note = "fio failed: " + st.message();
+        for (const auto& [job, unused] : fio_jobs) {
+          if (job.ends_with("_huge") == huge) samples.erase(job);
         }
       }
     }
   }
+  const std::uint64_t huge_bytes = anon_huge_bytes(buffers.data, buffers.size);
   std::filesystem::remove(s.file);
 
-  auto uw = median_of(samples, "uring", true), ur = median_of(samples, "uring", false);
-  auto pw = median_of(samples, "posix", true), pr = median_of(samples, "posix", false);
-  auto fw = median_of(samples, "fio_uring", true), fr = median_of(samples, "fio_uring", false);
-  auto lw = median_of(samples, "fio_libaio", true), lr = median_of(samples, "fio_libaio", false);
+  auto m = [&](const std::string& name, bool write) { return median_of(samples, name, write); };
+  auto uw = m("uring", true), ur = m("uring", false);
+  // Equal buffers: strata's huge pages vs fio's, or 4 KiB pages on both sides.
+  const std::string eq = o.no_huge_pages ? "" : "_huge";
   nlohmann::json j{{"bytes", s.bytes},
                    {"block_bytes", s.block},
                    {"queue_depth", s.qd},
                    {"request_bytes", s.request},
                    {"engine_queue_depth", s.engine_depth},
                    {"runs", o.runs},
+                   {"timing", fmt::format("median of {} runs, engines interleaved", o.runs)},
+                   {"load_average_1m", load_average_1m()},
                    {"strata_huge_pages", !o.no_huge_pages},
-                   {"file", s.file.string()},
-                   {"uring_write_gib_s", number_or_null(uw)},
-                   {"uring_read_gib_s", number_or_null(ur)},
-                   {"posix_write_gib_s", number_or_null(pw)},
-                   {"posix_read_gib_s", number_or_null(pr)},
-                   {"fio_uring_write_gib_s", number_or_null(fw)},
-                   {"fio_uring_read_gib_s", number_or_null(fr)},
-                   {"fio_libaio_write_gib_s", number_or_null(lw)},
-                   {"fio_libaio_read_gib_s", number_or_null(lr)},
-                   {"write_ratio_vs_fio", number_or_null(ratio(uw, fw))},
-                   {"read_ratio_vs_fio", number_or_null(ratio(ur, fr))},
-                   {"read_ratio_vs_fio_libaio", number_or_null(ratio(ur, lr))},
-                   {"write_ratio_vs_fio_libaio", number_or_null(ratio(uw, lw))},
-                   {"fio_note", fio_note ? nlohmann::json(*fio_note) : nlohmann::json(nullptr)}};
+                   {"strata_buffers", o.no_huge_pages ? "mmap, 4 KiB pages" : "mmap + MADV_HUGEPAGE (THP)"},
+                   {"strata_buffer_bytes", buffers.size},
+                   {"strata_buffer_huge_bytes", huge_bytes},
+                   {"fio_buffers", "malloc (4 KiB pages)"},
+                   {"fio_huge_buffers", "--iomem=mmaphuge (MAP_HUGETLB, hugetlb pool pages)"},
+                   {"file", s.file.string()}};
+  for (const char* name :
+       {"uring", "posix", "fio_uring", "fio_libaio", "fio_uring_huge", "fio_libaio_huge"}) {
+    j[std::string(name) + "_write_gib_s"] = number_or_null(m(name, true));
+    j[std::string(name) + "_read_gib_s"] = number_or_null(m(name, false));
+  }
+  // Ratios on equal buffers (the targets) and, as information, on unequal ones.
+  j["write_ratio_vs_fio_huge"] = number_or_null(ratio(uw, m("fio_uring_huge", true)));
+  j["read_ratio_vs_fio_huge"] = number_or_null(ratio(ur, m("fio_uring_huge", false)));
+  j["write_ratio_vs_fio_libaio_huge"] = number_or_null(ratio(uw, m("fio_libaio_huge", true)));
+  j["read_ratio_vs_fio_libaio_huge"] = number_or_null(ratio(ur, m("fio_libaio_huge", false)));
+  j["write_ratio_vs_fio"] = number_or_null(ratio(uw, m("fio_uring", true)));
+  j["read_ratio_vs_fio"] = number_or_null(ratio(ur, m("fio_uring", false)));
+  j["write_ratio_vs_fio_libaio"] = number_or_null(ratio(uw, m("fio_libaio", true)));
+  j["read_ratio_vs_fio_libaio"] = number_or_null(ratio(ur, m("fio_libaio", false)));
+  j["equal_buffer_ratios"] =
+      o.no_huge_pages ? "*_ratio_vs_fio, *_ratio_vs_fio_libaio (4 KiB pages on both sides)"
+                      : "*_ratio_vs_fio_huge, *_ratio_vs_fio_libaio_huge (huge pages on both sides)";
+  j["fio_note"] = fio_note ? nlohmann::json(*fio_note) : nlohmann::json(nullptr);
+  j["fio_huge_note"] = fio_huge_note ? nlohmann::json(*fio_huge_note) : nlohmann::json(nullptr);
   for (const auto& [name, v] : samples) {
     j["samples"][name] = {{"write_gib_s", v.write}, {"read_gib_s", v.read}};
     if (v.pieces > 0) j["samples"][name]["fixed_buffer_share"] = double(v.fixed_pieces) / double(v.pieces);
@@ -366,21 +459,35 @@ int run_io(const IoBenchOptions& o) {
   fmt::print("strata-bench io: {} in {} blocks, {} blocks in flight, O_DIRECT, median of {} runs\n",
              format_bytes(s.bytes), format_bytes(s.block), s.qd, o.runs);
   fmt::print("  file {} (preallocated, written once before timing; every engine uses it)\n", s.file.string());
-  fmt::print(
-      "  strata: {} pieces, engine queue depth {}, buffers in {}; fio: bs={}, iodepth={}, its own "
-      "buffers\n\n",
-      format_bytes(s.request), s.engine_depth, o.no_huge_pages ? "4 KiB pages" : "transparent huge pages",
-      s.block, s.qd);
-  fmt::print("  {:<16} {:>12} {:>12}\n", "engine", "write GiB/s", "read GiB/s");
-  fmt::print("  {:<16} {:>12} {:>12}\n", "strata uring", cell(uw), cell(ur));
-  fmt::print("  {:<16} {:>12} {:>12}\n", "strata posix", cell(pw), cell(pr));
-  fmt::print("  {:<16} {:>12} {:>12}\n", "fio io_uring", cell(fw), cell(fr));
-  fmt::print("  {:<16} {:>12} {:>12}\n\n", "fio libaio", cell(lw), cell(lr));
+  fmt::print("  strata: {} pieces, engine queue depth {}, buffers {} ({} of {} in huge pages)\n",
+             format_bytes(s.request), s.engine_depth, j["strata_buffers"].get<std::string>(),
+             format_bytes(huge_bytes), format_bytes(buffers.size));
+  fmt::print("  fio: bs={}, iodepth={}; buffers malloc (4 KiB pages) or --iomem=mmaphuge (hugetlb)\n\n",
+             s.block, s.qd);
+  fmt::print("  {:<22} {:>12} {:>12}\n", "engine", "write GiB/s", "read GiB/s");
+  for (const auto& [label, name] :
+       std::vector<std::pair<std::string, std::string>>{{"strata uring", "uring"},
+                                                        {"strata posix", "posix"},
+                                                        {"fio io_uring", "fio_uring"},
+                                                        {"fio libaio", "fio_libaio"},
+                                                        {"fio io_uring mmaphuge", "fio_uring_huge"},
+                                                        {"fio libaio mmaphuge", "fio_libaio_huge"}}) {
+    fmt::print("  {:<22} {:>12} {:>12}\n", label, cell(m(name, true)), cell(m(name, false)));
+  }
+  fmt::print("\n");
   if (fio_note) fmt::print("  {}\n", *fio_note);
-  fmt::print("  uring / fio io_uring: write {} read {}   (target >= 0.95)\n", cell(ratio(uw, fw)),
-             cell(ratio(ur, fr)));
-  fmt::print("  uring / fio libaio:   write {} read {}   (target >= 1.00)\n", cell(ratio(uw, lw)),
-             cell(ratio(ur, lr)));
+  if (fio_huge_note && fio_huge_note != fio_note) fmt::print("  {}\n", *fio_huge_note);
+  const std::string pages = o.no_huge_pages ? "4 KiB pages" : "huge pages";
+  fmt::print("  equal buffers ({} on both sides):\n", pages);
+  fmt::print("    uring / fio io_uring: write {} read {}   (target >= 0.95)\n",
+             cell(ratio(uw, m("fio_uring" + eq, true))), cell(ratio(ur, m("fio_uring" + eq, false))));
+  fmt::print("    uring / fio libaio:   write {} read {}   (target >= 1.00)\n",
+             cell(ratio(uw, m("fio_libaio" + eq, true))), cell(ratio(ur, m("fio_libaio" + eq, false))));
+  if (!o.no_huge_pages) {
+    fmt::print("  unequal buffers (information: strata huge pages, fio 4 KiB pages):\n");
+    fmt::print("    uring / fio io_uring: write {} read {}\n", cell(ratio(uw, m("fio_uring", true))),
+               cell(ratio(ur, m("fio_uring", false))));
+  }
   return 0;
 }
 

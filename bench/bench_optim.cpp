@@ -1,22 +1,36 @@
 // strata-bench optim: fused optimizer steps per optimizer x dtype, against a
-// STREAM triad (same threads, same run) and torch.optim (same threads, same
-// run, /usr/bin/python3). --device cuda runs the CUDA kernels against a device triad.
+// memory-only kernel with the same streams (the roofline), through the calls
+// the runtime makes (its gradient check and clipping norm), and against
+// torch.optim with the same dtypes (/usr/bin/python3), all on the same threads
+// in the same run. --device cuda runs the CUDA kernels against a device triad.
 //
 // Note [Bytes per param]
 // bytes_per_param counts what the pass must move in memory, reads plus writes:
 // gradient read, master read + write, each state read + write, param copy
 // write; LAMB and LARS count both phases (Note [Two-phase trust ratio]). The
-// step is timed with GradCheck::kCallerChecked, i.e. the runtime's path where
-// the norm pass for clipping doubles as the Inf/NaN check; that pass is the
-// separate `grad_norm` row (gradient read only). The triad moves 12 bytes per
-// element as STREAM counts it (write-allocate traffic not counted), so a kernel
-// whose writes all go to lines it has just read can exceed it; the same triad
-// with non-temporal stores (no write-allocate) is printed as the stricter
-// baseline (bound_fraction_nt). Each timed step is followed by one run of each
-// triad, so both see the same load on a shared machine.
-#include <emmintrin.h>  // SSE2 (baseline x86-64): the non-temporal triad
-
+// kernel rate (mparams_per_s) is kernels::step() with GradCheck::kCallerChecked:
+// the fused pass(es) alone. Its roofline is the memory-only kernel of
+// bench/roofline (Note [Memory-only roofline]) over the same buffers, so
+// roofline_fraction = kernel rate / memory-only rate can fall below 1 and
+// cannot honestly exceed it by more than noise.
+//
+// Note [Runtime path]
+// runtime_path_mparams_per_s times what runtime/src/optimizer.cpp's run_kernels
+// does for a host family: kernels::step() with the default
+// GradCheck::kSeparatePass (a gradient read before the fused pass). With
+// clip_max_norm > 0 or loss scaling the runtime first runs kernels::grad_stats()
+// over every gradient, takes the clip coefficient from the norm
+// (runtime/src/step.cpp, deferred_prepass), then the same step():
+// runtime_path_clip_mparams_per_s times those three calls. The bench gives one
+// Span for the whole buffer; the runtime gives one per tensor of a family.
+//
+// Every figure is the best of --repeats timed runs after one warm-up; the
+// kernel, the memory-only kernel, the two runtime paths and the STREAM triad
+// (information only, 16 B/element: it pays write-allocate) run interleaved, one
+// of each per repeat, so all see the same machine load.
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -27,6 +41,7 @@
 #include <vector>
 
 #include "registry.hpp"
+#include "roofline/mem_roofline.hpp"
 #include "strata/common/log.hpp"
 #include "strata/common/thread_pool.hpp"
 #include "strata/kernels/cuda.hpp"
@@ -148,60 +163,25 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-//! STREAM triad a = b + s c, run with the kernels' threads (12 bytes/element as STREAM counts).
-class Triad {
- public:
-  Triad(std::size_t n, ThreadPool* pool, bool cuda) : n_(n), pool_(pool), cuda_(cuda) {
-    if (cuda_) return;  // cuda_triad_gb_s owns its buffers
-    a_ = host_buffer(n, DType::kF32, pool);
-    b_ = host_buffer(n, DType::kF32, pool);
-    c_ = host_buffer(n, DType::kF32, pool);
-  }
-  //! One timed run in GB/s. non_temporal: stores bypass the cache (no
-  //! write-allocate read), the stricter baseline the kernels are also shown against.
-  Result<double> run_gb_s(bool non_temporal = false) {
-    if (cuda_) return cuda_triad_gb_s(n_, 1);
-    auto body = [this, non_temporal](std::size_t, std::size_t lo, std::size_t hi) {
-      float* __restrict a = static_cast<float*>(a_.data());
-      const float* __restrict b = static_cast<const float*>(b_.data());
-      const float* __restrict c = static_cast<const float*>(c_.data());
-      std::size_t i = lo;
-      if (non_temporal) {
-        for (; i < hi && reinterpret_cast<std::uintptr_t>(a + i) % 16 != 0; ++i) a[i] = b[i] + 3.0f * c[i];
-        const __m128 three = _mm_set1_ps(3.0f);
-        for (; i + 4 <= hi; i += 4) {
-          _mm_stream_ps(a + i, _mm_add_ps(_mm_loadu_ps(b + i), _mm_mul_ps(three, _mm_loadu_ps(c + i))));
-        }
-      }
-      for (; i < hi; ++i) a[i] = b[i] + 3.0f * c[i];
-    };
-    const auto t0 = std::chrono::steady_clock::now();
-    if (pool_)
-      pool_->parallel_for(n_, 0, body);
-    else
-      body(0, 0, n_);
-    if (non_temporal) _mm_sfence();
-    return 12.0 * double(n_) / seconds_since(t0) / 1e9;
-  }
-
- private:
-  std::size_t n_;
-  ThreadPool* pool_;
-  bool cuda_;
-  HostBuf a_, b_, c_;
-};
-
+//! Best-of timings of one configuration, in seconds (0: not measured).
 struct Measured {
-  double mparams_per_s = 0;
-  double triad_gb_s = 0;     //!< median of the triad runs interleaved with the steps
-  double triad_nt_gb_s = 0;  //!< same with non-temporal stores (CPU only)
+  double kernel_s = 0;        //!< kernels::step, kCallerChecked (or grad_stats for the grad_norm row)
+  double roofline_s = 0;      //!< memory-only kernel, same streams (CPU only)
+  double runtime_s = 0;       //!< Note [Runtime path], without clipping
+  double runtime_clip_s = 0;  //!< Note [Runtime path], with clipping
+  double triad_s = 0;         //!< STREAM triad over n floats
+  std::size_t threads_used = 0;
   std::string error;
 };
 
-//! Runs the config's step `repeats` times (after a warm-up) on CPU or GPU buffers,
-//! each step followed by a triad run, so both see the same machine load.
-Measured measure(const Config& c, std::size_t n, const OptimOptions& o, ThreadPool* pool,
-                 std::optional<Isa> isa, Triad& triad) {
+double best(const std::vector<double>& v) {
+  return v.empty() ? 0.0 : *std::min_element(v.begin(), v.end());
+}
+
+//! Runs the config `repeats` times (after a warm-up) on CPU or GPU buffers,
+//! each repeat timing the kernel, its memory-only roofline, the runtime's two
+//! paths and the triad once, in that order (Note [Bytes per param]).
+Measured measure(const Config& c, std::size_t n, const OptimOptions& o, ThreadPool* pool, Isa isa) {
   const bool cuda = o.device == "cuda";
   std::vector<HostBuf> host;
   std::vector<CudaBuffer> dev;
@@ -226,41 +206,112 @@ Measured measure(const Config& c, std::size_t n, const OptimOptions& o, ThreadPo
   s.state_dtype = c.state;
   s.state[0] = alloc(c.state);
   if (state_count(c.optimizer) == 2) s.state[1] = alloc(c.state);
-  if (s.master == nullptr || s.grad == nullptr) return {0, 0, 0, "allocation failed (lower --mparams)"};
-  const GradStats checked{.sum_squares = 1.0, .finite = true};
-  StepArgs args{.hyper = hyper_for(c.optimizer),
-                .spans = {&s, 1},
-                .pool = pool,
-                .isa = isa,
-                .check = GradCheck::kCallerChecked,
-                .checked = &checked};
-  std::vector<double> secs, triads, triads_nt;
-  for (int r = 0; r <= o.repeats; ++r) {
-    args.step = r + 1;
-    const auto t0 = std::chrono::steady_clock::now();
-    Status st;
-    if (c.grad_norm_only) {
-      st = cuda ? cuda_grad_stats(args.spans, 1.0f).status()
-                : grad_stats(args.spans, 1.0f, pool, isa).status();
-    } else {
-      st = cuda ? cuda_step(args).status() : step(args).status();
-    }
-    if (!st.ok()) return {0, 0, 0, st.to_string()};
-    if (r == 0) continue;  // warm-up
-    secs.push_back(seconds_since(t0));
-    Result<double> t = triad.run_gb_s();
-    if (!t.ok()) return {0, 0, 0, t.status().to_string()};
-    triads.push_back(*t);
-    if (!cuda) triads_nt.push_back(*triad.run_gb_s(true));
+  Measured out;
+  if (s.master == nullptr || s.grad == nullptr) {
+    out.error = "allocation failed (lower --mparams)";
+    return out;
   }
-  return {double(n) / median(secs) / 1e6, median(triads), cuda ? 0.0 : median(triads_nt), ""};
+  float* triad[3] = {};
+  if (!cuda) {
+    for (float*& t : triad) t = static_cast<float*>(alloc(DType::kF32));
+  }
+  const Hyper hyper = hyper_for(c.optimizer);
+  const std::vector<MemPass> passes = c.grad_norm_only ? std::vector<MemPass>{mem_pass_for_grad_stats(s)}
+                                                       : mem_passes_for_step(hyper, s, false);
+  double roofline_bpp = 0;
+  for (const MemPass& m : passes) roofline_bpp += m.bytes_per_elem();
+  if (!cuda && roofline_bpp != bytes_per_param(c)) {
+    out.error =
+        fmt::format("the memory-only passes move {} B/param, Note [Bytes per param] counts {} (a bench bug)",
+                    roofline_bpp, bytes_per_param(c));
+    return out;
+  }
+  const GradStats checked{.sum_squares = 1.0, .finite = true};
+  StepArgs args{.hyper = hyper, .spans = {&s, 1}, .pool = pool, .isa = isa};
+  std::vector<double> kernel, roof, rt, rt_clip, tri;
+  auto timed = [](std::vector<double>& into, bool keep, auto&& fn) -> Status {
+    const auto t0 = std::chrono::steady_clock::now();
+    Status st = fn();
+    if (st.ok() && keep) into.push_back(seconds_since(t0));
+    return st;
+  };
+  for (int r = 0; r <= o.repeats; ++r) {
+    const bool keep = r > 0;  // r == 0 warms up
+    args.step = r + 1;
+    Status st = timed(kernel, keep, [&]() -> Status {
+      if (c.grad_norm_only) {
+        return cuda ? cuda_grad_stats(args.spans, 1.0f).status()
+                    : grad_stats(args.spans, 1.0f, pool, isa).status();
+      }
+      StepArgs a = args;
+      a.check = GradCheck::kCallerChecked;
+      a.checked = &checked;
+      return cuda ? cuda_step(a).status() : step(a).status();
+    });
+    if (st.ok() && !cuda) {
+      Result<MemTiming> m = run_mem_passes(passes, pool, isa);
+      st = m.status();
+      if (m.ok() && keep) {
+        roof.push_back(m->seconds);
+        out.threads_used = std::max(out.threads_used, m->threads_used);
+      }
+    }
+    if (st.ok() && !cuda && !c.grad_norm_only) {
+      st = timed(rt, keep, [&] { return step(args).status(); });  // GradCheck::kSeparatePass
+      if (st.ok()) {
+        st = timed(rt_clip, keep, [&]() -> Status {
+          STRATA_ASSIGN_OR_RETURN(GradStats g, grad_stats(args.spans, 1.0f, pool, isa));
+          StepArgs a = args;
+          a.grad_scale = clip_coefficient(std::sqrt(g.sum_squares), 1.0);
+          return step(a).status();
+        });
+      }
+    }
+    if (st.ok()) {
+      if (cuda) {
+        Result<double> gb_s = cuda_triad_gb_s(n, 1);  // 12 B/element
+        st = gb_s.status();
+        if (st.ok() && keep) tri.push_back(12.0 * double(n) / (*gb_s * 1e9));
+      } else {
+        Result<double> t = run_triad(triad[0], triad[1], triad[2], n, pool, isa);
+        st = t.status();
+        if (st.ok() && keep) tri.push_back(*t);
+      }
+    }
+    if (!st.ok()) {
+      out.error = st.to_string();
+      return out;
+    }
+  }
+  out.kernel_s = best(kernel);
+  out.roofline_s = best(roof);
+  out.runtime_s = best(rt);
+  out.runtime_clip_s = best(rt_clip);
+  out.triad_s = best(tri);
+  return out;
 }
 
-//! torch.optim's rate for `name` via bench/torch_optim_rate.py; nullopt (with why) when unavailable.
-std::optional<nlohmann::json> torch_rate(const std::string& name, std::size_t n, std::size_t threads,
-                                         int repeats, std::string* why) {
-  const std::string cmd = fmt::format("/usr/bin/python3 {}/torch_optim_rate.py {} {} {} {} 2>&1",
-                                      STRATA_BENCH_DIR, name, n, threads, repeats);
+//! Why torch.optim has no baseline with the row's dtypes, or "" when it has one
+//! (bench/torch_optim_rate.py runs it).
+std::string torch_lacks(const Config& c) {
+  if (c.grad_norm_only) return "torch.optim has no gradient-norm pass alone";
+  if (torch_name(c.optimizer).empty())
+    return "torch.optim has no " + std::string(optimizer_name(c.optimizer));
+  if (c.state != DType::kF32) {
+    return "torch.optim keeps states in the param's dtype: no fp32 master with " +
+           std::string(dtype_name(c.state)) + " states";
+  }
+  if (c.grad != DType::kF32 && c.param != c.grad) return "no torch recipe for these dtypes";
+  return "";
+}
+
+//! torch.optim's rate for the row's dtypes via bench/torch_optim_rate.py; nullopt (with why) when
+//! unavailable.
+std::optional<nlohmann::json> torch_rate(const Config& c, std::size_t n, std::size_t threads, int repeats,
+                                         std::string* why) {
+  const std::string cmd =
+      fmt::format("/usr/bin/python3 {}/torch_optim_rate.py {} {} {} {} {} 2>&1", STRATA_BENCH_DIR,
+                  torch_name(c.optimizer), n, threads, repeats, dtype_name(c.grad));
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) {
     *why = "cannot run /usr/bin/python3";
@@ -279,6 +330,14 @@ std::optional<nlohmann::json> torch_rate(const std::string& name, std::size_t n,
   return nlohmann::json::parse(out.substr(brace), nullptr, false);
 }
 
+nlohmann::json rate_or_null(std::size_t n, double seconds) {
+  return seconds > 0 ? nlohmann::json(double(n) / seconds / 1e6) : nlohmann::json(nullptr);
+}
+
+std::string fixed(const nlohmann::json& v, const char* format) {
+  return v.is_number() ? fmt::format(fmt::runtime(format), v.get<double>()) : std::string("-");
+}
+
 int run_optim(const OptimOptions& o) {
   const bool cuda = o.device == "cuda";
   if (o.device != "cpu" && !cuda) {
@@ -291,7 +350,7 @@ int run_optim(const OptimOptions& o) {
       return 1;
     }
   }
-  std::optional<Isa> isa;
+  Isa isa = default_isa();  // the CPUID dispatch of the kernels (STRATA_KERNELS_ISA honoured)
   if (!o.isa.empty()) {
     Result<Isa> parsed = parse_isa(o.isa);
     if (!parsed.ok()) {
@@ -300,39 +359,54 @@ int run_optim(const OptimOptions& o) {
     }
     isa = *parsed;
   }
+  // The pool runs threads - 1 workers and parallel_for's caller is the last
+  // thread, so `threads` is the number of threads that run pieces
+  // (threads_used in the output checks it).
   const std::size_t threads = o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   std::unique_ptr<ThreadPool> pool;
   if (!cuda && threads > 1) pool = std::move(ThreadPool::create({.threads = threads - 1}).value());
   const std::size_t n = static_cast<std::size_t>(o.mparams * 1e6);
-  const std::string isa_used = cuda ? "cuda" : std::string(isa_name(isa.value_or(default_isa())));
+  const std::string isa_used = cuda ? "cuda" : std::string(isa_name(isa));
 
-  Triad triad(n, pool.get(), cuda);
   if (!o.json) {
-    fmt::print("optim: {} params, device {}, isa {}, {} threads, median of {} steps\n", n, o.device, isa_used,
-               cuda ? 0 : threads, o.repeats);
+    fmt::print("optim: {} params, device {}, isa {}, {} threads, best of {} runs after a warm-up\n", n,
+               o.device, isa_used, cuda ? 0 : threads, o.repeats);
     fmt::print(
-        "baseline: STREAM triad (12 B/element, same threads), one run after each timed step;\n"
-        "          bound = GB/s / triad, bnd-nt = GB/s / triad with non-temporal stores (CPU)\n");
+        "kernel: step() with GradCheck::kCallerChecked; roofline: memory-only kernel, same streams, same "
+        "isa\n"
+        "        and threads (roof = kernel M/s / roofline M/s); rt: the runtime's calls (kSeparatePass),\n"
+        "        rt-clip: with its grad_stats prepass and clip norm (rt/k = rt M/s / kernel M/s);\n"
+        "        triad: STREAM a = b + s c at 16 B/element (information); torch: same dtypes, same "
+        "threads\n");
+    fmt::print(
+        "{:<9} {:>4} {:>5} {:>4} {:>7} {:>5} {:>7} {:>5} {:>6} {:>5} {:>6} {:>5} {:>6} {:>7} {:>7}  {}\n",
+        "optimizer", "grad", "param", "st", "kernel", "B/p", "roofl", "roof", "rt", "rt/k", "rtclip", "rc/k",
+        "triad", "torch", "speedup", "torch variant");
   }
   std::map<std::string, nlohmann::json> torch_cache;
   nlohmann::json rows = nlohmann::json::array();
-  if (!o.json) {
-    fmt::print("{:<9} {:>5} {:>5} {:>5} {:>9} {:>6} {:>7} {:>7} {:>6} {:>6} {:>9} {:>8}  {}\n", "optimizer",
-               "grad", "param", "state", "Mparam/s", "B/par", "GB/s", "triad", "bound", "bnd-nt", "torch M/s",
-               "speedup", "torch variant");
-  }
   int failures = 0;
   for (const Config& c : configs()) {
     const std::string name = c.grad_norm_only ? "grad_norm" : std::string(optimizer_name(c.optimizer));
     if (!o.only.empty() && ("," + o.only + ",").find("," + name + ",") == std::string::npos) continue;
-    const Measured m = measure(c, n, o, pool.get(), isa, triad);
+    const Measured m = measure(c, n, o, pool.get(), isa);
     if (!m.error.empty()) {
       fmt::print(stderr, "optim: {} failed: {}\n", name, m.error);
       ++failures;
       continue;
     }
+    if (!cuda && m.threads_used > threads) {
+      fmt::print(stderr, "optim: {} threads ran pieces, more than --threads {}\n", m.threads_used, threads);
+      ++failures;
+    }
     const double bpp = bytes_per_param(c);
-    const double gbs = m.mparams_per_s * 1e6 * bpp / 1e9;
+    const double kernel_mps = double(n) / m.kernel_s / 1e6;
+    const nlohmann::json roof_mps = rate_or_null(n, m.roofline_s);
+    const nlohmann::json rt_mps = rate_or_null(n, m.runtime_s);
+    const nlohmann::json rt_clip_mps = rate_or_null(n, m.runtime_clip_s);
+    auto over_kernel = [&](const nlohmann::json& v) {
+      return v.is_number() ? nlohmann::json(v.get<double>() / kernel_mps) : nlohmann::json(nullptr);
+    };
     nlohmann::json row = {
         {"optimizer", name},
         {"param_dtype", c.param == DType::kNone ? "f32(master)" : dtype_name(c.param)},
@@ -341,47 +415,59 @@ int run_optim(const OptimOptions& o) {
         {"isa", isa_used},
         {"device", o.device},
         {"threads", cuda ? 0 : threads},
+        {"threads_used", cuda ? nlohmann::json(nullptr) : nlohmann::json(m.threads_used)},
         {"n_params", n},
-        {"mparams_per_s", m.mparams_per_s},
+        {"timing", fmt::format("best of {} after a warm-up", o.repeats)},
+        {"load_average_1m", load_average_1m()},
+        {"mparams_per_s", kernel_mps},
         {"bytes_per_param", bpp},
-        {"gb_s", gbs},
-        {"triad_gb_s", m.triad_gb_s},
-        {"bound_fraction", gbs / m.triad_gb_s},
-        {"triad_nt_gb_s", cuda ? nlohmann::json(nullptr) : nlohmann::json(m.triad_nt_gb_s)},
-        {"bound_fraction_nt", cuda ? nlohmann::json(nullptr) : nlohmann::json(gbs / m.triad_nt_gb_s)},
+        {"gb_s", kernel_mps * bpp / 1e3},
+        {"roofline", cuda ? "none on cuda (no device memory-only kernel)"
+                          : "memory-only kernel, same streams, dtypes, isa, pool and split"},
+        {"roofline_mparams_per_s", roof_mps},
+        {"roofline_gb_s",
+         roof_mps.is_number() ? nlohmann::json(roof_mps.get<double>() * bpp / 1e3) : nullptr},
+        {"roofline_fraction", roof_mps.is_number() ? nlohmann::json(kernel_mps / roof_mps.get<double>())
+                                                   : nlohmann::json(nullptr)},
+        {"runtime_path_mparams_per_s", rt_mps},
+        {"runtime_path_fraction", over_kernel(rt_mps)},
+        {"runtime_path_clip_mparams_per_s", rt_clip_mps},
+        {"runtime_path_clip_fraction", over_kernel(rt_clip_mps)},
+        {"triad_gb_s", 16.0 * double(n) / m.triad_s / 1e9},
+        {"triad_bytes_per_element", 16},
         {"torch_mparams_per_s", nullptr},
         {"speedup_vs_torch", nullptr},
-        {"torch_variant", nullptr}};
-    const std::string tn = c.grad_norm_only ? "" : torch_name(c.optimizer);
-    std::string why = tn.empty() ? "torch.optim has no " + name : "";
-    if (!tn.empty() && o.torch && !cuda) {
-      if (!torch_cache.count(tn)) {
-        std::optional<nlohmann::json> t = torch_rate(tn, n, threads, o.repeats, &why);
-        torch_cache[tn] = t ? *t : nlohmann::json{{"error", why}};
+        {"torch_variant", nullptr},
+        {"torch_note", nullptr}};
+    std::string why = torch_lacks(c);
+    if (why.empty() && (!o.torch || cuda)) why = cuda ? "torch baseline is CPU-only here" : "--no-torch";
+    if (why.empty()) {
+      const std::string key = torch_name(c.optimizer) + "/" + std::string(dtype_name(c.grad));
+      if (!torch_cache.count(key)) {
+        std::optional<nlohmann::json> t = torch_rate(c, n, threads, o.repeats, &why);
+        torch_cache[key] = t ? *t : nlohmann::json{{"error", why}};
       }
-      const nlohmann::json& t = torch_cache[tn];
+      const nlohmann::json& t = torch_cache[key];
       if (t.contains("mparams_per_s")) {
         const double tr = t["mparams_per_s"];
         row["torch_mparams_per_s"] = tr;
-        row["speedup_vs_torch"] = m.mparams_per_s / tr;
+        row["speedup_vs_torch"] = kernel_mps / tr;
         row["torch_variant"] = t["variant"];
       } else {
         why = t.value("error", "torch failed");
       }
-    } else if (!tn.empty()) {
-      why = cuda ? "torch baseline is CPU-only here" : "--no-torch";
     }
+    if (!why.empty()) row["torch_note"] = why;
     if (!o.json) {
       fmt::print(
-          "{:<9} {:>5} {:>5} {:>5} {:>9.1f} {:>6.0f} {:>7.2f} {:>7.2f} {:>6.2f} {:>6.2f} {:>9} {:>8}  {}\n",
-          name, dtype_name(c.grad), row["param_dtype"].get<std::string>().substr(0, 5),
-          row["state_dtype"].get<std::string>(), m.mparams_per_s, bpp, gbs, m.triad_gb_s, gbs / m.triad_gb_s,
-          cuda ? 0.0 : gbs / m.triad_nt_gb_s,
-          row["torch_mparams_per_s"].is_null()
-              ? "-"
-              : fmt::format("{:.1f}", row["torch_mparams_per_s"].get<double>()),
-          row["speedup_vs_torch"].is_null() ? "-"
-                                            : fmt::format("{:.1f}x", row["speedup_vs_torch"].get<double>()),
+          "{:<9} {:>4} {:>5} {:>4} {:>7.1f} {:>5.0f} {:>7} {:>5} {:>6} {:>5} {:>6} {:>5} {:>6.2f} {:>7} "
+          "{:>7}  {}\n",
+          name, dtype_name(c.grad), c.param == DType::kNone ? "=mst" : dtype_name(c.param),
+          row["state_dtype"].get<std::string>().substr(0, 4), kernel_mps, bpp, fixed(roof_mps, "{:.1f}"),
+          fixed(row["roofline_fraction"], "{:.2f}"), fixed(rt_mps, "{:.1f}"),
+          fixed(row["runtime_path_fraction"], "{:.2f}"), fixed(rt_clip_mps, "{:.1f}"),
+          fixed(row["runtime_path_clip_fraction"], "{:.2f}"), row["triad_gb_s"].get<double>(),
+          fixed(row["torch_mparams_per_s"], "{:.1f}"), fixed(row["speedup_vs_torch"], "{:.1f}x"),
           row["torch_variant"].is_null() ? why : row["torch_variant"].get<std::string>());
     }
     rows.push_back(row);
@@ -391,11 +477,13 @@ int run_optim(const OptimOptions& o) {
 }
 
 Registrar reg{
-    "optim", "fused optimizer steps vs STREAM triad and torch.optim", [](CLI::App& app) {
+    "optim", "fused optimizer steps vs a memory-only roofline, the runtime path and torch.optim",
+    [](CLI::App& app) {
       auto o = std::make_shared<OptimOptions>();
       app.add_option("--mparams", o->mparams, "millions of parameters per step")->capture_default_str();
       app.add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
-      app.add_option("--repeats", o->repeats, "timed steps; the median is reported")->capture_default_str();
+      app.add_option("--repeats", o->repeats, "timed runs of each; the best is reported")
+          ->capture_default_str();
       app.add_option("--device", o->device, "cpu or cuda")->capture_default_str();
       app.add_option("--isa", o->isa, "force scalar, avx2 or avx512 (default: CPUID)");
       app.add_option("--only", o->only, "comma-separated optimizers (adamw,lamb,...,grad_norm)");

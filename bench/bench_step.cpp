@@ -1,5 +1,6 @@
 // strata-bench step: a synthetic model trained by the chunk runtime on the sim
-// device, against the lower bound from its own measured component times.
+// device, against a lower bound from each resource's work and its peak rate,
+// measured in the same run before the step (Note [Rates lower bound]).
 //
 // Note [Sim compute in the step benchmark]
 // On the sim device the model's forward and backward are timed kernels: each
@@ -15,6 +16,7 @@
 #include <thread>
 
 #include "registry.hpp"
+#include "step_rates.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/common/log.hpp"
 #include "strata/common/scratch_dir.hpp"
@@ -45,12 +47,57 @@ struct StepOptions {
   std::string trace;
 };
 
+//! One resource of the bound: its work in a step, its peak and their quotient.
+struct Resource {
+  std::string name;
+  double work = 0;  //!< bytes, parameters or FLOP
+  std::string unit;
+  double peak_per_s = 0;
+  double seconds = 0;  //!< work / peak
+};
+
 struct RunResult {
   double step_s = 0, bound_s = 0;
   runtime::StepStats stats;
   std::string bottleneck;
-  runtime::StepCost predicted;
+  std::vector<Resource> resources;  //!< Note [Rates lower bound]
+  PeakRates peaks;
+  double timeline_busiest_s = 0;  //!< the busiest track of the timeline (information)
 };
+
+//! The bound of Note [Rates lower bound] for one steady step `st` of `rt`.
+void rates_bound(const Runtime& rt, const runtime::StepStats& st, const PeakRates& peaks, double compute_flop,
+                 double flops, RunResult& r) {
+  runtime::Rates rates;
+  rates.h2d_bytes_per_s = peaks.h2d_bytes_per_s;
+  rates.d2h_bytes_per_s = peaks.d2h_bytes_per_s;
+  rates.disk_read_bytes_per_s = peaks.disk_read_bytes_per_s;
+  rates.disk_write_bytes_per_s = peaks.disk_write_bytes_per_s;
+  rates.cpu_optim_params_per_s = peaks.cpu_optimizer_params_per_s;
+  rates.gpu_optim_params_per_s = peaks.cpu_optimizer_params_per_s;  // sim: the same CPU kernel
+  rates.host_memory_bytes_per_s = peaks.host_memory_bytes_per_s;
+  rates.copy_host_passes = 2.0;  // the sim device's copies are memcpy
+  // Only the plan's work counts are used from the cost model, never its times.
+  const runtime::StepCost work = rt.predict(rates);
+  r.resources = {
+      {"compute", compute_flop, "FLOP", flops, 0},
+      {"h2d", double(st.bytes_h2d), "B", peaks.h2d_bytes_per_s, 0},
+      {"d2h", double(st.bytes_d2h), "B", peaks.d2h_bytes_per_s, 0},
+      {"disk_read", double(st.bytes_disk_read), "B", peaks.disk_read_bytes_per_s, 0},
+      {"disk_write", double(st.bytes_disk_write), "B", peaks.disk_write_bytes_per_s, 0},
+      {"cpu_optimizer", double(work.params_cpu_optim + work.params_gpu_optim), "params",
+       peaks.cpu_optimizer_params_per_s, 0},
+      {"host_memory", double(work.bytes_host_memory), "B", peaks.host_memory_bytes_per_s, 0},
+  };
+  r.bound_s = 0;
+  for (Resource& res : r.resources) {
+    res.seconds = res.work > 0 ? res.work / res.peak_per_s : 0.0;
+    if (res.seconds > r.bound_s) {
+      r.bound_s = res.seconds;
+      r.bottleneck = res.name;
+    }
+  }
+}
 
 Result<RunResult> run_once(const StepOptions& o, bool prefetch, const std::string& trace_path) {
   STRATA_ASSIGN_OR_RETURN(std::uint64_t states, parse_bytes(o.states, "--states"));
@@ -72,6 +119,13 @@ Result<RunResult> run_once(const StepOptions& o, bool prefetch, const std::strin
   STRATA_ASSIGN_OR_RETURN(
       ScratchDir dir,
       ScratchDir::create(o.dir.empty() ? fs::temp_directory_path() : fs::path(o.dir), "strata-bench-step"));
+
+  // The peaks, before the step, on the same device and in the same directory.
+  STRATA_ASSIGN_OR_RETURN(
+      PeakRates peaks,
+      measure_peaks(*device, {.chunk_bytes = per_layer * 4,
+                              .dir = dir.path(),
+                              .threads = std::max(1u, std::thread::hardware_concurrency())}));
 
   runtime::RuntimeOptions ro;
   ro.hyper.optimizer = kernels::Optimizer::kAdamW;
@@ -117,17 +171,15 @@ Result<RunResult> run_once(const StepOptions& o, bool prefetch, const std::strin
   }
   if (!trace_path.empty()) STRATA_RETURN_IF_ERROR(rt->write_chrome_trace(trace_path));
 
-  // The median step, and its lower bound: the busiest single resource.
+  // The median step, and its lower bound from the peaks (Note [Rates lower bound]).
   std::sort(steady.begin(), steady.end(), [](const auto& a, const auto& b) { return a.step_s < b.step_s; });
   RunResult r;
   r.stats = steady[steady.size() / 2];
   r.step_s = r.stats.step_s;
-  for (std::size_t t = 0; t < runtime::kTrackCount; ++t) {
-    if (r.stats.busy_s[t] > r.bound_s) {
-      r.bound_s = r.stats.busy_s[t];
-      r.bottleneck = std::string(runtime::track_name(static_cast<runtime::Track>(t)));
-    }
-  }
+  r.peaks = peaks;
+  const double compute_flop = 6.0 * double(per_layer) * double(o.layers) * double(o.tokens);  // 2 fwd + 4 bwd
+  rates_bound(*rt, r.stats, peaks, compute_flop, o.flops, r);
+  for (double busy : r.stats.busy_s) r.timeline_busiest_s = std::max(r.timeline_busiest_s, busy);
   return r;
 }
 
@@ -166,9 +218,11 @@ int run(const StepOptions& o) {
       {"states", o.states},
       {"layers", o.layers},
       {"step_s", median(step_s)},
+      {"bound_source", "rates"},
       {"bound_s", median(bound_s)},
       {"ratio", median(ratio)},
       {"bottleneck", last.bottleneck},
+      {"timeline_busiest_s", last.timeline_busiest_s},
       {"no_prefetch_step_s", median(no_prefetch_s)},
       {"prefetch_speedup", median(no_prefetch_s) / median(step_s)},
       {"bytes_h2d", st.bytes_h2d},
@@ -180,15 +234,22 @@ int run(const StepOptions& o) {
       {"host_high_water_bytes", st.host_high_water_bytes},
       {"gpu_budget_bytes", gpu},
       {"host_budget_bytes", host},
-      {"busy_s",
-       {{"compute", st.busy_s[0]},
-        {"h2d", st.busy_s[1]},
-        {"d2h", st.busy_s[2]},
-        {"cpu_optimizer", st.busy_s[3]},
-        {"disk_read", st.busy_s[5]},
-        {"disk_write", st.busy_s[6]}}},
+      {"busy_s", nlohmann::json::object()},
       {"runs", o.runs},
+      {"load_average_1m", load_average_1m()},
+      {"timing", fmt::format("median of {} runs, each the median of {} steady steps; peaks best of 3", o.runs,
+                             o.steps)},
   };
+  // The breakdown of the last run: per resource its work, peak and bound, and the timeline's busy time.
+  for (std::size_t t = 0; t < runtime::kTrackCount; ++t) {
+    j["busy_s"][std::string(runtime::track_name(static_cast<runtime::Track>(t)))] = st.busy_s[t];
+  }
+  for (const Resource& res : last.resources) {
+    j["resources"][res.name] = {
+        {"work", res.work}, {"unit", res.unit}, {"peak_per_s", res.peak_per_s}, {"bound_s", res.seconds}};
+  }
+  j["disk_engine"] = last.peaks.disk_engine;
+  j["disk_direct_io"] = last.peaks.disk_direct_io;
   if (o.json) {
     fmt::print("{}\n", j.dump(2));
   } else {
@@ -197,7 +258,8 @@ int run(const StepOptions& o) {
         "each way; real CPU optimizer (AdamW) and NVMe I/O in {}\n",
         j["compute"].get<std::string>(), o.link, o.dir.empty() ? fs::temp_directory_path().string() : o.dir);
     fmt::print("{:<28}{:>14}\n", "step time (median)", fmt::format("{:.3f} s", median(step_s)));
-    fmt::print("{:<28}{:>14}\n", "lower bound (busiest)", fmt::format("{:.3f} s", median(bound_s)));
+    fmt::print("{:<28}{:>14}\n", "lower bound (rates)",
+               fmt::format("{:.3f} s ({})", median(bound_s), last.bottleneck));
     fmt::print("{:<28}{:>14}\n", "ratio", fmt::format("{:.3f}", median(ratio)));
     fmt::print("{:<28}{:>14}\n", "without prefetch", fmt::format("{:.3f} s", median(no_prefetch_s)));
     fmt::print("{:<28}{:>14}\n", "bytes h2d / d2h",
@@ -208,6 +270,16 @@ int run(const StepOptions& o) {
                fmt::format("{} / {}", format_bytes(st.gpu_high_water_bytes), format_bytes(gpu)));
     fmt::print("{:<28}{:>14}\n", "host high water / budget",
                fmt::format("{} / {}", format_bytes(st.host_high_water_bytes), format_bytes(host)));
+    fmt::print(
+        "\nlower bound per resource (last run; peaks measured before its steps; busy = its timeline):\n");
+    fmt::print("  {:<14} {:>12} {:>7} {:>14} {:>9} {:>9}\n", "resource", "work", "unit", "peak /s", "bound s",
+               "busy s");
+    for (const Resource& res : last.resources) {
+      const nlohmann::json& busy = j["busy_s"];
+      fmt::print("  {:<14} {:>12.4g} {:>7} {:>14.4g} {:>9.3f} {:>9}\n", res.name, res.work, res.unit,
+                 res.peak_per_s, res.seconds,
+                 busy.contains(res.name) ? fmt::format("{:.3f}", busy[res.name].get<double>()) : "-");
+    }
   }
   const bool budgets_held = st.gpu_high_water_bytes <= gpu && st.host_high_water_bytes <= host;
   if (!budgets_held) {

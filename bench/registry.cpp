@@ -1,6 +1,7 @@
 #include "registry.hpp"
 
 #include <algorithm>
+#include <fstream>
 
 namespace strata::bench {
 
@@ -14,6 +15,13 @@ double median(std::vector<double> samples) {
   std::size_t n = samples.size();
   if (n == 0) return 0.0;
   return n % 2 == 1 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
+}
+
+double load_average_1m() {
+  std::ifstream in("/proc/loadavg");
+  double load = -1.0;
+  if (!(in >> load)) return -1.0;
+  return load;
 }
 
 }  // namespace strata::bench

@@ -39,4 +39,8 @@ struct Registrar {
 //! Median of a non-empty list of samples.
 double median(std::vector<double> samples);
 
+//! The 1-minute load average (/proc/loadavg; -1 when unreadable): every JSON
+//! output records it, as the machines these run on are often shared.
+double load_average_1m();
+
 }  // namespace strata::bench
