@@ -102,6 +102,13 @@ struct Config {
   static Result<Config> from_json_file(const std::filesystem::path& path);
   //! The keys set() and the JSON loader accept, in "section.key" form.
   static std::vector<std::string> keys();
+  //! Every check Runtime::create applies, without creating anything: the
+  //! device's (DeviceOptions::validate), the runtime's
+  //! (runtime::validate_options: ranges, alignment, min <= max, directories that
+  //! exist and are writable, budgets that fit, supported combinations) and
+  //! budgets.gpu <= device.budget. Touches the file system read-only.
+  //! InvalidArgument / NotFound / PermissionDenied / NoSpace naming the key.
+  Status validate() const;
 };
 
 //! Totals since the Runtime was created (per-step figures are in StepStats).
