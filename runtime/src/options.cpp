@@ -15,6 +15,7 @@
 
 #include "strata/common/bytes.hpp"
 #include "strata/kernels/optim.hpp"
+#include "strata/offload/swap_store.hpp"
 
 namespace strata::runtime {
 namespace {
@@ -228,6 +229,23 @@ Status validate_options(const RuntimeOptions& o) {
   }
   STRATA_RETURN_IF_ERROR(validate_plan(o));
   return validate_nvme(o);
+}
+
+Result<ScratchDir> open_tool_nvme_dir(const std::string& given, std::string_view setting,
+                                      std::string_view default_name) {
+  ScratchDir dir;
+  if (!given.empty()) {
+    STRATA_RETURN_IF_ERROR(validate_nvme_dir(given, setting));
+    dir = ScratchDir::borrow(given);
+  } else {
+    std::error_code ec;
+    const std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+    if (ec) return errno_status(ec.value(), fmt::format("{}: no temp directory ($TMPDIR)", setting));
+    STRATA_ASSIGN_OR_RETURN(dir, ScratchDir::create(tmp, default_name));
+    STRATA_RETURN_IF_ERROR(validate_nvme_dir(dir.path().string(), setting));
+  }
+  STRATA_RETURN_IF_ERROR(offload::reclaim_stale_swap_files(dir.path()));
+  return dir;
 }
 
 }  // namespace strata::runtime

@@ -16,6 +16,7 @@
 #include <string>
 #include <string_view>
 
+#include "strata/common/scratch_dir.hpp"
 #include "strata/common/status.hpp"
 #include "strata/runtime/layout.hpp"
 #include "strata/runtime/runtime.hpp"
@@ -57,5 +58,14 @@ Status validate_nvme_dir(const std::string& dir, std::string_view setting = "nvm
 
 //! Bytes an unprivileged writer may still allocate on the file system of `dir`.
 Result<std::uint64_t> free_bytes_of(const std::string& dir);
+
+//! The NVMe directory of one run of a tool (Note [Stable scratch layout] in
+//! scratch_dir.hpp): `given` when not empty (checked by validate_nvme_dir as
+//! `setting`, never created, borrowed), else the stable `$TMPDIR/<default_name>`
+//! (created when missing, removed at the end when empty). Swap files a crashed
+//! run left there are reported and reclaimed first (never read), so the run
+//! starts clean and leaves nothing when it ends, cleanly or with an error.
+Result<ScratchDir> open_tool_nvme_dir(const std::string& given, std::string_view setting,
+                                      std::string_view default_name);
 
 }  // namespace strata::runtime
