@@ -43,6 +43,7 @@ struct Settings {
   std::vector<std::string> text;
   std::string nvme;
   std::string trace;
+  std::string config;  // a JSON config applied over the example's settings
   int steps = 300;
   std::size_t context = 32, embed = 32, width = 512, depth = 5, batch = 128;
   float lr = 2e-3f;
@@ -269,6 +270,18 @@ int run(const Settings& s) {
     }
   }
   config.device.budget_bytes = config.runtime.budgets.gpu_bytes + 64 * kMiB;
+  if (!s.config.empty()) {
+    if (Status st = config.update_from_json_file(s.config); !st.ok()) {
+      std::fprintf(stderr, "strata-example-lm: --config: %s\n", st.to_string().c_str());
+      return 2;
+    }
+    if (config.device.kind != memory::DeviceChoice::kSim) {  // Note [Example device]
+      std::fprintf(stderr,
+                   "strata-example-lm: --config: device.kind must be sim for this example (its math "
+                   "needs host-addressable leases)\n");
+      return 2;
+    }
+  }
   auto created = Runtime::create(config);
   if (!created.ok()) {
     std::fprintf(stderr, "strata-example-lm: %s\n", created.status().to_string().c_str());
@@ -370,6 +383,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", s.steps, "training steps")->capture_default_str();
   app.add_option("--nvme", s.nvme, "directory for the NVMe tier (default: the temp dir)");
   app.add_option("--trace", s.trace, "write the Chrome trace here");
+  app.add_option("--config", s.config,
+                 "JSON config (docs/config.md) applied over the example's settings; keys it names win");
   app.add_option("--context", s.context, "context bytes")->capture_default_str();
   app.add_option("--width", s.width, "hidden width")->capture_default_str();
   app.add_option("--depth", s.depth, "hidden layers")->capture_default_str();
