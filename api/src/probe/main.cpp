@@ -15,6 +15,7 @@
 #include "measure.hpp"
 #include "model.hpp"
 #include "strata/common/bytes.hpp"
+#include "strata/common/duration.hpp"
 #include "strata/common/log.hpp"
 #include "strata/common/scratch_dir.hpp"
 #include "strata/memory/device_factory.hpp"
@@ -46,7 +47,7 @@ struct Settings {
   std::string link = "12GiB";
   double tflops = 400;
   std::string nvme_bytes = "1GiB";
-  double nvme_seconds = 3;
+  std::string nvme_seconds = "3s";
   std::string optimizer_params = "16M";
   bool verify = false;
   std::string verify_placement;
@@ -130,6 +131,7 @@ Result<std::optional<std::uint64_t>> budget_flag(std::string_view flag, const st
 // kind] in runtime/options.hpp): a bad flag fails in milliseconds, naming itself.
 struct Flags {
   std::uint64_t link = 0, nvme_bytes = 0, optimizer_params = 0;
+  double nvme_seconds = 0;
   std::optional<std::uint64_t> device_budget, host_budget;
 };
 
@@ -146,8 +148,9 @@ Result<Flags> check_flags(const Settings& s) {
         "--optimizer-params = {}: at most {} on this machine (16 B a param, a quarter of RAM)",
         s.optimizer_params, format_count(ram / 4 / 16));
   }
-  if (!(s.nvme_seconds > 0 && s.nvme_seconds <= 600))
-    return invalid_argument("--nvme-seconds = {}: use a number in (0, 600]", s.nvme_seconds);
+  STRATA_ASSIGN_OR_RETURN(f.nvme_seconds, parse_seconds(s.nvme_seconds, "--nvme-seconds"));
+  if (!(f.nvme_seconds >= 0.01 && f.nvme_seconds <= 600))
+    return invalid_argument("--nvme-seconds = {}: use 10ms .. 600s", s.nvme_seconds);
   if (s.verify_steps < 1 || s.verify_steps > kVerifyStepsMax)
     return invalid_argument("--verify-steps = {}: use 1 .. {}", s.verify_steps, kVerifyStepsMax);
   if (!s.verify_placement.empty()) {
@@ -182,7 +185,7 @@ int run(const Settings& s) {
   if (!host.ok()) return fail(host.status());
   std::optional<NvmeInfo> nvme;
   if (!s.nvme.empty()) {
-    auto n = measure_nvme(s.nvme, flags->nvme_bytes, s.nvme_seconds, progress);
+    auto n = measure_nvme(s.nvme, flags->nvme_bytes, flags->nvme_seconds, progress);
     if (!n.ok()) return fail(n.status());
     nvme = *n;
   }
@@ -498,7 +501,7 @@ int main(int argc, char** argv) {
   app.add_option("--tflops", s.tflops, "sustained device compute, TFLOP/s (assumed, not measured)")
       ->capture_default_str();
   app.add_option("--nvme-bytes", s.nvme_bytes, "NVMe test size at most")->capture_default_str();
-  app.add_option("--nvme-seconds", s.nvme_seconds, "NVMe test time per direction at most")
+  app.add_option("--nvme-seconds", s.nvme_seconds, "NVMe test time per pass at most (e.g. 3s, 500ms)")
       ->capture_default_str();
   app.add_option("--optimizer-params", s.optimizer_params, "CPU optimizer test size")->capture_default_str();
   app.add_flag("--verify", s.verify,
