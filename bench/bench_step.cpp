@@ -80,7 +80,10 @@ Result<Checked> check(const StepOptions& o) {
   STRATA_ASSIGN_OR_RETURN(c.gpu, parse_bytes(o.gpu_budget, "--gpu-budget"));
   STRATA_ASSIGN_OR_RETURN(c.host, parse_bytes(o.host_budget, "--host-budget"));
   STRATA_ASSIGN_OR_RETURN(c.link, parse_bytes(o.link, "--link"));
-  if (c.link == 0) return invalid_argument("--link = 0: give the sim copy rate per second, e.g. 12GiB");
+  if (c.link < memory::kSimBandwidthMinBytesPerS) {
+    return invalid_argument("--link = {}: give the sim copy rate per second, at least {} (e.g. 12GiB)",
+                            o.link, format_bytes(memory::kSimBandwidthMinBytesPerS));
+  }
   // fp32 AdamW: param (= master) + grad + exp_avg + exp_avg_sq = 16 bytes a parameter.
   const std::uint64_t layer_bytes = 16 * 4096;
   if (c.states / o.layers < layer_bytes || c.states > (std::uint64_t{1} << 50)) {
@@ -90,6 +93,14 @@ Result<Checked> check(const StepOptions& o) {
         o.states, format_bytes(layer_bytes * o.layers), o.layers);
   }
   c.per_layer = align_up(c.states / 16 / o.layers, 4096);
+  // The layers sleep for their modelled compute (6 FLOPs a param a token): bound a
+  // step's, or a mistyped --tokens or --flops is a run of hours that looks like a hang.
+  const double compute_s =
+      6.0 * static_cast<double>(c.per_layer * o.layers) * static_cast<double>(o.tokens) / o.flops;
+  if (compute_s > 60.0) {
+    return invalid_argument("--tokens {} at --flops {:g}: {:.0f} s of modelled compute a step; at most 60 s",
+                            o.tokens, o.flops, compute_s);
+  }
   return c;
 }
 

@@ -215,11 +215,12 @@ Status check_flags(const Settings& s) {
   const double in = static_cast<double>(s.context) * static_cast<double>(s.embed);
   const double acts = static_cast<double>(s.batch) * (in + static_cast<double>(s.depth + 1) * s.width + 256);
   const double weights = in * static_cast<double>(s.width) + static_cast<double>(s.depth) * s.width * s.width;
-  if (in > 1 << 20 || acts > 1 << 28 || weights > 1 << 28) {
+  // About 6 FLOPs a weight a position: bound a step at ~2^35 FLOPs (seconds here).
+  const double work = static_cast<double>(s.batch) * weights;
+  if (in > 1 << 20 || acts > 1 << 28 || weights > 1 << 28 || work > 4.0 * (1u << 30)) {
     return invalid_argument(
         "--context {} --embed {} --width {} --depth {} --batch {}: too large for this example (at most 2^20 "
-        "inputs, "
-        "2^28 weights and 2^28 activation values)",
+        "inputs, 2^28 weights, 2^28 activation values and 2^32 weights x batch a step)",
         s.context, s.embed, s.width, s.depth, s.batch);
   }
   if (!(std::isfinite(s.lr) && s.lr > 0 && s.lr <= 10))

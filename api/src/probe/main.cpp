@@ -93,8 +93,7 @@ Result<TrainSpec> model_spec(const Settings& s) {
   auto states = runtime::parse_dtype(s.state_dtype);
   if (!states.ok()) return invalid_argument("--state-dtype \"{}\": use fp32 or bf16", s.state_dtype);
   spec.state_dtype = *states;
-  if (!(s.tflops > 0 && s.tflops <= 1e6))
-    return invalid_argument("--tflops {}: use a number in (0, 1e6]", s.tflops);
+  if (!(s.tflops >= 1 && s.tflops <= 1e6)) return invalid_argument("--tflops = {}: use 1 .. 1e6", s.tflops);
   spec.device_flops_per_s = s.tflops * 1e12;
   const bool shape_given = s.layers_given || s.hidden_given;
   if (shape_given && !s.params.empty()) {
@@ -138,7 +137,10 @@ struct Flags {
 Result<Flags> check_flags(const Settings& s) {
   Flags f;
   STRATA_ASSIGN_OR_RETURN(f.link, parse_bytes(s.link, "--link"));
-  if (f.link == 0) return invalid_argument("--link = 0: give the sim copy rate per second, e.g. 12GiB");
+  if (f.link < memory::kSimBandwidthMinBytesPerS) {
+    return invalid_argument("--link = {}: give the sim copy rate per second, at least {} (e.g. 12GiB)",
+                            s.link, format_bytes(memory::kSimBandwidthMinBytesPerS));
+  }
   STRATA_ASSIGN_OR_RETURN(f.nvme_bytes, parse_bytes(s.nvme_bytes, "--nvme-bytes"));
   if (f.nvme_bytes < kMiB) return invalid_argument("--nvme-bytes = {}: give at least 1MiB", s.nvme_bytes);
   STRATA_ASSIGN_OR_RETURN(f.optimizer_params, parse_count(s.optimizer_params, "--optimizer-params"));

@@ -66,6 +66,17 @@ Result<VerifyResult> verify(const VerifyOptions& o) {
   const TrainSpec& spec = o.spec;
   STRATA_ASSIGN_OR_RETURN(r.params, shape_params(spec.shape));
   if (Status fits = plan_fits(spec, o.placement, o.capacity); !fits.ok()) return too_large(o, fits);
+  // The synthetic layers sleep for their modelled compute: bound it, or a slow
+  // --tflops with a long --seq is a run of hours that looks like a hang.
+  const double compute_s = 6.0 * static_cast<double>(r.params) * static_cast<double>(spec.shape.seq) *
+                           static_cast<double>(spec.shape.batch) / spec.device_flops_per_s;
+  if (!(compute_s <= kVerifyStepSecondsMax)) {
+    return invalid_argument(
+        "--verify: a step of the verify model would model {:.0f} s of compute (--seq {} --batch {} at "
+        "--tflops {}); "
+        "at most {:.0f} s: lower --seq, --batch or --verify-params, or raise --tflops",
+        compute_s, spec.shape.seq, spec.shape.batch, spec.device_flops_per_s / 1e12, kVerifyStepSecondsMax);
+  }
   STRATA_ASSIGN_OR_RETURN(Estimate predicted, estimate_at(spec, o.placement, o.capacity, o.rates));
   // Note [Verify budgets]: the runtime's host budget is the probe's plus a reserve
   // (PlanOptions::host_reserve_bytes, 25%) that its planner keeps free, so both

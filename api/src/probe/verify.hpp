@@ -23,6 +23,8 @@ namespace strata::probe {
 
 //! Bound on --verify-steps.
 inline constexpr int kVerifyStepsMax = 1000;
+//! Bound on the modelled compute of one verify step, seconds.
+inline constexpr double kVerifyStepSecondsMax = 60.0;
 
 //! What --verify runs.
 struct VerifyOptions {
