@@ -54,6 +54,7 @@
 
 #include "registry.hpp"
 #include "strata/common/bytes.hpp"
+#include "strata/memory/device_factory.hpp"
 #include "strata/offload/io_engine.hpp"
 
 namespace strata::bench {
@@ -346,12 +347,16 @@ int run_io(const IoBenchOptions& o) {
     s.request = *request;
   }
   s.qd = o.qd;
-  if (s.block == 0 || s.block % 4096 != 0 || s.bytes % s.block != 0 || s.request % 4096 != 0 || s.qd == 0 ||
-      o.runs <= 0) {
+  if (s.block == 0 || s.block % 4096 != 0 || s.bytes % s.block != 0 || s.request == 0 ||
+      s.request % 4096 != 0 || s.qd == 0 || s.qd > 1024 || o.runs <= 0 || o.runs > 100 || s.bytes == 0) {
     return fail(
         invalid_argument("--block ({}) and --request ({}) must be multiples of 4096, --bytes ({}) a multiple "
-                         "of --block, --qd and --runs positive",
+                         "of --block, --qd 1 .. 1024 and --runs 1 .. 100",
                          s.block, s.request, s.bytes));
+  }
+  if (const std::uint64_t ram = memory::physical_memory_bytes(); ram != 0 && s.qd * s.block > ram / 4) {
+    return fail(invalid_argument("--qd {} x --block {}: the buffers would take more than a quarter of RAM",
+                                 s.qd, o.block));
   }
   s.request = std::min(s.request, s.block);
   s.engine_depth = static_cast<std::uint32_t>(s.qd * div_ceil(s.block, s.request));

@@ -46,6 +46,7 @@
 #include "strata/common/thread_pool.hpp"
 #include "strata/kernels/cuda.hpp"
 #include "strata/kernels/optim.hpp"
+#include "strata/memory/device_factory.hpp"
 
 namespace strata::bench {
 namespace {
@@ -358,6 +359,20 @@ int run_optim(const OptimOptions& o) {
       return 2;
     }
     isa = *parsed;
+  }
+  // Bounds, checked before anything is allocated: the buffers are ~8 arrays of
+  // --mparams floats, which must fit a quarter of RAM.
+  const double ram_mparams = static_cast<double>(memory::physical_memory_bytes()) / 4 / 32 / 1e6;
+  if (!(o.mparams > 0 && o.mparams <= std::max(1.0, ram_mparams))) {
+    fmt::print(stderr, "optim: --mparams = {}: use a number in (0, {:.0f}] on this machine\n", o.mparams,
+               std::max(1.0, ram_mparams));
+    return 2;
+  }
+  if (o.threads > 4096 || o.repeats < 1 || o.repeats > 1000) {
+    fmt::print(stderr,
+               "optim: --threads = {} (use 0 .. 4096) or --repeats = {} (use 1 .. 1000) out of range\n",
+               o.threads, o.repeats);
+    return 2;
   }
   // The pool runs threads - 1 workers and parallel_for's caller is the last
   // thread, so `threads` is the number of threads that run pieces

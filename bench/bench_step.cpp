@@ -21,12 +21,12 @@
 #include "strata/common/log.hpp"
 #include "strata/common/scratch_dir.hpp"
 #include "strata/memory/device_factory.hpp"
+#include "strata/runtime/options.hpp"
 #include "strata/runtime/runtime.hpp"
 
 namespace strata::bench {
 namespace {
 
-namespace fs = std::filesystem;
 using runtime::Runtime;
 
 struct StepOptions {
@@ -99,15 +99,62 @@ void rates_bound(const Runtime& rt, const runtime::StepStats& st, const PeakRate
   }
 }
 
-Result<RunResult> run_once(const StepOptions& o, bool prefetch, const std::string& trace_path) {
-  STRATA_ASSIGN_OR_RETURN(std::uint64_t states, parse_bytes(o.states, "--states"));
-  STRATA_ASSIGN_OR_RETURN(std::uint64_t gpu, parse_bytes(o.gpu_budget, "--gpu-budget"));
-  STRATA_ASSIGN_OR_RETURN(std::uint64_t host, parse_bytes(o.host_budget, "--host-budget"));
-  STRATA_ASSIGN_OR_RETURN(std::uint64_t link, parse_bytes(o.link, "--link"));
-  if (o.layers == 0) return invalid_argument("--layers must be > 0");
+constexpr int kStepsMax = 1000, kRunsMax = 100;
+constexpr std::size_t kLayersMax = 4096;
+
+// The flags, checked before anything runs (Note [One validation per input kind]
+// in runtime/options.hpp). The runtime's own settings are checked by
+// runtime::validate_options when run_once creates it, with the same messages.
+struct Checked {
+  std::uint64_t states = 0, gpu = 0, host = 0, link = 0;
+  std::uint64_t per_layer = 0;  // params a layer (one chunk family each)
+};
+
+Result<Checked> check(const StepOptions& o) {
+  Checked c;
+  if (o.steps < 1 || o.steps > kStepsMax)
+    return invalid_argument("--steps = {}: use 1 .. {} (the median steady step is reported)", o.steps,
+                            kStepsMax);
+  if (o.runs < 1 || o.runs > kRunsMax)
+    return invalid_argument("--runs = {}: use 1 .. {} (the median run is reported)", o.runs, kRunsMax);
+  if (o.layers < 1 || o.layers > kLayersMax)
+    return invalid_argument("--layers = {}: use 1 .. {}", o.layers, kLayersMax);
+  if (!(o.flops > 0 && o.flops <= 1e18))
+    return invalid_argument("--flops = {}: use a rate in (0, 1e18]", o.flops);
+  if (o.tokens == 0 || o.tokens > (std::uint64_t{1} << 40))
+    return invalid_argument("--tokens = {}: use 1 .. 2^40", o.tokens);
+  STRATA_ASSIGN_OR_RETURN(c.states, parse_bytes(o.states, "--states"));
+  STRATA_ASSIGN_OR_RETURN(c.gpu, parse_bytes(o.gpu_budget, "--gpu-budget"));
+  STRATA_ASSIGN_OR_RETURN(c.host, parse_bytes(o.host_budget, "--host-budget"));
+  STRATA_ASSIGN_OR_RETURN(c.link, parse_bytes(o.link, "--link"));
+  if (c.link < memory::kSimBandwidthMinBytesPerS) {
+    return invalid_argument("--link = {}: give the sim copy rate per second, at least {} (e.g. 12GiB)",
+                            o.link, format_bytes(memory::kSimBandwidthMinBytesPerS));
+  }
   // fp32 AdamW: param (= master) + grad + exp_avg + exp_avg_sq = 16 bytes a parameter.
-  const std::uint64_t params = states / 16;
-  const std::uint64_t per_layer = align_up(params / o.layers, 4096);
+  const std::uint64_t layer_bytes = 16 * 4096;
+  if (c.states / o.layers < layer_bytes || c.states > (std::uint64_t{1} << 50)) {
+    return invalid_argument(
+        "--states = {}: give at least {} for {} layers (16 B a param, 4096 params a layer) "
+        "and at most 1PiB",
+        o.states, format_bytes(layer_bytes * o.layers), o.layers);
+  }
+  c.per_layer = align_up(c.states / 16 / o.layers, 4096);
+  // The layers sleep for their modelled compute (6 FLOPs a param a token): bound a
+  // step's, or a mistyped --tokens or --flops is a run of hours that looks like a hang.
+  const double compute_s =
+      6.0 * static_cast<double>(c.per_layer * o.layers) * static_cast<double>(o.tokens) / o.flops;
+  if (compute_s > 60.0) {
+    return invalid_argument("--tokens {} at --flops {:g}: {:.0f} s of modelled compute a step; at most 60 s",
+                            o.tokens, o.flops, compute_s);
+  }
+  return c;
+}
+
+Result<RunResult> run_once(const StepOptions& o, const Checked& c, const ScratchDir& dir, bool prefetch,
+                           const std::string& trace_path) {
+  const std::uint64_t states = c.states, gpu = c.gpu, host = c.host, link = c.link;
+  const std::uint64_t per_layer = c.per_layer;
 
   memory::DeviceOptions dopt;
   dopt.kind = memory::DeviceChoice::kSim;
@@ -115,10 +162,6 @@ Result<RunResult> run_once(const StepOptions& o, bool prefetch, const std::strin
   dopt.h2d_bytes_per_s = link;
   dopt.d2h_bytes_per_s = link;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<memory::Device> device, memory::make_device(dopt));
-
-  STRATA_ASSIGN_OR_RETURN(
-      ScratchDir dir,
-      ScratchDir::create(o.dir.empty() ? fs::temp_directory_path() : fs::path(o.dir), "strata-bench-step"));
 
   // The peaks, before the step, on the same device and in the same directory.
   STRATA_ASSIGN_OR_RETURN(
@@ -184,15 +227,27 @@ Result<RunResult> run_once(const StepOptions& o, bool prefetch, const std::strin
 }
 
 int run(const StepOptions& o) {
+  auto checked = check(o);
+  if (!checked.ok()) {
+    fmt::print(stderr, "strata-bench step: {}\n", checked.status().to_string());
+    return 2;
+  }
+  // Swap files go straight into --dir, or the stable $TMPDIR/strata-bench-step
+  // (Note [Stable scratch layout]); a crashed run's are reclaimed here.
+  auto dir = runtime::open_tool_nvme_dir(o.dir, "--dir", "strata-bench-step");
+  if (!dir.ok()) {
+    fmt::print(stderr, "strata-bench step: {}\n", dir.status().to_string());
+    return 2;
+  }
   std::vector<double> step_s, bound_s, ratio, no_prefetch_s;
   RunResult last;
   for (int i = 0; i < o.runs; ++i) {
-    auto with = run_once(o, true, i == 0 ? o.trace : "");
+    auto with = run_once(o, *checked, *dir, true, i == 0 ? o.trace : "");
     if (!with.ok()) {
       fmt::print(stderr, "strata-bench step: {}\n", with.status().to_string());
       return 1;
     }
-    auto without = run_once(o, false, "");
+    auto without = run_once(o, *checked, *dir, false, "");
     if (!without.ok()) {
       fmt::print(stderr, "strata-bench step (no prefetch): {}\n", without.status().to_string());
       return 1;
@@ -209,8 +264,7 @@ int run(const StepOptions& o) {
     }
   }
   const auto& st = last.stats;
-  auto gpu = parse_bytes(o.gpu_budget).value();
-  auto host = parse_bytes(o.host_budget).value();
+  const std::uint64_t gpu = checked->gpu, host = checked->host;
   nlohmann::json j = {
       {"backend", "sim"},
       {"compute",
@@ -256,7 +310,7 @@ int run(const StepOptions& o) {
     fmt::print(
         "strata-bench step — sim device; compute modelled as timed kernels ({}); copies throttled to {}/s "
         "each way; real CPU optimizer (AdamW) and NVMe I/O in {}\n",
-        j["compute"].get<std::string>(), o.link, o.dir.empty() ? fs::temp_directory_path().string() : o.dir);
+        j["compute"].get<std::string>(), o.link, dir->path().string());
     fmt::print("{:<28}{:>14}\n", "step time (median)", fmt::format("{:.3f} s", median(step_s)));
     fmt::print("{:<28}{:>14}\n", "lower bound (rates)",
                fmt::format("{:.3f} s ({})", median(bound_s), last.bottleneck));

@@ -1,7 +1,6 @@
 // strata-bench: the project's benchmarks, one subcommand each.
-#include <map>
-
 #include <CLI/CLI.hpp>
+#include <map>
 
 #include "registry.hpp"
 #include "strata/common/log.hpp"
@@ -17,6 +16,10 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.add_subcommand(entry.name, entry.description);
     runners[sub] = entry.setup(*sub);
   }
+  // One line on a bad command line, as every other refusal (the CLI fuzz test checks it).
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return fmt::format("strata-bench: {} (see --help)\n", e.what());
+  });
   CLI11_PARSE(app, argc, argv);
   if (!strata::set_log_level(log_level)) {
     fmt::print(stderr, "strata-bench: --log-level {}: unknown level\n", log_level);

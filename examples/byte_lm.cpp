@@ -31,6 +31,7 @@
 #include "strata/common/bytes.hpp"
 #include "strata/common/log.hpp"
 #include "strata/common/scratch_dir.hpp"
+#include "strata/runtime/options.hpp"
 #include "strata/strata.hpp"
 
 namespace {
@@ -42,6 +43,7 @@ struct Settings {
   std::vector<std::string> text;
   std::string nvme;
   std::string trace;
+  std::string config;  // a JSON config applied over the example's settings
   int steps = 300;
   std::size_t context = 32, embed = 32, width = 512, depth = 5, batch = 128;
   float lr = 2e-3f;
@@ -186,6 +188,10 @@ Status train_step(Runtime& rt, Model& m) {
 Result<std::string> read_text(const std::vector<std::string>& paths) {
   std::stringstream s;
   for (const std::string& path : paths) {
+    std::error_code ec;
+    if (fs::exists(path, ec) && (!fs::is_regular_file(path, ec) || fs::file_size(path, ec) > 256 * kMiB)) {
+      return invalid_argument("--text {}: not a regular file of at most 256 MiB", path);
+    }
     std::ifstream in(path, std::ios::binary);
     if (!in)
       return not_found("--text {}: cannot be read; name text files (the repository's README.md works)", path);
@@ -194,7 +200,39 @@ Result<std::string> read_text(const std::vector<std::string>& paths) {
   return s.str();
 }
 
+// The flags, checked before anything runs (Note [One validation per input kind]
+// in runtime/options.hpp; the budgets and the NVMe directory go through the
+// runtime's own checks when it is created). Bounds keep every BLAS dimension an
+// int and the activations a few GiB at most.
+Status check_flags(const Settings& s) {
+  if (s.steps < 1 || s.steps > 1'000'000) return invalid_argument("--steps = {}: use 1 .. 1000000", s.steps);
+  const std::pair<const char*, std::size_t> dims[] = {
+      {"--context", s.context}, {"--width", s.width}, {"--batch", s.batch}};
+  for (const auto& [flag, v] : dims) {
+    if (v < 1 || v > 65536) return invalid_argument("{} = {}: use 1 .. 65536", flag, v);
+  }
+  if (s.depth > 64) return invalid_argument("--depth = {}: use 0 .. 64 hidden layers", s.depth);
+  const double in = static_cast<double>(s.context) * static_cast<double>(s.embed);
+  const double acts = static_cast<double>(s.batch) * (in + static_cast<double>(s.depth + 1) * s.width + 256);
+  const double weights = in * static_cast<double>(s.width) + static_cast<double>(s.depth) * s.width * s.width;
+  // About 6 FLOPs a weight a position: bound a step at ~2^35 FLOPs (seconds here).
+  const double work = static_cast<double>(s.batch) * weights;
+  if (in > 1 << 20 || acts > 1 << 28 || weights > 1 << 28 || work > 4.0 * (1u << 30)) {
+    return invalid_argument(
+        "--context {} --embed {} --width {} --depth {} --batch {}: too large for this example (at most 2^20 "
+        "inputs, 2^28 weights, 2^28 activation values and 2^32 weights x batch a step)",
+        s.context, s.embed, s.width, s.depth, s.batch);
+  }
+  if (!(std::isfinite(s.lr) && s.lr > 0 && s.lr <= 10))
+    return invalid_argument("--lr = {}: use (0, 10]", s.lr);
+  return Status::Ok();
+}
+
 int run(const Settings& s) {
+  if (Status st = check_flags(s); !st.ok()) {
+    std::fprintf(stderr, "strata-example-lm: %s\n", st.to_string().c_str());
+    return 2;
+  }
   auto text = read_text(s.text);
   if (!text.ok()) {
     std::fprintf(stderr, "strata-example-lm: %s\n", text.status().to_string().c_str());
@@ -206,8 +244,9 @@ int run(const Settings& s) {
                  text->size(), s.context);
     return 2;
   }
-  auto scratch =
-      ScratchDir::create(s.nvme.empty() ? fs::temp_directory_path() : fs::path(s.nvme), "strata-example-lm");
+  // Swap files go straight into --nvme, or the stable $TMPDIR/strata-example-lm
+  // (Note [Stable scratch layout]); a crashed run's are reported and reclaimed.
+  auto scratch = runtime::open_tool_nvme_dir(s.nvme, "--nvme", "strata-example-lm");
   if (!scratch.ok()) {
     std::fprintf(stderr, "strata-example-lm: %s\n", scratch.status().to_string().c_str());
     return 2;
@@ -232,6 +271,18 @@ int run(const Settings& s) {
     }
   }
   config.device.budget_bytes = config.runtime.budgets.gpu_bytes + 64 * kMiB;
+  if (!s.config.empty()) {
+    if (Status st = config.update_from_json_file(s.config); !st.ok()) {
+      std::fprintf(stderr, "strata-example-lm: --config: %s\n", st.to_string().c_str());
+      return 2;
+    }
+    if (config.device.kind != memory::DeviceChoice::kSim) {  // Note [Example device]
+      std::fprintf(stderr,
+                   "strata-example-lm: --config: device.kind must be sim for this example (its math "
+                   "needs host-addressable leases)\n");
+      return 2;
+    }
+  }
   auto created = Runtime::create(config);
   if (!created.ok()) {
     std::fprintf(stderr, "strata-example-lm: %s\n", created.status().to_string().c_str());
@@ -333,6 +384,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", s.steps, "training steps")->capture_default_str();
   app.add_option("--nvme", s.nvme, "directory for the NVMe tier (default: the temp dir)");
   app.add_option("--trace", s.trace, "write the Chrome trace here");
+  app.add_option("--config", s.config,
+                 "JSON config (docs/config.md) applied over the example's settings; keys it names win");
   app.add_option("--context", s.context, "context bytes")->capture_default_str();
   app.add_option("--width", s.width, "hidden width")->capture_default_str();
   app.add_option("--depth", s.depth, "hidden layers")->capture_default_str();
@@ -344,6 +397,10 @@ int main(int argc, char** argv) {
   app.add_option("--seed", s.seed, "seed")->capture_default_str();
   app.add_flag("--check-loss", s.check_loss,
                "exit 1 unless the loss fell and every tier was used (for tests)");
+  // One line on a bad command line, as every other refusal (the CLI fuzz test checks it).
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return fmt::format("strata-example-lm: {} (see --help)\n", e.what());
+  });
   CLI11_PARSE(app, argc, argv);
   if (std::getenv("STRATA_LOG_LEVEL") == nullptr) set_log_level("warn");
   return run(s);

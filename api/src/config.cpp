@@ -299,10 +299,19 @@ Status unknown_key(std::string_view name) {
   return invalid_argument("unknown setting \"{}\"; known: {}", name, known);
 }
 
+// A JSON value for a message: scalars as text (at most 80 characters), arrays and
+// objects by their size only (dump() would recurse as deep as the text nests).
+std::string brief(const nlohmann::json& v) {
+  if (v.is_structured()) return fmt::format("of {} elements", v.size());
+  std::string text = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (text.size() > 80) text = text.substr(0, 77) + "...";
+  return text;
+}
+
 // The JSON value as set() text, after checking its type against the key's kind.
 Result<std::string> json_text(const Key& key, const nlohmann::json& v) {
   auto wrong = [&] {
-    return invalid_argument("{}: wrong type ({} {}); expected {}", key.name, v.type_name(), v.dump(),
+    return invalid_argument("{}: wrong type ({} {}); expected {}", key.name, v.type_name(), brief(v),
                             kind_name(key.kind));
   };
   switch (key.kind) {
@@ -313,7 +322,7 @@ Result<std::string> json_text(const Key& key, const nlohmann::json& v) {
         return invalid_argument(
             "{} = {}: a size must be a non-negative whole number of bytes or a string like "
             "\"8GiB\"",
-            key.name, v.dump());
+            key.name, brief(v));
       return wrong();
     case Kind::kNumber:
       if (v.is_number()) return fmt::format("{}", v.get<double>());
@@ -321,7 +330,7 @@ Result<std::string> json_text(const Key& key, const nlohmann::json& v) {
     case Kind::kInteger:
       if (v.is_number_unsigned()) return std::to_string(v.get<std::uint64_t>());
       if (v.is_number_integer())
-        return invalid_argument("{} = {}: must be a non-negative integer", key.name, v.dump());
+        return invalid_argument("{} = {}: must be a non-negative integer", key.name, brief(v));
       return wrong();
     case Kind::kBool:
       if (v.is_boolean()) return std::string(v.get<bool>() ? "true" : "false");
@@ -349,7 +358,9 @@ Result<std::string> json_text(const Key& key, const nlohmann::json& v) {
 Status apply(Config& c, const std::string& name, const nlohmann::json& v) {
   const Key* key = find(name);
   if (key == nullptr) {
-    if (v.is_object()) {
+    // The root and its sections are objects; nothing deeper is (so the recursion
+    // is two levels at most, whatever the nesting of the text).
+    if (v.is_object() && name.find('.') == std::string::npos) {
       // A section: its keys, optimizer.name first (Note [Config keys]).
       if (auto it = v.find("name"); it != v.end() && name == "optimizer") {
         STRATA_RETURN_IF_ERROR(apply(c, name + ".name", *it));
@@ -379,7 +390,7 @@ Status Config::set(std::string_view key, std::string_view value) {
   return k->set(*this, k->name, value);
 }
 
-Result<Config> Config::from_json_text(std::string_view text) {
+Status Config::update_from_json_text(std::string_view text) {
   nlohmann::json j =
       nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
   if (j.is_discarded()) {
@@ -387,20 +398,37 @@ Result<Config> Config::from_json_text(std::string_view text) {
   }
   if (!j.is_object())
     return invalid_argument("config: the top level must be a JSON object, got {}", j.type_name());
-  Config c;
+  Config c = *this;  // all or nothing: a refused key leaves *this as it was
   STRATA_RETURN_IF_ERROR(apply(c, "", j));
+  *this = std::move(c);
+  return Status::Ok();
+}
+
+Result<Config> Config::from_json_text(std::string_view text) {
+  Config c;
+  STRATA_RETURN_IF_ERROR(c.update_from_json_text(text));
   return c;
 }
 
-Result<Config> Config::from_json_file(const std::filesystem::path& path) {
+Status Config::update_from_json_file(const std::filesystem::path& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return not_found("config file {}: no such file", path.string());
+  if (!std::filesystem::is_regular_file(path, ec) || std::filesystem::file_size(path, ec) > kConfigBytesMax) {
+    return invalid_argument("config file {}: not a regular file of at most {}", path.string(),
+                            format_bytes(kConfigBytesMax));
+  }
   std::ifstream in(path);
   if (!in) return permission_denied("config file {}: cannot be opened for reading", path.string());
   std::stringstream buffer;
   buffer << in.rdbuf();
-  auto c = from_json_text(buffer.str());
-  if (!c.ok()) return Status(c.status()).with_context(fmt::format("config file {}", path.string()));
+  Status s = update_from_json_text(buffer.str());
+  if (!s.ok()) return s.with_context(fmt::format("config file {}", path.string()));
+  return Status::Ok();
+}
+
+Result<Config> Config::from_json_file(const std::filesystem::path& path) {
+  Config c;
+  STRATA_RETURN_IF_ERROR(c.update_from_json_file(path));
   return c;
 }
 

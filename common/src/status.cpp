@@ -42,7 +42,18 @@ std::string_view status_code_name(StatusCode code) {
 
 std::string Status::to_string() const {
   if (ok()) return "OK";
-  return fmt::format("{}: {}", status_code_name(code_), message_);
+  // One line whatever the message quotes: a control character from user input
+  // (a config key or a flag value with a newline) is printed escaped.
+  std::string line = fmt::format("{}: ", status_code_name(code_));
+  for (const char c : message_) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      line += fmt::format("\\x{:02x}", u);
+    } else {
+      line += c;
+    }
+  }
+  return line;
 }
 
 Status& Status::with_context(std::string_view context) {

@@ -78,6 +78,17 @@ Status DeviceOptions::validate() const {
         "set device.budget to at most {}",
         format_bytes(budget_bytes), format_bytes(ram), format_bytes(ram));
   }
+  for (const auto& [key, rate] : {std::pair<const char*, std::uint64_t>{"h2d_bandwidth", h2d_bytes_per_s},
+                                  {"d2h_bandwidth", d2h_bytes_per_s},
+                                  {"d2d_bandwidth", d2d_bytes_per_s}}) {
+    if (rate != 0 && rate < kSimBandwidthMinBytesPerS) {
+      return invalid_argument(
+          "device.{} = {}/s: a sim copy throttle below {}/s makes one chunk's copy take seconds; use 0 "
+          "(memcpy speed) or at least {}",
+          key, format_bytes(rate), format_bytes(kSimBandwidthMinBytesPerS),
+          format_bytes(kSimBandwidthMinBytesPerS));
+    }
+  }
   STRATA_RETURN_IF_ERROR(check_count("stream_queue_depth", stream_queue_depth));
   STRATA_RETURN_IF_ERROR(check_count("streams_max", streams_max));
   if (cuda_ordinal < 0) return invalid_argument("device.cuda_ordinal = {}: must be >= 0", cuda_ordinal);

@@ -366,4 +366,8 @@ Status SwapStore::read(SlotId slot, ChunkId chunk, std::span<std::byte> out) {
   return start_and_wait([&](IoCallback done) { return read_async(slot, chunk, out, std::move(done)); });
 }
 
+Status reclaim_stale_swap_files(const std::filesystem::path& dir) {
+  return detail::reclaim_stale_swap_files(dir, /*wanted=*/"");
+}
+
 }  // namespace strata::offload

@@ -5,6 +5,7 @@
 
 #include "strata/common/assert.hpp"
 #include "strata/common/bytes.hpp"
+#include "strata/runtime/options.hpp"
 
 namespace strata::runtime {
 namespace {
@@ -41,27 +42,6 @@ void pack(std::span<const std::uint64_t> numels, std::span<const TensorId> order
     pos = start + n;
   }
   if (open) on_family(first, order.size(), chunk_elems, pos, false);
-}
-
-Status validate(const LayoutOptions& o) {
-  if (!is_pow2(o.offset_align_elems)) {
-    return invalid_argument("layout offset_align_elems = {} must be a power of two", o.offset_align_elems);
-  }
-  if (!is_pow2(o.chunk_align_elems) || o.chunk_align_elems < o.offset_align_elems) {
-    return invalid_argument(
-        "layout chunk_align_elems = {} must be a power of two and >= offset_align_elems = {}",
-        o.chunk_align_elems, o.offset_align_elems);
-  }
-  if (o.chunk_elems != 0 && o.chunk_elems % o.chunk_align_elems != 0) {
-    return invalid_argument("chunk_elems = {} must be a multiple of {} (chunk_align_elems)", o.chunk_elems,
-                            o.chunk_align_elems);
-  }
-  if (o.chunk_elems == 0 && (o.chunk_elems_min == 0 || o.chunk_elems_min > o.chunk_elems_max)) {
-    return invalid_argument("chunk size search range [{}, {}] elements is empty; set 0 < min <= max",
-                            o.chunk_elems_min, o.chunk_elems_max);
-  }
-  if (o.search_candidates_max == 0) return invalid_argument("search_candidates_max must be > 0");
-  return Status::Ok();
 }
 
 std::uint64_t search(std::span<const std::uint64_t> numels, std::span<const TensorId> order,
@@ -108,7 +88,7 @@ std::uint64_t layout_padding(std::span<const std::uint64_t> numels, std::span<co
 
 Result<ChunkLayout> build_layout(std::span<const std::uint64_t> numels, std::span<const TensorId> order,
                                  const LayoutOptions& options) {
-  STRATA_RETURN_IF_ERROR(validate(options));
+  STRATA_RETURN_IF_ERROR(validate_layout_options(options));
   for (TensorId id : order) {
     if (id >= numels.size())
       return invalid_argument("packing order names tensor {} of {}", id, numels.size());

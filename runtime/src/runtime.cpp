@@ -9,6 +9,7 @@
 #include "strata/common/assert.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/common/log.hpp"
+#include "strata/runtime/options.hpp"
 
 namespace strata::runtime {
 namespace {
@@ -30,52 +31,6 @@ std::uint32_t optimizer_state_count(const kernels::Hyper& h) {
       return 0;
   }
   return 0;
-}
-
-Status validate(const RuntimeOptions& o) {
-  if (o.compute_dtype == DType::kNone)
-    return invalid_argument("runtime compute_dtype must be fp32, bf16 or fp16");
-  if (o.budgets.gpu_bytes == 0) {
-    return invalid_argument("budgets.gpu = 0: the runtime needs device memory for at least 3 chunk slots");
-  }
-  if (o.budgets.host_bytes == 0)
-    return invalid_argument("budgets.host = 0: the runtime needs host memory for params");
-  if (!o.nvme_dirs.empty() && o.budgets.nvme_bytes == 0 && o.nvme_store == nullptr) {
-    return invalid_argument(
-        "nvme_dirs is set but budgets.nvme = 0: give the NVMe tier a budget (e.g. \"16GiB\")");
-  }
-  if (o.nvme_dirs.empty() && o.budgets.nvme_bytes > 0 && o.nvme_store == nullptr) {
-    return invalid_argument(
-        "budgets.nvme = {} but no nvme_dirs: name at least one directory for the NVMe tier",
-        format_bytes(o.budgets.nvme_bytes));
-  }
-  if (o.hyper.optimizer == kernels::Optimizer::kCame) {
-    return invalid_argument(
-        "optimizer came: CAME's factored moments need whole 2-D tensors, which the chunk runtime does not "
-        "hand "
-        "its kernels yet; use adamw, lamb, lars, sgd, lion, adagrad or adam (kernels::came_step runs CAME "
-        "alone)");
-  }
-  STRATA_RETURN_IF_ERROR(kernels::validate_hyper(o.hyper));
-  const bool adam_family = o.hyper.optimizer == kernels::Optimizer::kAdam ||
-                           o.hyper.optimizer == kernels::Optimizer::kAdamW ||
-                           o.hyper.optimizer == kernels::Optimizer::kLamb;
-  if (o.state_dtype == kernels::DType::kBF16 && !adam_family) {
-    return invalid_argument("state_dtype bf16 is supported for adam, adamw and lamb only");
-  }
-  if (o.state_dtype != kernels::DType::kF32 && o.state_dtype != kernels::DType::kBF16) {
-    return invalid_argument("state_dtype must be fp32 or bf16");
-  }
-  if (o.io_engine != "auto" && o.io_engine != "uring" && o.io_engine != "posix") {
-    return invalid_argument("io_engine = \"{}\": use auto, uring or posix", o.io_engine);
-  }
-  if (!std::isfinite(o.clip_max_norm) || o.clip_max_norm < 0) {
-    return invalid_argument("clip_max_norm = {} must be finite and >= 0 (0 = off)", o.clip_max_norm);
-  }
-  if (o.plan.grad_staging_slots == 0 || o.plan.nvme_families_in_flight == 0) {
-    return invalid_argument("plan.grad_staging_slots and plan.nvme_families_in_flight must be >= 1");
-  }
-  return Status::Ok();
 }
 
 }  // namespace
@@ -137,7 +92,7 @@ void Lease::release() {
 Runtime::Runtime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Result<std::unique_ptr<Runtime>> Runtime::create(memory::Device& device, RuntimeOptions options) {
-  STRATA_RETURN_IF_ERROR(validate(options));
+  STRATA_RETURN_IF_ERROR(validate_options(options));
   auto impl = std::make_unique<Impl>(device, std::move(options));
   Impl& m = *impl;
   STRATA_ASSIGN_OR_RETURN(m.pool, ThreadPool::create({.threads = m.opt.threads}));

@@ -1,7 +1,11 @@
 // strata-probe's model side: counts, shapes, placements from the planner, tight budgets.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <regex>
+
 #include "probe/model.hpp"
+#include "probe/verify.hpp"
 #include "strata/common/bytes.hpp"
 
 namespace strata::probe {
@@ -126,6 +130,72 @@ TEST(ProbePlacements, TightBudgetsKeepThePlacement) {
 TEST(ProbePlacements, ParsesNames) {
   for (Placement p : kPlacements) EXPECT_EQ(parse_placement(placement_name(p)).value(), p);
   EXPECT_FALSE(parse_placement("gpu").ok());
+}
+
+// Issue 16: `strata-probe --layers 1 --hidden 1` ran for minutes: a 12-param
+// layer fits by the million, and the bisection planned up to 2^20 families with
+// a planner and cost model quadratic in them. Bounded by kLayersMax now, and the
+// size is reported as a lower bound.
+TEST(ProbePlacements, TinyLayersEndQuicklyWithALowerBound) {
+  for (std::uint64_t hidden : {1u, 2u}) {
+    TrainSpec spec;
+    spec.shape = {.layers = 1, .hidden = hidden, .seq = 1024, .batch = 4, .vocab = 50257};
+    const Capacity cap{.gpu_bytes = 4 * kGiB, .host_bytes = 16 * kGiB, .nvme_bytes = 0};
+    const auto start = std::chrono::steady_clock::now();
+    Estimate e = estimate(spec, Placement::kParamsOptimHost, cap, runtime::Rates{});
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ASSERT_TRUE(e.feasible) << e.why;
+    EXPECT_TRUE(e.capped);
+    EXPECT_EQ(e.layers, kLayersMax);
+    EXPECT_LT(s, 20.0) << "hidden " << hidden;
+  }
+}
+
+// Issue 16: --verify-steps 0 (and -1) reached the median of no steps: SIGSEGV.
+TEST(ProbeVerify, ZeroOrNegativeStepsAreRefused) {
+  for (int steps : {0, -1}) {
+    VerifyOptions o;
+    o.spec.shape = shape_for_verify(2'000'000, 128, 1).value();
+    o.placement = Placement::kParamsOptimHost;
+    o.capacity = {.gpu_bytes = 4 * kGiB, .host_bytes = 8 * kGiB, .nvme_bytes = 0};
+    o.steps = steps;
+    auto r = verify(o);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("--verify-steps"), std::string::npos) << r.status();
+  }
+}
+
+// Issue 16: the probe planned SGD with bf16 states, which the runtime refuses.
+TEST(ProbeSpec, OnlyWhatTheRuntimeAccepts) {
+  TrainSpec spec;
+  spec.optimizer = kernels::Optimizer::kSgd;
+  spec.state_dtype = kernels::DType::kBF16;
+  Status s = check_supported(spec);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("--state-dtype bf16"), std::string::npos) << s;
+  spec.optimizer = kernels::Optimizer::kAdamW;
+  EXPECT_TRUE(check_supported(spec).ok());
+}
+
+// Issue 16: an oversized --verify was refused with "holds at most 566.8M params"
+// right after 1.69B verified on the same placement: the figure came from another
+// family of shapes. The suggested size must itself fit (Note [Largest verify model]).
+TEST(ProbeVerify, TooLargeSuggestsAVerifySizeThatFits) {
+  VerifyOptions o;
+  o.spec.shape = shape_for_verify(50'000'000'000, 1024, 4).value();
+  o.placement = Placement::kParamsOptimHost;
+  o.capacity = {.gpu_bytes = 4 * kGiB, .host_bytes = 24 * kGiB, .nvme_bytes = 0};
+  auto r = verify(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kOutOfBudget);
+  std::smatch m;
+  const std::string message = r.status().message();
+  ASSERT_TRUE(std::regex_search(message, m, std::regex("--verify-params ([0-9.]+[KMBT]?) or less")))
+      << message;
+  TrainSpec fits = o.spec;
+  fits.shape = shape_for_verify(parse_count(m[1].str()).value(), 1024, 4).value();
+  EXPECT_TRUE(plan_fits(fits, o.placement, o.capacity).ok()) << message;
 }
 
 }  // namespace

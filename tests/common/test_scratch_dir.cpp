@@ -1,4 +1,6 @@
+// ScratchDir: Note [Stable scratch layout].
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -10,26 +12,55 @@ namespace {
 
 namespace fs = std::filesystem;
 
-TEST(ScratchDir, RemovesItselfAndItsContents) {
-  fs::path kept;
-  {
-    auto dir = ScratchDir::create(fs::temp_directory_path(), "strata-test-scratch");
-    ASSERT_TRUE(dir.ok()) << dir.status();
-    kept = dir->path();
-    ASSERT_TRUE(fs::is_directory(kept));
-    std::ofstream(kept / "file") << "data";
-    fs::create_directories(kept / "sub");
-    ScratchDir moved = std::move(dir).value();  // moving hands the removal over
-    EXPECT_EQ(moved.path(), kept);
-    EXPECT_TRUE(fs::exists(kept / "file"));
+class ScratchDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    parent_ = fs::temp_directory_path() / ("strata-test-scratch-" + std::to_string(::getpid()));
+    fs::create_directories(parent_);
   }
-  EXPECT_FALSE(fs::exists(kept));
+  void TearDown() override { fs::remove_all(parent_); }
+  fs::path parent_;
+};
+
+TEST_F(ScratchDirTest, SameNameEveryRunNoPid) {
+  fs::path first;
+  {
+    auto dir = ScratchDir::create(parent_, "strata-tool");
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    first = dir->path();
+    EXPECT_EQ(first, parent_ / "strata-tool");
+    auto again = ScratchDir::create(parent_, "strata-tool");  // a second run meanwhile finds the same one
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->path(), first);
+  }
+  EXPECT_FALSE(fs::exists(first)) << "removed at the end when empty";
 }
 
-TEST(ScratchDir, UncreatableParentIsAnErrorNamingThePath) {
-  auto dir = ScratchDir::create("/proc/strata-no-such-parent", "x");
+TEST_F(ScratchDirTest, KeptWhileSomethingIsInIt) {
+  fs::path kept;
+  {
+    auto dir = ScratchDir::create(parent_, "strata-tool");
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    kept = dir->path();
+    std::ofstream(kept / "strata-swap-0.swp") << "another run's file";
+    ScratchDir moved = std::move(dir).value();  // moving hands the removal over
+    EXPECT_EQ(moved.path(), kept);
+  }
+  EXPECT_TRUE(fs::exists(kept / "strata-swap-0.swp"))
+      << "never removed with contents: another run may use it";
+}
+
+TEST_F(ScratchDirTest, MissingParentIsAnErrorAndIsNotCreated) {
+  auto dir = ScratchDir::create(parent_ / "missing", "x");
   ASSERT_FALSE(dir.ok());
-  EXPECT_NE(dir.status().message().find("/proc/strata-no-such-parent"), std::string::npos) << dir.status();
+  EXPECT_EQ(dir.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(dir.status().message().find((parent_ / "missing").string()), std::string::npos) << dir.status();
+  EXPECT_FALSE(fs::exists(parent_ / "missing"));
+}
+
+TEST_F(ScratchDirTest, BorrowedIsNeverRemoved) {
+  { ScratchDir dir = ScratchDir::borrow(parent_); }
+  EXPECT_TRUE(fs::exists(parent_));
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
-#include <cerrno>
-
 #include <gtest/gtest.h>
+
+#include <cerrno>
 
 #include "strata/common/status.hpp"
 
@@ -54,6 +54,20 @@ TEST(Status, ErrnoMapping) {
 TEST(StatusDeathTest, ValueOfFailedResultAborts) {
   Result<int> r = invalid_argument("bad");
   EXPECT_DEATH((void)r.value(), "failed Result");
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// Found by scripts/cli-fuzz (issue 16): a config key with a newline made a
+// refusal two lines long. to_string() is what the tools print.
+TEST(Status, ToStringIsOneLine) {
+  Status s = invalid_argument("unknown setting \"{}\"", "plan.host_res\nve\x01");
+  EXPECT_EQ(s.to_string(), "InvalidArgument: unknown setting \"plan.host_res\\x0ave\\x01\"");
+  EXPECT_NE(s.message().find('\n'), std::string::npos);  // message() keeps the text as given
 }
 
 }  // namespace

@@ -90,6 +90,21 @@ TEST(DeviceFactory, MalformedSizesAndUnknownSettingsNameTheSetting) {
   EXPECT_NE(s.message().find("device.stream_queue_depth = 0"), std::string::npos) << s;
 }
 
+// Issue 16: a throttle of 1 KiB/s made one chunk's copy take hours (a hang to the user).
+TEST(DeviceFactory, CopyThrottleIsZeroOrAtLeastTheMinimum) {
+  DeviceOptions options;
+  options.kind = DeviceChoice::kSim;
+  options.budget_bytes = 64 * kMiB;
+  ASSERT_TRUE(options.set("d2h_bandwidth", "1k").ok());
+  Status s = options.validate();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("device.d2h_bandwidth"), std::string::npos) << s;
+  options.d2h_bytes_per_s = 0;  // unthrottled
+  EXPECT_TRUE(options.validate().ok());
+  options.d2h_bytes_per_s = kSimBandwidthMinBytesPerS;
+  EXPECT_TRUE(options.validate().ok());
+}
+
 TEST(DeviceFactory, SetParsesEverySetting) {
   DeviceOptions options;
   ASSERT_TRUE(options.set("kind", "auto").ok());

@@ -297,13 +297,23 @@ TEST(Runtime, BadInputIsRefusedWithClearErrors) {
 TEST(Runtime, BudgetTooSmallSaysWhatIsNeeded) {
   auto device = sim_device();
   RuntimeOptions o = base_options(kernels::Optimizer::kAdamW);
+  // A fixed chunk size and room for two slots: refused at create (it was once
+  // refused only at the first lease), naming the budget and what it must hold.
   o.budgets = {.gpu_bytes = 2 * kChunkElems * 4, .host_bytes = 64 * kMiB};
   auto rt = Runtime::create(*device, o);
-  ASSERT_TRUE(rt.ok());
-  ASSERT_TRUE((*rt)->register_tensor({"w", {16000}}).ok());
-  ASSERT_TRUE((*rt)->register_tensor({"v", {16000}}).ok());
-  ASSERT_TRUE((*rt)->register_tensor({"x", {16000}}).ok());
-  auto lease = (*rt)->acquire(0, StateKind::kParam, Access::kRead);
+  ASSERT_FALSE(rt.ok());
+  EXPECT_EQ(rt.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(rt.status().message().find("budgets.gpu"), std::string::npos) << rt.status();
+  EXPECT_NE(rt.status().message().find("3 chunk slots"), std::string::npos) << rt.status();
+  // With the chunk size searched, only the first lease can tell.
+  o.layout.chunk_elems = 0;
+  o.layout.chunk_elems_min = o.layout.chunk_elems_max = 32768;
+  auto searched = Runtime::create(*device, o);
+  ASSERT_TRUE(searched.ok()) << searched.status();
+  ASSERT_TRUE((*searched)->register_tensor({"w", {16000}}).ok());
+  ASSERT_TRUE((*searched)->register_tensor({"v", {16000}}).ok());
+  ASSERT_TRUE((*searched)->register_tensor({"x", {16000}}).ok());
+  auto lease = (*searched)->acquire(0, StateKind::kParam, Access::kRead);
   ASSERT_FALSE(lease.ok());
   EXPECT_EQ(lease.status().code(), StatusCode::kOutOfBudget);
   EXPECT_NE(lease.status().message().find("gpu_budget"), std::string::npos) << lease.status();

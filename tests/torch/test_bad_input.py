@@ -104,7 +104,7 @@ def test_too_many_micro_batches(tmp_path):
 def test_budget_too_small_is_an_error_and_leaves_no_files(tmp_path):
     model, kind = make("mlp")
     cfg = config(model, tmp_path)
-    cfg["budgets"]["gpu"] = 4096
+    cfg["budgets"]["gpu"] = 3 * 16384  # 3 slots of layout.chunk_elems, fewer than the largest tensor needs
     model = st.wrap(model, cfg)
     with pytest.raises(st.StrataError, match="gpu_budget"):
         st.SGD(model.parameters(), lr=0.1)

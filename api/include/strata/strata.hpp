@@ -98,10 +98,26 @@ struct Config {
   //! plan, layout and top-level keys; docs/config.md). Rejects unknown keys, wrong
   //! JSON types and bad values by name. Never throws.
   static Result<Config> from_json_text(std::string_view text);
-  //! Reads `path` and parses it as from_json_text; NotFound / PermissionDenied name the path.
+  //! Reads `path` and parses it as from_json_text; NotFound / PermissionDenied name the
+  //! path; InvalidArgument when it is not a regular file of at most kConfigBytesMax.
   static Result<Config> from_json_file(const std::filesystem::path& path);
+  //! Applies the keys of a JSON object over this config (keys it does not name
+  //! keep their values), with the checks of from_json_text. All or nothing: on an
+  //! error this config is unchanged.
+  Status update_from_json_text(std::string_view text);
+  //! update_from_json_text with the text of `path` (as from_json_file).
+  Status update_from_json_file(const std::filesystem::path& path);
+  //! Bound on a config file's size.
+  static constexpr std::uint64_t kConfigBytesMax = 1 << 20;
   //! The keys set() and the JSON loader accept, in "section.key" form.
   static std::vector<std::string> keys();
+  //! Every check Runtime::create applies, without creating anything: the
+  //! device's (DeviceOptions::validate), the runtime's
+  //! (runtime::validate_options: ranges, alignment, min <= max, directories that
+  //! exist and are writable, budgets that fit, supported combinations) and
+  //! budgets.gpu <= device.budget. Touches the file system read-only.
+  //! InvalidArgument / NotFound / PermissionDenied / NoSpace naming the key.
+  Status validate() const;
 };
 
 //! Totals since the Runtime was created (per-step figures are in StepStats).

@@ -9,12 +9,17 @@
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "measure.hpp"
 #include "model.hpp"
 #include "strata/common/bytes.hpp"
+#include "strata/common/duration.hpp"
 #include "strata/common/log.hpp"
+#include "strata/common/scratch_dir.hpp"
+#include "strata/memory/device_factory.hpp"
+#include "strata/runtime/options.hpp"
 #include "verify.hpp"
 
 namespace {
@@ -32,6 +37,7 @@ struct Settings {
   bool json = false;
   std::string params;
   std::uint64_t layers = 0, hidden = 0, seq = 1024, batch = 4, vocab = 50257;
+  bool layers_given = false, hidden_given = false;  // an explicit 0 is an error, not "no shape"
   std::string optimizer = "adamw";
   std::string precision = "fp32";
   std::string state_dtype = "fp32";
@@ -41,7 +47,7 @@ struct Settings {
   std::string link = "12GiB";
   double tflops = 400;
   std::string nvme_bytes = "1GiB";
-  double nvme_seconds = 3;
+  std::string nvme_seconds = "3s";
   std::string optimizer_params = "16M";
   bool verify = false;
   std::string verify_placement;
@@ -81,13 +87,20 @@ double gib(double bytes_per_s) {
 Result<TrainSpec> model_spec(const Settings& s) {
   TrainSpec spec;
   STRATA_ASSIGN_OR_RETURN(spec.optimizer, parse_optimizer(s.optimizer));
-  STRATA_ASSIGN_OR_RETURN(spec.compute_dtype, runtime::parse_dtype(s.precision));
-  STRATA_ASSIGN_OR_RETURN(spec.state_dtype, runtime::parse_dtype(s.state_dtype));
-  if (!(s.tflops > 0)) return invalid_argument("--tflops {} must be > 0", s.tflops);
+  auto compute = runtime::parse_dtype(s.precision);
+  if (!compute.ok()) return invalid_argument("--precision \"{}\": use fp32, bf16 or fp16", s.precision);
+  spec.compute_dtype = *compute;
+  auto states = runtime::parse_dtype(s.state_dtype);
+  if (!states.ok()) return invalid_argument("--state-dtype \"{}\": use fp32 or bf16", s.state_dtype);
+  spec.state_dtype = *states;
+  if (!(s.tflops >= 1 && s.tflops <= 1e6)) return invalid_argument("--tflops = {}: use 1 .. 1e6", s.tflops);
   spec.device_flops_per_s = s.tflops * 1e12;
-  const bool shape_given = s.layers != 0 || s.hidden != 0;
+  const bool shape_given = s.layers_given || s.hidden_given;
   if (shape_given && !s.params.empty()) {
     return invalid_argument("give either --params or a shape (--layers and --hidden), not both");
+  }
+  if (shape_given && !(s.layers_given && s.hidden_given)) {
+    return invalid_argument("--layers and --hidden go together (a GPT shape); give both, or --params");
   }
   if (shape_given) {
     spec.shape = {s.layers, s.hidden, s.seq, s.batch, s.vocab};
@@ -96,6 +109,7 @@ Result<TrainSpec> model_spec(const Settings& s) {
     STRATA_ASSIGN_OR_RETURN(std::uint64_t n, parse_count(s.params.empty() ? "1.3B" : s.params));
     STRATA_ASSIGN_OR_RETURN(spec.shape, shape_for_params(n, s.seq, s.batch, s.vocab));
   }
+  STRATA_RETURN_IF_ERROR(check_supported(spec));
   return spec;
 }
 
@@ -104,40 +118,87 @@ int fail(const Status& status) {
   return 1;
 }
 
+// A size flag that may be "auto"; 0 (like any size too small to mean anything) is an error.
+Result<std::optional<std::uint64_t>> budget_flag(std::string_view flag, const std::string& text) {
+  if (text == "auto") return std::optional<std::uint64_t>{};
+  STRATA_ASSIGN_OR_RETURN(std::uint64_t bytes, parse_bytes(text, flag));
+  if (bytes < kMiB) return invalid_argument("{} = {}: give at least 1MiB, or auto", flag, text);
+  return std::optional<std::uint64_t>{bytes};
+}
+
+// Every flag checked before anything is measured (Note [One validation per input
+// kind] in runtime/options.hpp): a bad flag fails in milliseconds, naming itself.
+struct Flags {
+  std::uint64_t link = 0, nvme_bytes = 0, optimizer_params = 0;
+  double nvme_seconds = 0;
+  std::optional<std::uint64_t> device_budget, host_budget;
+};
+
+Result<Flags> check_flags(const Settings& s) {
+  Flags f;
+  STRATA_ASSIGN_OR_RETURN(f.link, parse_bytes(s.link, "--link"));
+  if (f.link < memory::kSimBandwidthMinBytesPerS) {
+    return invalid_argument("--link = {}: give the sim copy rate per second, at least {} (e.g. 12GiB)",
+                            s.link, format_bytes(memory::kSimBandwidthMinBytesPerS));
+  }
+  STRATA_ASSIGN_OR_RETURN(f.nvme_bytes, parse_bytes(s.nvme_bytes, "--nvme-bytes"));
+  if (f.nvme_bytes < kMiB) return invalid_argument("--nvme-bytes = {}: give at least 1MiB", s.nvme_bytes);
+  STRATA_ASSIGN_OR_RETURN(f.optimizer_params, parse_count(s.optimizer_params, "--optimizer-params"));
+  const std::uint64_t ram = memory::physical_memory_bytes();
+  if (ram != 0 && f.optimizer_params > ram / 4 / 16) {  // fp32 AdamW: 16 B a param
+    return invalid_argument(
+        "--optimizer-params = {}: at most {} on this machine (16 B a param, a quarter of RAM)",
+        s.optimizer_params, format_count(ram / 4 / 16));
+  }
+  STRATA_ASSIGN_OR_RETURN(f.nvme_seconds, parse_seconds(s.nvme_seconds, "--nvme-seconds"));
+  if (!(f.nvme_seconds >= 0.01 && f.nvme_seconds <= 600))
+    return invalid_argument("--nvme-seconds = {}: use 10ms .. 600s", s.nvme_seconds);
+  if (s.verify_steps < 1 || s.verify_steps > kVerifyStepsMax)
+    return invalid_argument("--verify-steps = {}: use 1 .. {}", s.verify_steps, kVerifyStepsMax);
+  if (!s.verify_placement.empty()) {
+    STRATA_RETURN_IF_ERROR(parse_placement(s.verify_placement).status().with_context("--verify-placement"));
+  }
+  if (!s.verify_params.empty())
+    STRATA_RETURN_IF_ERROR(parse_count(s.verify_params, "--verify-params").status());
+  STRATA_ASSIGN_OR_RETURN(f.device_budget, budget_flag("--device-budget", s.device_budget));
+  STRATA_ASSIGN_OR_RETURN(f.host_budget, budget_flag("--host-budget", s.host_budget));
+  if (!s.nvme.empty()) STRATA_RETURN_IF_ERROR(runtime::validate_nvme_dir(s.nvme, "--nvme"));
+  return f;
+}
+
 int run(const Settings& s) {
   const auto start = Clock::now();
+  auto flags = check_flags(s);
+  if (!flags.ok()) return fail(flags.status());
   auto spec = model_spec(s);
   if (!spec.ok()) return fail(spec.status());
-  auto link = parse_bytes(s.link, "--link");
-  auto nvme_bytes = parse_bytes(s.nvme_bytes, "--nvme-bytes");
-  auto opt_params = parse_count(s.optimizer_params, "--optimizer-params");
-  for (const Status& st : {link.status(), nvme_bytes.status(), opt_params.status()}) {
-    if (!st.ok()) return fail(st);
+  const std::uint64_t link = flags->link;
+  // The probe's swap files go straight into --nvme (Note [Stable scratch layout]);
+  // a crashed run's are reported and reclaimed here, never read.
+  std::optional<ScratchDir> nvme_dir;
+  if (!s.nvme.empty()) {
+    auto d = runtime::open_tool_nvme_dir(s.nvme, "--nvme", "");
+    if (!d.ok()) return fail(d.status());
+    nvme_dir = std::move(d).value();
   }
-  if (!(s.nvme_seconds > 0)) return fail(invalid_argument("--nvme-seconds {} must be > 0", s.nvme_seconds));
   const Progress progress = s.json ? Progress{} : progress_bar();
 
   auto host = measure_host();
   if (!host.ok()) return fail(host.status());
   std::optional<NvmeInfo> nvme;
   if (!s.nvme.empty()) {
-    auto n = measure_nvme(s.nvme, *nvme_bytes, s.nvme_seconds, progress);
+    auto n = measure_nvme(s.nvme, flags->nvme_bytes, flags->nvme_seconds, progress);
     if (!n.ok()) return fail(n.status());
     nvme = *n;
   }
   memory::DeviceOptions dopt;
   if (Status st = dopt.set("kind", s.device); !st.ok()) return fail(st);
-  dopt.h2d_bytes_per_s = *link;
-  dopt.d2h_bytes_per_s = *link;
-  dopt.budget_bytes = 0;
-  if (s.device_budget != "auto") {
-    auto b = parse_bytes(s.device_budget, "--device-budget");
-    if (!b.ok()) return fail(b.status());
-    dopt.budget_bytes = *b;
-  }
+  dopt.h2d_bytes_per_s = link;
+  dopt.d2h_bytes_per_s = link;
+  dopt.budget_bytes = flags->device_budget.value_or(0);
   auto device = measure_device(dopt, 64 * kMiB, progress);
   if (!device.ok()) return fail(device.status());
-  auto cpu = measure_cpu_optimizer(*opt_params, host->cores, progress);
+  auto cpu = measure_cpu_optimizer(flags->optimizer_params, host->cores, progress);
   if (!cpu.ok()) return fail(cpu.status());
   auto memory_rate = measure_host_memory(256 * kMiB, host->cores, progress);
   if (!memory_rate.ok()) return fail(memory_rate.status());
@@ -145,11 +206,7 @@ int run(const Settings& s) {
   Capacity cap;
   cap.gpu_bytes = device->budget_bytes;
   cap.host_bytes = host->ram_bytes / 4 * 3;
-  if (s.host_budget != "auto") {
-    auto b = parse_bytes(s.host_budget, "--host-budget");
-    if (!b.ok()) return fail(b.status());
-    cap.host_bytes = *b;
-  }
+  if (flags->host_budget) cap.host_bytes = *flags->host_budget;
   if (nvme) cap.nvme_bytes = nvme->free_bytes / 10 * 9;
   runtime::Rates rates;
   rates.h2d_bytes_per_s = device->h2d_bytes_per_s;
@@ -189,6 +246,9 @@ int run(const Settings& s) {
         s.verify_placement.empty() ? (nvme ? "optim-nvme" : "params-optim-host") : s.verify_placement;
     auto placement = parse_placement(pname);
     if (!placement.ok()) return fail(placement.status().with_context("--verify-placement"));
+    if (nvme_dir && (*placement == Placement::kOptimNvme || *placement == Placement::kAllNvme)) {
+      vo.nvme_dir = nvme_dir->path().string();
+    }
     const Estimate& row = rows[static_cast<std::size_t>(*placement)];
     if (!row.feasible && s.verify_params.empty()) {
       return fail(out_of_budget("--verify: placement {} cannot train any size here: {}", pname, row.why));
@@ -209,13 +269,12 @@ int run(const Settings& s) {
     vo.capacity = cap;
     vo.rates = rates;
     if (!sim) {  // Note [Verify on the sim device]: its links are the throttle
-      vo.rates.h2d_bytes_per_s = vo.rates.d2h_bytes_per_s = static_cast<double>(*link);
+      vo.rates.h2d_bytes_per_s = vo.rates.d2h_bytes_per_s = static_cast<double>(link);
       vo.rates.gpu_optim_params_per_s = *cpu;
       vo.rates.copy_host_passes = 2.0;
       vo.capacity.gpu_bytes = std::min<std::uint64_t>(cap.gpu_bytes, host->ram_bytes / 8);
     }
-    vo.link_bytes_per_s = *link;
-    vo.nvme_dir = s.nvme;
+    vo.link_bytes_per_s = link;
     vo.steps = s.verify_steps;
     if (progress) progress("verify", 0.0);
     auto v = verify(vo);
@@ -280,6 +339,7 @@ int run(const Settings& s) {
         {"name", placement_name(e.placement)},
         {"feasible", e.feasible},
         {"max_params", e.max_params},
+        {"max_params_is_lower_bound", e.capped},
         {"layers", e.layers},
         {"predicted_step_s", e.feasible ? nlohmann::json(e.cost.step_s) : nlohmann::json(nullptr)}};
     if (e.feasible) {
@@ -374,8 +434,9 @@ int run(const Settings& s) {
         continue;
       }
       fmt::print("{:<20}{:>12}{:>9}{:>14}  {:<14}{}\n", placement_name(e.placement),
-                 format_count(e.max_params), e.layers, fmt::format("{:.3f} s", e.cost.step_s),
-                 e.cost.bottleneck, e.max_params >= model_params ? "yes" : "no");
+                 (e.capped ? ">= " : "") + format_count(e.max_params), e.layers,
+                 fmt::format("{:.3f} s", e.cost.step_s), e.cost.bottleneck,
+                 e.max_params >= model_params ? "yes" : "no");
     }
     fmt::print("(all-nvme: {})\n", kAllNvmeNote);
     if (s.needs) {
@@ -423,8 +484,8 @@ int main(int argc, char** argv) {
   app.add_option("--nvme", s.nvme, "directory on the NVMe drive to measure and plan with");
   app.add_flag("--json", s.json, "print one JSON object");
   app.add_option("--params", s.params, "model size, e.g. 1.3B (default 1.3B unless a shape is given)");
-  app.add_option("--layers", s.layers, "GPT shape: layers");
-  app.add_option("--hidden", s.hidden, "GPT shape: hidden size");
+  CLI::Option* layers_opt = app.add_option("--layers", s.layers, "GPT shape: layers");
+  CLI::Option* hidden_opt = app.add_option("--hidden", s.hidden, "GPT shape: hidden size");
   app.add_option("--seq", s.seq, "sequence length")->capture_default_str();
   app.add_option("--batch", s.batch, "micro-batch size")->capture_default_str();
   app.add_option("--vocab", s.vocab, "vocabulary size")->capture_default_str();
@@ -442,7 +503,7 @@ int main(int argc, char** argv) {
   app.add_option("--tflops", s.tflops, "sustained device compute, TFLOP/s (assumed, not measured)")
       ->capture_default_str();
   app.add_option("--nvme-bytes", s.nvme_bytes, "NVMe test size at most")->capture_default_str();
-  app.add_option("--nvme-seconds", s.nvme_seconds, "NVMe test time per direction at most")
+  app.add_option("--nvme-seconds", s.nvme_seconds, "NVMe test time per pass at most (e.g. 3s, 500ms)")
       ->capture_default_str();
   app.add_option("--optimizer-params", s.optimizer_params, "CPU optimizer test size")->capture_default_str();
   app.add_flag("--verify", s.verify,
@@ -453,7 +514,13 @@ int main(int argc, char** argv) {
   app.add_option("--verify-steps", s.verify_steps, "timed steps")->capture_default_str();
   app.add_flag("--needs", s.needs,
                "also print the least gpu/host/nvme budgets your model needs per placement");
+  // One line on a bad command line, as every other refusal (the fuzz test checks it).
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return fmt::format("strata-probe: {} (see --help)\n", e.what());
+  });
   CLI11_PARSE(app, argc, argv);
+  s.layers_given = layers_opt->count() > 0;
+  s.hidden_given = hidden_opt->count() > 0;
   // The probe prints what ran (device and why, I/O engine, O_DIRECT); the log's
   // info lines would repeat it, so it shows warnings unless STRATA_LOG_LEVEL asks.
   if (std::getenv("STRATA_LOG_LEVEL") == nullptr) strata::set_log_level("warn");

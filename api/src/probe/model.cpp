@@ -9,13 +9,13 @@
 
 #include "strata/common/assert.hpp"
 #include "strata/common/bytes.hpp"
+#include "strata/runtime/options.hpp"
 
 namespace strata::probe {
 namespace {
 
 constexpr std::uint64_t kCountMax = std::uint64_t{1} << 62;
 constexpr std::uint64_t kChunkAlignElems = 4096;  // the runtime's LayoutOptions::chunk_align_elems
-constexpr std::uint64_t kLayersMax = 1u << 20;    // bisection bound
 
 // a * b, or nullopt past kCountMax.
 std::optional<std::uint64_t> mul(std::uint64_t a, std::uint64_t b) {
@@ -200,6 +200,26 @@ Result<ModelShape> shape_for_verify(std::uint64_t params, std::uint64_t seq, std
   return m;
 }
 
+runtime::RuntimeOptions runtime_options(const TrainSpec& spec) {
+  runtime::RuntimeOptions ro;
+  ro.compute_dtype = spec.compute_dtype;
+  ro.hyper.optimizer = spec.optimizer;
+  if (spec.optimizer == kernels::Optimizer::kSgd) ro.hyper.momentum = 0.9f;
+  ro.state_dtype = spec.state_dtype;
+  ro.budgets = {.gpu_bytes = kGiB, .host_bytes = kGiB, .nvme_bytes = 0};
+  return ro;
+}
+
+Status check_supported(const TrainSpec& spec) {
+  Status s = runtime::validate_options(runtime_options(spec));
+  if (!s.ok()) {
+    return invalid_argument("--optimizer {} --precision {} --state-dtype {}: the runtime refuses it: {}",
+                            kernels::optimizer_name(spec.optimizer), runtime::dtype_name(spec.compute_dtype),
+                            runtime::dtype_name(spec.state_dtype), s.message());
+  }
+  return Status::Ok();
+}
+
 std::uint64_t state_bytes_per_param(const TrainSpec& spec) {
   const std::uint64_t cb = runtime::dtype_bytes(spec.compute_dtype);
   return 2 * cb + (spec.compute_dtype != runtime::DType::kF32 ? 4 : 0) +
@@ -323,6 +343,10 @@ Result<runtime::Plan> try_plan(const TrainSpec& spec, std::uint64_t layers, Plac
 
 }  // namespace
 
+Status plan_fits(const TrainSpec& spec, Placement placement, const Capacity& capacity) {
+  return try_plan(spec, spec.shape.layers, placement, capacity).status();
+}
+
 Estimate estimate(const TrainSpec& spec, Placement placement, const Capacity& capacity,
                   const runtime::Rates& rates) {
   Estimate e;
@@ -336,11 +360,19 @@ Estimate estimate(const TrainSpec& spec, Placement placement, const Capacity& ca
     e.why = first.status().message();
     return e;
   }
+  // Note [Probe layer bound]
+  // The probe plans one family per layer, and the planner and cost model do work
+  // quadratic in the family count (the Belady simulation scans every family per
+  // use). A tiny layer (--hidden 1: 12 params) fits by the million, so an
+  // unbounded search planned a million families and never finished. The layer
+  // count is bounded by kLayersMax (deeper than any trained transformer); a
+  // placement that still fits there reports its size as a lower bound.
   std::uint64_t lo = 1, hi = 2;  // lo fits; find an hi that does not
   while (hi <= kLayersMax && try_plan(spec, hi, placement, capacity).ok()) {
     lo = hi;
     hi *= 2;
   }
+  e.capped = hi > kLayersMax && lo == kLayersMax;
   hi = std::min(hi, kLayersMax + 1);
   while (hi - lo > 1) {
     const std::uint64_t mid = lo + (hi - lo) / 2;
@@ -367,8 +399,9 @@ Result<Estimate> estimate_at(const TrainSpec& spec, Placement placement, const C
   if (!plan.ok()) {
     Estimate most = estimate(spec, placement, capacity, rates);
     return out_of_budget(
-        "{} params ({} layers) do not fit placement {} on this machine: {}; it holds at most {}",
+        "{} params ({} layers) do not fit placement {} on this machine: {}; at hidden {} it holds at most {}",
         format_count(params), spec.shape.layers, placement_name(placement), plan.status().message(),
+        spec.shape.hidden,
         most.feasible ? format_count(most.max_params) + " params (" + std::to_string(most.layers) + " layers)"
                       : "nothing (" + most.why + ")");
   }

@@ -36,6 +36,7 @@
 #include "strata/kernels/hyper.hpp"
 #include "strata/runtime/cost_model.hpp"
 #include "strata/runtime/planner.hpp"
+#include "strata/runtime/runtime.hpp"
 #include "strata/runtime/tensor.hpp"
 
 namespace strata::probe {
@@ -83,6 +84,16 @@ struct TrainSpec {
   double device_flops_per_s = 400e12;  //!< sustained compute rate of the device (assumed)
 };
 
+//! The runtime settings a run of `spec` gets: compute and state dtypes, the
+//! optimizer with its defaults (SGD with momentum 0.9, as --verify trains it).
+//! Budgets are nominal (1 GiB each) and there is no NVMe tier: the caller sets them.
+runtime::RuntimeOptions runtime_options(const TrainSpec& spec);
+
+//! What Runtime::create would say about `spec`'s combination of optimizer and
+//! dtypes (runtime::validate_options), naming the flags: the probe never plans
+//! what the runtime refuses (SGD with bf16 states, fp16 states, ...).
+Status check_supported(const TrainSpec& spec);
+
 //! Bytes of model state per parameter for `spec` (param + grad + master when the
 //! compute dtype is not fp32 + optimizer states).
 std::uint64_t state_bytes_per_param(const TrainSpec& spec);
@@ -128,10 +139,19 @@ struct Estimate {
   runtime::StepCost cost;        //!< predicted step at max_params
   runtime::Plan plan;
   std::string why;  //!< when infeasible: the planner's message or the missing tier
+  //! The bisection stopped at kLayersMax layers: max_params is a lower bound.
+  bool capped = false;
 };
 
+//! Bound on the layer counts the probe plans (Note [Probe layer bound]).
+inline constexpr std::uint64_t kLayersMax = 4096;
+
+//! Whether `spec` at its own layer count takes `placement` within `capacity`:
+//! OK, or the planner's reason (OutOfBudget / the placement it picks instead).
+Status plan_fits(const TrainSpec& spec, Placement placement, const Capacity& capacity);
+
 //! The largest trainable size for `placement` and its predicted step (bisection over
-//! the layer count, at most 64 planner calls). Never fails: an infeasible placement
+//! the layer count up to kLayersMax, at most 26 planner calls). Never fails: an infeasible placement
 //! has feasible = false and `why`.
 Estimate estimate(const TrainSpec& spec, Placement placement, const Capacity& capacity,
                   const runtime::Rates& rates);

@@ -1,6 +1,7 @@
 // strata-probe --verify; see verify.hpp (Note [Verify on the sim device]).
 #include "verify.hpp"
 
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -8,11 +9,9 @@
 #include <filesystem>
 #include <thread>
 
-#include <fmt/ranges.h>
-
+#include "strata/common/assert.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/common/log.hpp"
-#include "strata/common/scratch_dir.hpp"
 #include "strata/memory/device_factory.hpp"
 #include "strata/runtime/runtime.hpp"
 
@@ -27,12 +26,57 @@ void sleep_s(double s) {
   std::this_thread::sleep_for(std::chrono::duration<double>(s));
 }
 
+// Note [Largest verify model]
+// When the asked size does not fit, the message gives the largest *verify* model
+// that does: the same 16 layers and vocabulary 12 * hidden, the hidden size
+// bisected. (It once gave estimate()'s bisection over the layer count at the
+// oversized model's hidden size, a different family of shapes: the probe refused
+// 1.7B saying the placement "holds at most 567M params" just after verifying
+// 1.69B on it.)
+Status too_large(const VerifyOptions& o, const Status& why) {
+  const std::uint64_t seq = o.spec.shape.seq, batch = o.spec.shape.batch;
+  auto fits = [&](std::uint64_t hidden) {
+    TrainSpec t = o.spec;
+    t.shape = {.layers = 16, .hidden = hidden, .seq = seq, .batch = batch, .vocab = 12 * hidden};
+    return shape_params(t.shape).ok() && plan_fits(t, o.placement, o.capacity).ok();
+  };
+  std::uint64_t lo = 0, hi = o.spec.shape.hidden / 64;  // in units of 64; hi does not fit
+  while (hi - lo > 1) {
+    const std::uint64_t mid = lo + (hi - lo) / 2;
+    (fits(mid * 64) ? lo : hi) = mid;
+  }
+  const std::uint64_t params = 12 * 17 * (lo * 64) * (lo * 64);
+  return out_of_budget(
+      "--verify-params {}: the verify model (16 layers of hidden {}) does not fit placement {} here ({}); {}",
+      format_count(shape_params(o.spec.shape).value()), o.spec.shape.hidden, placement_name(o.placement),
+      why.message(),
+      lo == 0 ? std::string("no verify model fits it")
+              : fmt::format("the largest that fits has hidden {}: --verify-params {} or less", lo * 64,
+                            format_count(params)));
+}
+
 }  // namespace
 
 Result<VerifyResult> verify(const VerifyOptions& o) {
+  if (o.steps < 1 || o.steps > kVerifyStepsMax) {
+    return invalid_argument("--verify-steps = {}: use 1 .. {} (the median of the timed steps is reported)",
+                            o.steps, kVerifyStepsMax);
+  }
   VerifyResult r;
   const TrainSpec& spec = o.spec;
   STRATA_ASSIGN_OR_RETURN(r.params, shape_params(spec.shape));
+  if (Status fits = plan_fits(spec, o.placement, o.capacity); !fits.ok()) return too_large(o, fits);
+  // The synthetic layers sleep for their modelled compute: bound it, or a slow
+  // --tflops with a long --seq is a run of hours that looks like a hang.
+  const double compute_s = 6.0 * static_cast<double>(r.params) * static_cast<double>(spec.shape.seq) *
+                           static_cast<double>(spec.shape.batch) / spec.device_flops_per_s;
+  if (!(compute_s <= kVerifyStepSecondsMax)) {
+    return invalid_argument(
+        "--verify: a step of the verify model would model {:.0f} s of compute (--seq {} --batch {} at "
+        "--tflops {}); "
+        "at most {:.0f} s: lower --seq, --batch or --verify-params, or raise --tflops",
+        compute_s, spec.shape.seq, spec.shape.batch, spec.device_flops_per_s / 1e12, kVerifyStepSecondsMax);
+  }
   STRATA_ASSIGN_OR_RETURN(Estimate predicted, estimate_at(spec, o.placement, o.capacity, o.rates));
   // Note [Verify budgets]: the runtime's host budget is the probe's plus a reserve
   // (PlanOptions::host_reserve_bytes, 25%) that its planner keeps free, so both
@@ -57,12 +101,7 @@ Result<VerifyResult> verify(const VerifyOptions& o) {
   dopt.d2h_bytes_per_s = o.link_bytes_per_s;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<memory::Device> device, memory::make_device(dopt));
 
-  ScratchDir dir;
-  runtime::RuntimeOptions ro;
-  ro.compute_dtype = spec.compute_dtype;
-  ro.hyper.optimizer = spec.optimizer;
-  if (spec.optimizer == kernels::Optimizer::kSgd) ro.hyper.momentum = 0.9f;
-  ro.state_dtype = spec.state_dtype;
+  runtime::RuntimeOptions ro = runtime_options(spec);
   ro.budgets = r.budgets;
   ro.budgets.gpu_bytes = r.budgets.gpu_bytes - activations;
   r.gpu_chunk_budget_bytes = ro.budgets.gpu_bytes;
@@ -73,8 +112,11 @@ Result<VerifyResult> verify(const VerifyOptions& o) {
   // copy-on-write room (Note [Copy-on-write NVMe slots]): no extra headroom.
   ro.budgets.nvme_bytes = r.budgets.nvme_bytes;
   if (r.budgets.nvme_bytes > 0) {
-    STRATA_ASSIGN_OR_RETURN(dir, ScratchDir::create(o.nvme_dir, "strata-probe-verify"));
-    ro.nvme_dirs = {dir.path().string()};
+    // The swap files go straight into the directory (Note [Stable scratch layout]):
+    // a crashed run's are found and reclaimed by the next.
+    if (o.nvme_dir.empty())
+      return invalid_argument("--verify at {}: needs --nvme DIR", placement_name(o.placement));
+    ro.nvme_dirs = {o.nvme_dir};
   }
   const std::uint64_t per_layer = 12 * spec.shape.hidden * spec.shape.hidden;
   ro.layout.chunk_elems = align_up(per_layer, 4096);
@@ -126,6 +168,7 @@ Result<VerifyResult> verify(const VerifyOptions& o) {
       last = st;
     }
   }
+  STRATA_CHECK(!steady.empty());  // steps >= 1, checked above
   std::sort(steady.begin(), steady.end());
   r.measured_s = steady[steady.size() / 2];
   r.ratio = r.measured_s / r.predicted_s;

@@ -21,6 +21,11 @@
 
 namespace strata::probe {
 
+//! Bound on --verify-steps.
+inline constexpr int kVerifyStepsMax = 1000;
+//! Bound on the modelled compute of one verify step, seconds.
+inline constexpr double kVerifyStepSecondsMax = 60.0;
+
 //! What --verify runs.
 struct VerifyOptions {
   TrainSpec spec;  //!< model (its own layer count), optimizer, dtypes, compute rate
@@ -30,7 +35,7 @@ struct VerifyOptions {
   std::uint64_t link_bytes_per_s = 0;  //!< sim copy throttle per direction
   std::string nvme_dir;                //!< empty: no NVMe tier
   int warmup_steps = 2;                //!< step 1 traces, step 2 adopts the plan
-  int steps = 3;                       //!< timed steps (median)
+  int steps = 3;                       //!< timed steps (median), 1 .. kVerifyStepsMax
 };
 
 //! What --verify found.
@@ -50,9 +55,10 @@ struct VerifyResult {
   bool budgets_held = false;
 };
 
-//! Runs the verification. Fails with OutOfBudget (the size does not fit the
-//! placement: the message gives the largest that does), or the runtime's Status.
-//! Leaves nothing in options.nvme_dir (a private subdirectory is removed).
+//! Runs the verification. Fails with InvalidArgument (steps out of range),
+//! OutOfBudget (the size does not fit the placement: the message gives the
+//! largest that does), or the runtime's Status. Its swap files go straight into
+//! options.nvme_dir and are removed when it returns, with or without an error.
 Result<VerifyResult> verify(const VerifyOptions& options);
 
 }  // namespace strata::probe

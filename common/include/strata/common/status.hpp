@@ -53,7 +53,8 @@ class [[nodiscard]] Status {
   StatusCode code() const { return code_; }
   const std::string& message() const { return message_; }
 
-  //! "Code: message", or "OK".
+  //! "Code: message", or "OK". One line: control characters in the message (a
+  //! newline quoted from user input) are escaped as \xNN.
   std::string to_string() const;
 
   //! Prepends context ("while X: ") to the message; no-op when ok.

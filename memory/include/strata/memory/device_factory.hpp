@@ -28,6 +28,11 @@ enum class DeviceChoice : std::uint8_t { kAuto, kSim, kCuda };
 //! Parses "auto", "sim" or "cuda" (setting `device.kind`); InvalidArgument otherwise.
 Result<DeviceChoice> parse_device_choice(std::string_view text);
 
+//! Slowest sim copy throttle validate() accepts, bytes per second: below it one chunk's
+//! copy takes seconds and a step minutes (a PCIe link moves GiB/s), so a mistyped rate
+//! ("1k") would look like a hang.
+inline constexpr std::uint64_t kSimBandwidthMinBytesPerS = 64 * kMiB;
+
 //! Settings of make_device(). Plain data; validate() checks them, set() parses strings.
 struct DeviceOptions {
   DeviceChoice kind = DeviceChoice::kAuto;
@@ -52,7 +57,8 @@ struct DeviceOptions {
   Status set(std::string_view key, std::string_view value);
 
   //! Checks ranges: budget > 0 and <= the machine's RAM for sim (the GPU's memory is checked
-  //! when the cuda device opens), queue depth and stream count in [1, 1<<20].
+  //! when the cuda device opens), queue depth and stream count in [1, 1<<20], each copy
+  //! throttle 0 or at least kSimBandwidthMinBytesPerS.
   //! InvalidArgument naming the setting, the value and what to do.
   Status validate() const;
 };

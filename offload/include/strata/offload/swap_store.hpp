@@ -120,4 +120,11 @@ class SwapStore {
   std::unique_ptr<Impl> impl_;
 };
 
+//! Reports (a warning naming the file, its run and pid) and removes the swap
+//! files a run that is gone left in `dir` (their lock is free; their contents
+//! are never read); a file a live store holds is kept. What SwapStore::create
+//! does first, for tools that must leave `dir` clean even when they create no
+//! store (Note [Swap file header]). Fails with the errno Status naming the file.
+Status reclaim_stale_swap_files(const std::filesystem::path& dir);
+
 }  // namespace strata::offload

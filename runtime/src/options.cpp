@@ -1,0 +1,251 @@
+// validate_options: every check Runtime::create applies to its options (Note
+// [One validation per input kind] in options.hpp).
+#include "strata/runtime/options.hpp"
+
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "strata/common/bytes.hpp"
+#include "strata/kernels/optim.hpp"
+#include "strata/offload/swap_store.hpp"
+
+namespace strata::runtime {
+namespace {
+
+// File systems that are views of the kernel, not storage: a swap file there is
+// refused by the kernel or, worse, lands in memory.
+struct PseudoFs {
+  long magic;
+  const char* name;
+};
+constexpr PseudoFs kPseudoFs[] = {
+    {0x9fa0, "proc"},         {0x62656572, "sysfs"},
+    {0x1cd1, "devpts"},       {0x27e0eb, "cgroup"},
+    {0x63677270, "cgroup2"},  {0x64626720, "debugfs"},
+    {0x74726163, "tracefs"},  {0x73636673, "securityfs"},
+    {0xcafe4a11, "bpf"},      {0x42494e4d, "binfmt_misc"},
+    {0x6e736673, "nsfs"},     {0x50495045, "pipefs"},
+    {0x534f434b, "sockfs"},   {0xf97cff8c, "selinuxfs"},
+    {0x43415d53, "smackfs"},  {0x6165676c, "pstorefs"},
+    {0xde5e81e4, "efivarfs"}, {0x1373, "devfs"},
+};
+
+Status validate_nvme(const RuntimeOptions& o) {
+  if (o.nvme_store != nullptr) return Status::Ok();  // supplied by the embedder
+  if (!o.nvme_dirs.empty() && o.budgets.nvme_bytes == 0) {
+    return invalid_argument(
+        "nvme_dirs is set but budgets.nvme = 0: give the NVMe tier a budget (e.g. \"16GiB\")");
+  }
+  if (o.nvme_dirs.empty() && o.budgets.nvme_bytes > 0) {
+    return invalid_argument(
+        "budgets.nvme = {} but no nvme_dirs: name at least one directory for the NVMe tier",
+        format_bytes(o.budgets.nvme_bytes));
+  }
+  if (o.nvme_dirs.empty()) return Status::Ok();
+  if (o.nvme_dirs.size() > 16) {
+    return invalid_argument("nvme.dirs lists {} directories: at most 16 (one per drive)", o.nvme_dirs.size());
+  }
+  // Free space per file system (two directories on one drive share it).
+  std::map<unsigned long, std::uint64_t> free_by_fs;
+  std::set<std::filesystem::path> seen;
+  for (const std::string& dir : o.nvme_dirs) {
+    STRATA_RETURN_IF_ERROR(validate_nvme_dir(dir));
+    std::error_code ec;
+    if (!seen.insert(std::filesystem::weakly_canonical(dir, ec)).second) {
+      return invalid_argument("nvme.dirs lists {} twice: list each directory once", dir);
+    }
+    struct statvfs vfs {};
+    if (::statvfs(dir.c_str(), &vfs) != 0)
+      return errno_status(errno, fmt::format("nvme.dirs {}: statvfs", dir));
+    free_by_fs[vfs.f_fsid] = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  }
+  std::uint64_t free_total = 0;
+  for (const auto& [fsid, bytes] : free_by_fs) free_total += bytes;
+  if (o.budgets.nvme_bytes > free_total) {
+    return no_space(
+        "budgets.nvme = {} ({} bytes) but the file systems of nvme.dirs have {} free: set budgets.nvme to at "
+        "most that, free space, or add a directory on another drive",
+        format_bytes(o.budgets.nvme_bytes), o.budgets.nvme_bytes, format_bytes(free_total));
+  }
+  return Status::Ok();
+}
+
+Status validate_plan(const RuntimeOptions& o) {
+  const PlanOptions& p = o.plan;
+  const std::pair<const char*, std::uint32_t> counts[] = {
+      {"plan.nvme_families_in_flight", p.nvme_families_in_flight},
+      {"plan.grad_staging_slots", p.grad_staging_slots},
+  };
+  for (const auto& [name, value] : counts) {
+    if (value == 0 || value > kPlanCountMax)
+      return invalid_argument("{} = {}: use 1 .. {}", name, value, kPlanCountMax);
+  }
+  if (p.prefetch && (p.prefetch_depth_max == 0 || p.prefetch_depth_max > kPlanCountMax)) {
+    return invalid_argument(
+        "plan.prefetch_depth_max = {}: use 1 .. {} (or plan.prefetch = false for no lookahead)",
+        p.prefetch_depth_max, kPlanCountMax);
+  }
+  if (p.host_reserve_bytes >= o.budgets.host_bytes) {
+    return invalid_argument("plan.host_reserve = {} must be below budgets.host = {}",
+                            format_bytes(p.host_reserve_bytes), format_bytes(o.budgets.host_bytes));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status validate_layout_options(const LayoutOptions& o) {
+  if (!is_pow2(o.offset_align_elems)) {
+    return invalid_argument("layout offset_align_elems = {} must be a power of two", o.offset_align_elems);
+  }
+  if (!is_pow2(o.chunk_align_elems) || o.chunk_align_elems < o.offset_align_elems) {
+    return invalid_argument(
+        "layout chunk_align_elems = {} must be a power of two and >= offset_align_elems = {}",
+        o.chunk_align_elems, o.offset_align_elems);
+  }
+  if (o.chunk_elems != 0 && (o.chunk_elems % o.chunk_align_elems != 0 || o.chunk_elems > kChunkElemsLimit)) {
+    return invalid_argument(
+        "layout.chunk_elems = {}: use 0 (search for the size) or a multiple of {} up to {} (2^31)",
+        o.chunk_elems, o.chunk_align_elems, kChunkElemsLimit);
+  }
+  for (const auto& [name, value] :
+       {std::pair<const char*, std::uint64_t>{"chunk_elems_min", o.chunk_elems_min},
+        {"chunk_elems_max", o.chunk_elems_max}}) {
+    if (!is_pow2(value) || value < o.chunk_align_elems || value > kChunkElemsLimit) {
+      return invalid_argument("layout.{} = {}: use a power of two from {} to {} (2^31)", name, value,
+                              o.chunk_align_elems, kChunkElemsLimit);
+    }
+  }
+  if (o.chunk_elems_min > o.chunk_elems_max) {
+    return invalid_argument(
+        "layout.chunk_elems_min = {} is greater than layout.chunk_elems_max = {}: the search range is empty; "
+        "set min <= max",
+        o.chunk_elems_min, o.chunk_elems_max);
+  }
+  if (o.search_candidates_max == 0) return invalid_argument("layout search_candidates_max must be > 0");
+  return Status::Ok();
+}
+
+Status validate_nvme_dir(const std::string& dir, std::string_view setting) {
+  if (dir.empty()) return invalid_argument("{}: an empty directory name", setting);
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    const int err = errno;
+    if (err == ENOENT || err == ENOTDIR) {
+      return not_found("{} = {}: no such directory; create it (strata never does) or name another", setting,
+                       dir);
+    }
+    return errno_status(err, fmt::format("{} = {}", setting, dir));
+  }
+  if (!S_ISDIR(st.st_mode))
+    return invalid_argument("{} = {}: not a directory; name a directory", setting, dir);
+  struct statfs fs {};
+  if (::statfs(dir.c_str(), &fs) != 0)
+    return errno_status(errno, fmt::format("{} = {}: statfs", setting, dir));
+  for (const PseudoFs& p : kPseudoFs) {
+    if (static_cast<long>(fs.f_type) == p.magic) {
+      return invalid_argument(
+          "{} = {}: on the {} pseudo file system, which holds no files; name a directory on a "
+          "drive",
+          setting, dir, p.name);
+    }
+  }
+  if ((fs.f_flags & ST_RDONLY) != 0) {
+    return permission_denied("{} = {}: the file system is mounted read-only; name a writable directory",
+                             setting, dir);
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    return permission_denied(
+        "{} = {}: not writable by this process (uid {}); fix its permissions or name another", setting, dir,
+        ::getuid());
+  }
+  return Status::Ok();
+}
+
+Result<std::uint64_t> free_bytes_of(const std::string& dir) {
+  struct statvfs vfs {};
+  if (::statvfs(dir.c_str(), &vfs) != 0) return errno_status(errno, fmt::format("statvfs of {}", dir));
+  return static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+}
+
+Status validate_options(const RuntimeOptions& o) {
+  if (o.compute_dtype == DType::kNone)
+    return invalid_argument("runtime compute_dtype must be fp32, bf16 or fp16");
+  if (o.budgets.gpu_bytes == 0) {
+    return invalid_argument("budgets.gpu = 0: the runtime needs device memory for at least 3 chunk slots");
+  }
+  if (o.budgets.host_bytes == 0)
+    return invalid_argument("budgets.host = 0: the runtime needs host memory for params");
+  if (o.hyper.optimizer == kernels::Optimizer::kCame) {
+    return invalid_argument(
+        "optimizer came: CAME's factored moments need whole 2-D tensors, which the chunk runtime does not "
+        "hand its kernels yet; use adamw, lamb, lars, sgd, lion, adagrad or adam (kernels::came_step runs "
+        "CAME alone)");
+  }
+  STRATA_RETURN_IF_ERROR(kernels::validate_hyper(o.hyper));
+  const bool adam_family = o.hyper.optimizer == kernels::Optimizer::kAdam ||
+                           o.hyper.optimizer == kernels::Optimizer::kAdamW ||
+                           o.hyper.optimizer == kernels::Optimizer::kLamb;
+  if (o.state_dtype == kernels::DType::kBF16 && !adam_family) {
+    return invalid_argument("state_dtype bf16 is supported for adam, adamw and lamb only (optimizer {})",
+                            kernels::optimizer_name(o.hyper.optimizer));
+  }
+  if (o.state_dtype != kernels::DType::kF32 && o.state_dtype != kernels::DType::kBF16) {
+    return invalid_argument("state_dtype must be fp32 or bf16");
+  }
+  if (o.io_engine != "auto" && o.io_engine != "uring" && o.io_engine != "posix") {
+    return invalid_argument("io_engine = \"{}\": use auto, uring or posix", o.io_engine);
+  }
+  if (!std::isfinite(o.clip_max_norm) || o.clip_max_norm < 0) {
+    return invalid_argument("clip_max_norm = {} must be finite and >= 0 (0 = off)", o.clip_max_norm);
+  }
+  if (o.threads > kThreadsMax) {
+    return invalid_argument("threads = {}: at most {} (0 = one per core)", o.threads, kThreadsMax);
+  }
+  if (o.timeline_events_max == 0 || o.timeline_events_max > kTimelineEventsMax) {
+    return invalid_argument("timeline_events_max = {}: use 1 .. {}", o.timeline_events_max,
+                            kTimelineEventsMax);
+  }
+  STRATA_RETURN_IF_ERROR(validate_layout_options(o.layout));
+  if (o.layout.chunk_elems != 0) {
+    // A fixed chunk size: the device must hold 3 chunk slots (current param and
+    // grad, next param) or no step can run.
+    const std::uint64_t slot_bytes = o.layout.chunk_elems * dtype_bytes(o.compute_dtype);
+    if (o.budgets.gpu_bytes / 3 < slot_bytes) {
+      return invalid_argument(
+          "budgets.gpu = {} holds fewer than 3 chunk slots of layout.chunk_elems = {} ({} each): raise "
+          "budgets.gpu to at least {} or lower layout.chunk_elems",
+          format_bytes(o.budgets.gpu_bytes), o.layout.chunk_elems, format_bytes(slot_bytes),
+          format_bytes(3 * slot_bytes));
+    }
+  }
+  STRATA_RETURN_IF_ERROR(validate_plan(o));
+  return validate_nvme(o);
+}
+
+Result<ScratchDir> open_tool_nvme_dir(const std::string& given, std::string_view setting,
+                                      std::string_view default_name) {
+  ScratchDir dir;
+  if (!given.empty()) {
+    STRATA_RETURN_IF_ERROR(validate_nvme_dir(given, setting));
+    dir = ScratchDir::borrow(given);
+  } else {
+    std::error_code ec;
+    const std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+    if (ec) return errno_status(ec.value(), fmt::format("{}: no temp directory ($TMPDIR)", setting));
+    STRATA_ASSIGN_OR_RETURN(dir, ScratchDir::create(tmp, default_name));
+    STRATA_RETURN_IF_ERROR(validate_nvme_dir(dir.path().string(), setting));
+  }
+  STRATA_RETURN_IF_ERROR(offload::reclaim_stale_swap_files(dir.path()));
+  return dir;
+}
+
+}  // namespace strata::runtime
