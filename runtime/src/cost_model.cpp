@@ -114,8 +114,8 @@ StepCost predict_step(const PlanInput& in, const Plan& plan, const Rates& rates)
   for (std::size_t i = 0; i < n; ++i) {
     if (plan.families[i].param_home == Tier::kNvme) c.bytes_disk_read += 2 * in.families[i].param_bytes;
   }
-  c.bytes_host_memory += static_cast<std::uint64_t>(
-      rates.copy_host_passes * static_cast<double>(c.bytes_h2d + c.bytes_d2h));
+  c.bytes_host_memory +=
+      static_cast<std::uint64_t>(rates.copy_host_passes * static_cast<double>(c.bytes_h2d + c.bytes_d2h));
   c.bytes_host_memory += c.bytes_disk_read + c.bytes_disk_write;
   c.compute_s = in.trace.compute_total_s();
   c.h2d_s = seconds(static_cast<double>(c.bytes_h2d), rates.h2d_bytes_per_s);
