@@ -23,10 +23,7 @@ std::uint64_t simulate_param_fetches(const PlanInput& in, const Plan& plan, std:
   const auto& uses = in.trace.uses;
   const std::size_t n = in.families.size();
   NextUse next(uses, n);
-  std::vector<long> last_backward(n, -1);
-  for (std::size_t i = 0; i < uses.size(); ++i) {
-    if (uses[i].phase == Phase::kBackward) last_backward[uses[i].family] = static_cast<long>(i);
-  }
+  const std::vector<long> last_backward = last_backward_use(in.trace, n);
   std::vector<bool> param_in(n, false);
   std::vector<bool> grad_in(n, false);
   std::uint64_t used = 0;  // slots held

@@ -9,17 +9,6 @@
 namespace strata::runtime {
 namespace {
 
-// Position in the trace of each family's last backward use (when its gradient is
-// complete); families without a backward use get -1.
-std::vector<long> grad_completion(const StepTrace& trace, std::size_t family_count) {
-  std::vector<long> done(family_count, -1);
-  for (std::size_t i = 0; i < trace.uses.size(); ++i) {
-    const FamilyUse& use = trace.uses[i];
-    if (use.phase == Phase::kBackward && use.family < family_count) done[use.family] = static_cast<long>(i);
-  }
-  return done;
-}
-
 Status budget_error(std::string_view budget, std::uint64_t have, std::uint64_t need, std::string_view what) {
   return out_of_budget("{} budget is {} but {} needs {}; raise {} (or shrink the chunk size / the model)",
                        budget, format_bytes(have), what, format_bytes(need), budget);
@@ -174,7 +163,7 @@ Result<Plan> make_plan(const PlanInput& in) {
           fmt::format("staging for {} NVMe optimizer families in flight", opt.nvme_families_in_flight));
     }
     // Families completing last in backward stay on host (Note [Placement policy]).
-    std::vector<long> done = grad_completion(in.trace, n);
+    std::vector<long> done = last_backward_use(in.trace, n);
     std::vector<std::size_t> order(n);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(),
