@@ -59,12 +59,12 @@ std::int64_t Residency::pick_slot(FamilyId for_family, std::uint64_t farther_tha
       if (c.family == for_family && c.kind != StateKind::kGrad) continue;
       // A gradient still being accumulated is used again at the family's next backward use.
       const std::uint64_t d = planned ? tracker_.next_use().distance(c.family, here) : 0;
-      if (farther_than > 0 && (c.dev_dirty || d <= farther_than)) continue;
+      if (farther_than > 0 && (c.dirty() || d <= farther_than)) continue;
       if (planned) {
-        key = (d == NextUse::kNever ? std::numeric_limits<std::uint32_t>::max() : d) * 2 + (c.dev_dirty ? 0 : 1);
+        key = (d == NextUse::kNever ? std::numeric_limits<std::uint32_t>::max() : d) * 2 + (c.dirty() ? 0 : 1);
         soon = d <= std::uint64_t{core_.plan.prefetch_depth} + 1;
       } else {
-        key = (std::numeric_limits<std::uint64_t>::max() / 4 - c.tick) * 2 + (c.dev_dirty ? 0 : 1);
+        key = (std::numeric_limits<std::uint64_t>::max() / 4 - c.tick) * 2 + (c.dirty() ? 0 : 1);
       }
     }
     auto done = core_.device.query(device_slots_[s].fence);
@@ -88,11 +88,11 @@ Status Residency::prefetch() {
   for (std::size_t q = start; q < uses.size() && q < start + plan.prefetch_depth; ++q) {
     const FamilyId f = uses[q].family;
     Chunk& c = core_.chunk(f, StateKind::kParam);
-    if (c.dev_valid || !c.host_valid || c.bytes == 0) continue;
+    if (c.device_copy || c.value != ChunkValue::kHost || c.bytes == 0) continue;
     if (pipeline_.updating(f)) continue;
     if (c.device_slot >= 0 && device_slots_[static_cast<std::size_t>(c.device_slot)].dedicated) {
       STRATA_RETURN_IF_ERROR(failed(core_, load_to_slot(c, slot_of(c))));
-      c.dev_valid = true;
+      c.device_copy = true;
       continue;
     }
     // Leave two slots to the uses on demand (the next param and gradient): slots
@@ -108,7 +108,7 @@ Status Residency::prefetch() {
     STRATA_RETURN_IF_ERROR(failed(core_, evict_slot(static_cast<std::size_t>(s))));
     occupy(c, static_cast<std::size_t>(s));
     STRATA_RETURN_IF_ERROR(failed(core_, load_to_slot(c, slot_of(c))));
-    c.dev_valid = true;
+    c.device_copy = true;
     c.tick = ++tick_;
     note_gpu_use();
   }

@@ -15,13 +15,13 @@ Status Runtime::Impl::with_host_copy(std::unique_lock<std::mutex>& lock, Chunk& 
     // A load or prefetch may still be copying from the host copy.
     if (write) STRATA_RETURN_IF_ERROR(core.device.synchronize(core.h2d));
     fn(c.host);
-    if (write && c.dev_valid) {
+    if (write && c.device_copy) {
       STRATA_CHECK(c.readers == 0);
       residency.drop_device_copy(c);
     }
     return Status::Ok();
   }
-  if (c.host_valid) {
+  if (c.value == ChunkValue::kHost) {
     // An NVMe write-back failed and left the states in host memory (Note [Write-back after step]).
     fn(c.host);
     return Status::Ok();
@@ -30,7 +30,7 @@ Status Runtime::Impl::with_host_copy(std::unique_lock<std::mutex>& lock, Chunk& 
   STRATA_ASSIGN_OR_RETURN(std::byte * tmp, core.host->allocate(c.bytes));
   std::span<std::byte> data(tmp, c.bytes);
   Status st = Status::Ok();
-  if (c.nvme_valid) {
+  if (c.value == ChunkValue::kNvme) {
     st = core.nvme_transfer(lock, false, data, c.nvme_slots);
   } else {
     std::memset(tmp, 0, c.bytes);
@@ -40,8 +40,7 @@ Status Runtime::Impl::with_host_copy(std::unique_lock<std::mutex>& lock, Chunk& 
     if (write) {
       st = core.nvme_transfer(lock, true, data, c.nvme_slots);
       if (st.ok()) {
-        c.nvme_valid = true;
-        c.absent = false;
+        c.move_value(ChunkValue::kNvme);
       }
     }
   }

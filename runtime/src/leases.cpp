@@ -66,7 +66,7 @@ Status check_acquire(const Core& core, const TensorInfo& info, const TensorSlot&
 Result<std::byte*> pin(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Chunk& c, const TensorInfo& info,
                        Access access, Where where) {
   if (where == Where::kDevice) {
-    STRATA_RETURN_IF_ERROR(m.residency.ensure_on_device(lock, c, /*load=*/!c.absent));
+    STRATA_RETURN_IF_ERROR(m.residency.ensure_on_device(lock, c, /*load=*/!c.absent()));
     DeviceSlot& slot = m.residency.slot_of(c);
     STRATA_RETURN_IF_ERROR(m.core.device.wait(m.core.compute, slot.ready));
   } else {
@@ -82,8 +82,7 @@ Result<std::byte*> pin(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Chu
   }
   if (access != Access::kRead) {
     ++c.writers;
-    c.absent = false;
-    if (where == Where::kDevice) c.dev_dirty = true;
+    if (where == Where::kDevice) c.move_value(ChunkValue::kDevice);  // a host lease made it kHost
   } else {
     ++c.readers;
   }
@@ -95,6 +94,7 @@ Result<std::byte*> pin(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Chu
 Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, Where where) {
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
   if (!m.core.background_error.ok()) return m.core.background_error;
   if (tensor >= m.core.tensors.size()) {
     return invalid_argument("acquire: tensor id {} is not registered ({} tensors)", tensor,
@@ -139,6 +139,7 @@ Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, W
 void Runtime::release(Lease& lease) {
   Impl& m = *impl_;
   std::lock_guard lock(m.core.mu);
+  InvariantCheck check(m);
   Chunk& c = m.core.chunks[lease.chunk_];
   if (lease.where_ == Where::kDevice && c.device_slot >= 0) {
     Status st = m.core.device.record(m.residency.slot_of(c).fence, m.core.compute);
@@ -193,6 +194,7 @@ Status Runtime::launch(std::function<void()> fn) {
 
 void Runtime::set_grad_scale(float scale) {
   std::lock_guard lock(impl_->core.mu);
+  InvariantCheck check(*impl_);
   OptimizerPipeline& p = impl_->pipeline;
   p.grad_scale = scale;
   // Families that start before step() (not deferred) take the scale in effect
@@ -203,6 +205,7 @@ void Runtime::set_grad_scale(float scale) {
 Status Runtime::begin_micro_batch(bool last) {
   Impl& m = *impl_;
   std::lock_guard lock(m.core.mu);
+  InvariantCheck check(m);
   if (m.leases_out > 0) {
     return failed_precondition("begin_micro_batch: {} leases are still held; release them first",
                                m.leases_out);

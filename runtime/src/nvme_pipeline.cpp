@@ -36,28 +36,26 @@ namespace strata::runtime {
 
 void OptimizerPipeline::take_nvme_place(FamilyId f) {
   FamilyRun& run = runs_[f];
-  STRATA_CHECK(!run.has_nvme_place);
-  run.has_nvme_place = true;
+  run.move_place(NvmePlace::kReading);
   ++nvme_places_used_;
   read_states(f);
 }
 
 void OptimizerPipeline::release_nvme_place(FamilyId f) {
   FamilyRun& run = runs_[f];
-  if (!run.has_nvme_place) return;
+  if (run.place == NvmePlace::kNone) return;
   for (std::size_t k = 0; k < run.staging.size(); ++k) {
     if (run.staging[k] != nullptr) core_.host->free(run.staging[k], core_.chunks[f * kStateKindCount + k].bytes);
   }
   run.staging.clear();
-  run.states_ready = false;
-  run.has_nvme_place = false;
+  run.move_place(NvmePlace::kNone);
   --nvme_places_used_;
 }
 
 void OptimizerPipeline::cancel_read_ahead(FamilyId f) {
   FamilyRun& run = runs_[f];
   if (run.io_pending > 0) {
-    run.cancel_read_ahead = true;  // io_done releases the place
+    run.move_place(NvmePlace::kCancelling);  // io_done releases the place
     return;
   }
   release_nvme_place(f);
@@ -73,7 +71,7 @@ void OptimizerPipeline::read_states(FamilyId f) {
     if (c.bytes == 0 || (!is_optim_kind(c.kind) && c.kind != StateKind::kParam)) continue;
     auto buffer = core_.host->allocate(c.bytes);
     if (!buffer.ok()) {
-      if (!run.launched) {
+      if (!run.launched()) {
         // Reading ahead is an optimisation: without room it waits for the launch.
         STRATA_LOG_DEBUG("runtime: no host room to read family {} ahead: {}", f, buffer.status().to_string());
         release_nvme_place(f);
@@ -86,11 +84,11 @@ void OptimizerPipeline::read_states(FamilyId f) {
     }
     run.staging[k] = *buffer;
     if (c.kind == StateKind::kParam) continue;  // copied when the kernel starts
-    if (c.host_valid) {
+    if (c.value == ChunkValue::kHost) {
       std::memcpy(*buffer, c.host, c.bytes);  // left in host memory by a failed write-back
       continue;
     }
-    if (!c.nvme_valid) {
+    if (c.value != ChunkValue::kNvme) {
       std::memset(*buffer, 0, c.bytes);  // never written: zeros
       continue;
     }
@@ -102,7 +100,7 @@ void OptimizerPipeline::read_states(FamilyId f) {
     }
   }
   if (pieces.empty()) {
-    run.states_ready = true;
+    run.move_place(NvmePlace::kReady);
     maybe_compute(f);
     return;
   }
@@ -135,15 +133,14 @@ void OptimizerPipeline::io_done(FamilyId f, Status status, Track track, double e
   }
   if (--run.io_pending > 0) return;
   --io_families_;
-  if (run.cancel_read_ahead) {
-    run.cancel_read_ahead = false;
+  if (run.place == NvmePlace::kCancelling) {
     release_nvme_place(f);
     pump();
     core_.cv.notify_all();
     return;
   }
   if (!run.io_status.ok()) {
-    if (run.launched) {
+    if (run.launched()) {
       finish_family(f, run.io_status);
     } else {
       core_.fail(run.io_status);  // a read-ahead failed: the data is bad or the disk is
@@ -152,7 +149,8 @@ void OptimizerPipeline::io_done(FamilyId f, Status status, Track track, double e
     }
     return;
   }
-  run.states_ready = true;
+  // (An error may have ended the family, and released its place, meanwhile.)
+  if (run.place == NvmePlace::kReading) run.move_place(NvmePlace::kReady);
   maybe_compute(f);
   core_.cv.notify_all();
 }
@@ -203,8 +201,7 @@ void OptimizerPipeline::write_back(FamilyId f, std::unique_lock<std::mutex>& loc
   ++writebacks_in_flight_;
   // The place (and its staging memory) goes with the write-back.
   run.staging.clear();
-  run.states_ready = false;
-  run.has_nvme_place = false;
+  run.move_place(NvmePlace::kNone);
   finish_family(f, Status::Ok());
   if (writes.empty()) {
     lock.unlock();
@@ -235,19 +232,17 @@ void OptimizerPipeline::writeback_done(FamilyId f, Status status, double enqueue
       // The new slots replace the old (Note [Copy-on-write NVMe slots]).
       for (std::uint32_t old : c.nvme_slots) core_.nvme->free_slot(old);
       c.nvme_slots = std::move(wb.new_slots[k]);
-      c.nvme_valid = true;
+      c.move_value(ChunkValue::kNvme);
       core_.host->free(wb.staging[k], c.bytes);
     } else {
       // The updated states stay in host memory as the authoritative copy.
       for (std::uint32_t s : wb.new_slots[k]) core_.nvme->free_slot(s);
       for (std::uint32_t old : c.nvme_slots) core_.nvme->free_slot(old);
       c.nvme_slots.clear();
-      c.nvme_valid = false;
+      c.move_value(ChunkValue::kHost);
       if (c.host != nullptr) core_.host->free(c.host, c.bytes);
       c.host = wb.staging[k];
-      c.host_valid = true;
     }
-    c.absent = false;
   }
   if (!wb.status.ok()) {
     Status s = std::move(wb.status);

@@ -70,12 +70,12 @@ void OptimizerPipeline::start_read_ahead() {
 void OptimizerPipeline::stop_read_ahead() {
   read_ahead_ = false;
   for (FamilyId f = 0; f < runs_.size(); ++f) {
-    if (runs_[f].has_nvme_place && !runs_[f].launched) cancel_read_ahead(f);
+    if (runs_[f].place != NvmePlace::kNone && !runs_[f].launched()) cancel_read_ahead(f);
   }
 }
 
 void OptimizerPipeline::drop_read_ahead(FamilyId f) {
-  if (runs_[f].has_nvme_place && !runs_[f].launched) {
+  if (runs_[f].place != NvmePlace::kNone && !runs_[f].launched()) {
     // States read ahead before this write are stale now (callers waited for the I/O).
     STRATA_CHECK(runs_[f].io_pending == 0);
     release_nvme_place(f);
@@ -93,23 +93,22 @@ void OptimizerPipeline::end_step() {
 
 bool OptimizerPipeline::all_applied() const {
   for (const FamilyRun& run : runs_) {
-    if (run.launched && !run.applied) return false;
+    if (run.launched() && !run.applied) return false;
   }
   return true;
 }
 
 void OptimizerPipeline::launch_optimizer(FamilyId f) {
   FamilyRun& run = runs_[f];
-  if ((run.launched && !run.done) || !core_.background_error.ok()) return;
-  if (run.launched) run = FamilyRun{};  // a second completion in one step (a later last micro-batch)
+  if (run.running() || !core_.background_error.ok()) return;
+  if (run.launched()) run = FamilyRun{};  // a second completion in one step (a later last micro-batch)
   bool any = false;
   for (TensorId t : core_.layout.families[f].tensors)
     any = any || (core_.tensors[t].grad_written && !core_.tensors[t].spec.frozen);
   if (!any) return;  // nothing to update (yet): step() looks again
   Chunk& g = core_.chunk(f, StateKind::kGrad);
   if (g.writers > 0) return;  // release() launches it
-  run.launched = true;
-  run.done = false;
+  run.move_phase(FamilyPhase::kWaiting);
   ++tasks_in_flight_;
   if (core_.plan.families[f].optim_home == Tier::kGpu) {
     launch_device_optimizer(f);
@@ -128,21 +127,21 @@ void OptimizerPipeline::pump() {
     for (FamilyId f : launch_fifo_) {
       FamilyRun& run = runs_[f];
       // (A gradient still being copied to host ends here when its copy lands.)
-      const bool copying_grad = run.has_grad_slot && !run.grad_ready;
-      if (!run.done && !run.computing && run.io_pending == 0 && !copying_grad) finish_family(f, Status::Ok());
+      if (run.phase == FamilyPhase::kWaiting && run.io_pending == 0 && run.grad != GradStaging::kCopying)
+        finish_family(f, Status::Ok());
     }
     return;
   }
   // 1. NVMe places: launched families first, in launch order.
   for (FamilyId f : launch_fifo_) {
     FamilyRun& run = runs_[f];
-    if (!core_.on_nvme(f) || run.has_nvme_place || run.done) continue;
+    if (!core_.on_nvme(f) || run.place != NvmePlace::kNone || !run.running()) continue;
     if (writebacks_[f].active) continue;  // writeback_done pumps again
     if (nvme_places_used_ >= nvme_places_max_) {
       // Take a place back from a read-ahead that is not launched yet.
       for (FamilyId g : nvme_order_) {
         FamilyRun& other = runs_[g];
-        if (other.has_nvme_place && !other.launched && !other.cancel_read_ahead) {
+        if ((other.place == NvmePlace::kReading || other.place == NvmePlace::kReady) && !other.launched()) {
           cancel_read_ahead(g);
           break;
         }
@@ -156,7 +155,7 @@ void OptimizerPipeline::pump() {
     for (; read_ahead_cursor_ < nvme_order_.size() && nvme_places_used_ < nvme_places_max_; ++read_ahead_cursor_) {
       FamilyId f = nvme_order_[read_ahead_cursor_];
       FamilyRun& run = runs_[f];
-      if (run.has_nvme_place || run.states_ready || (run.launched && run.done)) continue;
+      if (run.place != NvmePlace::kNone || run.phase == FamilyPhase::kDone) continue;
       if (writebacks_[f].active) break;  // its last step's states are still being written
       take_nvme_place(f);
     }
@@ -165,16 +164,16 @@ void OptimizerPipeline::pump() {
   while (!grad_queue_.empty() && grad_staging_used_ < grad_staging_max_) {
     FamilyId f = grad_queue_.front();
     grad_queue_.pop_front();
-    if (!runs_[f].done) land_gradient(f);
+    if (runs_[f].running()) land_gradient(f);
   }
 }
 
 void OptimizerPipeline::land_gradient(FamilyId f) {
   FamilyRun& run = runs_[f];
   Chunk& g = core_.chunk(f, StateKind::kGrad);
-  run.has_grad_slot = true;
+  run.move_grad(GradStaging::kCopying);
   ++grad_staging_used_;
-  if (g.dev_valid && g.dev_dirty) {
+  if (g.dirty()) {
     auto buffer = core_.host->allocate(g.bytes);
     if (!buffer.ok()) {
       Status s = buffer.status();
@@ -194,7 +193,8 @@ void OptimizerPipeline::land_gradient(FamilyId f) {
         // Device-stream callbacks never take the mutex (Note [Runtime threading]).
         core_.pool->post([this, f] {
           std::lock_guard lock(core_.mu);
-          runs_[f].grad_ready = true;
+          FamilyRun& landed = runs_[f];
+          if (landed.grad == GradStaging::kCopying) landed.move_grad(GradStaging::kReady);
           if (core_.background_error.ok()) {
             maybe_compute(f);
           } else {
@@ -205,14 +205,15 @@ void OptimizerPipeline::land_gradient(FamilyId f) {
       });
     }
     // The slot may take a new occupant now: its writes wait on the fence.
+    g.move_value(ChunkValue::kStaged);
     residency_.drop_device_copy(g);
     if (!st.ok()) finish_family(f, st);
     return;
   }
-  if (g.host_valid) {
+  if (g.value == ChunkValue::kHost) {
     run.grad_host = g.host;
     run.grad_host_owned_by_chunk = true;
-    run.grad_ready = true;
+    run.move_grad(GradStaging::kReady);
     maybe_compute(f);
     return;
   }
@@ -221,9 +222,9 @@ void OptimizerPipeline::land_gradient(FamilyId f) {
 
 void OptimizerPipeline::maybe_compute(FamilyId f) {
   FamilyRun& run = runs_[f];
-  if (!run.launched || run.computing || run.done || !run.grad_ready) return;
-  if (core_.on_nvme(f) && !run.states_ready) return;
-  run.computing = true;
+  if (run.phase != FamilyPhase::kWaiting || run.grad != GradStaging::kReady) return;
+  if (core_.on_nvme(f) && run.place != NvmePlace::kReady) return;
+  run.move_phase(FamilyPhase::kComputing);
   core_.pool->post([this, f] { compute_family(f); });
 }
 
@@ -237,31 +238,29 @@ void OptimizerPipeline::release_gradient(FamilyId f, bool consumed) {
       core_.host->free(g.host, g.bytes);
       g.host = nullptr;
     }
-    g.host_valid = false;
-    g.absent = true;
+    g.move_value(ChunkValue::kAbsent);
     residency_.drop_device_copy(g);
     for (TensorId t : core_.layout.families[f].tensors) core_.tensors[t].grad_written = false;
   }
-  if (run.has_grad_slot) {
-    run.has_grad_slot = false;
+  if (run.grad != GradStaging::kNone) {
+    run.move_grad(GradStaging::kNone);
     --grad_staging_used_;
   }
 }
 
 void OptimizerPipeline::finish_family(FamilyId f, Status status) {
   FamilyRun& run = runs_[f];
-  STRATA_CHECK(run.launched);
-  STRATA_CHECK(!run.done);
-  if (run.has_grad_slot && !run.grad_ready && run.grad_host != nullptr && !run.grad_host_owned_by_chunk) {
+  STRATA_CHECK(run.running());
+  if (run.grad == GradStaging::kCopying && run.grad_host != nullptr && !run.grad_host_owned_by_chunk) {
     // An error ends the family while its gradient is still being copied into
     // the staging buffer: the copy must land before the buffer is reused (the
     // d2h stream never takes this lock, Note [Runtime threading]).
     core_.device.synchronize(core_.d2h).ignore();
   }
-  if (run.has_grad_slot) release_gradient(f, /*consumed=*/false);
+  if (run.grad != GradStaging::kNone) release_gradient(f, /*consumed=*/false);
   release_nvme_place(f);
   if (!status.ok()) core_.fail(status);
-  run.done = true;
+  run.move_phase(FamilyPhase::kDone);
   --tasks_in_flight_;
   pump();
   core_.cv.notify_all();

@@ -15,29 +15,83 @@
 #include <vector>
 
 #include "core.hpp"
+#include "strata/common/assert.hpp"
 #include "strata/kernels/optim.hpp"
 
 namespace strata::runtime {
 
 class Residency;
 
-//! A family's optimizer work in the current step (Note [Pipeline places]).
+// Note [Family run states]
+// A family's progress through one step is three small state machines, each
+// changed only through FamilyRun::move_* (which checks the transition):
+//   phase: idle -> waiting (launched: gradients complete) -> computing (the CPU
+//          kernel is queued or running) -> done; waiting -> done (a device
+//          optimizer, or an error); a second completion in one step starts over.
+//   grad (its grad staging buffer): none -> copying (d2h in flight) -> ready;
+//          none -> ready (the gradient was on host); copying|ready -> none.
+//   place (its NVMe place, Note [Pipeline places]): none -> reading -> ready;
+//          none -> ready (nothing to read); reading -> cancelling (a read-ahead
+//          given up: released when the reads end); any -> none (released, or
+//          handed to the write-back).
+
+enum class FamilyPhase : std::uint8_t { kIdle, kWaiting, kComputing, kDone };
+enum class GradStaging : std::uint8_t { kNone, kCopying, kReady };
+enum class NvmePlace : std::uint8_t { kNone, kReading, kReady, kCancelling };
+
+constexpr bool phase_move_allowed(FamilyPhase from, FamilyPhase to) {
+  using P = FamilyPhase;
+  return (from == P::kIdle && to == P::kWaiting) || (from == P::kWaiting && to != P::kIdle) ||
+         (from == P::kComputing && to == P::kDone);
+}
+constexpr bool grad_move_allowed(GradStaging from, GradStaging to) {
+  return from == GradStaging::kNone ? to != GradStaging::kNone
+                                    : (to == GradStaging::kNone || (from == GradStaging::kCopying && to == GradStaging::kReady));
+}
+constexpr bool place_move_allowed(NvmePlace from, NvmePlace to) {
+  using N = NvmePlace;
+  switch (from) {
+    case N::kNone:
+      return to == N::kReading || to == N::kReady;
+    case N::kReading:
+      return to != N::kReading;
+    case N::kReady:
+      return to == N::kNone;
+    case N::kCancelling:
+      return to == N::kNone || to == N::kCancelling;
+  }
+  return false;
+}
+
+//! A family's optimizer work in the current step (Note [Family run states]).
 struct FamilyRun {
-  bool launched = false;  //!< gradients complete, optimizer requested
-  bool done = true;       //!< nothing pending (true until launched)
+  FamilyPhase phase = FamilyPhase::kIdle;
+  GradStaging grad = GradStaging::kNone;
+  NvmePlace place = NvmePlace::kNone;
   bool applied = false;
-  bool computing = false;  //!< the CPU kernel is queued or running
-  bool has_grad_slot = false;
-  bool grad_ready = false;  //!< the gradient is on host (grad_host)
-  std::byte* grad_host = nullptr;
+  std::byte* grad_host = nullptr;         //!< the gradient on host (grad staging buffer or the chunk's own)
   bool grad_host_owned_by_chunk = false;  //!< grad_host is the grad chunk's own host copy
-  bool has_nvme_place = false;
-  bool states_ready = false;        //!< NVMe states are in staging
-  bool cancel_read_ahead = false;   //!< release the place when the reads end
-  std::vector<std::byte*> staging;  //!< per kind: NVMe states and the param being updated
+  std::vector<std::byte*> staging;        //!< per kind: NVMe states and the param being updated
   int io_pending = 0;
   Status io_status;
   std::vector<TensorId> updated;  //!< tensors the kernel updated (committed with the param)
+
+  //! Gradients complete, optimizer requested (this step).
+  bool launched() const { return phase != FamilyPhase::kIdle; }
+  //! Launched and not finished.
+  bool running() const { return phase == FamilyPhase::kWaiting || phase == FamilyPhase::kComputing; }
+  void move_phase(FamilyPhase to) {
+    STRATA_CHECK(phase_move_allowed(phase, to));
+    phase = to;
+  }
+  void move_grad(GradStaging to) {
+    STRATA_CHECK(grad_move_allowed(grad, to));
+    grad = to;
+  }
+  void move_place(NvmePlace to) {
+    STRATA_CHECK(place_move_allowed(place, to));
+    place = to;
+  }
 };
 
 //! An NVMe family's updated states on their way to fresh NVMe slots after its
@@ -91,9 +145,9 @@ class OptimizerPipeline {
 
   // --- queries ---
   //! Family f's optimizer has been requested this step: its gradient is the pipeline's.
-  bool claims_gradient(FamilyId f) const { return runs_[f].launched; }
+  bool claims_gradient(FamilyId f) const { return runs_[f].launched(); }
   //! Family f's optimizer step is requested and not finished.
-  bool updating(FamilyId f) const { return runs_[f].launched && !runs_[f].done; }
+  bool updating(FamilyId f) const { return runs_[f].running(); }
   //! Some optimizer step is in flight (it will free slots and notify Core::cv).
   bool busy() const { return tasks_in_flight_ > 0; }
   //! Every launched family applied its update (none skipped for Inf/NaN).

@@ -100,11 +100,11 @@ void OptimizerPipeline::launch_device_optimizer(FamilyId f) {
     DeviceSlot& slot = residency_.slot_of(c);
     ptrs.at[k] = slot.ptr;
     Status st = core_.device.wait(core_.opt_stream, slot.fence);
-    if (st.ok() && !c.dev_valid) {
+    if (st.ok() && !c.device_copy) {
       // A state never loaded (zeros) or one whose host copy is newer: load it first.
       st = residency_.load_to_slot(c, slot);
       if (st.ok()) st = core_.device.wait(core_.opt_stream, slot.ready);
-      c.dev_valid = st.ok();
+      c.device_copy = st.ok();
     }
     if (!st.ok()) {
       finish_family(f, st);
@@ -143,9 +143,7 @@ void OptimizerPipeline::launch_device_optimizer(FamilyId f) {
     st = core_.device.record(slot.ready, core_.opt_stream);
     if (st.ok()) st = core_.device.record(slot.fence, core_.opt_stream);
     if (k != static_cast<std::size_t>(StateKind::kGrad)) {
-      c.dev_dirty = true;  // the device copy is the authoritative one
-      c.host_valid = false;
-      c.absent = false;
+      c.move_value(ChunkValue::kDevice);  // the device copy is the authoritative one
     }
   }
   if (!st.ok()) core_.fail(st);

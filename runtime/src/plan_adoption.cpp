@@ -61,22 +61,20 @@ Status Runtime::Impl::migrate_homes(std::unique_lock<std::mutex>& lock, const Pl
       Chunk& c = core.chunk(f, k);
       if (c.bytes == 0) continue;
       if (to == Tier::kNvme) {
-        if (!c.absent) {
+        if (!c.absent()) {
           STRATA_RETURN_IF_ERROR(residency.ensure_on_host(c));
           STRATA_RETURN_IF_ERROR(core.nvme_transfer(lock, true, {c.host, c.bytes}, c.nvme_slots));
-          c.nvme_valid = true;
+          c.move_value(ChunkValue::kNvme);
         }
         if (c.host != nullptr) core.host->free(c.host, c.bytes);
         c.host = nullptr;
-        c.host_valid = false;
       } else if (from == Tier::kNvme) {
-        if (c.nvme_valid) {
+        if (c.value == ChunkValue::kNvme) {
           STRATA_ASSIGN_OR_RETURN(std::byte * buffer, core.host_buffer(c));
           STRATA_RETURN_IF_ERROR(core.nvme_transfer(lock, false, {buffer, c.bytes}, c.nvme_slots));
           for (std::uint32_t s : c.nvme_slots) core.nvme->free_slot(s);
           c.nvme_slots.clear();
-          c.nvme_valid = false;
-          c.host_valid = true;
+          c.move_value(ChunkValue::kHost);
         }
       }
     }

@@ -32,8 +32,8 @@ void Residency::occupy(Chunk& c, std::size_t s) {
 // a write-back (the copy is stale or consumed); the slot's fence still orders
 // its next occupant after every earlier user.
 void Residency::drop_device_copy(Chunk& c) {
-  c.dev_valid = false;
-  c.dev_dirty = false;
+  STRATA_CHECK(!c.dirty());  // the only copy: write it back first
+  c.device_copy = false;
   if (c.device_slot >= 0 && !slot_of(c).dedicated) {
     slot_of(c).chunk = -1;
     c.device_slot = -1;
@@ -41,16 +41,15 @@ void Residency::drop_device_copy(Chunk& c) {
 }
 
 Status Residency::load_to_slot(Chunk& c, DeviceSlot& slot) {
-  if (!c.host_valid) {
-    if (!c.absent) {
+  if (c.value != ChunkValue::kHost) {
+    if (!c.absent()) {
       return internal_error("family {} {}: loading to the device with no host copy", c.family,
                             state_kind_name(c.kind));
     }
     // Never written: its value is zeros (optimizer states start at zero).
     STRATA_ASSIGN_OR_RETURN(std::byte * zeros, core_.host_buffer(c));
     std::memset(zeros, 0, c.bytes);
-    c.host_valid = true;
-    c.absent = false;
+    c.move_value(ChunkValue::kHost);
   }
   STRATA_RETURN_IF_ERROR(core_.device.wait(core_.h2d, slot.fence));
   if (!core_.opt.plan.prefetch) {
@@ -86,7 +85,7 @@ Status Residency::evict_slot(std::size_t s) {
   Chunk& c = core_.chunks[static_cast<std::size_t>(slot.chunk)];
   STRATA_CHECK(c.readers == 0);
   STRATA_CHECK(c.writers == 0);
-  if (c.dev_valid && c.dev_dirty) {
+  if (c.dirty()) {
     // Write back before the slot is reused (a gradient between micro-batches, or
     // any dirty chunk pushed out by an unplanned access).
     STRATA_ASSIGN_OR_RETURN(std::byte * dst, core_.host_buffer(c));
@@ -95,10 +94,9 @@ Status Residency::evict_slot(std::size_t s) {
     STRATA_RETURN_IF_ERROR(core_.device.record(slot.fence, core_.d2h));
     // The host copy is authoritative from here; readers of it synchronise on d2h.
     STRATA_RETURN_IF_ERROR(core_.device.synchronize(core_.d2h));
-    c.host_valid = true;
-    c.dev_dirty = false;
+    c.move_value(ChunkValue::kHost);
   }
-  c.dev_valid = false;
+  c.device_copy = false;
   c.device_slot = -1;
   slot.chunk = -1;
   return Status::Ok();
@@ -106,11 +104,11 @@ Status Residency::evict_slot(std::size_t s) {
 
 Status Residency::ensure_on_device(std::unique_lock<std::mutex>& lock, Chunk& c, bool load) {
   c.tick = ++tick_;
-  if (c.device_slot >= 0 && c.dev_valid) return Status::Ok();
+  if (c.device_slot >= 0 && c.device_copy) return Status::Ok();
   if (c.device_slot >= 0 && device_slots_[static_cast<std::size_t>(c.device_slot)].dedicated) {
     DeviceSlot& slot = device_slots_[static_cast<std::size_t>(c.device_slot)];
     if (load) STRATA_RETURN_IF_ERROR(load_to_slot(c, slot));
-    c.dev_valid = true;
+    c.device_copy = true;
     return Status::Ok();
   }
   for (;;) {
@@ -127,7 +125,7 @@ Status Residency::ensure_on_device(std::unique_lock<std::mutex>& lock, Chunk& c,
         STRATA_RETURN_IF_ERROR(core_.device.wait(core_.h2d, slot.fence));
         STRATA_RETURN_IF_ERROR(core_.device.record(slot.ready, core_.h2d));
       }
-      c.dev_valid = true;
+      c.device_copy = true;
       note_gpu_use();
       return Status::Ok();
     }
@@ -146,33 +144,35 @@ Status Residency::ensure_on_device(std::unique_lock<std::mutex>& lock, Chunk& c,
 }
 
 Status Residency::ensure_on_host(Chunk& c) {
-  if (c.dev_valid && c.dev_dirty) {
+  if (c.dirty()) {
     STRATA_ASSIGN_OR_RETURN(std::byte * dst, core_.host_buffer(c));
     DeviceSlot& slot = device_slots_[static_cast<std::size_t>(c.device_slot)];
     STRATA_RETURN_IF_ERROR(core_.device.wait(core_.d2h, slot.fence));
     STRATA_RETURN_IF_ERROR(core_.device.copy_async(core_.d2h, dst, slot.ptr, c.bytes, memory::CopyKind::kDeviceToHost));
     STRATA_RETURN_IF_ERROR(core_.device.record(slot.fence, core_.d2h));
     STRATA_RETURN_IF_ERROR(core_.device.synchronize(core_.d2h));
-    c.host_valid = true;
-    c.dev_dirty = false;
+    c.move_value(ChunkValue::kHost);
     return Status::Ok();
   }
-  if (c.host_valid) return Status::Ok();
+  if (c.value == ChunkValue::kHost) return Status::Ok();
+  if (c.value == ChunkValue::kStaged) {
+    return internal_error("family {} {} is in the optimizer pipeline's staging", c.family,
+                          state_kind_name(c.kind));
+  }
   STRATA_ASSIGN_OR_RETURN(std::byte * dst, core_.host_buffer(c));
-  if (c.nvme_valid) {
+  if (c.value == ChunkValue::kNvme) {
     return internal_error("family {} {} is on NVMe; host copies of NVMe chunks go through staging", c.family,
                           state_kind_name(c.kind));
   }
   std::memset(dst, 0, c.bytes);
-  c.host_valid = true;
-  c.absent = false;
+  c.move_value(ChunkValue::kHost);
   return Status::Ok();
 }
 
 void Residency::note_gpu_use() {
   std::uint64_t used = 0;
   for (const DeviceSlot& s : device_slots_) {
-    if (s.chunk >= 0 && core_.chunks[static_cast<std::size_t>(s.chunk)].dev_valid) used += s.bytes;
+    if (s.chunk >= 0 && core_.chunks[static_cast<std::size_t>(s.chunk)].device_copy) used += s.bytes;
   }
   gpu_high_water_ = std::max(gpu_high_water_, used);
 }
@@ -181,9 +181,9 @@ Status Residency::build_slots(const Plan& p) {
   STRATA_RETURN_IF_ERROR(core_.device.synchronize());
   for (Chunk& c : core_.chunks) {
     if (c.device_slot < 0) continue;
-    STRATA_CHECK(!c.dev_dirty);  // at a step boundary device copies are clean
+    STRATA_CHECK(!c.dirty());  // at a step boundary device copies are clean
     c.device_slot = -1;
-    c.dev_valid = false;
+    c.device_copy = false;
   }
   device_slots_.clear();
   device_memory_.clear();

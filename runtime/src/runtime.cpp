@@ -183,6 +183,7 @@ Runtime::~Runtime() {
 Result<TensorId> Runtime::register_tensor(TensorSpec spec) {
   Impl& m = *impl_;
   std::lock_guard lock(m.core.mu);
+  InvariantCheck check(m);
   if (m.core.finalized) {
     return failed_precondition(
         "register_tensor(\"{}\") after the first acquire/init/step: register every tensor before the first "
@@ -275,8 +276,7 @@ Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
     Chunk& p = core.chunk(f, StateKind::kParam);
     STRATA_ASSIGN_OR_RETURN(std::byte * buffer, core.host_buffer(p));
     std::memset(buffer, 0, p.bytes);
-    p.host_valid = true;
-    p.absent = false;
+    p.move_value(ChunkValue::kHost);
   }
   STRATA_LOG_INFO("runtime: {} tensors in {} chunk families of {} elements ({:.1f}% padding)", core.tensors.size(),
                   families, core.layout.chunk_elems, 100.0 * core.layout.padding_fraction());
@@ -299,6 +299,11 @@ const Timeline& Runtime::timeline() const {
 }
 Status Runtime::write_chrome_trace(const std::string& path) const {
   return impl_->core.timeline.write_chrome_trace(path);
+}
+
+void Runtime::check_invariants() const {
+  std::lock_guard lock(impl_->core.mu);
+  impl_->check_invariants();
 }
 
 StepCost Runtime::predict(const Rates& rates) const {

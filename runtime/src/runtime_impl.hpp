@@ -30,6 +30,7 @@
 #include <mutex>
 
 #include "core.hpp"
+#include "strata/common/assert.hpp"
 #include "optimizer_pipeline.hpp"
 #include "residency.hpp"
 #include "step_tracker.hpp"
@@ -66,6 +67,26 @@ struct Runtime::Impl {
   //! The checks of Note [Chunk state machine] and Note [Pipeline places]; aborts
   //! on a violation. Caller holds mu.
   void check_invariants() const;
+};
+
+//! Runs Runtime::Impl::check_invariants when it goes out of scope, in checked
+//! builds: declared right after a public call takes the lock, it checks what the
+//! call left (and skips the check when the call returns with the lock released).
+class InvariantCheck {
+ public:
+  explicit InvariantCheck(const Runtime::Impl& m, const std::unique_lock<std::mutex>* lock = nullptr)
+      : m_(m), lock_(lock) {}
+  InvariantCheck(const InvariantCheck&) = delete;
+  InvariantCheck& operator=(const InvariantCheck&) = delete;
+  ~InvariantCheck() {
+    if constexpr (STRATA_CHECKED_BUILD) {
+      if (lock_ == nullptr || lock_->owns_lock()) m_.check_invariants();
+    }
+  }
+
+ private:
+  const Runtime::Impl& m_;
+  const std::unique_lock<std::mutex>* lock_;
 };
 
 //! Synthetic trace before the first step: forward in packing order, backward in reverse.

@@ -15,7 +15,7 @@ Status Runtime::Impl::deferred_prepass(std::unique_lock<std::mutex>& lock, bool*
   std::vector<kernels::Span> all;
   for (FamilyId f = 0; f < core.layout.families.size(); ++f) {
     Chunk& g = core.chunk(f, StateKind::kGrad);
-    if (g.bytes == 0 || g.absent) continue;
+    if (g.bytes == 0 || g.absent()) continue;
     bool any = false;
     for (TensorId t : core.layout.families[f].tensors) any = any || core.tensors[t].grad_written;
     if (!any) continue;
@@ -61,8 +61,7 @@ void Runtime::Impl::discard_gradients() {
     Chunk& g = core.chunk(f, StateKind::kGrad);
     if (g.host != nullptr) core.host->free(g.host, g.bytes);
     g.host = nullptr;
-    g.host_valid = false;
-    g.absent = true;
+    g.move_value(ChunkValue::kAbsent);
     residency.drop_device_copy(g);
   }
   for (TensorInfo& t : core.tensors) t.grad_written = false;
@@ -71,6 +70,7 @@ void Runtime::Impl::discard_gradients() {
 Result<StepStats> Runtime::step() {
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
   if (m.leases_out > 0) {
     return failed_precondition("step(): {} leases are still held; release every lease before step()",
                                m.leases_out);
@@ -123,6 +123,7 @@ Result<StepStats> Runtime::step() {
 Status Runtime::flush() {
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
   return m.pipeline.wait_all(lock);
 }
 

@@ -39,6 +39,7 @@ void load_values(const std::byte* p, DType dtype, std::span<float> out) {
 Status Runtime::init_tensor(TensorId tensor, std::span<const float> values) {
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
   if (tensor >= m.core.tensors.size())
     return invalid_argument("init_tensor: tensor id {} is not registered", tensor);
   const TensorInfo& info = m.core.tensors[tensor];
@@ -69,6 +70,7 @@ Status Runtime::init_tensor(TensorId tensor, std::span<const float> values) {
 Status Runtime::read_tensor(TensorId tensor, StateKind kind, std::span<float> out) {
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
   if (tensor >= m.core.tensors.size())
     return invalid_argument("read_tensor: tensor id {} is not registered", tensor);
   const TensorInfo& info = m.core.tensors[tensor];
@@ -90,7 +92,7 @@ Status Runtime::read_tensor(TensorId tensor, StateKind kind, std::span<float> ou
     return failed_precondition("read_tensor(\"{}\", {}): this tensor has no such state", info.spec.name,
                                state_kind_name(kind));
   }
-  if (kind == StateKind::kGrad && c.absent) {
+  if (kind == StateKind::kGrad && c.absent()) {
     return failed_precondition("read_tensor(\"{}\", grad): no gradient is held (it is consumed by step())",
                                info.spec.name);
   }
@@ -104,6 +106,7 @@ Status Runtime::write_tensor(TensorId tensor, StateKind kind, std::span<const fl
   if (kind == StateKind::kParam) return init_tensor(tensor, values);
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
   if (tensor >= m.core.tensors.size())
     return invalid_argument("write_tensor: tensor id {} is not registered", tensor);
   const TensorInfo& info = m.core.tensors[tensor];
@@ -147,6 +150,7 @@ Result<std::int64_t> Runtime::tensor_steps(TensorId tensor) const {
 Status Runtime::set_tensor_steps(TensorId tensor, std::int64_t steps) {
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
   if (tensor >= m.core.tensors.size())
     return invalid_argument("set_tensor_steps: tensor id {} is not registered", tensor);
   if (steps < 0 || steps >= (std::int64_t{1} << 47)) {
@@ -163,6 +167,7 @@ Status Runtime::set_tensor_steps(TensorId tensor, std::int64_t steps) {
 Status Runtime::set_tensor_group(TensorId tensor, std::uint32_t group) {
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
   if (tensor >= m.core.tensors.size())
     return invalid_argument("set_tensor_group: tensor id {} is not registered", tensor);
   if (group >= 65536) {
@@ -181,6 +186,7 @@ Status Runtime::set_tensor_group(TensorId tensor, std::uint32_t group) {
 Status Runtime::set_group_hyper(std::uint32_t group, float lr, float weight_decay) {
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
   if (group >= 65536) return invalid_argument("set_group_hyper: group {} (group ids are below 65536)", group);
   if (!std::isfinite(lr) || lr < 0.0f || !std::isfinite(weight_decay) || weight_decay < 0.0f) {
     return invalid_argument(

@@ -244,6 +244,12 @@ class Runtime {
   const Timeline& timeline() const;
   Status write_chrome_trace(const std::string& path) const;
 
+  //! Checks the runtime's internal invariants (the chunk and family state
+  //! machines, device slot ownership, the pipeline's counters, lease counts) and
+  //! aborts naming the broken condition. Every public call runs it in checked
+  //! builds (STRATA_CHECKED); tests call it directly. Takes the runtime's lock.
+  void check_invariants() const;
+
   //! Implementation; public so the .cpp files can share it, opaque to users.
   struct Impl;
 
