@@ -14,25 +14,6 @@
 namespace strata::runtime {
 namespace {
 
-std::uint32_t optimizer_state_count(const kernels::Hyper& h) {
-  using kernels::Optimizer;
-  switch (h.optimizer) {
-    case Optimizer::kAdam:
-    case Optimizer::kAdamW:
-    case Optimizer::kLamb:
-      return 2;
-    case Optimizer::kSgd:
-      return h.momentum != 0.0f ? 1 : 0;
-    case Optimizer::kLars:
-    case Optimizer::kLion:
-    case Optimizer::kAdagrad:
-      return 1;
-    case Optimizer::kCame:
-      return 0;
-  }
-  return 0;
-}
-
 Status validate(const RuntimeOptions& o) {
   if (o.compute_dtype == DType::kNone)
     return invalid_argument("runtime compute_dtype must be fp32, bf16 or fp16");
@@ -155,7 +136,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(memory::Device& device, Runtime
   STRATA_ASSIGN_OR_RETURN(m.core.d2h, device.create_stream());
   STRATA_ASSIGN_OR_RETURN(m.core.opt_stream, device.create_stream());
   STRATA_RETURN_IF_ERROR(m.residency.init());
-  m.core.state_count = optimizer_state_count(m.core.opt.hyper);
+  m.core.state_count = kernels::optimizer_state_count(m.core.opt.hyper);
   m.core.separate_master = m.core.opt.compute_dtype != DType::kF32;
   STRATA_LOG_INFO(
       "runtime: device {}; host tier {}; gpu budget {}, host budget {}, nvme budget {}; {} workers",

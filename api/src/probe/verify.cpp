@@ -95,7 +95,7 @@ Result<VerifyResult> verify(const VerifyOptions& o) {
   }
   const double tokens = static_cast<double>(spec.shape.seq * spec.shape.batch);
   auto fwd_s = [&](std::size_t i) {
-    return 2.0 * static_cast<double>(numels[i]) * tokens / spec.device_flops_per_s;
+    return runtime::forward_flops(static_cast<double>(numels[i]), tokens) / spec.device_flops_per_s;
   };
   const std::uint64_t esize = runtime::dtype_bytes(spec.compute_dtype);
 
