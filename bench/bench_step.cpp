@@ -49,7 +49,6 @@ struct RunResult {
   double step_s = 0, bound_s = 0;
   runtime::StepStats stats;
   std::string bottleneck;
-  runtime::StepCost predicted;
 };
 
 Result<RunResult> run_once(const StepOptions& o, bool prefetch, const std::string& trace_path) {
