@@ -106,8 +106,7 @@ Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, W
   Chunk& c = m.core.chunk(ts.family, kind);
   STRATA_RETURN_IF_ERROR(check_acquire(m.core, info, ts, c, kind, access, where));
 
-  // Trace and plan bookkeeping; a planned step starts reading NVMe states ahead.
-  if (m.tracker.warm() && m.core.opt.plan.prefetch) m.pipeline.start_read_ahead();
+  m.schedule(SchedulerEvent::kUseBegins).ignore();  // (never fails)
   if (kind == StateKind::kGrad) m.tracker.set_in_backward(true);
   m.tracker.note_use(ts.family, m.tracker.in_backward() ? Phase::kBackward : Phase::kForward,
                      kind == StateKind::kGrad && access != Access::kRead);
@@ -121,8 +120,8 @@ Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, W
   STRATA_ASSIGN_OR_RETURN(std::byte * base, pin(m, lock, c, info, access, where));
   if (access != Access::kRead) ++info.write_leases;
   ++m.leases_out;
-  // A failed prefetch is recorded as the background error: the next call returns it.
-  m.residency.prefetch().ignore();
+  // A failed prefetch is the background error from now on: the next call returns it.
+  m.schedule(SchedulerEvent::kUsePlaced).ignore();
 
   Lease lease;
   lease.runtime_ = this;
@@ -164,10 +163,8 @@ void Runtime::release(Lease& lease) {
   --m.leases_out;
   // Note [Gradient completion]: the family's optimizer starts once its gradients
   // are complete and nobody holds them or its param.
-  if ((lease.kind_ == StateKind::kGrad || lease.kind_ == StateKind::kParam) && !m.core.deferred() &&
-      m.pipeline.gradients_complete(c.family)) {
-    m.pipeline.launch_optimizer(c.family);
-  }
+  if (lease.kind_ == StateKind::kGrad || lease.kind_ == StateKind::kParam)
+    m.schedule(SchedulerEvent::kGradientsHandedOver, c.family).ignore();  // (never fails)
 }
 
 const memory::Stream& Runtime::compute_stream() const {

@@ -9,7 +9,8 @@
 //                      nvme_pipeline.cpp NVMe read-ahead and write-back
 //
 // Impl owns them and does what needs several: registration and finalising the
-// layout (runtime.cpp), leases (leases.cpp), plan adoption and moving states
+// layout (runtime.cpp), leases (leases.cpp), starting background work
+// (scheduler.cpp), plan adoption and moving states
 // between homes (plan_adoption.cpp), host access to any state between steps
 // (host_copy.cpp, tensor_state.cpp) and step() (step.cpp).
 //
@@ -37,6 +38,9 @@
 
 namespace strata::runtime {
 
+//! The moments at which the training thread starts background work (Note [Scheduler]).
+enum class SchedulerEvent : std::uint8_t { kUseBegins, kUsePlaced, kGradientsHandedOver, kStepEnds };
+
 struct Runtime::Impl {
   Impl(memory::Device& dev, RuntimeOptions options)
       : core(dev, std::move(options)), tracker(core), residency(core, tracker, pipeline), pipeline(core, residency) {}
@@ -47,6 +51,11 @@ struct Runtime::Impl {
   OptimizerPipeline pipeline;
   int leases_out = 0;
 
+  //! The one scheduler entry point (Note [Scheduler], scheduler.cpp): starts what
+  //! `event` allows; `family` is the one whose lease was released
+  //! (kGradientsHandedOver). Returns a failed prefetch's error (kUsePlaced), which
+  //! is also recorded as the background error. Caller holds mu.
+  Status schedule(SchedulerEvent event, FamilyId family = 0);
   //! Packs the registered tensors into chunk families and adopts the first plan
   //! (once, at the first acquire/init/step). Caller holds `lock`.
   Status finalize(std::unique_lock<std::mutex>& lock);

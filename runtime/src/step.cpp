@@ -89,12 +89,9 @@ Result<StepStats> Runtime::step() {
   if (skip) {
     STRATA_LOG_WARN("runtime: step {} skipped: a gradient is Inf/NaN (loss scale too high?); no state changed",
                     m.tracker.step_index() + 1);
-    m.discard_gradients();
-  } else {
-    for (FamilyId f = 0; f < m.core.layout.families.size(); ++f) m.pipeline.launch_optimizer(f);
+    m.discard_gradients();  // nothing is launched: no gradient is left
   }
-  m.pipeline.stop_read_ahead();
-  m.pipeline.pump();
+  m.schedule(SchedulerEvent::kStepEnds).ignore();  // (never fails)
   // NVMe write-backs go on past step() (Note [Write-back after step]).
   Status waited = m.pipeline.wait_step_work(lock);
   if (!waited.ok()) return waited;

@@ -94,7 +94,10 @@ class Runtime;
 
 //! A pinned view of one tensor's state on one tier. Move-only; destroying it
 //! releases the pin (on the device: an event on the compute stream marks when
-//! compute is done with it, and eviction waits for that event).
+//! compute is done with it, and eviction waits for that event). Releasing the
+//! last gradient (or param) lease of a family whose gradients are complete
+//! starts that family's optimizer step (Note [Gradient completion]; Note
+//! [Scheduler] in runtime/src/scheduler.cpp): it queues work, it never blocks.
 class Lease {
  public:
   Lease() = default;
