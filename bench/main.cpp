@@ -1,7 +1,6 @@
 // strata-bench: the project's benchmarks, one subcommand each.
-#include <map>
-
 #include <CLI/CLI.hpp>
+#include <map>
 
 #include "registry.hpp"
 #include "strata/common/log.hpp"

@@ -10,11 +10,10 @@
 // Every benchmark prints what it compared, on which backend, with the baseline
 // measured in the same run (STYLE.md, "Benchmarks are honest").
 
+#include <CLI/CLI.hpp>
 #include <functional>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 namespace strata::bench {
 

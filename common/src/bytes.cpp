@@ -14,10 +14,20 @@ struct Unit {
 };
 
 constexpr Unit kUnits[] = {
-    {"", 1},          {"b", 1},           {"k", kKiB},        {"kib", kKiB},
-    {"m", kMiB},      {"mib", kMiB},      {"g", kGiB},        {"gib", kGiB},
-    {"t", kTiB},      {"tib", kTiB},      {"kb", 1000ULL},    {"mb", 1000ULL * 1000},
-    {"gb", 1000ULL * 1000 * 1000},        {"tb", 1000ULL * 1000 * 1000 * 1000},
+    {"", 1},
+    {"b", 1},
+    {"k", kKiB},
+    {"kib", kKiB},
+    {"m", kMiB},
+    {"mib", kMiB},
+    {"g", kGiB},
+    {"gib", kGiB},
+    {"t", kTiB},
+    {"tib", kTiB},
+    {"kb", 1000ULL},
+    {"mb", 1000ULL * 1000},
+    {"gb", 1000ULL * 1000 * 1000},
+    {"tb", 1000ULL * 1000 * 1000 * 1000},
 };
 
 std::string_view trim(std::string_view s) {
@@ -51,7 +61,8 @@ Result<std::uint64_t> parse_bytes(std::string_view text, std::string_view settin
   if (number.empty() || number == ".") return bad(setting, text, "no number");
 
   std::string unit;
-  for (char c : trim(s.substr(digits_end))) unit.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+  for (char c : trim(s.substr(digits_end)))
+    unit.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
 
   std::uint64_t factor = 0;
   for (const Unit& u : kUnits) {
@@ -62,8 +73,10 @@ Result<std::uint64_t> parse_bytes(std::string_view text, std::string_view settin
   if (!seen_dot) {
     std::uint64_t value = 0;
     auto [ptr, ec] = std::from_chars(number.data(), number.data() + number.size(), value);
-    if (ec != std::errc() || ptr != number.data() + number.size()) return bad(setting, text, "number too large");
-    if (value > std::numeric_limits<std::uint64_t>::max() / factor) return bad(setting, text, "size overflows 64 bits");
+    if (ec != std::errc() || ptr != number.data() + number.size())
+      return bad(setting, text, "number too large");
+    if (value > std::numeric_limits<std::uint64_t>::max() / factor)
+      return bad(setting, text, "size overflows 64 bits");
     return value * factor;
   }
 

@@ -1,10 +1,10 @@
 #include "strata/common/log.hpp"
 
+#include <spdlog/sinks/stdout_color_sinks.h>
+
 #include <cstdlib>
 #include <memory>
 #include <string>
-
-#include <spdlog/sinks/stdout_color_sinks.h>
 
 namespace strata {
 namespace {

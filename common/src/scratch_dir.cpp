@@ -1,8 +1,7 @@
 #include "strata/common/scratch_dir.hpp"
 
-#include <unistd.h>
-
 #include <fmt/format.h>
+#include <unistd.h>
 
 namespace strata {
 

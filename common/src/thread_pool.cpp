@@ -36,7 +36,8 @@ ThreadPool::~ThreadPool() {
   for (auto& worker : workers_) worker.join();
 }
 
-std::pair<std::size_t, std::size_t> ThreadPool::split(std::size_t count, std::size_t parts, std::size_t part) {
+std::pair<std::size_t, std::size_t> ThreadPool::split(std::size_t count, std::size_t parts,
+                                                      std::size_t part) {
   STRATA_ASSERT(parts > 0);
   STRATA_ASSERT(part < parts);
   std::size_t base = count / parts;

@@ -74,9 +74,9 @@ struct Chunk {
   StateKind kind = StateKind::kParam;
   std::uint64_t bytes = 0;  //!< 0: this family has no such kind
   ChunkValue value = ChunkValue::kAbsent;
-  bool device_copy = false;       //!< the device slot holds the value or a clean copy of it
-  std::int32_t device_slot = -1;  //!< index into Residency's device slots, -1 when none
-  std::byte* host = nullptr;      //!< host buffer (valid when value is kHost)
+  bool device_copy = false;               //!< the device slot holds the value or a clean copy of it
+  std::int32_t device_slot = -1;          //!< index into Residency's device slots, -1 when none
+  std::byte* host = nullptr;              //!< host buffer (valid when value is kHost)
   std::vector<std::uint32_t> nvme_slots;  //!< NvmeStore slots holding the NVMe copy, in order
   int readers = 0;
   int writers = 0;

@@ -54,8 +54,8 @@ struct Core {
   bool finalized = false;
   ChunkLayout layout;
   std::vector<FamilyBytes> family_bytes;
-  std::uint32_t state_count = 0;  //!< optimizer states per element (kernels::optimizer_state_count)
-  bool separate_master = false;   //!< the fp32 master is its own chunk (compute dtype is not fp32)
+  std::uint32_t state_count = 0;   //!< optimizer states per element (kernels::optimizer_state_count)
+  bool separate_master = false;    //!< the fp32 master is its own chunk (compute dtype is not fp32)
   std::vector<GroupHyper> groups;  //!< per group id; Note [Parameter groups]
 
   //! Chunks: index family * kStateKindCount + kind.

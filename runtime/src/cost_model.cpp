@@ -121,8 +121,8 @@ double tail_seconds(const PlanInput& in, const Plan& plan, const Rates& rates, l
       tail_s = seconds(static_cast<double>(f.numel), rates.gpu_optim_params_per_s);
     } else {
       tail_s = seconds(static_cast<double>(f.grad_bytes), rates.d2h_bytes_per_s) +
-                 seconds(static_cast<double>(f.numel), rates.cpu_optim_params_per_s) +
-                 seconds(static_cast<double>(f.param_bytes), rates.h2d_bytes_per_s);
+               seconds(static_cast<double>(f.numel), rates.cpu_optim_params_per_s) +
+               seconds(static_cast<double>(f.param_bytes), rates.h2d_bytes_per_s);
       if (p.optim_home == Tier::kNvme) {
         tail_s += seconds(static_cast<double>(f.optim_bytes), rates.disk_write_bytes_per_s);
       }
@@ -141,8 +141,8 @@ StepCost predict_step(const PlanInput& in, const Plan& plan, const Rates& rates)
     if (use.phase == Phase::kBackward) last_family = use.family;
   }
   count_work(in, plan, c);
-  c.bytes_host_memory += static_cast<std::uint64_t>(
-      rates.copy_host_passes * static_cast<double>(c.bytes_h2d + c.bytes_d2h));
+  c.bytes_host_memory +=
+      static_cast<std::uint64_t>(rates.copy_host_passes * static_cast<double>(c.bytes_h2d + c.bytes_d2h));
   c.bytes_host_memory += c.bytes_disk_read + c.bytes_disk_write;
   c.compute_s = in.trace.compute_total_s();
   c.h2d_s = seconds(static_cast<double>(c.bytes_h2d), rates.h2d_bytes_per_s);

@@ -61,7 +61,8 @@ std::int64_t Residency::pick_slot(FamilyId for_family, std::uint64_t farther_tha
       const std::uint64_t d = planned ? tracker_.next_use().distance(c.family, here) : 0;
       if (farther_than > 0 && (c.dirty() || d <= farther_than)) continue;
       if (planned) {
-        key = (d == NextUse::kNever ? std::numeric_limits<std::uint32_t>::max() : d) * 2 + (c.dirty() ? 0 : 1);
+        key =
+            (d == NextUse::kNever ? std::numeric_limits<std::uint32_t>::max() : d) * 2 + (c.dirty() ? 0 : 1);
         soon = d <= std::uint64_t{core_.plan.prefetch_depth} + 1;
       } else {
         key = (std::numeric_limits<std::uint64_t>::max() / 4 - c.tick) * 2 + (c.dirty() ? 0 : 1);

@@ -20,7 +20,8 @@ void Residency::check_invariants() const {
     const Chunk& c = core_.chunks[i];
     if (c.device_slot >= 0) {
       STRATA_CHECK(static_cast<std::size_t>(c.device_slot) < device_slots_.size());
-      STRATA_CHECK(device_slots_[static_cast<std::size_t>(c.device_slot)].chunk == static_cast<std::int32_t>(i));
+      STRATA_CHECK(device_slots_[static_cast<std::size_t>(c.device_slot)].chunk ==
+                   static_cast<std::int32_t>(i));
     }
     if (c.device_copy) STRATA_CHECK(c.device_slot >= 0);
     if (c.dirty()) STRATA_CHECK(c.device_copy);
@@ -73,7 +74,8 @@ void Runtime::Impl::check_invariants() const {
     // Only gradients go to the pipeline's staging; a param always has a value, on
     // host (or on the device, updated there, in an everything-on-GPU plan).
     if (c.value == ChunkValue::kStaged) STRATA_CHECK(c.kind == StateKind::kGrad);
-    if (c.kind == StateKind::kParam) STRATA_CHECK(c.value == ChunkValue::kHost || c.value == ChunkValue::kDevice);
+    if (c.kind == StateKind::kParam)
+      STRATA_CHECK(c.value == ChunkValue::kHost || c.value == ChunkValue::kDevice);
   }
   STRATA_CHECK(leased == leases_out);
   residency.check_invariants();

@@ -56,8 +56,9 @@ Status check_acquire(const Core& core, const TensorInfo& info, const TensorSlot&
 
   if (where == Where::kHost && core.plan.families[ts.family].optim_home == Tier::kNvme &&
       kind != StateKind::kParam && kind != StateKind::kGrad) {
-    return failed_precondition("acquire(\"{}\", {}) on host: the family's states live on NVMe; use read_tensor",
-                               info.spec.name, state_kind_name(kind));
+    return failed_precondition(
+        "acquire(\"{}\", {}) on host: the family's states live on NVMe; use read_tensor", info.spec.name,
+        state_kind_name(kind));
   }
   return Status::Ok();
 }

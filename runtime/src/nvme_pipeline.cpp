@@ -45,7 +45,8 @@ void OptimizerPipeline::release_nvme_place(FamilyId f) {
   FamilyRun& run = runs_[f];
   if (run.place == NvmePlace::kNone) return;
   for (std::size_t k = 0; k < run.staging.size(); ++k) {
-    if (run.staging[k] != nullptr) core_.host->free(run.staging[k], core_.chunks[f * kStateKindCount + k].bytes);
+    if (run.staging[k] != nullptr)
+      core_.host->free(run.staging[k], core_.chunks[f * kStateKindCount + k].bytes);
   }
   run.staging.clear();
   run.move_place(NvmePlace::kNone);
@@ -122,7 +123,8 @@ void OptimizerPipeline::read_states(FamilyId f) {
   });
 }
 
-void OptimizerPipeline::io_done(FamilyId f, Status status, Track track, double enqueued_us, std::uint64_t bytes) {
+void OptimizerPipeline::io_done(FamilyId f, Status status, Track track, double enqueued_us,
+                                std::uint64_t bytes) {
   const double end = core_.timeline.now_us();
   core_.timeline.add(track, "nvme read", enqueued_us, end, bytes);
   std::lock_guard lock(core_.mu);

@@ -16,10 +16,11 @@
 // place takes one from a read-ahead family that is not launched yet, so an
 // out-of-order step cannot wait on a read-ahead that waits on it.
 //
+#include "optimizer_pipeline.hpp"
+
 #include <algorithm>
 #include <limits>
 
-#include "optimizer_pipeline.hpp"
 #include "residency.hpp"
 #include "strata/common/assert.hpp"
 #include "strata/common/log.hpp"
@@ -52,8 +53,8 @@ void OptimizerPipeline::adopt(const StepTrace& trace) {
 bool OptimizerPipeline::gradients_complete(FamilyId f) const {
   const Chunk& grad = core_.chunks[static_cast<std::size_t>(core_.chunk_index(f, StateKind::kGrad))];
   const Chunk& param = core_.chunks[static_cast<std::size_t>(core_.chunk_index(f, StateKind::kParam))];
-  return last_micro_batch && grads_written_[f] > 0 && grads_written_[f] == trainable[f] && grad.writers == 0 &&
-         param.readers == 0;
+  return last_micro_batch && grads_written_[f] > 0 && grads_written_[f] == trainable[f] &&
+         grad.writers == 0 && param.readers == 0;
 }
 
 void OptimizerPipeline::begin_micro_batch(bool last) {
@@ -152,7 +153,8 @@ void OptimizerPipeline::pump() {
   }
   // Then read ahead in the traced completion order.
   if (read_ahead_) {
-    for (; read_ahead_cursor_ < nvme_order_.size() && nvme_places_used_ < nvme_places_max_; ++read_ahead_cursor_) {
+    for (; read_ahead_cursor_ < nvme_order_.size() && nvme_places_used_ < nvme_places_max_;
+         ++read_ahead_cursor_) {
       FamilyId f = nvme_order_[read_ahead_cursor_];
       FamilyRun& run = runs_[f];
       if (run.place != NvmePlace::kNone || run.phase == FamilyPhase::kDone) continue;
@@ -185,8 +187,8 @@ void OptimizerPipeline::land_gradient(FamilyId f) {
     DeviceSlot& slot = residency_.slot_of(g);
     Status st = core_.device.wait(core_.d2h, slot.fence);
     if (st.ok())
-      st = core_.timed_copy(core_.d2h, Track::kD2H, run.grad_host, slot.ptr, g.bytes, memory::CopyKind::kDeviceToHost,
-                      fmt::format("d2h f{} grad", f));
+      st = core_.timed_copy(core_.d2h, Track::kD2H, run.grad_host, slot.ptr, g.bytes,
+                            memory::CopyKind::kDeviceToHost, fmt::format("d2h f{} grad", f));
     if (st.ok()) st = core_.device.record(slot.fence, core_.d2h);
     if (st.ok()) {
       st = core_.device.launch_host(core_.d2h, [this, f] {
@@ -280,7 +282,8 @@ Status OptimizerPipeline::wait_step_work(std::unique_lock<std::mutex>& lock) {
 }
 
 Status OptimizerPipeline::wait_all(std::unique_lock<std::mutex>& lock) {
-  core_.cv.wait(lock, [&] { return tasks_in_flight_ == 0 && io_families_ == 0 && writebacks_in_flight_ == 0; });
+  core_.cv.wait(lock,
+                [&] { return tasks_in_flight_ == 0 && io_families_ == 0 && writebacks_in_flight_ == 0; });
   return core_.background_error;
 }
 

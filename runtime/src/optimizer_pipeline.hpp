@@ -45,8 +45,9 @@ constexpr bool phase_move_allowed(FamilyPhase from, FamilyPhase to) {
          (from == P::kComputing && to == P::kDone);
 }
 constexpr bool grad_move_allowed(GradStaging from, GradStaging to) {
-  return from == GradStaging::kNone ? to != GradStaging::kNone
-                                    : (to == GradStaging::kNone || (from == GradStaging::kCopying && to == GradStaging::kReady));
+  return from == GradStaging::kNone
+             ? to != GradStaging::kNone
+             : (to == GradStaging::kNone || (from == GradStaging::kCopying && to == GradStaging::kReady));
 }
 constexpr bool place_move_allowed(NvmePlace from, NvmePlace to) {
   using N = NvmePlace;

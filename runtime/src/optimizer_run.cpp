@@ -22,7 +22,7 @@
 namespace strata::runtime {
 
 std::vector<kernels::Span> OptimizerPipeline::spans_for(FamilyId f, const FamilyPtrs& ptrs,
-                                                    std::vector<TensorId>* updated) {
+                                                        std::vector<TensorId>* updated) {
   std::vector<kernels::Span> spans;
   const DType cdt = core_.opt.compute_dtype;
   const std::uint64_t cb = dtype_bytes(cdt);
@@ -55,18 +55,19 @@ std::vector<kernels::Span> OptimizerPipeline::spans_for(FamilyId f, const Family
 }
 
 void OptimizerPipeline::kernel_keys(const std::vector<TensorId>& updated, std::vector<std::int64_t>* keys,
-                                std::vector<kernels::Hyper>* hypers) const {
+                                    std::vector<kernels::Hyper>* hypers) const {
   std::uint32_t groups_used = 1;
   for (TensorId t : updated) {
-    keys->push_back((static_cast<std::int64_t>(core_.tensors[t].group) << 48) | (core_.tensors[t].updates + 1));
+    keys->push_back((static_cast<std::int64_t>(core_.tensors[t].group) << 48) |
+                    (core_.tensors[t].updates + 1));
     groups_used = std::max(groups_used, core_.tensors[t].group + 1);
   }
   for (std::uint32_t g = 0; g < groups_used; ++g) hypers->push_back(core_.hyper(g));
 }
 
 Result<kernels::StepReport> OptimizerPipeline::run_kernels(const std::vector<kernels::Span>& spans,
-                                                       const std::vector<std::int64_t>& keys, float scale,
-                                                       const std::vector<kernels::Hyper>& hypers) {
+                                                           const std::vector<std::int64_t>& keys, float scale,
+                                                           const std::vector<kernels::Hyper>& hypers) {
   // Tensors updated a different number of times (one was unused in some step)
   // need their own bias corrections, and each parameter group its own lr and
   // weight decay: one kernel call per distinct (group, step) key.
@@ -82,8 +83,11 @@ Result<kernels::StepReport> OptimizerPipeline::run_kernels(const std::vector<ker
     }
     const auto g = static_cast<std::size_t>(key >> 48);
     STRATA_CHECK(g < hypers.size());
-    kernels::StepArgs args{
-        .hyper = hypers[g], .step = key & kStepMask, .grad_scale = scale, .spans = group, .pool = core_.pool.get()};
+    kernels::StepArgs args{.hyper = hypers[g],
+                           .step = key & kStepMask,
+                           .grad_scale = scale,
+                           .spans = group,
+                           .pool = core_.pool.get()};
     STRATA_ASSIGN_OR_RETURN(kernels::StepReport r, kernels::step(args));
     total.grads_finite = total.grads_finite && r.grads_finite;
     total.applied = total.applied && r.applied;
@@ -118,24 +122,25 @@ void OptimizerPipeline::launch_device_optimizer(FamilyId f) {
   kernel_keys(updated, &steps, &hypers);
   const double enqueued = core_.timeline.now_us();
   const float scale = step_scale;
-  Status st = core_.device.launch_host(core_.opt_stream, [this, f, spans, steps, hypers, updated, enqueued, scale] {
-    Result<kernels::StepReport> r = run_kernels(spans, steps, scale, hypers);
-    std::uint64_t elems = 0;
-    for (const auto& s : spans) elems += s.n;
-    core_.record_span(Track::kGpuOptimizer, fmt::format("optimizer f{}", f), enqueued, elems);
-    // Device-stream callbacks never take the mutex (Note [Runtime threading]).
-    core_.pool->post([this, f, r, updated] {
-      std::lock_guard lock(core_.mu);
-      if (r.ok()) {
-        runs_[f].applied = r->applied;
-        if (r->applied) {
-          for (TensorId t : updated) ++core_.tensors[t].updates;
-        }
-      }
-      release_gradient(f, r.ok());
-      finish_family(f, r.ok() ? Status::Ok() : r.status());
-    });
-  });
+  Status st =
+      core_.device.launch_host(core_.opt_stream, [this, f, spans, steps, hypers, updated, enqueued, scale] {
+        Result<kernels::StepReport> r = run_kernels(spans, steps, scale, hypers);
+        std::uint64_t elems = 0;
+        for (const auto& s : spans) elems += s.n;
+        core_.record_span(Track::kGpuOptimizer, fmt::format("optimizer f{}", f), enqueued, elems);
+        // Device-stream callbacks never take the mutex (Note [Runtime threading]).
+        core_.pool->post([this, f, r, updated] {
+          std::lock_guard lock(core_.mu);
+          if (r.ok()) {
+            runs_[f].applied = r->applied;
+            if (r->applied) {
+              for (TensorId t : updated) ++core_.tensors[t].updates;
+            }
+          }
+          release_gradient(f, r.ok());
+          finish_family(f, r.ok() ? Status::Ok() : r.status());
+        });
+      });
   for (std::size_t k = 0; k < kStateKindCount && st.ok(); ++k) {
     Chunk& c = core_.chunks[f * kStateKindCount + k];
     if (c.bytes == 0) continue;
@@ -193,7 +198,8 @@ void OptimizerPipeline::compute_family(FamilyId f) {
   Result<kernels::StepReport> r = run_kernels(spans, steps, scale, hypers);
   std::uint64_t elems = 0;
   for (const auto& s : spans) elems += s.n;
-  core_.timeline.add(Track::kCpuOptimizer, fmt::format("optimizer f{}", f), t0, core_.timeline.now_us(), elems);
+  core_.timeline.add(Track::kCpuOptimizer, fmt::format("optimizer f{}", f), t0, core_.timeline.now_us(),
+                     elems);
 
   lock.lock();
   release_gradient(f, r.ok());

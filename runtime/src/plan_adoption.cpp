@@ -39,7 +39,7 @@ Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace t
   if (first) {
     // Homes start where the plan puts them: nothing to migrate.
   } else {
-    STRATA_CHECK(p.all_gpu == core.plan.all_gpu);        // sizes do not change between plans
+    STRATA_CHECK(p.all_gpu == core.plan.all_gpu);     // sizes do not change between plans
     STRATA_RETURN_IF_ERROR(pipeline.wait_all(lock));  // write-backs end before homes move
     STRATA_RETURN_IF_ERROR(migrate_homes(lock, p));
   }

@@ -57,8 +57,8 @@ namespace {
 
 // What make_plan needs to know about the families' sizes.
 struct Extents {
-  std::uint64_t all_bytes = 0;     // every chunk of every family
-  std::uint64_t slot_bytes = 0;    // a streaming device slot (fits any param or grad chunk)
+  std::uint64_t all_bytes = 0;   // every chunk of every family
+  std::uint64_t slot_bytes = 0;  // a streaming device slot (fits any param or grad chunk)
   std::uint64_t grad_max = 0, optim_max = 0, param_max = 0;
   std::uint64_t params_total = 0, optim_total = 0;
 };
@@ -118,11 +118,13 @@ Status place_params(const PlanInput& in, const Extents& e, Plan& plan, Usage& us
   const std::uint64_t grad_staging = std::uint64_t{opt.grad_staging_slots} * e.grad_max;
   used.host = grad_staging + opt.host_reserve_bytes;
   if (used.host > budget.host_bytes) {
-    return budget_error("host_budget", budget.host_bytes, used.host, "the gradient landing slots and the reserve");
+    return budget_error("host_budget", budget.host_bytes, used.host,
+                        "the gradient landing slots and the reserve");
   }
   // The optimizer pipeline's staging for NVMe states (the states, and the param
   // updated beside them until they are written).
-  const std::uint64_t optim_staging = std::uint64_t{opt.nvme_families_in_flight} * (e.optim_max + e.param_max);
+  const std::uint64_t optim_staging =
+      std::uint64_t{opt.nvme_families_in_flight} * (e.optim_max + e.param_max);
   if (opt.allow_nvme_params && used.host + e.params_total > budget.host_bytes) {
     // Params spill, so every optimizer state does too: reserve both stagings
     // first (param staging: prefetch depth + 2 slots).
@@ -140,11 +142,12 @@ Status place_params(const PlanInput& in, const Extents& e, Plan& plan, Usage& us
     }
   }
   if (used.host > budget.host_bytes) {
-    return budget_error("host_budget", budget.host_bytes, used.host,
-                        opt.allow_nvme_params
-                            ? "param staging for NVMe-resident params"
-                            : "every param's home copy (the runtime keeps each param on host: NVMe-homed params "
-                              "are not implemented) with the gradient landing slots and the reserve");
+    return budget_error(
+        "host_budget", budget.host_bytes, used.host,
+        opt.allow_nvme_params
+            ? "param staging for NVMe-resident params"
+            : "every param's home copy (the runtime keeps each param on host: NVMe-homed params "
+              "are not implemented) with the gradient landing slots and the reserve");
   }
   return Status::Ok();
 }
@@ -172,7 +175,8 @@ Status place_optimizer_states(const PlanInput& in, const Extents& e, Plan& plan,
   std::vector<long> done = last_backward_use(in.trace, n);
   std::vector<std::size_t> order(n);
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return done[a] > done[b]; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return done[a] > done[b]; });
   std::uint64_t nvme_family_max = 0;
   for (std::size_t i : order) {
     const FamilyBytes& f = in.families[i];
@@ -227,10 +231,11 @@ Result<Plan> make_plan(const PlanInput& in) {
         format_bytes(budget.host_bytes), format_bytes(used.nvme));
   }
   if (used.nvme > budget.nvme_bytes) {
-    return budget_error("nvme_budget", budget.nvme_bytes, used.nvme,
-                        fmt::format("the state that does not fit on host, in whole NVMe slots, and copy-on-write "
-                                    "room for {} families in flight",
-                                    in.options.nvme_families_in_flight));
+    return budget_error(
+        "nvme_budget", budget.nvme_bytes, used.nvme,
+        fmt::format("the state that does not fit on host, in whole NVMe slots, and copy-on-write "
+                    "room for {} families in flight",
+                    in.options.nvme_families_in_flight));
   }
   plan.host_bytes = used.host;
   plan.nvme_bytes = used.nvme;

@@ -59,8 +59,8 @@ Status Residency::load_to_slot(Chunk& c, DeviceSlot& slot) {
     STRATA_RETURN_IF_ERROR(core_.device.wait(core_.h2d, demand_));
   }
   STRATA_RETURN_IF_ERROR(core_.timed_copy(core_.h2d, Track::kH2D, slot.ptr, c.host, c.bytes,
-                                    memory::CopyKind::kHostToDevice,
-                                    fmt::format("h2d f{} {}", c.family, state_kind_name(c.kind))));
+                                          memory::CopyKind::kHostToDevice,
+                                          fmt::format("h2d f{} {}", c.family, state_kind_name(c.kind))));
   STRATA_RETURN_IF_ERROR(core_.device.record(slot.ready, core_.h2d));
   STRATA_RETURN_IF_ERROR(core_.device.record(slot.fence, core_.h2d));
   if (!c.host_read.valid()) {
@@ -90,7 +90,8 @@ Status Residency::evict_slot(std::size_t s) {
     // any dirty chunk pushed out by an unplanned access).
     STRATA_ASSIGN_OR_RETURN(std::byte * dst, core_.host_buffer(c));
     STRATA_RETURN_IF_ERROR(core_.device.wait(core_.d2h, slot.fence));
-    STRATA_RETURN_IF_ERROR(core_.device.copy_async(core_.d2h, dst, slot.ptr, c.bytes, memory::CopyKind::kDeviceToHost));
+    STRATA_RETURN_IF_ERROR(
+        core_.device.copy_async(core_.d2h, dst, slot.ptr, c.bytes, memory::CopyKind::kDeviceToHost));
     STRATA_RETURN_IF_ERROR(core_.device.record(slot.fence, core_.d2h));
     // The host copy is authoritative from here; readers of it synchronise on d2h.
     STRATA_RETURN_IF_ERROR(core_.device.synchronize(core_.d2h));
@@ -134,7 +135,8 @@ Status Residency::ensure_on_device(std::unique_lock<std::mutex>& lock, Chunk& c,
       return out_of_budget(
           "gpu_budget: all {} chunk slots of {} are held by leases or gradients; the working set does not "
           "fit. Release leases sooner, or raise gpu_budget (now {})",
-          cache_slots_, format_bytes(device_slots_.empty() ? 0 : device_slots_[0].bytes), format_bytes(core_.opt.budgets.gpu_bytes));
+          cache_slots_, format_bytes(device_slots_.empty() ? 0 : device_slots_[0].bytes),
+          format_bytes(core_.opt.budgets.gpu_bytes));
     }
     const double t0 = core_.timeline.now_us();
     core_.cv.wait(lock);
@@ -148,7 +150,8 @@ Status Residency::ensure_on_host(Chunk& c) {
     STRATA_ASSIGN_OR_RETURN(std::byte * dst, core_.host_buffer(c));
     DeviceSlot& slot = device_slots_[static_cast<std::size_t>(c.device_slot)];
     STRATA_RETURN_IF_ERROR(core_.device.wait(core_.d2h, slot.fence));
-    STRATA_RETURN_IF_ERROR(core_.device.copy_async(core_.d2h, dst, slot.ptr, c.bytes, memory::CopyKind::kDeviceToHost));
+    STRATA_RETURN_IF_ERROR(
+        core_.device.copy_async(core_.d2h, dst, slot.ptr, c.bytes, memory::CopyKind::kDeviceToHost));
     STRATA_RETURN_IF_ERROR(core_.device.record(slot.fence, core_.d2h));
     STRATA_RETURN_IF_ERROR(core_.device.synchronize(core_.d2h));
     c.move_value(ChunkValue::kHost);
@@ -187,8 +190,8 @@ Status Residency::build_slots(const Plan& p) {
   }
   device_slots_.clear();
   device_memory_.clear();
-  const std::uint64_t slot_bytes =
-      align_up(std::max<std::uint64_t>(core_.layout.chunk_elems * dtype_bytes(core_.opt.compute_dtype), 4096), 4096);
+  const std::uint64_t slot_bytes = align_up(
+      std::max<std::uint64_t>(core_.layout.chunk_elems * dtype_bytes(core_.opt.compute_dtype), 4096), 4096);
   std::vector<std::pair<std::int32_t, std::uint64_t>> wanted;  // (dedicated chunk or -1, bytes)
   if (p.all_gpu) {
     for (std::size_t i = 0; i < core_.chunks.size(); ++i) {

@@ -141,7 +141,8 @@ Result<std::unique_ptr<Runtime>> Runtime::create(memory::Device& device, Runtime
   STRATA_LOG_INFO(
       "runtime: device {}; host tier {}; gpu budget {}, host budget {}, nvme budget {}; {} workers",
       device.name(), m.core.host->describe(), format_bytes(m.core.opt.budgets.gpu_bytes),
-      format_bytes(m.core.opt.budgets.host_bytes), format_bytes(m.core.opt.budgets.nvme_bytes), m.core.pool->size());
+      format_bytes(m.core.opt.budgets.host_bytes), format_bytes(m.core.opt.budgets.nvme_bytes),
+      m.core.pool->size());
   return std::unique_ptr<Runtime>(new Runtime(std::move(impl)));
 }
 
@@ -259,8 +260,9 @@ Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
     std::memset(buffer, 0, p.bytes);
     p.move_value(ChunkValue::kHost);
   }
-  STRATA_LOG_INFO("runtime: {} tensors in {} chunk families of {} elements ({:.1f}% padding)", core.tensors.size(),
-                  families, core.layout.chunk_elems, 100.0 * core.layout.padding_fraction());
+  STRATA_LOG_INFO("runtime: {} tensors in {} chunk families of {} elements ({:.1f}% padding)",
+                  core.tensors.size(), families, core.layout.chunk_elems,
+                  100.0 * core.layout.padding_fraction());
   STRATA_RETURN_IF_ERROR(adopt_plan(lock, registration_trace(families)));
   core.finalized = true;  // the warm-up step is traced, on demand + LRU (StepTracker starts not following)
   return Status::Ok();

@@ -1,8 +1,8 @@
 #pragma once
 // Runtime::Impl: the runtime's parts and what crosses them. Not a public header.
 //
-//   Core               core.hpp          shared context: stores, streams, lock, tensors, chunks, plan, timeline
-//   StepTracker        step_tracker.*    trace, position in the adopted trace, step counters
+//   Core               core.hpp          shared context: stores, streams, lock, tensors, chunks, plan,
+//   timeline StepTracker        step_tracker.*    trace, position in the adopted trace, step counters
 //   Residency          residency.*,      device slots, host <-> device moves, eviction victims, prefetch
 //                      eviction.cpp
 //   OptimizerPipeline  optimizer_*.*,    families' optimizer runs, gradient completion and staging,
@@ -31,10 +31,10 @@
 #include <mutex>
 
 #include "core.hpp"
-#include "strata/common/assert.hpp"
 #include "optimizer_pipeline.hpp"
 #include "residency.hpp"
 #include "step_tracker.hpp"
+#include "strata/common/assert.hpp"
 
 namespace strata::runtime {
 
@@ -43,7 +43,10 @@ enum class SchedulerEvent : std::uint8_t { kUseBegins, kUsePlaced, kGradientsHan
 
 struct Runtime::Impl {
   Impl(memory::Device& dev, RuntimeOptions options)
-      : core(dev, std::move(options)), tracker(core), residency(core, tracker, pipeline), pipeline(core, residency) {}
+      : core(dev, std::move(options)),
+        tracker(core),
+        residency(core, tracker, pipeline),
+        pipeline(core, residency) {}
 
   Core core;
   StepTracker tracker;

@@ -87,8 +87,9 @@ Result<StepStats> Runtime::step() {
   m.pipeline.step_scale = m.pipeline.grad_scale;
   if (m.core.deferred()) STRATA_RETURN_IF_ERROR(m.deferred_prepass(lock, &skip));
   if (skip) {
-    STRATA_LOG_WARN("runtime: step {} skipped: a gradient is Inf/NaN (loss scale too high?); no state changed",
-                    m.tracker.step_index() + 1);
+    STRATA_LOG_WARN(
+        "runtime: step {} skipped: a gradient is Inf/NaN (loss scale too high?); no state changed",
+        m.tracker.step_index() + 1);
     m.discard_gradients();  // nothing is launched: no gradient is left
   }
   m.schedule(SchedulerEvent::kStepEnds).ignore();  // (never fails)

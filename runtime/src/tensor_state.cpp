@@ -56,7 +56,8 @@ Status Runtime::init_tensor(TensorId tensor, std::span<const float> values) {
   auto write_param = [&](std::byte* base) {
     store_values(base + ts.offset_elems * dtype_bytes(cdt), cdt, values);
   };
-  STRATA_RETURN_IF_ERROR(m.with_host_copy(lock, m.core.chunk(ts.family, StateKind::kParam), true, write_param));
+  STRATA_RETURN_IF_ERROR(
+      m.with_host_copy(lock, m.core.chunk(ts.family, StateKind::kParam), true, write_param));
   // Frozen tensors get their master too (when their family has one), so reading
   // any tensor's master gives its fp32 value.
   if (m.core.separate_master && m.core.chunk(ts.family, StateKind::kMaster).bytes > 0) {
@@ -158,7 +159,8 @@ Status Runtime::set_tensor_steps(TensorId tensor, std::int64_t steps) {
                             m.core.tensors[tensor].spec.name, steps);
   }
   if (m.leases_out > 0)
-    return failed_precondition("set_tensor_steps(\"{}\") while leases are held", m.core.tensors[tensor].spec.name);
+    return failed_precondition("set_tensor_steps(\"{}\") while leases are held",
+                               m.core.tensors[tensor].spec.name);
   STRATA_RETURN_IF_ERROR(m.pipeline.wait_step_work(lock));
   m.core.tensors[tensor].updates = steps;
   return Status::Ok();

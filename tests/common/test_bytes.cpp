@@ -19,8 +19,8 @@ TEST(Bytes, ParsesUnits) {
 }
 
 TEST(Bytes, RejectsMalformed) {
-  for (const char* bad : {"", "12XB", "-1GiB", "GiB", "1.2.3G", "0.5B", "99999999999999999999",
-                          "20000000TiB", "1e9", "."}) {
+  for (const char* bad :
+       {"", "12XB", "-1GiB", "GiB", "1.2.3G", "0.5B", "99999999999999999999", "20000000TiB", "1e9", "."}) {
     Result<std::uint64_t> r = parse_bytes(bad, "host_budget");
     EXPECT_FALSE(r.ok()) << bad;
     if (!r.ok()) {

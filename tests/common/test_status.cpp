@@ -1,6 +1,6 @@
-#include <cerrno>
-
 #include <gtest/gtest.h>
+
+#include <cerrno>
 
 #include "strata/common/status.hpp"
 

@@ -1,10 +1,10 @@
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <numeric>
 #include <set>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "strata/common/thread_pool.hpp"
 

@@ -114,8 +114,8 @@ TEST(Tracer, MergesConsecutiveUses) {
 
 TEST(Tracer, LastBackwardUse) {
   StepTrace t;
-  t.uses = {{0, Phase::kForward}, {1, Phase::kForward}, {1, Phase::kBackward, true}, {0, Phase::kBackward, true},
-            {0, Phase::kBackward, true}, {7, Phase::kBackward, true}};
+  t.uses = {{0, Phase::kForward},        {1, Phase::kForward},        {1, Phase::kBackward, true},
+            {0, Phase::kBackward, true}, {0, Phase::kBackward, true}, {7, Phase::kBackward, true}};
   const std::vector<long> last = last_backward_use(t, 3);
   EXPECT_EQ(last, (std::vector<long>{4, 2, -1}));  // family 7 is out of range, 2 has no backward use
 }

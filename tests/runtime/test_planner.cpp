@@ -120,7 +120,8 @@ TEST(CostModel, HostMemoryAndSharedDiskAreResources) {
 
 TEST(Planner, ParamsThatDoNotFitOnHostAreAnErrorUnlessNvmeParamsAreAllowed) {
   // 24 x 16 MiB of params; 256 MiB of host.
-  auto in = layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 256 * kMiB, .nvme_bytes = 8 * kGiB});
+  auto in =
+      layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 256 * kMiB, .nvme_bytes = 8 * kGiB});
   auto plan = make_plan(in);
   ASSERT_FALSE(plan.ok());
   EXPECT_NE(plan.status().message().find("host_budget"), std::string::npos) << plan.status();

@@ -1,11 +1,10 @@
 // strata-probe's measurements; see measure.hpp.
 #include "measure.hpp"
 
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
-
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>

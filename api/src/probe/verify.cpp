@@ -1,14 +1,13 @@
 // strata-probe --verify; see verify.hpp (Note [Verify on the sim device]).
 #include "verify.hpp"
 
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <thread>
-
-#include <fmt/ranges.h>
 
 #include "strata/common/bytes.hpp"
 #include "strata/common/log.hpp"

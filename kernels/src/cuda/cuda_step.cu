@@ -12,8 +12,8 @@ namespace strata::kernels::cudak {
 namespace {
 
 template <typename Op>
-__global__ void mta_kernel(Op op, const Span* spans, const GridBlock* table, std::uint32_t first_block, PassArgs pa,
-                           const float* trust, GridPartial* partials) {
+__global__ void mta_kernel(Op op, const Span* spans, const GridBlock* table, std::uint32_t first_block,
+                           PassArgs pa, const float* trust, GridPartial* partials) {
   extern __shared__ unsigned char smem[];
   auto* accs = reinterpret_cast<Acc<float>*>(smem);
   const std::uint32_t block = first_block + blockIdx.x;
@@ -24,16 +24,17 @@ __global__ void mta_kernel(Op op, const Span* spans, const GridBlock* table, std
 
 __global__ void triad_kernel(float* a, const float* b, const float* c, float s, std::size_t n) {
   const std::size_t stride = std::size_t{gridDim.x} * blockDim.x;
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += stride) a[i] = b[i] + s * c[i];
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += stride)
+    a[i] = b[i] + s * c[i];
 }
 
-#define STRATA_CUDAK_TRY(expr)              \
-  do {                                      \
-    cudaError_t e_ = (expr);                \
-    if (e_ != cudaSuccess) {                \
-      *what = #expr;                        \
-      return static_cast<int>(e_);          \
-    }                                       \
+#define STRATA_CUDAK_TRY(expr)     \
+  do {                             \
+    cudaError_t e_ = (expr);       \
+    if (e_ != cudaSuccess) {       \
+      *what = #expr;               \
+      return static_cast<int>(e_); \
+    }                              \
   } while (0)
 
 //! Device scratch of one pass, freed on every return path.
@@ -65,12 +66,14 @@ int run_pass(void* stream_ptr, Pass pass, const Hyper& h, const Span* spans, std
   STRATA_CUDAK_TRY(scratch.alloc(&d_spans, span_count * sizeof(Span)));
   STRATA_CUDAK_TRY(scratch.alloc(&d_table, block_count * sizeof(GridBlock)));
   STRATA_CUDAK_TRY(scratch.alloc(&d_partials, block_count * sizeof(GridPartial)));
-  STRATA_CUDAK_TRY(cudaMemcpyAsync(d_spans, spans, span_count * sizeof(Span), cudaMemcpyHostToDevice, stream));
+  STRATA_CUDAK_TRY(
+      cudaMemcpyAsync(d_spans, spans, span_count * sizeof(Span), cudaMemcpyHostToDevice, stream));
   STRATA_CUDAK_TRY(
       cudaMemcpyAsync(d_table, table, block_count * sizeof(GridBlock), cudaMemcpyHostToDevice, stream));
   if (trust != nullptr) {
     STRATA_CUDAK_TRY(scratch.alloc(&d_trust, span_count * sizeof(float)));
-    STRATA_CUDAK_TRY(cudaMemcpyAsync(d_trust, trust, span_count * sizeof(float), cudaMemcpyHostToDevice, stream));
+    STRATA_CUDAK_TRY(
+        cudaMemcpyAsync(d_trust, trust, span_count * sizeof(float), cudaMemcpyHostToDevice, stream));
   }
   const std::size_t smem = block_threads * sizeof(Acc<float>);
   for (std::size_t first = 0; first < block_count;) {
@@ -90,8 +93,8 @@ int run_pass(void* stream_ptr, Pass pass, const Hyper& h, const Span* spans, std
     STRATA_CUDAK_TRY(cudaGetLastError());
     first = last;
   }
-  STRATA_CUDAK_TRY(cudaMemcpyAsync(partials, d_partials, block_count * sizeof(GridPartial), cudaMemcpyDeviceToHost,
-                                   stream));
+  STRATA_CUDAK_TRY(cudaMemcpyAsync(partials, d_partials, block_count * sizeof(GridPartial),
+                                   cudaMemcpyDeviceToHost, stream));
   STRATA_CUDAK_TRY(cudaStreamSynchronize(stream));
   return 0;
 }

@@ -12,16 +12,16 @@ namespace strata::detail {
 [[noreturn]] void check_failed(const char* expr, const char* message, const char* file, int line);
 }  // namespace strata::detail
 
-#define STRATA_CHECK(cond)                                                      \
-  do {                                                                          \
-    if (!(cond)) [[unlikely]]                                                   \
-      ::strata::detail::check_failed(#cond, "", __FILE__, __LINE__);            \
+#define STRATA_CHECK(cond)                                           \
+  do {                                                               \
+    if (!(cond)) [[unlikely]]                                        \
+      ::strata::detail::check_failed(#cond, "", __FILE__, __LINE__); \
   } while (0)
 
-#define STRATA_CHECK_MSG(cond, msg)                                             \
-  do {                                                                          \
-    if (!(cond)) [[unlikely]]                                                   \
-      ::strata::detail::check_failed(#cond, (msg), __FILE__, __LINE__);         \
+#define STRATA_CHECK_MSG(cond, msg)                                     \
+  do {                                                                  \
+    if (!(cond)) [[unlikely]]                                           \
+      ::strata::detail::check_failed(#cond, (msg), __FILE__, __LINE__); \
   } while (0)
 
 #if defined(STRATA_CHECKED) && STRATA_CHECKED

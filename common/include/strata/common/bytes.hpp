@@ -26,7 +26,9 @@ Result<std::uint64_t> parse_bytes(std::string_view text, std::string_view settin
 std::string format_bytes(std::uint64_t bytes);
 
 //! True when x is a power of two (0 is not).
-constexpr bool is_pow2(std::uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
+constexpr bool is_pow2(std::uint64_t x) {
+  return x != 0 && (x & (x - 1)) == 0;
+}
 
 //! Rounds x up to a multiple of `alignment` (a power of two).
 constexpr std::uint64_t align_up(std::uint64_t x, std::uint64_t alignment) {
@@ -39,6 +41,8 @@ constexpr std::uint64_t align_down(std::uint64_t x, std::uint64_t alignment) {
 }
 
 //! Integer division rounding up.
-constexpr std::uint64_t div_ceil(std::uint64_t a, std::uint64_t b) { return (a + b - 1) / b; }
+constexpr std::uint64_t div_ceil(std::uint64_t a, std::uint64_t b) {
+  return (a + b - 1) / b;
+}
 
 }  // namespace strata

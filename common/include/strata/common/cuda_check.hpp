@@ -17,8 +17,8 @@
 namespace strata::detail {
 
 inline Status cuda_status(cudaError_t err, const char* expr, const char* file, int line) {
-  const bool missing = err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver ||
-                       err == cudaErrorInitializationError;
+  const bool missing =
+      err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver || err == cudaErrorInitializationError;
   return Status(missing ? StatusCode::kUnavailable : StatusCode::kInternal,
                 fmt::format("CUDA call {} failed: {} ({}) at {}:{}", expr, cudaGetErrorString(err),
                             cudaGetErrorName(err), file, line));
@@ -26,17 +26,16 @@ inline Status cuda_status(cudaError_t err, const char* expr, const char* file, i
 
 }  // namespace strata::detail
 
-#define STRATA_CUDA_TRY(expr)                                                              \
-  do {                                                                                     \
-    cudaError_t strata_cuda_err_ = (expr);                                                 \
-    if (strata_cuda_err_ != cudaSuccess) [[unlikely]]                                      \
-      return ::strata::detail::cuda_status(strata_cuda_err_, #expr, __FILE__, __LINE__);   \
+#define STRATA_CUDA_TRY(expr)                                                            \
+  do {                                                                                   \
+    cudaError_t strata_cuda_err_ = (expr);                                               \
+    if (strata_cuda_err_ != cudaSuccess) [[unlikely]]                                    \
+      return ::strata::detail::cuda_status(strata_cuda_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 
-#define STRATA_CUDA_CHECK(expr)                                                            \
-  do {                                                                                     \
-    cudaError_t strata_cuda_err_ = (expr);                                                 \
-    if (strata_cuda_err_ != cudaSuccess) [[unlikely]]                                      \
-      ::strata::detail::check_failed(#expr, cudaGetErrorString(strata_cuda_err_),          \
-                                     __FILE__, __LINE__);                                  \
+#define STRATA_CUDA_CHECK(expr)                                                                        \
+  do {                                                                                                 \
+    cudaError_t strata_cuda_err_ = (expr);                                                             \
+    if (strata_cuda_err_ != cudaSuccess) [[unlikely]]                                                  \
+      ::strata::detail::check_failed(#expr, cudaGetErrorString(strata_cuda_err_), __FILE__, __LINE__); \
   } while (0)

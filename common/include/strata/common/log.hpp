@@ -7,9 +7,9 @@
 // pages) are logged at info or warn so that a user can always see which path ran.
 // Thread-safe.
 
-#include <string_view>
-
 #include <spdlog/spdlog.h>
+
+#include <string_view>
 
 namespace strata {
 

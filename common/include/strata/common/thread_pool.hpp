@@ -7,16 +7,15 @@
 // has no policy of its own.
 
 #include <atomic>
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
-
-#include <boost/asio/post.hpp>
-#include <boost/asio/strand.hpp>
-#include <boost/asio/thread_pool.hpp>
 
 #include "strata/common/status.hpp"
 
@@ -31,8 +30,8 @@ class ThreadPool {
   using Strand = boost::asio::strand<Executor>;
 
   struct Options {
-    std::size_t threads = 0;                    //!< 0 = std::thread::hardware_concurrency()
-    std::size_t threads_max = 1024;             //!< bound; creating more is InvalidArgument
+    std::size_t threads = 0;         //!< 0 = std::thread::hardware_concurrency()
+    std::size_t threads_max = 1024;  //!< bound; creating more is InvalidArgument
     //! Called on each worker before it takes work (e.g. bind to a NUMA node).
     //! Its index is in [0, threads). May be empty.
     std::function<void(std::size_t worker)> on_worker_start;
