@@ -9,7 +9,7 @@
 // family's host param chunk; the GPU copy is dropped and the next use (or a
 // prefetch) brings the new one up. States on NVMe: as on core_.host, with the master
 // and moments read into staging first and written back after
-// (pipeline.cpp: Note [Pipeline places], Note [Copy-on-write NVMe slots]).
+// (optimizer_pipeline.cpp: Note [Pipeline places]; nvme_pipeline.cpp: Note [Copy-on-write NVMe slots]).
 
 #include <algorithm>
 #include <cstring>

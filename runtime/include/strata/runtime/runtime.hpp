@@ -234,7 +234,7 @@ class Runtime {
 
   //! Waits until every state the last step updated is on its home tier: NVMe
   //! write-backs go on after step() returns, overlapping the next forward (Note
-  //! [Write-back after step] in pipeline.cpp). Returns the first background error
+  //! [Write-back after step] in runtime/src/nvme_pipeline.cpp). Returns the first background error
   //! (a failed write-back keeps that step's states in host memory; read_tensor
   //! reads them). Blocks. read_tensor, init_tensor and the destructor flush by themselves.
   Status flush();
