@@ -6,11 +6,18 @@
 #               under the asan and tsan presets
 #   make bench-deps   also install the benchmarks' peers (fio, python3-torch)
 #   make release|debug|asan|tsan   configure + build one preset
+#   make format        format every tracked source with clang-format 14 (.clang-format)
+#   make format-check  fail, naming the files, when any tracked source drifts from it
+#                      (make test runs it first, so CI fails on drift)
 
 JOBS ?= $(shell nproc)
 PRESETS := release debug asan tsan
 
-.PHONY: demo test deps bench-deps $(PRESETS) clean format gpu-check
+.PHONY: demo test deps bench-deps $(PRESETS) clean format format-check gpu-check
+
+# clang-format's output changes between major versions: the check pins 14.
+CLANG_FORMAT ?= $(shell command -v clang-format-14 || command -v clang-format)
+SOURCES = git ls-files '*.cpp' '*.hpp' '*.h' '*.c' '*.cu' '*.cuh'
 
 deps:
 	scripts/install-deps
@@ -25,7 +32,7 @@ $(PRESETS):
 demo: deps release
 	scripts/demo build/release
 
-test: deps
+test: deps format-check
 	$(MAKE) release
 	ctest --preset release
 	$(MAKE) asan
@@ -37,7 +44,11 @@ gpu-check:
 	scripts/gpu-check
 
 format:
-	git ls-files '*.cpp' '*.hpp' '*.h' '*.cu' '*.cuh' | xargs clang-format -i
+	$(SOURCES) | xargs $(CLANG_FORMAT) -i
+
+format-check:
+	@$(CLANG_FORMAT) --version | grep -q 'version 14\.' || { echo "format-check: needs clang-format 14 (scripts/install-deps installs it)" >&2; exit 1; }
+	@$(SOURCES) | xargs $(CLANG_FORMAT) --dry-run --Werror || { echo "format-check: sources drift from .clang-format; run make format" >&2; exit 1; }
 
 clean:
 	rm -rf build

@@ -82,15 +82,11 @@ std::vector<Config> configs() {
   };
 }
 
+Hyper hyper_for(Optimizer o);
+
+// Full-size states per element, as the kernel keeps them with hyper_for's settings.
 int state_count(Optimizer o) {
-  switch (o) {
-    case Optimizer::kAdam:
-    case Optimizer::kAdamW:
-    case Optimizer::kLamb:
-      return 2;
-    default:
-      return 1;
-  }
+  return static_cast<int>(kernels::optimizer_state_count(hyper_for(o)));
 }
 
 // Note [Bytes per param].

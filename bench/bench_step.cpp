@@ -184,7 +184,8 @@ Result<RunResult> run_once(const StepOptions& o, const Checked& c, const Scratch
         rt->register_tensor({fmt::format("layer{}", l), {static_cast<std::int64_t>(per_layer)}}));
     ids.push_back(id);
   }
-  const double fwd_s = 2.0 * static_cast<double>(per_layer) * static_cast<double>(o.tokens) / o.flops;
+  const double fwd_s =
+      runtime::forward_flops(static_cast<double>(per_layer), static_cast<double>(o.tokens)) / o.flops;
   STRATA_LOG_DEBUG("bench step: {} params a layer, forward {:.4f} s a layer", per_layer, fwd_s);
   auto sleep_for = [](double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); };
 

@@ -1,6 +1,7 @@
 #include "strata/common/scratch_dir.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <system_error>
 

@@ -23,10 +23,7 @@ std::uint64_t simulate_param_fetches(const PlanInput& in, const Plan& plan, std:
   const auto& uses = in.trace.uses;
   const std::size_t n = in.families.size();
   NextUse next(uses, n);
-  std::vector<long> last_backward(n, -1);
-  for (std::size_t i = 0; i < uses.size(); ++i) {
-    if (uses[i].phase == Phase::kBackward) last_backward[uses[i].family] = static_cast<long>(i);
-  }
+  const std::vector<long> last_backward = last_backward_use(in.trace, n);
   std::vector<bool> param_in(n, false);
   std::vector<bool> grad_in(n, false);
   std::uint64_t used = 0;  // slots held
@@ -79,14 +76,12 @@ std::uint64_t simulate_param_fetches(const PlanInput& in, const Plan& plan, std:
   return fetches;
 }
 
-StepCost predict_step(const PlanInput& in, const Plan& plan, const Rates& rates) {
-  StepCost c;
+namespace {
+
+// Bytes and optimizer work per steady step, per resource, beside the param
+// fetches simulate_param_fetches counts.
+void count_work(const PlanInput& in, const Plan& plan, StepCost& c) {
   const std::size_t n = in.families.size();
-  simulate_param_fetches(in, plan, &c.bytes_h2d);
-  long last_family = -1;
-  for (const FamilyUse& use : in.trace.uses) {
-    if (use.phase == Phase::kBackward) last_family = use.family;
-  }
   for (std::size_t i = 0; i < n; ++i) {
     const FamilyBytes& f = in.families[i];
     const FamilyPlan& p = plan.families[i];
@@ -114,6 +109,38 @@ StepCost predict_step(const PlanInput& in, const Plan& plan, const Rates& rates)
   for (std::size_t i = 0; i < n; ++i) {
     if (plan.families[i].param_home == Tier::kNvme) c.bytes_disk_read += 2 * in.families[i].param_bytes;
   }
+}
+
+// What cannot overlap: the optimizer step of the family whose gradient completes last.
+double tail_seconds(const PlanInput& in, const Plan& plan, const Rates& rates, long last_family) {
+  double tail_s = 0.0;
+  if (last_family >= 0) {
+    const FamilyBytes& f = in.families[static_cast<std::size_t>(last_family)];
+    const FamilyPlan& p = plan.families[static_cast<std::size_t>(last_family)];
+    if (p.optim_home == Tier::kGpu) {
+      tail_s = seconds(static_cast<double>(f.numel), rates.gpu_optim_params_per_s);
+    } else {
+      tail_s = seconds(static_cast<double>(f.grad_bytes), rates.d2h_bytes_per_s) +
+               seconds(static_cast<double>(f.numel), rates.cpu_optim_params_per_s) +
+               seconds(static_cast<double>(f.param_bytes), rates.h2d_bytes_per_s);
+      if (p.optim_home == Tier::kNvme) {
+        tail_s += seconds(static_cast<double>(f.optim_bytes), rates.disk_write_bytes_per_s);
+      }
+    }
+  }
+  return tail_s;
+}
+
+}  // namespace
+
+StepCost predict_step(const PlanInput& in, const Plan& plan, const Rates& rates) {
+  StepCost c;
+  simulate_param_fetches(in, plan, &c.bytes_h2d);
+  long last_family = -1;
+  for (const FamilyUse& use : in.trace.uses) {
+    if (use.phase == Phase::kBackward) last_family = use.family;
+  }
+  count_work(in, plan, c);
   c.bytes_host_memory +=
       static_cast<std::uint64_t>(rates.copy_host_passes * static_cast<double>(c.bytes_h2d + c.bytes_d2h));
   c.bytes_host_memory += c.bytes_disk_read + c.bytes_disk_write;
@@ -146,20 +173,7 @@ StepCost predict_step(const PlanInput& in, const Plan& plan, const Rates& rates)
       c.bottleneck = name;
     }
   }
-  if (last_family >= 0) {
-    const FamilyBytes& f = in.families[static_cast<std::size_t>(last_family)];
-    const FamilyPlan& p = plan.families[static_cast<std::size_t>(last_family)];
-    if (p.optim_home == Tier::kGpu) {
-      c.tail_s = seconds(static_cast<double>(f.numel), rates.gpu_optim_params_per_s);
-    } else {
-      c.tail_s = seconds(static_cast<double>(f.grad_bytes), rates.d2h_bytes_per_s) +
-                 seconds(static_cast<double>(f.numel), rates.cpu_optim_params_per_s) +
-                 seconds(static_cast<double>(f.param_bytes), rates.h2d_bytes_per_s);
-      if (p.optim_home == Tier::kNvme) {
-        c.tail_s += seconds(static_cast<double>(f.optim_bytes), rates.disk_write_bytes_per_s);
-      }
-    }
-  }
+  c.tail_s = tail_seconds(in, plan, rates, last_family);
   c.step_s = c.bound_s + c.tail_s;
   return c;
 }

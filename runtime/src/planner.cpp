@@ -9,17 +9,6 @@
 namespace strata::runtime {
 namespace {
 
-// Position in the trace of each family's last backward use (when its gradient is
-// complete); families without a backward use get -1.
-std::vector<long> grad_completion(const StepTrace& trace, std::size_t family_count) {
-  std::vector<long> done(family_count, -1);
-  for (std::size_t i = 0; i < trace.uses.size(); ++i) {
-    const FamilyUse& use = trace.uses[i];
-    if (use.phase == Phase::kBackward && use.family < family_count) done[use.family] = static_cast<long>(i);
-  }
-  return done;
-}
-
 Status budget_error(std::string_view budget, std::uint64_t have, std::uint64_t need, std::string_view what) {
   return out_of_budget("{} budget is {} but {} needs {}; raise {} (or shrink the chunk size / the model)",
                        budget, format_bytes(have), what, format_bytes(need), budget);
@@ -64,114 +53,110 @@ std::uint64_t nvme_chunk_bytes(std::uint64_t chunk_bytes, std::uint64_t slot_byt
   return (chunk_bytes + slot_bytes - 1) / slot_bytes * slot_bytes;
 }
 
-Result<Plan> make_plan(const PlanInput& in) {
-  const std::size_t n = in.families.size();
-  if (n == 0) return invalid_argument("planner: no chunk families (register tensors before the first step)");
+namespace {
+
+// What make_plan needs to know about the families' sizes.
+struct Extents {
+  std::uint64_t all_bytes = 0;   // every chunk of every family
+  std::uint64_t slot_bytes = 0;  // a streaming device slot (fits any param or grad chunk)
+  std::uint64_t grad_max = 0, optim_max = 0, param_max = 0;
+  std::uint64_t params_total = 0, optim_total = 0;
+};
+
+Extents measure(const PlanInput& in) {
+  Extents e{.slot_bytes = in.slot_bytes};
+  for (const FamilyBytes& f : in.families) {
+    e.all_bytes += f.param_bytes + f.grad_bytes + f.optim_bytes;
+    e.slot_bytes = std::max({e.slot_bytes, f.param_bytes, f.grad_bytes});
+    e.grad_max = std::max(e.grad_max, f.grad_bytes);
+    e.optim_max = std::max(e.optim_max, f.optim_bytes);
+    e.param_max = std::max(e.param_max, f.param_bytes);
+    e.params_total += f.param_bytes;
+    e.optim_total += f.optim_bytes;
+  }
+  return e;
+}
+
+// 2. GPU streaming slots, then spare GPU bytes keep params resident.
+Status place_on_gpu(const PlanInput& in, const Extents& e, std::uint64_t gpu_avail, Plan& plan) {
   const PlanOptions& opt = in.options;
   const Budgets& budget = in.budgets;
-
-  std::uint64_t all_bytes = 0;
-  std::uint64_t slot_bytes = in.slot_bytes;
-  std::uint64_t grad_max = 0;
-  std::uint64_t optim_max = 0;
-  std::uint64_t param_max = 0;
-  for (const FamilyBytes& f : in.families) {
-    all_bytes += f.param_bytes + f.grad_bytes + f.optim_bytes;
-    slot_bytes = std::max({slot_bytes, f.param_bytes, f.grad_bytes});
-    grad_max = std::max(grad_max, f.grad_bytes);
-    optim_max = std::max(optim_max, f.optim_bytes);
-    param_max = std::max(param_max, f.param_bytes);
-  }
   const std::uint64_t non_chunk = in.trace.non_chunk_peak_bytes;
-  if (non_chunk >= budget.gpu_bytes) {
-    return budget_error("gpu_budget", budget.gpu_bytes, non_chunk + slot_bytes * 3,
-                        "the traced non-chunk peak (activations, workspaces) plus 3 chunk slots");
-  }
-  const std::uint64_t gpu_avail = budget.gpu_bytes - non_chunk;
-
-  Plan plan;
-  plan.families.assign(n, FamilyPlan{});
-
-  // 1. Everything on the GPU.
-  if (opt.allow_gpu_optimizer && all_bytes <= gpu_avail) {
-    for (FamilyPlan& f : plan.families)
-      f = {.param_home = Tier::kGpu, .optim_home = Tier::kGpu, .param_resident_gpu = true};
-    plan.all_gpu = true;
-    plan.gpu_bytes = non_chunk + all_bytes;
-    return plan;
-  }
-
-  // 2. GPU streaming slots, then spare GPU bytes keep params resident.
   constexpr std::uint64_t kSlotsMin = 3;  // current param + current grad + the next param
-  if (gpu_avail < kSlotsMin * slot_bytes) {
-    return budget_error("gpu_budget", budget.gpu_bytes, non_chunk + kSlotsMin * slot_bytes,
+  if (gpu_avail < kSlotsMin * e.slot_bytes) {
+    return budget_error("gpu_budget", budget.gpu_bytes, non_chunk + kSlotsMin * e.slot_bytes,
                         fmt::format("the smallest working set (3 chunk slots of {} + non-chunk peak {})",
-                                    format_bytes(slot_bytes), format_bytes(non_chunk)));
+                                    format_bytes(e.slot_bytes), format_bytes(non_chunk)));
   }
-  const std::uint64_t slots_fit = gpu_avail / slot_bytes;
+  const std::uint64_t slots_fit = gpu_avail / e.slot_bytes;
   const std::uint64_t slots_wanted = 2 + 2 * std::uint64_t{opt.prefetch_depth_max};
   plan.gpu_cache_slots = std::max(kSlotsMin, std::min(slots_fit, slots_wanted));
   plan.prefetch_depth = opt.prefetch ? static_cast<std::uint32_t>(std::min<std::uint64_t>(
                                            opt.prefetch_depth_max, plan.gpu_cache_slots - 2))
                                      : 0;
-  std::uint64_t gpu_spare = gpu_avail - plan.gpu_cache_slots * slot_bytes;
-  for (std::size_t i = 0; i < n; ++i) {
+  std::uint64_t gpu_spare = gpu_avail - plan.gpu_cache_slots * e.slot_bytes;
+  for (std::size_t i = 0; i < in.families.size(); ++i) {
     if (in.families[i].param_bytes <= gpu_spare) {
       plan.families[i].param_resident_gpu = true;
       gpu_spare -= in.families[i].param_bytes;
     }
   }
   plan.gpu_bytes = budget.gpu_bytes - gpu_spare;
+  return Status::Ok();
+}
 
-  // 3. Host: grad landing slots, host copies of evicted gradients, param homes,
-  // then optimizer states.
-  //
-  // Note [Evicted gradients]
-  // A gradient whose family's optimizer cannot start yet
-  // (a lease still holds its param, the family is incomplete) may be evicted from
-  // its streaming slot to a host copy; each streaming slot holds at most one
-  // dirty gradient at a time, so gpu_cache_slots copies bound what eviction adds
-  // while the pipeline keeps up. It is reserved when PlanOptions::
-  // reserve_evicted_grads asks: the torch binding releases a module's params only
-  // after its backward, so its families start later than the C++ trainers' and
-  // their gradients are evicted more often; without this room the runtime ran out
-  // of host budget mid-step (OutOfBudget) under budgets the plan had accepted. The
-  // lasting fix is backpressure (an eviction that finds no host room waits for the
-  // pipeline to free some), which the runtime does not have yet.
-  const std::uint64_t grad_staging = std::uint64_t{opt.grad_staging_slots} * grad_max;
-  const std::uint64_t evicted_grads = opt.reserve_evicted_grads ? plan.gpu_cache_slots * grad_max : 0;
-  std::uint64_t host_used = grad_staging + evicted_grads + opt.host_reserve_bytes;
-  if (host_used > budget.host_bytes) {
-    return budget_error(
-        "host_budget", budget.host_bytes, host_used,
-        "the gradient landing slots, room for gradients evicted from the GPU, and the reserve");
+// Host and NVMe bytes as make_plan places homes.
+struct Usage {
+  std::uint64_t host = 0, nvme = 0;
+  bool optim_staging_reserved = false;
+};
+
+// 3. Host: grad landing slots, host copies of evicted gradients, then param homes.
+//
+// Note [Evicted gradients]
+// A gradient whose family's optimizer cannot start yet (a lease still holds its
+// param, the family is incomplete) may be evicted from its streaming slot to a
+// host copy; each streaming slot holds at most one dirty gradient at a time, so
+// gpu_cache_slots copies bound what eviction adds while the pipeline keeps up. It
+// is reserved when PlanOptions::reserve_evicted_grads asks: the torch binding
+// releases a module's params only after its backward, so its families start later
+// than the C++ trainers' and their gradients are evicted more often; without this
+// room the runtime ran out of host budget mid-step (OutOfBudget) under budgets the
+// plan had accepted. The lasting fix is backpressure (an eviction that finds no
+// host room waits for the pipeline to free some), which the runtime does not have yet.
+Status place_params(const PlanInput& in, const Extents& e, Plan& plan, Usage& used) {
+  const PlanOptions& opt = in.options;
+  const Budgets& budget = in.budgets;
+  const std::uint64_t grad_staging = std::uint64_t{opt.grad_staging_slots} * e.grad_max;
+  const std::uint64_t evicted_grads = opt.reserve_evicted_grads ? plan.gpu_cache_slots * e.grad_max : 0;
+  used.host = grad_staging + evicted_grads + opt.host_reserve_bytes;
+  if (used.host > budget.host_bytes) {
+    return budget_error("host_budget", budget.host_bytes, used.host,
+                        "the gradient landing slots, room for gradients evicted from the GPU, and the reserve");
   }
-  std::uint64_t nvme_used = 0;
-  std::uint64_t params_total = 0;
-  for (const FamilyBytes& f : in.families) params_total += f.param_bytes;
   // The optimizer pipeline's staging for NVMe states (the states, and the param
   // updated beside them until they are written).
-  const std::uint64_t optim_staging = std::uint64_t{opt.nvme_families_in_flight} * (optim_max + param_max);
-  bool optim_staging_reserved = false;
-  if (opt.allow_nvme_params && host_used + params_total > budget.host_bytes) {
+  const std::uint64_t optim_staging =
+      std::uint64_t{opt.nvme_families_in_flight} * (e.optim_max + e.param_max);
+  if (opt.allow_nvme_params && used.host + e.params_total > budget.host_bytes) {
     // Params spill, so every optimizer state does too: reserve both stagings
     // first (param staging: prefetch depth + 2 slots).
-    host_used += (plan.prefetch_depth + 2) * slot_bytes + optim_staging;
-    optim_staging_reserved = true;
+    used.host += (plan.prefetch_depth + 2) * e.slot_bytes + optim_staging;
+    used.optim_staging_reserved = true;
   }
-  for (std::size_t i = 0; i < n; ++i) {
+  for (std::size_t i = 0; i < in.families.size(); ++i) {
     const std::uint64_t p = in.families[i].param_bytes;
-    if (host_used + p <= budget.host_bytes || !opt.allow_nvme_params) {
+    if (used.host + p <= budget.host_bytes || !opt.allow_nvme_params) {
       plan.families[i].param_home = Tier::kHost;
-      host_used += p;
+      used.host += p;
     } else {
       plan.families[i].param_home = Tier::kNvme;
-      nvme_used += p;
+      used.nvme += p;
     }
   }
-  if (host_used > budget.host_bytes) {
+  if (used.host > budget.host_bytes) {
     return budget_error(
-        "host_budget", budget.host_bytes, host_used,
+        "host_budget", budget.host_bytes, used.host,
         opt.allow_nvme_params
             ? "param staging for NVMe-resident params"
             : (opt.reserve_evicted_grads
@@ -181,58 +166,96 @@ Result<Plan> make_plan(const PlanInput& in) {
                    : "every param's home copy (the runtime keeps each param on host: NVMe-homed params "
                      "are not implemented) with the gradient landing slots and the reserve"));
   }
+  return Status::Ok();
+}
 
-  std::uint64_t optim_total = 0;
-  for (const FamilyBytes& f : in.families) optim_total += f.optim_bytes;
-  if (host_used + optim_total > budget.host_bytes) {
-    // Some optimizer states go to NVMe: reserve the pipeline's staging first
-    // (states, and the param updated beside them until they are written).
-    plan.nvme_staging_families = opt.nvme_families_in_flight;
-    if (!optim_staging_reserved) host_used += optim_staging;
-    if (host_used > budget.host_bytes) {
-      return budget_error(
-          "host_budget", budget.host_bytes, host_used,
-          fmt::format("staging for {} NVMe optimizer families in flight", opt.nvme_families_in_flight));
-    }
-    // Families completing last in backward stay on host (Note [Placement policy]).
-    std::vector<long> done = grad_completion(in.trace, n);
-    std::vector<std::size_t> order(n);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](std::size_t a, std::size_t b) { return done[a] > done[b]; });
-    std::uint64_t nvme_family_max = 0;
-    for (std::size_t i : order) {
-      const FamilyBytes& f = in.families[i];
-      if (host_used + f.optim_bytes <= budget.host_bytes) {
-        plan.families[i].optim_home = Tier::kHost;
-        host_used += f.optim_bytes;
-      } else {
-        plan.families[i].optim_home = Tier::kNvme;
-        const std::uint64_t on_disk = f.optim_nvme_bytes != 0 ? f.optim_nvme_bytes : f.optim_bytes;
-        nvme_used += on_disk;
-        nvme_family_max = std::max(nvme_family_max, on_disk);
-      }
-    }
-    // Fresh slots for the families being written (Note [Copy-on-write NVMe slots]).
-    nvme_used += std::uint64_t{opt.nvme_families_in_flight} * nvme_family_max;
-  } else {
-    host_used += optim_total;
+// 4. Optimizer states: host while it lasts, the rest on NVMe.
+Status place_optimizer_states(const PlanInput& in, const Extents& e, Plan& plan, Usage& used) {
+  const PlanOptions& opt = in.options;
+  const Budgets& budget = in.budgets;
+  const std::size_t n = in.families.size();
+  if (used.host + e.optim_total <= budget.host_bytes) {
+    used.host += e.optim_total;
+    return Status::Ok();
   }
-  if (nvme_used > 0 && budget.nvme_bytes == 0) {
+  // Some optimizer states go to NVMe: reserve the pipeline's staging first
+  // (states, and the param updated beside them until they are written).
+  plan.nvme_staging_families = opt.nvme_families_in_flight;
+  if (!used.optim_staging_reserved)
+    used.host += std::uint64_t{opt.nvme_families_in_flight} * (e.optim_max + e.param_max);
+  if (used.host > budget.host_bytes) {
+    return budget_error(
+        "host_budget", budget.host_bytes, used.host,
+        fmt::format("staging for {} NVMe optimizer families in flight", opt.nvme_families_in_flight));
+  }
+  // Families completing last in backward stay on host (Note [Placement policy]).
+  std::vector<long> done = last_backward_use(in.trace, n);
+  std::vector<std::size_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return done[a] > done[b]; });
+  std::uint64_t nvme_family_max = 0;
+  for (std::size_t i : order) {
+    const FamilyBytes& f = in.families[i];
+    if (used.host + f.optim_bytes <= budget.host_bytes) {
+      plan.families[i].optim_home = Tier::kHost;
+      used.host += f.optim_bytes;
+    } else {
+      plan.families[i].optim_home = Tier::kNvme;
+      const std::uint64_t on_disk = f.optim_nvme_bytes != 0 ? f.optim_nvme_bytes : f.optim_bytes;
+      used.nvme += on_disk;
+      nvme_family_max = std::max(nvme_family_max, on_disk);
+    }
+  }
+  // Fresh slots for the families being written (Note [Copy-on-write NVMe slots]).
+  used.nvme += std::uint64_t{opt.nvme_families_in_flight} * nvme_family_max;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<Plan> make_plan(const PlanInput& in) {
+  const std::size_t n = in.families.size();
+  if (n == 0) return invalid_argument("planner: no chunk families (register tensors before the first step)");
+  const Budgets& budget = in.budgets;
+  const Extents e = measure(in);
+  const std::uint64_t non_chunk = in.trace.non_chunk_peak_bytes;
+  if (non_chunk >= budget.gpu_bytes) {
+    return budget_error("gpu_budget", budget.gpu_bytes, non_chunk + e.slot_bytes * 3,
+                        "the traced non-chunk peak (activations, workspaces) plus 3 chunk slots");
+  }
+  const std::uint64_t gpu_avail = budget.gpu_bytes - non_chunk;
+
+  Plan plan;
+  plan.families.assign(n, FamilyPlan{});
+
+  // 1. Everything on the GPU.
+  if (in.options.allow_gpu_optimizer && e.all_bytes <= gpu_avail) {
+    for (FamilyPlan& f : plan.families)
+      f = {.param_home = Tier::kGpu, .optim_home = Tier::kGpu, .param_resident_gpu = true};
+    plan.all_gpu = true;
+    plan.gpu_bytes = non_chunk + e.all_bytes;
+    return plan;
+  }
+  STRATA_RETURN_IF_ERROR(place_on_gpu(in, e, gpu_avail, plan));
+  Usage used;
+  STRATA_RETURN_IF_ERROR(place_params(in, e, plan, used));
+  STRATA_RETURN_IF_ERROR(place_optimizer_states(in, e, plan, used));
+  if (used.nvme > 0 && budget.nvme_bytes == 0) {
     return out_of_budget(
         "host_budget {} holds only part of the model state; {} more must go to NVMe but no NVMe tier is "
         "configured: set an NVMe path, or raise host_budget",
-        format_bytes(budget.host_bytes), format_bytes(nvme_used));
+        format_bytes(budget.host_bytes), format_bytes(used.nvme));
   }
-  if (nvme_used > budget.nvme_bytes) {
+  if (used.nvme > budget.nvme_bytes) {
     return budget_error(
-        "nvme_budget", budget.nvme_bytes, nvme_used,
+        "nvme_budget", budget.nvme_bytes, used.nvme,
         fmt::format("the state that does not fit on host, in whole NVMe slots, and copy-on-write "
                     "room for {} families in flight",
-                    opt.nvme_families_in_flight));
+                    in.options.nvme_families_in_flight));
   }
-  plan.host_bytes = host_used;
-  plan.nvme_bytes = nvme_used;
+  plan.host_bytes = used.host;
+  plan.nvme_bytes = used.nvme;
   return plan;
 }
 

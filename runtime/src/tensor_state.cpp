@@ -10,12 +10,6 @@
 namespace strata::runtime {
 namespace {
 
-//! The dtype a chunk of `kind` holds.
-DType kind_dtype(const RuntimeOptions& o, StateKind kind) {
-  if (kind == StateKind::kParam || kind == StateKind::kGrad) return o.compute_dtype;
-  return kind == StateKind::kMaster ? DType::kF32 : o.state_dtype;
-}
-
 void store_values(std::byte* p, DType dtype, std::span<const float> values) {
   if (dtype == DType::kF32) {
     std::memcpy(p, values.data(), values.size() * 4);
@@ -44,10 +38,11 @@ void load_values(const std::byte* p, DType dtype, std::span<float> out) {
 
 Status Runtime::init_tensor(TensorId tensor, std::span<const float> values) {
   Impl& m = *impl_;
-  std::unique_lock lock(m.mu);
-  if (tensor >= m.tensors.size())
+  std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
+  if (tensor >= m.core.tensors.size())
     return invalid_argument("init_tensor: tensor id {} is not registered", tensor);
-  const TensorInfo& info = m.tensors[tensor];
+  const TensorInfo& info = m.core.tensors[tensor];
   if (values.size() != info.numel) {
     return invalid_argument("init_tensor(\"{}\"): {} values for {} elements", info.spec.name, values.size(),
                             info.numel);
@@ -55,18 +50,19 @@ Status Runtime::init_tensor(TensorId tensor, std::span<const float> values) {
   if (m.leases_out > 0)
     return failed_precondition("init_tensor(\"{}\") while leases are held", info.spec.name);
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
-  STRATA_RETURN_IF_ERROR(m.wait_optimizers(lock));
-  const TensorSlot& ts = m.layout.slots[tensor];
-  const DType cdt = m.opt.compute_dtype;
+  STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
+  const TensorSlot& ts = m.core.layout.slots[tensor];
+  const DType cdt = m.core.opt.compute_dtype;
   auto write_param = [&](std::byte* base) {
     store_values(base + ts.offset_elems * dtype_bytes(cdt), cdt, values);
   };
-  STRATA_RETURN_IF_ERROR(m.with_host_copy(lock, m.chunk(ts.family, StateKind::kParam), true, write_param));
+  STRATA_RETURN_IF_ERROR(
+      m.with_host_copy(lock, m.core.chunk(ts.family, StateKind::kParam), true, write_param));
   // Frozen tensors get their master too (when their family has one), so reading
   // any tensor's master gives its fp32 value.
-  if (m.separate_master && m.chunk(ts.family, StateKind::kMaster).bytes > 0) {
+  if (m.core.separate_master && m.core.chunk(ts.family, StateKind::kMaster).bytes > 0) {
     STRATA_RETURN_IF_ERROR(m.with_host_copy(
-        lock, m.chunk(ts.family, StateKind::kMaster), true,
+        lock, m.core.chunk(ts.family, StateKind::kMaster), true,
         [&](std::byte* base) { std::memcpy(base + ts.offset_elems * 4, values.data(), values.size() * 4); }));
   }
   return Status::Ok();
@@ -74,10 +70,11 @@ Status Runtime::init_tensor(TensorId tensor, std::span<const float> values) {
 
 Status Runtime::read_tensor(TensorId tensor, StateKind kind, std::span<float> out) {
   Impl& m = *impl_;
-  std::unique_lock lock(m.mu);
-  if (tensor >= m.tensors.size())
+  std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
+  if (tensor >= m.core.tensors.size())
     return invalid_argument("read_tensor: tensor id {} is not registered", tensor);
-  const TensorInfo& info = m.tensors[tensor];
+  const TensorInfo& info = m.core.tensors[tensor];
   if (out.size() != info.numel) {
     return invalid_argument("read_tensor(\"{}\"): room for {} values, the tensor has {}", info.spec.name,
                             out.size(), info.numel);
@@ -87,20 +84,20 @@ Status Runtime::read_tensor(TensorId tensor, StateKind kind, std::span<float> ou
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
   // After a failed step the last good state must stay readable (to checkpoint
   // it), so a background error does not stop a read.
-  m.wait_optimizers(lock).ignore();
-  const TensorSlot& ts = m.layout.slots[tensor];
-  if (kind == StateKind::kMaster && !m.separate_master)
+  m.pipeline.wait_all(lock).ignore();
+  const TensorSlot& ts = m.core.layout.slots[tensor];
+  if (kind == StateKind::kMaster && !m.core.separate_master)
     kind = StateKind::kParam;  // fp32: the param is the master
-  Chunk& c = m.chunk(ts.family, kind);
+  Chunk& c = m.core.chunk(ts.family, kind);
   if (c.bytes == 0) {
     return failed_precondition("read_tensor(\"{}\", {}): this tensor has no such state", info.spec.name,
                                state_kind_name(kind));
   }
-  if (kind == StateKind::kGrad && c.absent) {
+  if (kind == StateKind::kGrad && c.absent()) {
     return failed_precondition("read_tensor(\"{}\", grad): no gradient is held (it is consumed by step())",
                                info.spec.name);
   }
-  const DType dtype = kind_dtype(m.opt, kind);
+  const DType dtype = m.core.kind_dtype(kind);
   return m.with_host_copy(lock, c, false, [&](std::byte* base) {
     load_values(base + ts.offset_elems * dtype_bytes(dtype), dtype, out);
   });
@@ -109,10 +106,11 @@ Status Runtime::read_tensor(TensorId tensor, StateKind kind, std::span<float> ou
 Status Runtime::write_tensor(TensorId tensor, StateKind kind, std::span<const float> values) {
   if (kind == StateKind::kParam) return init_tensor(tensor, values);
   Impl& m = *impl_;
-  std::unique_lock lock(m.mu);
-  if (tensor >= m.tensors.size())
+  std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
+  if (tensor >= m.core.tensors.size())
     return invalid_argument("write_tensor: tensor id {} is not registered", tensor);
-  const TensorInfo& info = m.tensors[tensor];
+  const TensorInfo& info = m.core.tensors[tensor];
   if (values.size() != info.numel) {
     return invalid_argument("write_tensor(\"{}\", {}): {} values for {} elements", info.spec.name,
                             state_kind_name(kind), values.size(), info.numel);
@@ -124,83 +122,87 @@ Status Runtime::write_tensor(TensorId tensor, StateKind kind, std::span<const fl
   if (m.leases_out > 0)
     return failed_precondition("write_tensor(\"{}\") while leases are held", info.spec.name);
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
-  STRATA_RETURN_IF_ERROR(m.wait_optimizers(lock));
-  const TensorSlot& ts = m.layout.slots[tensor];
-  if (kind == StateKind::kMaster && !m.separate_master) {
+  STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
+  const TensorSlot& ts = m.core.layout.slots[tensor];
+  if (kind == StateKind::kMaster && !m.core.separate_master) {
     // fp32 compute: the param is the master.
     lock.unlock();
     return init_tensor(tensor, values);
   }
-  Chunk& c = m.chunk(ts.family, kind);
+  Chunk& c = m.core.chunk(ts.family, kind);
   if (c.bytes == 0 || info.spec.frozen) {
     return failed_precondition("write_tensor(\"{}\", {}): this tensor has no such state ({})", info.spec.name,
                                state_kind_name(kind),
                                info.spec.frozen ? "it is frozen" : "the optimizer keeps none");
   }
-  const DType dtype = kind_dtype(m.opt, kind);
+  const DType dtype = m.core.kind_dtype(kind);
   return m.with_host_copy(lock, c, true, [&](std::byte* base) {
     store_values(base + ts.offset_elems * dtype_bytes(dtype), dtype, values);
   });
 }
 
 Result<std::int64_t> Runtime::tensor_steps(TensorId tensor) const {
-  std::lock_guard lock(impl_->mu);
-  if (tensor >= impl_->tensors.size())
+  std::lock_guard lock(impl_->core.mu);
+  if (tensor >= impl_->core.tensors.size())
     return invalid_argument("tensor_steps: tensor id {} is not registered", tensor);
-  return impl_->tensors[tensor].updates;
+  return impl_->core.tensors[tensor].updates;
 }
 
 Status Runtime::set_tensor_steps(TensorId tensor, std::int64_t steps) {
   Impl& m = *impl_;
-  std::unique_lock lock(m.mu);
-  if (tensor >= m.tensors.size())
+  std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
+  if (tensor >= m.core.tensors.size())
     return invalid_argument("set_tensor_steps: tensor id {} is not registered", tensor);
   if (steps < 0 || steps >= (std::int64_t{1} << 47)) {
     return invalid_argument("set_tensor_steps(\"{}\", {}): a step counter is in [0, 2^47)",
-                            m.tensors[tensor].spec.name, steps);
+                            m.core.tensors[tensor].spec.name, steps);
   }
   if (m.leases_out > 0)
-    return failed_precondition("set_tensor_steps(\"{}\") while leases are held", m.tensors[tensor].spec.name);
-  STRATA_RETURN_IF_ERROR(m.wait_step_work(lock));
-  m.tensors[tensor].updates = steps;
+    return failed_precondition("set_tensor_steps(\"{}\") while leases are held",
+                               m.core.tensors[tensor].spec.name);
+  STRATA_RETURN_IF_ERROR(m.pipeline.wait_step_work(lock));
+  m.core.tensors[tensor].updates = steps;
   return Status::Ok();
 }
 
 Status Runtime::set_tensor_group(TensorId tensor, std::uint32_t group) {
   Impl& m = *impl_;
-  std::unique_lock lock(m.mu);
-  if (tensor >= m.tensors.size())
+  std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
+  if (tensor >= m.core.tensors.size())
     return invalid_argument("set_tensor_group: tensor id {} is not registered", tensor);
   if (group >= 65536) {
     return invalid_argument("set_tensor_group(\"{}\", {}): group ids are below 65536",
-                            m.tensors[tensor].spec.name, group);
+                            m.core.tensors[tensor].spec.name, group);
   }
-  if (m.leases_out > 0 || m.tasks_in_flight > 0) {
+  if (m.leases_out > 0 || m.pipeline.busy()) {
     return failed_precondition(
         "set_tensor_group(\"{}\"): only between steps (leases or optimizer steps in flight)",
-        m.tensors[tensor].spec.name);
+        m.core.tensors[tensor].spec.name);
   }
-  m.tensors[tensor].group = group;
+  m.core.tensors[tensor].group = group;
   return Status::Ok();
 }
 
 Status Runtime::set_group_hyper(std::uint32_t group, float lr, float weight_decay) {
   Impl& m = *impl_;
-  std::unique_lock lock(m.mu);
+  std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
   if (group >= 65536) return invalid_argument("set_group_hyper: group {} (group ids are below 65536)", group);
   if (!std::isfinite(lr) || lr < 0.0f || !std::isfinite(weight_decay) || weight_decay < 0.0f) {
     return invalid_argument(
         "set_group_hyper(group {}): lr = {} and weight_decay = {} must be finite and >= 0", group, lr,
         weight_decay);
   }
-  if (m.tasks_in_flight > 0) {
+  if (m.pipeline.busy()) {
     return failed_precondition(
         "set_group_hyper(group {}): an optimizer step is running; set lr and weight decay between step() "
         "and backward (Note [Parameter groups])",
         group);
   }
-  if (m.groups.size() <= group) m.groups.resize(group + 1);
-  m.groups[group] = GroupHyper{.set = true, .lr = lr, .weight_decay = weight_decay};
+  if (m.core.groups.size() <= group) m.core.groups.resize(group + 1);
+  m.core.groups[group] = GroupHyper{.set = true, .lr = lr, .weight_decay = weight_decay};
   return Status::Ok();
 }
 
@@ -210,16 +212,16 @@ Status Runtime::wait(const Lease& lease) {
   if (lease.where_ == Where::kHost) return Status::Ok();  // host leases are ready when acquire returns
   memory::Event* ready = nullptr;
   {
-    std::lock_guard lock(m.mu);
-    const Chunk& c = m.chunks[lease.chunk_];
-    STRATA_CHECK(c.slot >= 0);  // a leased chunk keeps its slot
-    ready = &m.slots[static_cast<std::size_t>(c.slot)].ready;
+    std::lock_guard lock(m.core.mu);
+    const Chunk& c = m.core.chunks[lease.chunk_];
+    STRATA_CHECK(c.device_slot >= 0);  // a leased chunk keeps its slot
+    ready = &m.residency.slot_of(c).ready;
   }
   // Slots are rebuilt only in step(), which needs every lease released, so the
   // event outlives this wait.
-  const double t0 = m.timeline.now_us();
-  Status st = m.device.synchronize(*ready);
-  m.timeline.add_stall((m.timeline.now_us() - t0) * 1e-6);
+  const double t0 = m.core.timeline.now_us();
+  Status st = m.core.device.synchronize(*ready);
+  m.core.timeline.add_stall((m.core.timeline.now_us() - t0) * 1e-6);
   return st;
 }
 

@@ -20,12 +20,13 @@ void Tracer::record(FamilyId family, Phase phase, bool writes_grad) {
   trace_.uses.push_back(FamilyUse{.family = family, .phase = phase, .writes_grad = writes_grad});
 }
 
-void Tracer::add_compute(double seconds) {
-  if (!trace_.uses.empty()) trace_.uses.back().compute_s += seconds;
-}
-
-void Tracer::note_non_chunk_bytes(std::uint64_t bytes) {
-  trace_.non_chunk_peak_bytes = std::max(trace_.non_chunk_peak_bytes, bytes);
+std::vector<long> last_backward_use(const StepTrace& trace, std::size_t family_count) {
+  std::vector<long> last(family_count, -1);
+  for (std::size_t i = 0; i < trace.uses.size(); ++i) {
+    const FamilyUse& use = trace.uses[i];
+    if (use.phase == Phase::kBackward && use.family < family_count) last[use.family] = static_cast<long>(i);
+  }
+  return last;
 }
 
 NextUse::NextUse(const std::vector<FamilyUse>& uses, std::size_t family_count)

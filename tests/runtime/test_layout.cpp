@@ -105,17 +105,19 @@ TEST(NextUse, CyclicDistances) {
 TEST(Tracer, MergesConsecutiveUses) {
   Tracer tracer;
   tracer.record(0, Phase::kForward, false);
-  tracer.record(0, Phase::kForward, false);
-  tracer.add_compute(0.5);
   tracer.record(1, Phase::kForward, false);
   tracer.record(1, Phase::kBackward, true);
-  tracer.note_non_chunk_bytes(100);
-  tracer.note_non_chunk_bytes(50);
   const StepTrace& t = tracer.trace();
   ASSERT_EQ(t.uses.size(), 3u);
-  EXPECT_DOUBLE_EQ(t.uses[0].compute_s, 0.5);
   EXPECT_TRUE(t.uses[2].writes_grad);
-  EXPECT_EQ(t.non_chunk_peak_bytes, 100u);
+}
+
+TEST(Tracer, LastBackwardUse) {
+  StepTrace t;
+  t.uses = {{0, Phase::kForward},        {1, Phase::kForward},        {1, Phase::kBackward, true},
+            {0, Phase::kBackward, true}, {0, Phase::kBackward, true}, {7, Phase::kBackward, true}};
+  const std::vector<long> last = last_backward_use(t, 3);
+  EXPECT_EQ(last, (std::vector<long>{4, 2, -1}));  // family 7 is out of range, 2 has no backward use
 }
 
 }  // namespace

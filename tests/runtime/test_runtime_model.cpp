@@ -147,6 +147,7 @@ TEST_P(RuntimeModel, RandomOperationsMatchReference) {
   const char* watch_env = std::getenv("STRATA_MODEL_WATCH");
   const long watch = watch_env ? std::atol(watch_env) : -1;
   while (ops < kOps) {
+    rt.check_invariants();  // after every operation (Note [Chunk state machine])
     ++ops;
     const int op = static_cast<int>(rng() % 100);
     const auto t = static_cast<TensorId>(rng() % kTensors);

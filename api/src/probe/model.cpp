@@ -28,23 +28,10 @@ std::optional<std::uint64_t> add(std::uint64_t a, std::uint64_t b) {
   return a + b;
 }
 
-// Optimizer states per element as the runtime keeps them (hyper.hpp lists them).
+// Optimizer states per element as the runtime keeps them; the probe assumes SGD
+// with momentum.
 std::uint64_t optimizer_states(kernels::Optimizer optimizer) {
-  using kernels::Optimizer;
-  switch (optimizer) {
-    case Optimizer::kAdam:
-    case Optimizer::kAdamW:
-    case Optimizer::kLamb:
-      return 2;
-    case Optimizer::kLars:
-    case Optimizer::kSgd:  // with momentum (the probe assumes it)
-    case Optimizer::kLion:
-    case Optimizer::kAdagrad:
-      return 1;
-    case Optimizer::kCame:
-      return 2;  // about 1 + (rows + cols)/n; the chunk runtime does not run it
-  }
-  return 2;
+  return kernels::optimizer_state_count({.optimizer = optimizer, .momentum = 0.9f});
 }
 
 runtime::FamilyBytes family_bytes(const TrainSpec& spec, std::uint64_t numel) {
@@ -280,7 +267,7 @@ Result<runtime::PlanInput> plan_input(const TrainSpec& spec, std::uint64_t layer
     }
   }
   auto fwd_s = [&](std::uint64_t numel) {
-    return 2.0 * static_cast<double>(numel) * tokens / spec.device_flops_per_s;
+    return runtime::forward_flops(static_cast<double>(numel), tokens) / spec.device_flops_per_s;
   };
   const auto families = static_cast<runtime::FamilyId>(in.families.size());
   for (runtime::FamilyId f = 0; f < families; ++f) {

@@ -57,6 +57,8 @@ Status too_large(const VerifyOptions& o, const Status& why) {
 
 }  // namespace
 
+// Long on purpose (issue #11's 80-line rule): one training run on the sim
+// device, from set-up through the timed steps to the comparison, in order.
 Result<VerifyResult> verify(const VerifyOptions& o) {
   if (o.steps < 1 || o.steps > kVerifyStepsMax) {
     return invalid_argument("--verify-steps = {}: use 1 .. {} (the median of the timed steps is reported)",
@@ -137,7 +139,7 @@ Result<VerifyResult> verify(const VerifyOptions& o) {
   }
   const double tokens = static_cast<double>(spec.shape.seq * spec.shape.batch);
   auto fwd_s = [&](std::size_t i) {
-    return 2.0 * static_cast<double>(numels[i]) * tokens / spec.device_flops_per_s;
+    return runtime::forward_flops(static_cast<double>(numels[i]), tokens) / spec.device_flops_per_s;
   };
   const std::uint64_t esize = runtime::dtype_bytes(spec.compute_dtype);
 

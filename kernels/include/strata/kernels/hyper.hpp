@@ -38,4 +38,29 @@ struct Hyper {
   float clip_threshold = 1.0f;       //!< CAME d (update RMS clip)
 };
 
+//! Full-size optimizer states per element (each as large as the fp32 master:
+//! the chunk runtime gives each its own chunk, the probe sizes them): the one
+//! place this count lives.
+//!   kAdam, kAdamW, kLamb: 2;  kLars, kLion, kAdagrad: 1;
+//!   kSgd: 1 with momentum, 0 without;
+//!   kCame: 2 — its exp_avg, plus factored second moments (O(rows + cols) per
+//!   tensor) rounded up to one more full-size state (the chunk runtime refuses
+//!   CAME; the count sizes it).
+constexpr std::uint32_t optimizer_state_count(const Hyper& h) {
+  switch (h.optimizer) {
+    case Optimizer::kAdam:
+    case Optimizer::kAdamW:
+    case Optimizer::kLamb:
+    case Optimizer::kCame:
+      return 2;
+    case Optimizer::kSgd:
+      return h.momentum != 0.0f ? 1 : 0;
+    case Optimizer::kLars:
+    case Optimizer::kLion:
+    case Optimizer::kAdagrad:
+      return 1;
+  }
+  return 2;
+}
+
 }  // namespace strata::kernels

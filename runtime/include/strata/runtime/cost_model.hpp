@@ -65,6 +65,14 @@ struct StepCost {
   std::string bottleneck;  //!< name of the busiest resource
 };
 
+//! Forward FLOPs of a dense layer of `params` parameters over `tokens` tokens: a
+//! multiply and an add per parameter per token. Backward costs twice as much.
+//! The one place this formula lives (the probe's model, its verify run and the
+//! step benchmark time their layers with it).
+constexpr double forward_flops(double params, double tokens) {
+  return 2.0 * params * tokens;
+}
+
 //! Predicts one steady step of `plan`. Never fails; zero rates count as infinite
 //! time for any work on that resource (so a missing link shows as the bottleneck).
 StepCost predict_step(const PlanInput& input, const Plan& plan, const Rates& rates);

@@ -94,7 +94,10 @@ class Runtime;
 
 //! A pinned view of one tensor's state on one tier. Move-only; destroying it
 //! releases the pin (on the device: an event on the compute stream marks when
-//! compute is done with it, and eviction waits for that event).
+//! compute is done with it, and eviction waits for that event). Releasing the
+//! last gradient (or param) lease of a family whose gradients are complete
+//! starts that family's optimizer step (Note [Gradient completion]; Note
+//! [Scheduler] in runtime/src/scheduler.cpp): it queues work, it never blocks.
 class Lease {
  public:
   Lease() = default;
@@ -231,7 +234,7 @@ class Runtime {
 
   //! Waits until every state the last step updated is on its home tier: NVMe
   //! write-backs go on after step() returns, overlapping the next forward (Note
-  //! [Write-back after step] in pipeline.cpp). Returns the first background error
+  //! [Write-back after step] in runtime/src/nvme_pipeline.cpp). Returns the first background error
   //! (a failed write-back keeps that step's states in host memory; read_tensor
   //! reads them). Blocks. read_tensor, init_tensor and the destructor flush by themselves.
   Status flush();
@@ -243,6 +246,12 @@ class Runtime {
   const StepTrace& last_trace() const;
   const Timeline& timeline() const;
   Status write_chrome_trace(const std::string& path) const;
+
+  //! Checks the runtime's internal invariants (the chunk and family state
+  //! machines, device slot ownership, the pipeline's counters, lease counts) and
+  //! aborts naming the broken condition. Every public call runs it in checked
+  //! builds (STRATA_CHECKED); tests call it directly. Takes the runtime's lock.
+  void check_invariants() const;
 
   //! Implementation; public so the .cpp files can share it, opaque to users.
   struct Impl;

@@ -33,15 +33,16 @@ struct StepTrace {
   double compute_total_s() const;
 };
 
+//! Per family, the index in `trace` of its last backward use (when its gradient
+//! completes); -1 for a family with none. Families >= family_count are ignored.
+std::vector<long> last_backward_use(const StepTrace& trace, std::size_t family_count);
+
 //! Records uses during the warm-up step. Not thread-safe: the runtime calls it
 //! under its lock.
 class Tracer {
  public:
   //! Appends a use (merged with the previous one when the family and phase match).
   void record(FamilyId family, Phase phase, bool writes_grad);
-  //! Adds device compute time to the latest use.
-  void add_compute(double seconds);
-  void note_non_chunk_bytes(std::uint64_t bytes);
   const StepTrace& trace() const { return trace_; }
   StepTrace take() { return std::move(trace_); }
 

@@ -1,0 +1,137 @@
+// Core: the shared context of the runtime's parts (core.hpp).
+#include "core.hpp"
+
+#include <algorithm>
+
+#include "strata/common/bytes.hpp"
+#include "strata/common/log.hpp"
+
+namespace strata::runtime {
+
+DType Core::kind_dtype(StateKind kind) const {
+  if (kind == StateKind::kParam || kind == StateKind::kGrad) return opt.compute_dtype;
+  return kind == StateKind::kMaster ? DType::kF32 : opt.state_dtype;
+}
+
+kernels::Hyper Core::hyper(std::uint32_t group) const {
+  kernels::Hyper h = opt.hyper;
+  if (group < groups.size() && groups[group].set) {
+    h.lr = groups[group].lr;
+    h.weight_decay = groups[group].weight_decay;
+  }
+  return h;
+}
+
+std::uint64_t Core::largest_optim_chunk() const {
+  std::uint64_t largest = 0;
+  for (const Chunk& c : chunks) {
+    if (is_optim_kind(c.kind)) largest = std::max(largest, c.bytes);
+  }
+  return largest;
+}
+
+void Core::fail(Status status) {
+  if (background_error.ok()) {
+    STRATA_LOG_ERROR("runtime: {}", status.to_string());
+    background_error = std::move(status);
+  }
+}
+
+Result<std::byte*> Core::host_buffer(Chunk& c) {
+  if (c.host != nullptr) return c.host;
+  auto buffer = host->allocate(c.bytes);
+  if (!buffer.ok()) {
+    Status s = buffer.status();
+    s.with_context(fmt::format("host copy of family {} {} ({})", c.family, state_kind_name(c.kind),
+                               format_bytes(c.bytes)));
+    return s;
+  }
+  c.host = *buffer;
+  return c.host;
+}
+
+Status Core::ensure_nvme_store() {
+  if (nvme != nullptr) return Status::Ok();
+  const std::uint64_t slot = nvme_slot_bytes(largest_optim_chunk());
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<NvmeStore> store,
+                          make_nvme_store({.dirs = opt.nvme_dirs,
+                                           .slot_bytes = slot,
+                                           .capacity_bytes = opt.budgets.nvme_bytes,
+                                           .engine = opt.io_engine,
+                                           .fixed_buffers = host->regions()}));
+  nvme = std::move(store);
+  STRATA_LOG_INFO("runtime: NVMe tier {}", nvme->describe());
+  return Status::Ok();
+}
+
+Status Core::nvme_transfer(std::unique_lock<std::mutex>& lock, bool write, std::span<std::byte> data,
+                           std::vector<std::uint32_t>& slots_io) {
+  STRATA_RETURN_IF_ERROR(ensure_nvme_store());
+  const std::uint64_t piece = nvme->slot_bytes();
+  std::vector<std::uint32_t> fresh;
+  if (write) {
+    for (std::uint64_t begin = 0; begin < data.size(); begin += piece) {
+      auto s = nvme->allocate_slot();
+      if (!s.ok()) {
+        for (std::uint32_t f : fresh) nvme->free_slot(f);
+        return s.status();
+      }
+      fresh.push_back(*s);
+    }
+  }
+  const std::vector<std::uint32_t>& targets = write ? fresh : slots_io;
+  struct Latch {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::size_t pending;
+    Status status;
+  } latch{.pending = targets.size()};
+  lock.unlock();
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    const std::uint64_t begin = i * piece;
+    auto part = data.subspan(begin, std::min<std::uint64_t>(piece, data.size() - begin));
+    auto done = [&latch](Status s) {
+      std::lock_guard g(latch.mu);
+      if (!s.ok() && latch.status.ok()) latch.status = std::move(s);
+      if (--latch.pending == 0) latch.cv.notify_all();
+    };
+    Status st = write ? nvme->write(targets[i], part, done) : nvme->read(targets[i], part, done);
+    if (!st.ok()) done(st);
+  }
+  {
+    std::unique_lock g(latch.mu);
+    latch.cv.wait(g, [&] { return latch.pending == 0; });
+  }
+  lock.lock();
+  if (!latch.status.ok()) {
+    for (std::uint32_t f : fresh) nvme->free_slot(f);
+    return latch.status;
+  }
+  if (write) {
+    for (std::uint32_t old : slots_io) nvme->free_slot(old);
+    slots_io = std::move(fresh);
+  }
+  return Status::Ok();
+}
+
+Status Core::timed_copy(const memory::Stream& stream, Track track, void* dst, const void* src,
+                        std::uint64_t bytes, memory::CopyKind kind, std::string name) {
+  // The span starts when the stream reaches the copy (after any event waits),
+  // not when it was enqueued.
+  auto start = std::make_shared<double>(0.0);
+  STRATA_RETURN_IF_ERROR(device.launch_host(stream, [this, start] { *start = timeline.now_us(); }));
+  STRATA_RETURN_IF_ERROR(device.copy_async(stream, dst, src, bytes, kind));
+  return device.launch_host(stream, [this, start, track, bytes, name = std::move(name)] {
+    timeline.add(track, name, *start, timeline.now_us(), bytes);
+  });
+}
+
+void Core::record_span(Track track, std::string name, double enqueued_us, std::uint64_t bytes) {
+  // Called in stream order on the track's own stream: the span began when both
+  // it was enqueued and the previous span on the track had ended.
+  const double end = timeline.now_us();
+  const double previous = track_end_us[static_cast<std::size_t>(track)].exchange(end);
+  timeline.add(track, std::move(name), std::max(enqueued_us, previous), end, bytes);
+}
+
+}  // namespace strata::runtime

@@ -1,0 +1,102 @@
+#pragma once
+// Core: what every part of the runtime shares. It owns the device streams, the
+// host and NVMe stores, the thread pool, the one lock, the registered tensors,
+// the layout, the chunks and the adopted plan, and the timeline. It calls nothing
+// but the stores and the device. Residency, OptimizerPipeline and StepTracker each
+// hold a reference to it; Runtime::Impl (runtime_impl.hpp) composes them.
+//
+// Note [Lock discipline]
+// One mutex (`mu`) guards every field of the runtime's parts except the
+// timeline (thread-safe itself), StepTracker's compute times (their own lock,
+// taken by compute-stream callbacks) and the atomics. Public calls take it on
+// entry; pool tasks and I/O completions take it; device-stream callbacks never
+// do (Note [Runtime threading]). A function that is handed a
+// `std::unique_lock&` may unlock it while it waits; every other member function
+// of the parts expects `mu` held unless its comment says "takes mu". One lock
+// and this rule need no static annotations, so the build does not check them
+// with clang's thread-safety analysis.
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "chunk.hpp"
+#include "strata/common/thread_pool.hpp"
+#include "strata/kernels/hyper.hpp"
+#include "strata/runtime/runtime.hpp"
+
+namespace strata::runtime {
+
+struct Core {
+  Core(memory::Device& dev, RuntimeOptions options) : device(dev), opt(std::move(options)) {}
+
+  memory::Device& device;
+  RuntimeOptions opt;
+  std::unique_ptr<ThreadPool> pool;
+  std::shared_ptr<HostStore> host;
+  std::shared_ptr<NvmeStore> nvme;  //!< null until a plan puts states on NVMe
+  memory::Stream compute, h2d, d2h, opt_stream;
+
+  // Note [Lock discipline]
+  std::mutex mu;
+  std::condition_variable cv;
+  Status background_error;  //!< the first error of background work; fail() sets it
+
+  // Registration and layout (fixed from the first acquire/init/step on).
+  std::vector<TensorInfo> tensors;
+  std::unordered_map<std::string, TensorId> by_name;
+  bool finalized = false;
+  ChunkLayout layout;
+  std::vector<FamilyBytes> family_bytes;
+  std::uint32_t state_count = 0;   //!< optimizer states per element (kernels::optimizer_state_count)
+  bool separate_master = false;    //!< the fp32 master is its own chunk (compute dtype is not fp32)
+  std::vector<GroupHyper> groups;  //!< per group id; Note [Parameter groups]
+
+  //! Chunks: index family * kStateKindCount + kind.
+  std::vector<Chunk> chunks;
+  //! The adopted plan; written only by Runtime::Impl::adopt_plan.
+  Plan plan;
+
+  Timeline timeline;
+  std::atomic<double> track_end_us[kTrackCount] = {};
+
+  Chunk& chunk(FamilyId f, StateKind k) { return chunks[f * kStateKindCount + static_cast<std::size_t>(k)]; }
+  std::int32_t chunk_index(FamilyId f, StateKind k) const {
+    return static_cast<std::int32_t>(f * kStateKindCount + static_cast<std::size_t>(k));
+  }
+  //! The dtype a chunk of `kind` holds.
+  DType kind_dtype(StateKind kind) const;
+  //! Optimizers run at step() rather than as gradients complete.
+  bool deferred() const { return opt.loss_scaling || opt.clip_max_norm > 0.0; }
+  //! The family's optimizer states live on NVMe.
+  bool on_nvme(FamilyId f) const { return plan.families[f].optim_home == Tier::kNvme; }
+  //! The hyperparameters of `group` (the runtime's, with the group's overrides).
+  kernels::Hyper hyper(std::uint32_t group) const;
+  std::uint64_t largest_optim_chunk() const;
+
+  //! Records the first background error (and logs it); later ones are dropped.
+  void fail(Status status);
+  //! The host copy's buffer of `c`, allocated on first use. Fails with the host
+  //! store's OutOfBudget, naming the chunk.
+  Result<std::byte*> host_buffer(Chunk& c);
+  //! Creates the NVMe store on first use (its slot fits the largest optimizer chunk).
+  Status ensure_nvme_store();
+  //! Synchronous NVMe transfer of a whole chunk (unlocks while waiting). A write
+  //! goes to fresh slots that replace `slots_io` only when every piece succeeded.
+  Status nvme_transfer(std::unique_lock<std::mutex>& lock, bool write, std::span<std::byte> data,
+                       std::vector<std::uint32_t>& slots_io);
+  //! Enqueues a copy on `stream` and records its span on `track` (start when the
+  //! stream reaches it, end when it is done).
+  Status timed_copy(const memory::Stream& stream, Track track, void* dst, const void* src,
+                    std::uint64_t bytes, memory::CopyKind kind, std::string name);
+  //! Adds a span that ends now on `track` (called in the track's stream order).
+  void record_span(Track track, std::string name, double enqueued_us, std::uint64_t bytes);
+};
+
+}  // namespace strata::runtime

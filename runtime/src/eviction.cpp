@@ -1,0 +1,119 @@
+// Residency: eviction victims and prefetch along the adopted trace
+// (residency.hpp; Note [Cyclic access sequence] in trace.hpp).
+#include <algorithm>
+#include <limits>
+
+#include "optimizer_pipeline.hpp"
+#include "residency.hpp"
+#include "step_tracker.hpp"
+#include "strata/common/log.hpp"
+
+namespace strata::runtime {
+namespace {
+
+// A prefetch error is recorded as the runtime's background error (the next
+// call returns it) before it is returned; see Residency::prefetch.
+Status failed(Core& core, Status st) {
+  if (!st.ok()) core.fail(st);
+  return st;
+}
+
+}  // namespace
+
+bool Residency::movable(const DeviceSlot& slot) const {
+  if (slot.chunk < 0) return true;
+  const Chunk& c = core_.chunks[static_cast<std::size_t>(slot.chunk)];
+  if (c.readers > 0 || c.writers > 0) return false;
+  // A complete gradient waiting for the optimizer pipeline leaves by itself;
+  // writing it back to host would spend host memory the plan did not give it.
+  // Waiting for the pipeline is the back-pressure (ensure_on_device).
+  return !(c.kind == StateKind::kGrad && pipeline_.claims_gradient(c.family));
+}
+
+std::int64_t Residency::pick_slot(FamilyId for_family, std::uint64_t farther_than) {
+  // A free slot, or a victim nobody leases: farthest next use when following
+  // the plan (Note [Cyclic access sequence]), least recently used otherwise.
+  // Clean chunks are preferred over dirty ones (no write-back).
+  //
+  // Note [Idle victims first]
+  // The training thread runs ahead of the device, so the free slot or the
+  // farthest-next-use victim is often one whose last use (a core_.compute, or the d2h
+  // of a gradient) is still queued: a load into it waits for that work, and the
+  // h2d stream (one queue) holds every later load behind it, so the next compute
+  // stalls for the whole copy. So slots are ranked: idle (fence completed, and
+  // not needed within the prefetch window) before busy; within each, free before
+  // occupied; then by next use. The price is at most a few more fetches a step,
+  // on a link that is rarely the bottleneck.
+  const bool planned = tracker_.following() && tracker_.next_use().length() > 0;
+  const std::size_t here = tracker_.here();
+  std::int64_t best = -1;
+  std::uint64_t best_key = 0;
+  int best_rank = -1;
+  for (std::size_t s = 0; s < cache_slots_; ++s) {
+    if (!movable(device_slots_[s])) continue;
+    const bool free = device_slots_[s].chunk < 0;
+    std::uint64_t key = 0;
+    bool soon = false;  // needed within the prefetch window: loaded for that use
+    if (!free) {
+      const Chunk& c = core_.chunks[static_cast<std::size_t>(device_slots_[s].chunk)];
+      if (c.family == for_family && c.kind != StateKind::kGrad) continue;
+      // A gradient still being accumulated is used again at the family's next backward use.
+      const std::uint64_t d = planned ? tracker_.next_use().distance(c.family, here) : 0;
+      if (farther_than > 0 && (c.dirty() || d <= farther_than)) continue;
+      if (planned) {
+        key =
+            (d == NextUse::kNever ? std::numeric_limits<std::uint32_t>::max() : d) * 2 + (c.dirty() ? 0 : 1);
+        soon = d <= std::uint64_t{core_.plan.prefetch_depth} + 1;
+      } else {
+        key = (std::numeric_limits<std::uint64_t>::max() / 4 - c.tick) * 2 + (c.dirty() ? 0 : 1);
+      }
+    }
+    auto done = core_.device.query(device_slots_[s].fence);
+    const bool idle = done.ok() && *done && !soon;
+    const int rank = (idle ? 2 : 0) + (free ? 1 : 0);
+    if (rank > best_rank || (rank == best_rank && key > best_key)) {
+      best = static_cast<std::int64_t>(s);
+      best_key = key;
+      best_rank = rank;
+    }
+  }
+  return best;
+}
+
+Status Residency::prefetch() {
+  const Plan& plan = core_.plan;
+  if (!tracker_.following() || !core_.opt.plan.prefetch || plan.all_gpu || plan.prefetch_depth == 0)
+    return Status::Ok();
+  const auto& uses = tracker_.plan_trace().uses;
+  const std::size_t start = tracker_.next_position();
+  for (std::size_t q = start; q < uses.size() && q < start + plan.prefetch_depth; ++q) {
+    const FamilyId f = uses[q].family;
+    Chunk& c = core_.chunk(f, StateKind::kParam);
+    if (c.device_copy || c.value != ChunkValue::kHost || c.bytes == 0) continue;
+    if (pipeline_.updating(f)) continue;
+    if (c.device_slot >= 0 && device_slots_[static_cast<std::size_t>(c.device_slot)].dedicated) {
+      STRATA_RETURN_IF_ERROR(failed(core_, load_to_slot(c, slot_of(c))));
+      c.device_copy = true;
+      continue;
+    }
+    // Leave two slots to the uses on demand (the next param and gradient): slots
+    // hogged by gradients waiting for the optimizer pipeline would otherwise make
+    // a prefetch and the next demand evict each other's chunk, round after round.
+    std::size_t room = 0;
+    for (std::size_t i = 0; i < cache_slots_; ++i) room += movable(device_slots_[i]) ? 1 : 0;
+    if (room <= 2) return Status::Ok();
+    // Take a slot only if its occupant is clean and used later than this prefetch target.
+    const std::size_t here = tracker_.here();
+    const std::int64_t s = pick_slot(f, std::max<std::uint64_t>(q - here, 1));
+    if (s < 0) return Status::Ok();
+    STRATA_RETURN_IF_ERROR(failed(core_, evict_slot(static_cast<std::size_t>(s))));
+    occupy(c, static_cast<std::size_t>(s));
+    STRATA_RETURN_IF_ERROR(failed(core_, load_to_slot(c, slot_of(c))));
+    c.device_copy = true;
+    c.tick = ++tick_;
+    note_gpu_use();
+  }
+  return Status::Ok();
+}
+
+}  // namespace strata::runtime

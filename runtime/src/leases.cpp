@@ -1,0 +1,217 @@
+// Runtime: leases (acquire, release), compute launches and micro-batches.
+#include <algorithm>
+
+#include "runtime_impl.hpp"
+#include "strata/common/assert.hpp"
+#include "strata/common/log.hpp"
+
+namespace strata::runtime {
+namespace {
+
+// The preconditions of acquire() on one tensor's chunk `c`.
+Status check_acquire(const Core& core, const TensorInfo& info, const TensorSlot& ts, const Chunk& c,
+                     StateKind kind, Access access, Where where) {
+  if (c.bytes == 0) {
+    return failed_precondition("acquire(\"{}\", {}): this tensor has no {} state ({})", info.spec.name,
+                               state_kind_name(kind), state_kind_name(kind),
+                               info.spec.frozen ? "it is frozen" : "the optimizer keeps none");
+  }
+  if (kind == StateKind::kGrad && info.spec.frozen) {
+    return failed_precondition("acquire(\"{}\", grad): the tensor is frozen and has no gradient",
+                               info.spec.name);
+  }
+  if (kind == StateKind::kGrad && access != Access::kRead && info.written_in_micro_batch) {
+    return failed_precondition(
+        "acquire(\"{}\", grad) for write: its gradient was already handed over in this micro-batch; "
+        "accumulate "
+        "tied uses before handing it over, or start a new micro-batch with begin_micro_batch (Note [Gradient "
+        "completion])",
+        info.spec.name);
+  }
+  if (access != Access::kRead && info.write_leases > 0) {
+    return failed_precondition(
+        "acquire(\"{}\", {}) for write: the tensor is already leased for write; release "
+        "that lease first",
+        info.spec.name, state_kind_name(kind));
+  }
+  if (kind == StateKind::kGrad && access != Access::kWrite && !info.grad_written) {
+    return failed_precondition(
+        "acquire(\"{}\", grad, {}): no gradient was written since the last step; the "
+        "first micro-batch must use Access::kWrite",
+        info.spec.name, access == Access::kRead ? "read" : "accumulate");
+  }
+  if (kind != StateKind::kGrad && kind != StateKind::kParam && where == Where::kDevice &&
+      core.plan.families[ts.family].optim_home != Tier::kGpu) {
+    return failed_precondition(
+        "acquire(\"{}\", {}) on the device: optimizer states of this family live on {}; "
+        "lease them on Where::kHost between steps",
+        info.spec.name, state_kind_name(kind), tier_name(core.plan.families[ts.family].optim_home));
+  }
+  if (kind == StateKind::kParam && access != Access::kRead && where == Where::kDevice) {
+    return failed_precondition(
+        "acquire(\"{}\", param) for write on the device: params change only through the "
+        "optimizer or init_tensor",
+        info.spec.name);
+  }
+
+  if (where == Where::kHost && core.plan.families[ts.family].optim_home == Tier::kNvme &&
+      kind != StateKind::kParam && kind != StateKind::kGrad) {
+    return failed_precondition(
+        "acquire(\"{}\", {}) on host: the family's states live on NVMe; use read_tensor", info.spec.name,
+        state_kind_name(kind));
+  }
+  return Status::Ok();
+}
+
+// Pins chunk `c` on `where` and returns its base pointer there.
+Result<std::byte*> pin(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Chunk& c, const TensorInfo& info,
+                       Access access, Where where) {
+  if (where == Where::kDevice) {
+    STRATA_RETURN_IF_ERROR(m.residency.ensure_on_device(lock, c, /*load=*/!c.absent()));
+    DeviceSlot& slot = m.residency.slot_of(c);
+    STRATA_RETURN_IF_ERROR(m.core.device.wait(m.core.compute, slot.ready));
+  } else {
+    STRATA_RETURN_IF_ERROR(m.residency.ensure_on_host(c));
+    if (access != Access::kRead) {
+      // A load or prefetch may still be copying from the host copy.
+      STRATA_RETURN_IF_ERROR(m.core.device.synchronize(m.core.h2d));
+      if (c.readers > 0)
+        return failed_precondition("acquire(\"{}\") for write on host while leased on the device",
+                                   info.spec.name);
+      m.residency.drop_device_copy(c);
+    }
+  }
+  if (access != Access::kRead) {
+    ++c.writers;
+    if (where == Where::kDevice) c.move_value(ChunkValue::kDevice);  // a host lease made it kHost
+  } else {
+    ++c.readers;
+  }
+  return where == Where::kDevice ? m.residency.slot_of(c).ptr : c.host;
+}
+
+}  // namespace
+
+Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, Where where) {
+  Impl& m = *impl_;
+  std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
+  if (!m.core.background_error.ok()) return m.core.background_error;
+  if (tensor >= m.core.tensors.size()) {
+    return invalid_argument("acquire: tensor id {} is not registered ({} tensors)", tensor,
+                            m.core.tensors.size());
+  }
+  STRATA_RETURN_IF_ERROR(m.finalize(lock));
+  TensorInfo& info = m.core.tensors[tensor];
+  const TensorSlot& ts = m.core.layout.slots[tensor];
+  Chunk& c = m.core.chunk(ts.family, kind);
+  STRATA_RETURN_IF_ERROR(check_acquire(m.core, info, ts, c, kind, access, where));
+
+  m.schedule(SchedulerEvent::kUseBegins).ignore();  // (never fails)
+  if (kind == StateKind::kGrad) m.tracker.set_in_backward(true);
+  m.tracker.note_use(ts.family, m.tracker.in_backward() ? Phase::kBackward : Phase::kForward,
+                     kind == StateKind::kGrad && access != Access::kRead);
+  // A family whose optimizer is running is waited for (only an unplanned access can meet one).
+  if (m.pipeline.updating(ts.family)) {
+    const double t0 = m.core.timeline.now_us();
+    m.core.cv.wait(lock, [&] { return !m.pipeline.updating(ts.family); });
+    m.core.timeline.add_stall((m.core.timeline.now_us() - t0) * 1e-6);
+    if (!m.core.background_error.ok()) return m.core.background_error;
+  }
+  STRATA_ASSIGN_OR_RETURN(std::byte * base, pin(m, lock, c, info, access, where));
+  if (access != Access::kRead) ++info.write_leases;
+  ++m.leases_out;
+  // A failed prefetch is the background error from now on: the next call returns it.
+  m.schedule(SchedulerEvent::kUsePlaced).ignore();
+
+  Lease lease;
+  lease.runtime_ = this;
+  lease.data_ = base + ts.offset_elems * dtype_bytes(m.core.kind_dtype(kind));
+  lease.numel_ = ts.numel;
+  lease.tensor_ = tensor;
+  lease.kind_ = kind;
+  lease.access_ = access;
+  lease.where_ = where;
+  lease.chunk_ = static_cast<std::uint32_t>(m.core.chunk_index(ts.family, kind));
+  return lease;
+}
+
+void Runtime::release(Lease& lease) {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.core.mu);
+  InvariantCheck check(m);
+  Chunk& c = m.core.chunks[lease.chunk_];
+  if (lease.where_ == Where::kDevice && c.device_slot >= 0) {
+    Status st = m.core.device.record(m.residency.slot_of(c).fence, m.core.compute);
+    if (!st.ok()) m.core.fail(st);
+  }
+  if (lease.access_ != Access::kRead) {
+    STRATA_CHECK(c.writers > 0);
+    --c.writers;
+    --m.core.tensors[lease.tensor_].write_leases;
+    if (lease.kind_ == StateKind::kGrad) {
+      TensorInfo& info = m.core.tensors[lease.tensor_];
+      info.grad_written = true;
+      if (!info.written_in_micro_batch) {
+        info.written_in_micro_batch = true;
+        m.pipeline.note_grad_written(c.family);
+      }
+    }
+  } else {
+    STRATA_CHECK(c.readers > 0);
+    --c.readers;
+  }
+  --m.leases_out;
+  // Note [Gradient completion]: the family's optimizer starts once its gradients
+  // are complete and nobody holds them or its param.
+  if (lease.kind_ == StateKind::kGrad || lease.kind_ == StateKind::kParam)
+    m.schedule(SchedulerEvent::kGradientsHandedOver, c.family).ignore();  // (never fails)
+}
+
+const memory::Stream& Runtime::compute_stream() const {
+  return impl_->core.compute;
+}
+
+Status Runtime::launch(std::function<void()> fn) {
+  Impl& m = *impl_;
+  std::size_t use = 0;
+  {
+    std::lock_guard lock(m.core.mu);
+    use = m.tracker.current_use();
+  }
+  const double enqueued = m.core.timeline.now_us();
+  return m.core.device.launch_host(m.core.compute, [&m, fn = std::move(fn), use, enqueued] {
+    const double t0 = std::max(enqueued, m.core.timeline.now_us());
+    fn();
+    const double t1 = m.core.timeline.now_us();
+    m.core.timeline.add(Track::kCompute, "compute", t0, t1, 0);
+    m.core.track_end_us[static_cast<std::size_t>(Track::kCompute)].store(t1);
+    m.tracker.add_compute(use, (t1 - t0) * 1e-6);
+  });
+}
+
+void Runtime::set_grad_scale(float scale) {
+  std::lock_guard lock(impl_->core.mu);
+  InvariantCheck check(*impl_);
+  OptimizerPipeline& p = impl_->pipeline;
+  p.grad_scale = scale;
+  // Families that start before step() (not deferred) take the scale in effect
+  // when they start; step() sets it again for the deferred ones.
+  if (!impl_->core.deferred()) p.step_scale = scale;
+}
+
+Status Runtime::begin_micro_batch(bool last) {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.core.mu);
+  InvariantCheck check(m);
+  if (m.leases_out > 0) {
+    return failed_precondition("begin_micro_batch: {} leases are still held; release them first",
+                               m.leases_out);
+  }
+  m.pipeline.begin_micro_batch(last);
+  m.tracker.set_in_backward(false);  // a new forward begins
+  for (TensorInfo& t : m.core.tensors) t.written_in_micro_batch = false;
+  return Status::Ok();
+}
+
+}  // namespace strata::runtime

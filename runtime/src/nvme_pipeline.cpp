@@ -1,0 +1,264 @@
+// OptimizerPipeline: NVMe places, read-ahead of optimizer states and their
+// write-back after the kernel (optimizer_pipeline.hpp).
+//
+// Note [Copy-on-write NVMe slots]
+// Updated NVMe states are written to fresh slots, and the param (the fp32 master
+// itself for fp32 compute) is updated in a staging copy. Every fresh slot is
+// taken before anything is committed, and the old slots are freed only when
+// every write of the family succeeded; a failure surfaces from the next call.
+// From the first failure on, no family starts; the ones already running finish.
+// So after a failure every family holds either its state before the step or
+// after it — never a mix: a full disk leaves the failed family (named in the
+// error) before it, a failed write after it (Note [Write-back after step]).
+//
+// Note [Write-back after step]
+// An NVMe family's write-back is not part of its step: once its kernel has run,
+// the updated param is committed at once (the next forward needs it first —
+// backward finishes with the first layers, so waiting for their writes would
+// idle the core_.device), and the updated states go to fresh slots in the background
+// while step() returns and the next forward runs_. The family keeps its NVMe
+// place (and so its staging memory) until the writes end; its next read waits
+// for them. When they succeed the new slots replace the old; when one fails the
+// updated states stay in host memory as the authoritative copy (nothing is lost:
+// read_tensor reads them), the error surfaces from the next call, and no further
+// family starts. So a write failure leaves its family at the state *after* the
+// step; a full disk (no slot to write to, found before anything is committed)
+// leaves it at the state before. flush() waits for every write-back.
+
+#include <cstring>
+
+#include "optimizer_pipeline.hpp"
+#include "residency.hpp"
+#include "strata/common/assert.hpp"
+#include "strata/common/log.hpp"
+
+namespace strata::runtime {
+
+void OptimizerPipeline::take_nvme_place(FamilyId f) {
+  FamilyRun& run = runs_[f];
+  run.move_place(NvmePlace::kReading);
+  ++nvme_places_used_;
+  read_states(f);
+}
+
+void OptimizerPipeline::release_nvme_place(FamilyId f) {
+  FamilyRun& run = runs_[f];
+  if (run.place == NvmePlace::kNone) return;
+  for (std::size_t k = 0; k < run.staging.size(); ++k) {
+    if (run.staging[k] != nullptr)
+      core_.host->free(run.staging[k], core_.chunks[f * kStateKindCount + k].bytes);
+  }
+  run.staging.clear();
+  run.move_place(NvmePlace::kNone);
+  --nvme_places_used_;
+}
+
+void OptimizerPipeline::cancel_read_ahead(FamilyId f) {
+  FamilyRun& run = runs_[f];
+  if (run.io_pending > 0) {
+    run.move_place(NvmePlace::kCancelling);  // io_done releases the place
+    return;
+  }
+  release_nvme_place(f);
+}
+
+void OptimizerPipeline::read_states(FamilyId f) {
+  FamilyRun& run = runs_[f];
+  run.staging.assign(kStateKindCount, nullptr);
+  std::vector<std::pair<std::uint32_t, std::span<std::byte>>> pieces;
+  const std::uint64_t piece = core_.nvme->slot_bytes();
+  for (std::size_t k = 0; k < kStateKindCount; ++k) {
+    Chunk& c = core_.chunks[f * kStateKindCount + k];
+    if (c.bytes == 0 || (!is_optim_kind(c.kind) && c.kind != StateKind::kParam)) continue;
+    auto buffer = core_.host->allocate(c.bytes);
+    if (!buffer.ok()) {
+      if (!run.launched()) {
+        // Reading ahead is an optimisation: without room it waits for the launch.
+        STRATA_LOG_DEBUG("runtime: no host room to read family {} ahead: {}", f, buffer.status().to_string());
+        release_nvme_place(f);
+        return;
+      }
+      Status s = buffer.status();
+      s.with_context(fmt::format("NVMe staging for family {}", f));
+      finish_family(f, s);
+      return;
+    }
+    run.staging[k] = *buffer;
+    if (c.kind == StateKind::kParam) continue;  // copied when the kernel starts
+    if (c.value == ChunkValue::kHost) {
+      std::memcpy(*buffer, c.host, c.bytes);  // left in host memory by a failed write-back
+      continue;
+    }
+    if (c.value != ChunkValue::kNvme) {
+      std::memset(*buffer, 0, c.bytes);  // never written: zeros
+      continue;
+    }
+    for (std::size_t i = 0; i < c.nvme_slots.size(); ++i) {
+      const std::uint64_t begin = i * piece;
+      pieces.emplace_back(
+          c.nvme_slots[i],
+          std::span<std::byte>(*buffer + begin, std::min<std::uint64_t>(piece, c.bytes - begin)));
+    }
+  }
+  if (pieces.empty()) {
+    run.move_place(NvmePlace::kReady);
+    maybe_compute(f);
+    return;
+  }
+  run.io_pending = static_cast<int>(pieces.size());
+  run.io_status = Status::Ok();
+  ++io_families_;
+  // Submitted from a pool thread, without the lock: a store may call back on the
+  // submitting thread, and the caller may be iterating the pipeline's queues.
+  const double enqueued = core_.timeline.now_us();
+  core_.pool->post([this, f, enqueued, pieces = std::move(pieces)] {
+    for (auto& [slot, data] : pieces) {
+      const std::uint64_t len = data.size();
+      auto done = [this, f, enqueued, len](Status s) {
+        io_done(f, std::move(s), Track::kDiskRead, enqueued, len);
+      };
+      Status st = core_.nvme->read(slot, data, done);
+      if (!st.ok()) done(st);  // no callback will come for this piece
+    }
+  });
+}
+
+void OptimizerPipeline::io_done(FamilyId f, Status status, Track track, double enqueued_us,
+                                std::uint64_t bytes) {
+  const double end = core_.timeline.now_us();
+  core_.timeline.add(track, "nvme read", enqueued_us, end, bytes);
+  std::lock_guard lock(core_.mu);
+  FamilyRun& run = runs_[f];
+  if (!status.ok() && run.io_status.ok()) {
+    status.with_context(fmt::format("NVMe read of family {}'s optimizer states", f));
+    run.io_status = std::move(status);
+  }
+  if (--run.io_pending > 0) return;
+  --io_families_;
+  if (run.place == NvmePlace::kCancelling) {
+    release_nvme_place(f);
+    pump();
+    core_.cv.notify_all();
+    return;
+  }
+  if (!run.io_status.ok()) {
+    if (run.launched()) {
+      finish_family(f, run.io_status);
+    } else {
+      core_.fail(run.io_status);  // a read-ahead failed: the data is bad or the disk is
+      release_nvme_place(f);
+      core_.cv.notify_all();
+    }
+    return;
+  }
+  // (An error may have ended the family, and released its place, meanwhile.)
+  if (run.place == NvmePlace::kReading) run.move_place(NvmePlace::kReady);
+  maybe_compute(f);
+  core_.cv.notify_all();
+}
+
+void OptimizerPipeline::write_back(FamilyId f, std::unique_lock<std::mutex>& lock) {
+  FamilyRun& run = runs_[f];
+  Chunk& p = core_.chunk(f, StateKind::kParam);
+  // Write the updated states to fresh slots (Note [Copy-on-write NVMe slots]);
+  // every slot is taken before anything is committed, so a full disk leaves the
+  // family as it was.
+  std::vector<std::vector<std::uint32_t>> new_slots(kStateKindCount);
+  std::vector<std::pair<std::uint32_t, std::span<const std::byte>>> writes;
+  const std::uint64_t piece = core_.nvme->slot_bytes();
+  for (std::size_t k = 0; k < kStateKindCount; ++k) {
+    Chunk& c = core_.chunks[f * kStateKindCount + k];
+    if (c.bytes == 0 || !is_optim_kind(c.kind)) continue;
+    for (std::uint64_t begin = 0; begin < c.bytes; begin += piece) {
+      auto slot = core_.nvme->allocate_slot();
+      if (!slot.ok()) {
+        for (auto& list : new_slots) {
+          for (std::uint32_t s : list) core_.nvme->free_slot(s);
+        }
+        Status st = slot.status();
+        st.with_context(fmt::format("NVMe write of family {}'s optimizer states", f));
+        finish_family(f, st);
+        return;
+      }
+      new_slots[k].push_back(*slot);
+      writes.emplace_back(
+          *slot, std::span<const std::byte>(run.staging[k] + begin, std::min(piece, c.bytes - begin)));
+    }
+  }
+  // Commit the param now; the states follow in the background (Note [Write-back after step]).
+  std::byte*& staged = run.staging[static_cast<std::size_t>(StateKind::kParam)];
+  // A load of the old param may still be copying from it.
+  if (Status st = residency_.wait_host_reads(p); !st.ok()) core_.fail(st);
+  core_.host->free(p.host, p.bytes);
+  p.host = staged;
+  staged = nullptr;
+  commit_param(f);
+  WriteBack& wb = writebacks_[f];
+  STRATA_CHECK(!wb.active);
+  wb.active = true;
+  wb.staging = std::move(run.staging);
+  wb.new_slots = std::move(new_slots);
+  wb.io_pending = static_cast<int>(writes.size());
+  wb.step = steps_done_ + 1;
+  ++writebacks_in_flight_;
+  // The place (and its staging memory) goes with the write-back.
+  run.staging.clear();
+  run.move_place(NvmePlace::kNone);
+  finish_family(f, Status::Ok());
+  if (writes.empty()) {
+    lock.unlock();
+    writeback_done(f, Status::Ok(), core_.timeline.now_us(), 0);  // (a family with no optimizer states)
+    return;
+  }
+  lock.unlock();  // a store may call back on this thread
+  const double enqueued = core_.timeline.now_us();
+  for (auto& [slot, data] : writes) {
+    auto done = [this, f, enqueued, n = data.size()](Status s) {
+      writeback_done(f, std::move(s), enqueued, n);
+    };
+    Status st = core_.nvme->write(slot, data, done);
+    if (!st.ok()) done(st);
+  }
+}
+
+void OptimizerPipeline::writeback_done(FamilyId f, Status status, double enqueued_us, std::uint64_t bytes) {
+  core_.timeline.add(Track::kDiskWrite, "nvme write", enqueued_us, core_.timeline.now_us(), bytes);
+  std::lock_guard lock(core_.mu);
+  WriteBack& wb = writebacks_[f];
+  if (!status.ok() && wb.status.ok()) wb.status = std::move(status);
+  if (--wb.io_pending > 0) return;
+  for (std::size_t k = 0; k < kStateKindCount; ++k) {
+    Chunk& c = core_.chunks[f * kStateKindCount + k];
+    if (c.bytes == 0 || !is_optim_kind(c.kind)) continue;
+    if (wb.status.ok()) {
+      // The new slots replace the old (Note [Copy-on-write NVMe slots]).
+      for (std::uint32_t old : c.nvme_slots) core_.nvme->free_slot(old);
+      c.nvme_slots = std::move(wb.new_slots[k]);
+      c.move_value(ChunkValue::kNvme);
+      core_.host->free(wb.staging[k], c.bytes);
+    } else {
+      // The updated states stay in host memory as the authoritative copy.
+      for (std::uint32_t s : wb.new_slots[k]) core_.nvme->free_slot(s);
+      for (std::uint32_t old : c.nvme_slots) core_.nvme->free_slot(old);
+      c.nvme_slots.clear();
+      c.move_value(ChunkValue::kHost);
+      if (c.host != nullptr) core_.host->free(c.host, c.bytes);
+      c.host = wb.staging[k];
+    }
+  }
+  if (!wb.status.ok()) {
+    Status s = std::move(wb.status);
+    s.with_context(fmt::format(
+        "NVMe write-back of family {}'s optimizer states after step {}; that step's states are kept in host "
+        "memory (read_tensor reads them: save a checkpoint) and no further step runs_",
+        f, wb.step));
+    core_.fail(std::move(s));
+  }
+  wb = WriteBack{};
+  --writebacks_in_flight_;
+  --nvme_places_used_;  // the family's place, held since its states were read
+  pump();
+  core_.cv.notify_all();
+}
+
+}  // namespace strata::runtime

@@ -1,0 +1,290 @@
+// OptimizerPipeline: scheduling a family's optimizer step and the bounded
+// resources it takes (optimizer_pipeline.hpp). NVMe reads and write-backs are in
+// nvme_pipeline.cpp, the kernels' runs in optimizer_run.cpp.
+//
+// Note [Pipeline places]
+// Two bounded resources gate the pipeline, each reserved by the planner:
+//   - grad staging buffers (grad_staging_slots): a family holds one from the moment its
+//     gradient is copied to host until the CPU kernel has consumed it;
+//   - NVMe places (nvme_families_in_flight): an NVMe family holds one from the
+//     moment its states are read into staging until they are written back.
+// They are taken independently, so a host family never waits behind NVMe I/O.
+// NVMe reads run ahead: as soon as a place is free, the states of the next NVMe
+// family in the traced completion order are read, even before its gradients
+// exist (during forward), so by the time its gradients land only the kernel and
+// the write-back remain. A family whose gradients are complete but that has no
+// place takes one from a read-ahead family that is not launched yet, so an
+// out-of-order step cannot wait on a read-ahead that waits on it.
+//
+#include "optimizer_pipeline.hpp"
+
+#include <algorithm>
+#include <limits>
+
+#include "residency.hpp"
+#include "strata/common/assert.hpp"
+#include "strata/common/log.hpp"
+
+namespace strata::runtime {
+
+void OptimizerPipeline::init(std::size_t family_count) {
+  runs_.assign(family_count, FamilyRun{});
+  writebacks_.assign(family_count, WriteBack{});
+  trainable.assign(family_count, 0);
+  grads_written_.assign(family_count, 0);
+}
+
+void OptimizerPipeline::adopt(const StepTrace& trace) {
+  grad_staging_max_ = static_cast<int>(core_.opt.plan.grad_staging_slots);
+  nvme_places_max_ = static_cast<int>(core_.opt.plan.nvme_families_in_flight);
+  // NVMe families in the order their gradients complete in the trace (Note [Pipeline places]).
+  const std::vector<long> last = last_backward_use(trace, core_.layout.families.size());
+  nvme_order_.clear();
+  for (FamilyId f = 0; f < core_.plan.families.size(); ++f) {
+    if (core_.on_nvme(f) && core_.family_bytes[f].numel > 0) nvme_order_.push_back(f);
+  }
+  std::stable_sort(nvme_order_.begin(), nvme_order_.end(), [&](FamilyId a, FamilyId b) {
+    const long la = last[a] < 0 ? std::numeric_limits<long>::max() : last[a];
+    const long lb = last[b] < 0 ? std::numeric_limits<long>::max() : last[b];
+    return la < lb;
+  });
+}
+
+bool OptimizerPipeline::gradients_complete(FamilyId f) const {
+  const Chunk& grad = core_.chunks[static_cast<std::size_t>(core_.chunk_index(f, StateKind::kGrad))];
+  const Chunk& param = core_.chunks[static_cast<std::size_t>(core_.chunk_index(f, StateKind::kParam))];
+  return last_micro_batch && grads_written_[f] > 0 && grads_written_[f] == trainable[f] &&
+         grad.writers == 0 && param.readers == 0;
+}
+
+void OptimizerPipeline::begin_micro_batch(bool last) {
+  last_micro_batch = last;
+  std::fill(grads_written_.begin(), grads_written_.end(), 0);
+}
+
+void OptimizerPipeline::start_read_ahead() {
+  if (read_ahead_ || read_ahead_cursor_ != 0 || core_.nvme == nullptr) return;
+  read_ahead_ = true;
+  pump();
+}
+
+void OptimizerPipeline::stop_read_ahead() {
+  read_ahead_ = false;
+  for (FamilyId f = 0; f < runs_.size(); ++f) {
+    if (runs_[f].place != NvmePlace::kNone && !runs_[f].launched()) cancel_read_ahead(f);
+  }
+}
+
+void OptimizerPipeline::drop_read_ahead(FamilyId f) {
+  if (runs_[f].place != NvmePlace::kNone && !runs_[f].launched()) {
+    // States read ahead before this write are stale now (callers waited for the I/O).
+    STRATA_CHECK(runs_[f].io_pending == 0);
+    release_nvme_place(f);
+  }
+}
+
+void OptimizerPipeline::end_step() {
+  std::fill(grads_written_.begin(), grads_written_.end(), 0);
+  launch_fifo_.clear();
+  grad_queue_.clear();
+  read_ahead_cursor_ = 0;
+  for (FamilyRun& run : runs_) run = FamilyRun{};
+  ++steps_done_;
+}
+
+bool OptimizerPipeline::all_applied() const {
+  for (const FamilyRun& run : runs_) {
+    if (run.launched() && !run.applied) return false;
+  }
+  return true;
+}
+
+void OptimizerPipeline::launch_optimizer(FamilyId f) {
+  FamilyRun& run = runs_[f];
+  if (run.running() || !core_.background_error.ok()) return;
+  if (run.launched()) run = FamilyRun{};  // a second completion in one step (a later last micro-batch)
+  bool any = false;
+  for (TensorId t : core_.layout.families[f].tensors)
+    any = any || (core_.tensors[t].grad_written && !core_.tensors[t].spec.frozen);
+  if (!any) return;  // nothing to update (yet): step() looks again
+  Chunk& g = core_.chunk(f, StateKind::kGrad);
+  if (g.writers > 0) return;  // release() launches it
+  run.move_phase(FamilyPhase::kWaiting);
+  ++tasks_in_flight_;
+  if (core_.plan.families[f].optim_home == Tier::kGpu) {
+    launch_device_optimizer(f);
+    return;
+  }
+  launch_fifo_.push_back(f);
+  grad_queue_.push_back(f);
+  pump();
+}
+
+void OptimizerPipeline::pump() {
+  if (!core_.background_error.ok()) {
+    // Nothing new starts after a failure (Note [Copy-on-write NVMe slots]);
+    // families waiting for a place or a gradient end here, untouched.
+    grad_queue_.clear();
+    for (FamilyId f : launch_fifo_) {
+      FamilyRun& run = runs_[f];
+      // (A gradient still being copied to host ends here when its copy lands.)
+      if (run.phase == FamilyPhase::kWaiting && run.io_pending == 0 && run.grad != GradStaging::kCopying)
+        finish_family(f, Status::Ok());
+    }
+    return;
+  }
+  // 1. NVMe places: launched families first, in launch order.
+  for (FamilyId f : launch_fifo_) {
+    FamilyRun& run = runs_[f];
+    if (!core_.on_nvme(f) || run.place != NvmePlace::kNone || !run.running()) continue;
+    if (writebacks_[f].active) continue;  // writeback_done pumps again
+    if (nvme_places_used_ >= nvme_places_max_) {
+      // Take a place back from a read-ahead that is not launched yet.
+      for (FamilyId g : nvme_order_) {
+        FamilyRun& other = runs_[g];
+        if ((other.place == NvmePlace::kReading || other.place == NvmePlace::kReady) && !other.launched()) {
+          cancel_read_ahead(g);
+          break;
+        }
+      }
+      if (nvme_places_used_ >= nvme_places_max_) break;
+    }
+    take_nvme_place(f);
+  }
+  // Then read ahead in the traced completion order.
+  if (read_ahead_) {
+    for (; read_ahead_cursor_ < nvme_order_.size() && nvme_places_used_ < nvme_places_max_;
+         ++read_ahead_cursor_) {
+      FamilyId f = nvme_order_[read_ahead_cursor_];
+      FamilyRun& run = runs_[f];
+      if (run.place != NvmePlace::kNone || run.phase == FamilyPhase::kDone) continue;
+      if (writebacks_[f].active) break;  // its last step's states are still being written
+      take_nvme_place(f);
+    }
+  }
+  // 2. Gradient slots, first come first served.
+  while (!grad_queue_.empty() && grad_staging_used_ < grad_staging_max_) {
+    FamilyId f = grad_queue_.front();
+    grad_queue_.pop_front();
+    if (runs_[f].running()) land_gradient(f);
+  }
+}
+
+void OptimizerPipeline::land_gradient(FamilyId f) {
+  FamilyRun& run = runs_[f];
+  Chunk& g = core_.chunk(f, StateKind::kGrad);
+  run.move_grad(GradStaging::kCopying);
+  ++grad_staging_used_;
+  if (g.dirty()) {
+    auto buffer = core_.host->allocate(g.bytes);
+    if (!buffer.ok()) {
+      Status s = buffer.status();
+      s.with_context(fmt::format("gradient staging for family {}", f));
+      finish_family(f, s);
+      return;
+    }
+    run.grad_host = *buffer;
+    DeviceSlot& slot = residency_.slot_of(g);
+    Status st = core_.device.wait(core_.d2h, slot.fence);
+    if (st.ok())
+      st = core_.timed_copy(core_.d2h, Track::kD2H, run.grad_host, slot.ptr, g.bytes,
+                            memory::CopyKind::kDeviceToHost, fmt::format("d2h f{} grad", f));
+    if (st.ok()) st = core_.device.record(slot.fence, core_.d2h);
+    if (st.ok()) {
+      st = core_.device.launch_host(core_.d2h, [this, f] {
+        // Device-stream callbacks never take the mutex (Note [Runtime threading]).
+        core_.pool->post([this, f] {
+          std::lock_guard lock(core_.mu);
+          FamilyRun& landed = runs_[f];
+          if (landed.grad == GradStaging::kCopying) landed.move_grad(GradStaging::kReady);
+          if (core_.background_error.ok()) {
+            maybe_compute(f);
+          } else {
+            pump();  // ends this family, untouched, now that its staging is free to reuse
+            core_.cv.notify_all();
+          }
+        });
+      });
+    }
+    // The slot may take a new occupant now: its writes wait on the fence.
+    g.move_value(ChunkValue::kStaged);
+    residency_.drop_device_copy(g);
+    if (!st.ok()) finish_family(f, st);
+    return;
+  }
+  if (g.value == ChunkValue::kHost) {
+    run.grad_host = g.host;
+    run.grad_host_owned_by_chunk = true;
+    run.move_grad(GradStaging::kReady);
+    maybe_compute(f);
+    return;
+  }
+  finish_family(f, internal_error("family {}: gradient is on no tier when its optimizer starts", f));
+}
+
+void OptimizerPipeline::maybe_compute(FamilyId f) {
+  FamilyRun& run = runs_[f];
+  if (run.phase != FamilyPhase::kWaiting || run.grad != GradStaging::kReady) return;
+  if (core_.on_nvme(f) && run.place != NvmePlace::kReady) return;
+  run.move_phase(FamilyPhase::kComputing);
+  core_.pool->post([this, f] { compute_family(f); });
+}
+
+void OptimizerPipeline::release_gradient(FamilyId f, bool consumed) {
+  FamilyRun& run = runs_[f];
+  Chunk& g = core_.chunk(f, StateKind::kGrad);
+  if (run.grad_host != nullptr && !run.grad_host_owned_by_chunk) core_.host->free(run.grad_host, g.bytes);
+  run.grad_host = nullptr;
+  if (consumed) {
+    if (g.host != nullptr) {
+      core_.host->free(g.host, g.bytes);
+      g.host = nullptr;
+    }
+    g.move_value(ChunkValue::kAbsent);
+    residency_.drop_device_copy(g);
+    for (TensorId t : core_.layout.families[f].tensors) core_.tensors[t].grad_written = false;
+  }
+  if (run.grad != GradStaging::kNone) {
+    run.move_grad(GradStaging::kNone);
+    --grad_staging_used_;
+  }
+}
+
+void OptimizerPipeline::finish_family(FamilyId f, Status status) {
+  FamilyRun& run = runs_[f];
+  STRATA_CHECK(run.running());
+  if (run.grad == GradStaging::kCopying && run.grad_host != nullptr && !run.grad_host_owned_by_chunk) {
+    // An error ends the family while its gradient is still being copied into
+    // the staging buffer: the copy must land before the buffer is reused (the
+    // d2h stream never takes this lock, Note [Runtime threading]).
+    core_.device.synchronize(core_.d2h).ignore();
+  }
+  if (run.grad != GradStaging::kNone) release_gradient(f, /*consumed=*/false);
+  release_nvme_place(f);
+  if (!status.ok()) core_.fail(status);
+  run.move_phase(FamilyPhase::kDone);
+  --tasks_in_flight_;
+  pump();
+  core_.cv.notify_all();
+}
+
+void OptimizerPipeline::commit_param(FamilyId f) {
+  for (TensorId t : runs_[f].updated) ++core_.tensors[t].updates;
+  // The host param (and master) changed: the GPU copy is stale.
+  Chunk& p = core_.chunk(f, StateKind::kParam);
+  STRATA_CHECK(p.readers == 0);
+  residency_.drop_device_copy(p);
+}
+
+Status OptimizerPipeline::wait_step_work(std::unique_lock<std::mutex>& lock) {
+  core_.cv.wait(lock, [&] { return tasks_in_flight_ == 0 && io_families_ == 0; });
+  return core_.background_error;
+}
+
+Status OptimizerPipeline::wait_all(std::unique_lock<std::mutex>& lock) {
+  core_.cv.wait(lock,
+                [&] { return tasks_in_flight_ == 0 && io_families_ == 0 && writebacks_in_flight_ == 0; });
+  return core_.background_error;
+}
+
+}  // namespace strata::runtime

@@ -1,0 +1,212 @@
+#pragma once
+// OptimizerPipeline: each family's optimizer step in the current step. It owns
+// the families' progress (FamilyRun), gradient completion counting (Note
+// [Gradient completion]), the grad staging buffers and NVMe places that bound
+// the pipeline (Note [Pipeline places]), NVMe read-ahead, the CPU and device
+// optimizer runs, and the NVMe write-backs that outlive the step (Note
+// [Write-back after step]). It may call Core (stores, pool, streams, timeline)
+// and Residency (loads for device optimizers, host copies, dropping a stale or
+// consumed device copy). Every function expects Core::mu held unless its
+// comment says "takes mu" (Note [Lock discipline]).
+
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <vector>
+
+#include "core.hpp"
+#include "strata/common/assert.hpp"
+#include "strata/kernels/optim.hpp"
+
+namespace strata::runtime {
+
+class Residency;
+
+// Note [Family run states]
+// A family's progress through one step is three small state machines, each
+// changed only through FamilyRun::move_* (which checks the transition):
+//   phase: idle -> waiting (launched: gradients complete) -> computing (the CPU
+//          kernel is queued or running) -> done; waiting -> done (a device
+//          optimizer, or an error); a second completion in one step starts over.
+//   grad (its grad staging buffer): none -> copying (d2h in flight) -> ready;
+//          none -> ready (the gradient was on host); copying|ready -> none.
+//   place (its NVMe place, Note [Pipeline places]): none -> reading -> ready;
+//          none -> ready (nothing to read); reading -> cancelling (a read-ahead
+//          given up: released when the reads end); any -> none (released, or
+//          handed to the write-back).
+
+enum class FamilyPhase : std::uint8_t { kIdle, kWaiting, kComputing, kDone };
+enum class GradStaging : std::uint8_t { kNone, kCopying, kReady };
+enum class NvmePlace : std::uint8_t { kNone, kReading, kReady, kCancelling };
+
+constexpr bool phase_move_allowed(FamilyPhase from, FamilyPhase to) {
+  using P = FamilyPhase;
+  return (from == P::kIdle && to == P::kWaiting) || (from == P::kWaiting && to != P::kIdle) ||
+         (from == P::kComputing && to == P::kDone);
+}
+constexpr bool grad_move_allowed(GradStaging from, GradStaging to) {
+  return from == GradStaging::kNone
+             ? to != GradStaging::kNone
+             : (to == GradStaging::kNone || (from == GradStaging::kCopying && to == GradStaging::kReady));
+}
+constexpr bool place_move_allowed(NvmePlace from, NvmePlace to) {
+  using N = NvmePlace;
+  switch (from) {
+    case N::kNone:
+      return to == N::kReading || to == N::kReady;
+    case N::kReading:
+      return to != N::kReading;
+    case N::kReady:
+      return to == N::kNone;
+    case N::kCancelling:
+      return to == N::kNone || to == N::kCancelling;
+  }
+  return false;
+}
+
+//! A family's optimizer work in the current step (Note [Family run states]).
+struct FamilyRun {
+  FamilyPhase phase = FamilyPhase::kIdle;
+  GradStaging grad = GradStaging::kNone;
+  NvmePlace place = NvmePlace::kNone;
+  bool applied = false;
+  std::byte* grad_host = nullptr;         //!< the gradient on host (grad staging buffer or the chunk's own)
+  bool grad_host_owned_by_chunk = false;  //!< grad_host is the grad chunk's own host copy
+  std::vector<std::byte*> staging;        //!< per kind: NVMe states and the param being updated
+  int io_pending = 0;
+  Status io_status;
+  std::vector<TensorId> updated;  //!< tensors the kernel updated (committed with the param)
+
+  //! Gradients complete, optimizer requested (this step).
+  bool launched() const { return phase != FamilyPhase::kIdle; }
+  //! Launched and not finished.
+  bool running() const { return phase == FamilyPhase::kWaiting || phase == FamilyPhase::kComputing; }
+  void move_phase(FamilyPhase to) {
+    STRATA_CHECK(phase_move_allowed(phase, to));
+    phase = to;
+  }
+  void move_grad(GradStaging to) {
+    STRATA_CHECK(grad_move_allowed(grad, to));
+    grad = to;
+  }
+  void move_place(NvmePlace to) {
+    STRATA_CHECK(place_move_allowed(place, to));
+    place = to;
+  }
+};
+
+//! An NVMe family's updated states on their way to fresh NVMe slots after its
+//! optimizer step; outlives the step (Note [Write-back after step]).
+struct WriteBack {
+  bool active = false;
+  std::vector<std::byte*> staging;                    //!< per kind: the updated states
+  std::vector<std::vector<std::uint32_t>> new_slots;  //!< per kind: the NVMe slots being written
+  int io_pending = 0;
+  Status status;
+  std::uint64_t step = 0;  //!< the step whose update this is (1-based)
+};
+
+class OptimizerPipeline {
+ public:
+  OptimizerPipeline(Core& core, Residency& residency) : core_(core), residency_(residency) {}
+
+  //! Sizes the per-family records once the layout is known.
+  void init(std::size_t family_count);
+  //! Takes the adopted plan's limits and the NVMe families' order of gradient
+  //! completion in `trace` (Note [Pipeline places]).
+  void adopt(const StepTrace& trace);
+
+  // --- gradient completion (Note [Gradient completion]) ---
+  //! A tensor of family `f` handed its gradient over for the first time in this micro-batch.
+  void note_grad_written(FamilyId f) { ++grads_written_[f]; }
+  //! Every trainable tensor of `f` handed its gradient over in the last micro-batch.
+  bool gradients_complete(FamilyId f) const;
+  //! Starts a micro-batch (last: its gradients complete the step).
+  void begin_micro_batch(bool last);
+
+  // --- scheduling ---
+  //! Requests family f's optimizer step (a no-op when it has nothing to update
+  //! or a lease still writes its gradient).
+  void launch_optimizer(FamilyId f);
+  //! Starts whatever the places allow (Note [Pipeline places]).
+  void pump();
+  //! Starts reading NVMe states ahead at the first acquire of a planned step.
+  void start_read_ahead();
+  //! At step(): no more read-ahead; states read ahead for families that got no
+  //! gradient this step are dropped.
+  void stop_read_ahead();
+  //! Resets the per-step records for the next step.
+  void end_step();
+  //! Waits for this step's optimizer work (not for NVMe write-backs).
+  Status wait_step_work(std::unique_lock<std::mutex>& lock);
+  //! Waits for everything in the background, NVMe write-backs included.
+  Status wait_all(std::unique_lock<std::mutex>& lock);
+  //! States read ahead for family `f` become stale (a host write replaces them).
+  void drop_read_ahead(FamilyId f);
+
+  // --- queries ---
+  //! Family f's optimizer has been requested this step: its gradient is the pipeline's.
+  bool claims_gradient(FamilyId f) const { return runs_[f].launched(); }
+  //! Family f's optimizer step is requested and not finished.
+  bool updating(FamilyId f) const { return runs_[f].running(); }
+  //! Some optimizer step is in flight (it will free slots and notify Core::cv).
+  bool busy() const { return tasks_in_flight_ > 0; }
+  //! Every launched family applied its update (none skipped for Inf/NaN).
+  bool all_applied() const;
+  void check_invariants() const;
+
+  float grad_scale = 1.0f;  //!< set_grad_scale's value
+  float step_scale = 1.0f;  //!< grad scale the kernels use this step (x clip coefficient)
+  bool last_micro_batch = true;
+  std::vector<std::uint32_t> trainable;  //!< per family: tensors with gradients
+
+  //! Spans of family f's updated tensors over `ptrs`; their ids into *updated.
+  std::vector<kernels::Span> spans_for(FamilyId f, const FamilyPtrs& ptrs, std::vector<TensorId>* updated);
+
+ private:
+  void launch_device_optimizer(FamilyId f);
+  void take_nvme_place(FamilyId f);
+  void release_nvme_place(FamilyId f);
+  void cancel_read_ahead(FamilyId f);
+  void read_states(FamilyId f);
+  void land_gradient(FamilyId f);
+  void maybe_compute(FamilyId f);
+  void compute_family(FamilyId f);  // pool thread; takes mu
+  //! Writes family f's updated NVMe states to fresh slots after its kernel; unlocks `lock`.
+  void write_back(FamilyId f, std::unique_lock<std::mutex>& lock);
+  void io_done(FamilyId f, Status status, Track track, double enqueued_us, std::uint64_t bytes);  // takes mu
+  void writeback_done(FamilyId f, Status status, double enqueued_us, std::uint64_t bytes);        // takes mu
+  void release_gradient(FamilyId f, bool consumed);
+  void finish_family(FamilyId f, Status status);
+  //! Counts the update and drops the stale GPU copy of the family's param.
+  void commit_param(FamilyId f);
+  //! The kernel keys and group hyperparameters of `updated` tensors (for run_kernels).
+  void kernel_keys(const std::vector<TensorId>& updated, std::vector<std::int64_t>* keys,
+                   std::vector<kernels::Hyper>* hypers) const;
+  //! kernels::step over spans grouped by key; no lock needed. `keys` per span:
+  //! (group << 48) | step number, so each kernel call has one hyper and one
+  //! bias-correction step; `hypers` the groups' hyperparameters, captured under
+  //! the lock when the run was launched.
+  Result<kernels::StepReport> run_kernels(const std::vector<kernels::Span>& spans,
+                                          const std::vector<std::int64_t>& keys, float scale,
+                                          const std::vector<kernels::Hyper>& hypers);
+
+  Core& core_;
+  Residency& residency_;
+  std::vector<FamilyRun> runs_;
+  std::vector<std::uint32_t> grads_written_;  //!< per family: trainable tensors written this micro-batch
+  int tasks_in_flight_ = 0;
+  std::deque<FamilyId> grad_queue_;    //!< launched families waiting for a grad staging buffer
+  std::vector<FamilyId> launch_fifo_;  //!< launched this step, in order
+  std::vector<FamilyId> nvme_order_;   //!< NVMe families by traced gradient completion
+  std::size_t read_ahead_cursor_ = 0;
+  bool read_ahead_ = false;  //!< read NVMe states ahead this step
+  int grad_staging_used_ = 0, grad_staging_max_ = 2;
+  int nvme_places_used_ = 0, nvme_places_max_ = 2;
+  int io_families_ = 0;                //!< families with NVMe reads in flight
+  std::vector<WriteBack> writebacks_;  //!< per family (Note [Write-back after step])
+  int writebacks_in_flight_ = 0;
+  std::uint64_t steps_done_ = 0;  //!< steps ended (end_step); a write-back names its step
+};
+
+}  // namespace strata::runtime

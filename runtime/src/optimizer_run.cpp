@@ -1,0 +1,220 @@
+// OptimizerPipeline: running a family's optimizer kernel, on the CPU pool or on
+// the device's optimizer stream (optimizer_pipeline.hpp).
+//
+// Note [Optimizer pipeline]
+// States on the GPU: the fused kernel runs_ on the optimizer stream after the
+// compute stream is done with the gradients (sim: the CPU kernel as the device's
+// kernel). States on host: d2h of the gradient into a staging buffer, then the
+// CPU kernel on the core_.pool, which writes the new compute-dtype param into the
+// family's host param chunk; the GPU copy is dropped and the next use (or a
+// prefetch) brings the new one up. States on NVMe: as on core_.host, with the master
+// and moments read into staging first and written back after
+// (optimizer_pipeline.cpp: Note [Pipeline places]; nvme_pipeline.cpp: Note [Copy-on-write NVMe slots]).
+
+#include <algorithm>
+#include <cstring>
+
+#include "optimizer_pipeline.hpp"
+#include "residency.hpp"
+#include "strata/common/assert.hpp"
+#include "strata/common/log.hpp"
+
+namespace strata::runtime {
+
+std::vector<kernels::Span> OptimizerPipeline::spans_for(FamilyId f, const FamilyPtrs& ptrs,
+                                                        std::vector<TensorId>* updated) {
+  std::vector<kernels::Span> spans;
+  const DType cdt = core_.opt.compute_dtype;
+  const std::uint64_t cb = dtype_bytes(cdt);
+  const std::uint64_t sb = kernels::dtype_size(core_.opt.state_dtype);
+  for (TensorId t : core_.layout.families[f].tensors) {
+    const TensorInfo& info = core_.tensors[t];
+    if (info.spec.frozen || !info.grad_written) continue;
+    const std::uint64_t off = core_.layout.slots[t].offset_elems;
+    kernels::Span s;
+    s.n = info.numel;
+    s.tensor = t;
+    s.grad = ptrs.at[static_cast<int>(StateKind::kGrad)] + off * cb;
+    s.grad_dtype = cdt;
+    if (core_.separate_master) {
+      s.master = reinterpret_cast<float*>(ptrs.at[static_cast<int>(StateKind::kMaster)] + off * 4);
+      s.param = ptrs.at[static_cast<int>(StateKind::kParam)] + off * cb;
+      s.param_dtype = cdt;
+    } else {
+      s.master = reinterpret_cast<float*>(ptrs.at[static_cast<int>(StateKind::kParam)] + off * 4);
+      s.param_dtype = DType::kNone;
+    }
+    for (std::uint32_t i = 0; i < core_.state_count; ++i) {
+      s.state[i] = ptrs.at[static_cast<int>(StateKind::kState0) + static_cast<int>(i)] + off * sb;
+    }
+    s.state_dtype = core_.opt.state_dtype;
+    spans.push_back(s);
+    if (updated != nullptr) updated->push_back(t);
+  }
+  return spans;
+}
+
+void OptimizerPipeline::kernel_keys(const std::vector<TensorId>& updated, std::vector<std::int64_t>* keys,
+                                    std::vector<kernels::Hyper>* hypers) const {
+  std::uint32_t groups_used = 1;
+  for (TensorId t : updated) {
+    keys->push_back((static_cast<std::int64_t>(core_.tensors[t].group) << 48) |
+                    (core_.tensors[t].updates + 1));
+    groups_used = std::max(groups_used, core_.tensors[t].group + 1);
+  }
+  for (std::uint32_t g = 0; g < groups_used; ++g) hypers->push_back(core_.hyper(g));
+}
+
+Result<kernels::StepReport> OptimizerPipeline::run_kernels(const std::vector<kernels::Span>& spans,
+                                                           const std::vector<std::int64_t>& keys, float scale,
+                                                           const std::vector<kernels::Hyper>& hypers) {
+  // Tensors updated a different number of times (one was unused in some step)
+  // need their own bias corrections, and each parameter group its own lr and
+  // weight decay: one kernel call per distinct (group, step) key.
+  constexpr std::int64_t kStepMask = (std::int64_t{1} << 48) - 1;
+  kernels::StepReport total{.grads_finite = true, .applied = true};
+  std::vector<std::int64_t> distinct(keys);
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  for (std::int64_t key : distinct) {
+    std::vector<kernels::Span> group;
+    for (std::size_t i = 0; i < spans.size(); ++i) {
+      if (keys[i] == key) group.push_back(spans[i]);
+    }
+    const auto g = static_cast<std::size_t>(key >> 48);
+    STRATA_CHECK(g < hypers.size());
+    kernels::StepArgs args{.hyper = hypers[g],
+                           .step = key & kStepMask,
+                           .grad_scale = scale,
+                           .spans = group,
+                           .pool = core_.pool.get()};
+    STRATA_ASSIGN_OR_RETURN(kernels::StepReport r, kernels::step(args));
+    total.grads_finite = total.grads_finite && r.grads_finite;
+    total.applied = total.applied && r.applied;
+  }
+  return total;
+}
+
+void OptimizerPipeline::launch_device_optimizer(FamilyId f) {
+  FamilyPtrs ptrs;
+  for (std::size_t k = 0; k < kStateKindCount; ++k) {
+    Chunk& c = core_.chunks[f * kStateKindCount + k];
+    if (c.bytes == 0) continue;
+    STRATA_CHECK(c.device_slot >= 0);
+    DeviceSlot& slot = residency_.slot_of(c);
+    ptrs.at[k] = slot.ptr;
+    Status st = core_.device.wait(core_.opt_stream, slot.fence);
+    if (st.ok() && !c.device_copy) {
+      // A state never loaded (zeros) or one whose host copy is newer: load it first.
+      st = residency_.load_to_slot(c, slot);
+      if (st.ok()) st = core_.device.wait(core_.opt_stream, slot.ready);
+      c.device_copy = st.ok();
+    }
+    if (!st.ok()) {
+      finish_family(f, st);
+      return;
+    }
+  }
+  std::vector<TensorId> updated;
+  std::vector<kernels::Span> spans = spans_for(f, ptrs, &updated);
+  std::vector<std::int64_t> steps;
+  std::vector<kernels::Hyper> hypers;
+  kernel_keys(updated, &steps, &hypers);
+  const double enqueued = core_.timeline.now_us();
+  const float scale = step_scale;
+  Status st =
+      core_.device.launch_host(core_.opt_stream, [this, f, spans, steps, hypers, updated, enqueued, scale] {
+        Result<kernels::StepReport> r = run_kernels(spans, steps, scale, hypers);
+        std::uint64_t elems = 0;
+        for (const auto& s : spans) elems += s.n;
+        core_.record_span(Track::kGpuOptimizer, fmt::format("optimizer f{}", f), enqueued, elems);
+        // Device-stream callbacks never take the mutex (Note [Runtime threading]).
+        core_.pool->post([this, f, r, updated] {
+          std::lock_guard lock(core_.mu);
+          if (r.ok()) {
+            runs_[f].applied = r->applied;
+            if (r->applied) {
+              for (TensorId t : updated) ++core_.tensors[t].updates;
+            }
+          }
+          release_gradient(f, r.ok());
+          finish_family(f, r.ok() ? Status::Ok() : r.status());
+        });
+      });
+  for (std::size_t k = 0; k < kStateKindCount && st.ok(); ++k) {
+    Chunk& c = core_.chunks[f * kStateKindCount + k];
+    if (c.bytes == 0) continue;
+    DeviceSlot& slot = residency_.slot_of(c);
+    st = core_.device.record(slot.ready, core_.opt_stream);
+    if (st.ok()) st = core_.device.record(slot.fence, core_.opt_stream);
+    if (k != static_cast<std::size_t>(StateKind::kGrad)) {
+      c.move_value(ChunkValue::kDevice);  // the device copy is the authoritative one
+    }
+  }
+  if (!st.ok()) core_.fail(st);
+}
+
+void OptimizerPipeline::compute_family(FamilyId f) {
+  std::unique_lock lock(core_.mu);
+  FamilyRun& run = runs_[f];
+  const bool nvme_family = core_.on_nvme(f);
+  FamilyPtrs ptrs;
+  for (std::size_t k = 0; k < kStateKindCount; ++k) {
+    Chunk& c = core_.chunks[f * kStateKindCount + k];
+    if (c.bytes == 0) continue;
+    if (c.kind == StateKind::kGrad) {
+      ptrs.at[k] = run.grad_host;
+    } else if (nvme_family && (is_optim_kind(c.kind) || c.kind == StateKind::kParam)) {
+      ptrs.at[k] = run.staging[k];
+    } else {
+      Status st = residency_.ensure_on_host(c);
+      if (!st.ok()) {
+        finish_family(f, st);
+        return;
+      }
+      ptrs.at[k] = c.host;
+    }
+  }
+  Chunk& p = core_.chunk(f, StateKind::kParam);
+  std::vector<TensorId> updated;
+  std::vector<kernels::Span> spans = spans_for(f, ptrs, &updated);
+  std::vector<std::int64_t> steps;
+  std::vector<kernels::Hyper> hypers;
+  kernel_keys(updated, &steps, &hypers);
+  const float scale = step_scale;
+  // The kernel writes a host family's param in place: no load may still read it.
+  if (!nvme_family) {
+    if (Status st = residency_.wait_host_reads(p); !st.ok()) {
+      finish_family(f, st);
+      return;
+    }
+  }
+  lock.unlock();
+
+  const double t0 = core_.timeline.now_us();
+  // The param is updated in its staging copy for NVMe families; nothing else
+  // writes the host param while this family's optimizer runs.
+  if (nvme_family) std::memcpy(ptrs.at[static_cast<int>(StateKind::kParam)], p.host, p.bytes);
+  Result<kernels::StepReport> r = run_kernels(spans, steps, scale, hypers);
+  std::uint64_t elems = 0;
+  for (const auto& s : spans) elems += s.n;
+  core_.timeline.add(Track::kCpuOptimizer, fmt::format("optimizer f{}", f), t0, core_.timeline.now_us(),
+                     elems);
+
+  lock.lock();
+  release_gradient(f, r.ok());
+  if (!r.ok()) {
+    finish_family(f, r.status());
+    return;
+  }
+  run.applied = r->applied;
+  run.updated = std::move(updated);
+  if (!nvme_family || !r->applied) {
+    if (r->applied) commit_param(f);
+    finish_family(f, Status::Ok());
+    return;
+  }
+  write_back(f, lock);
+}
+
+}  // namespace strata::runtime

@@ -1,0 +1,85 @@
+// Runtime::Impl: adopting a plan (planner.cpp makes it) — moving optimizer
+// states whose home changes, rebuilding the device slots, and making the
+// tracker and the pipeline follow the new trace.
+#include "runtime_impl.hpp"
+#include "strata/common/assert.hpp"
+#include "strata/common/log.hpp"
+
+namespace strata::runtime {
+
+StepTrace registration_trace(std::size_t families) {
+  StepTrace trace;
+  for (std::size_t f = 0; f < families; ++f) {
+    trace.uses.push_back({.family = static_cast<FamilyId>(f), .phase = Phase::kForward});
+  }
+  for (std::size_t f = families; f-- > 0;) {
+    trace.uses.push_back(
+        {.family = static_cast<FamilyId>(f), .phase = Phase::kBackward, .writes_grad = true});
+  }
+  return trace;
+}
+
+Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace trace) {
+  PlanInput in{.families = core.family_bytes,
+               .trace = trace,
+               .budgets = core.opt.budgets,
+               .options = core.opt.plan,
+               .slot_bytes = core.layout.chunk_elems * dtype_bytes(core.opt.compute_dtype)};
+  // The chunk budget is the runtime's own (Note [Chunk budget]): activations are the caller's.
+  in.trace.non_chunk_peak_bytes = 0;
+  if (core.device.kind() != memory::DeviceKind::kSim && in.options.allow_gpu_optimizer) {
+    in.options.allow_gpu_optimizer = false;
+    STRATA_LOG_INFO(
+        "runtime: optimizer steps run on the CPU: the CUDA multi-tensor optimizer is not wired into "
+        "the runtime yet");
+  }
+  const bool first = !core.finalized;
+  STRATA_ASSIGN_OR_RETURN(Plan p, make_plan(in));
+  if (p.nvme_bytes > 0) STRATA_RETURN_IF_ERROR(core.ensure_nvme_store());
+  if (first) {
+    // Homes start where the plan puts them: nothing to migrate.
+  } else {
+    STRATA_CHECK(p.all_gpu == core.plan.all_gpu);     // sizes do not change between plans
+    STRATA_RETURN_IF_ERROR(pipeline.wait_all(lock));  // write-backs end before homes move
+    STRATA_RETURN_IF_ERROR(migrate_homes(lock, p));
+  }
+  if (first || !p.all_gpu) STRATA_RETURN_IF_ERROR(residency.build_slots(p));
+  core.plan = std::move(p);
+  pipeline.adopt(trace);
+  tracker.adopt(std::move(trace), core.layout.families.size());
+  STRATA_LOG_INFO("runtime: plan ({}): {}", first ? "from registration order" : "from the traced step",
+                  core.plan.summary());
+  return Status::Ok();
+}
+
+Status Runtime::Impl::migrate_homes(std::unique_lock<std::mutex>& lock, const Plan& p) {
+  for (FamilyId f = 0; f < p.families.size(); ++f) {
+    const Tier from = core.plan.families[f].optim_home;
+    const Tier to = p.families[f].optim_home;
+    if (from == to) continue;
+    for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1}) {
+      Chunk& c = core.chunk(f, k);
+      if (c.bytes == 0) continue;
+      if (to == Tier::kNvme) {
+        if (!c.absent()) {
+          STRATA_RETURN_IF_ERROR(residency.ensure_on_host(c));
+          STRATA_RETURN_IF_ERROR(core.nvme_transfer(lock, true, {c.host, c.bytes}, c.nvme_slots));
+          c.move_value(ChunkValue::kNvme);
+        }
+        if (c.host != nullptr) core.host->free(c.host, c.bytes);
+        c.host = nullptr;
+      } else if (from == Tier::kNvme) {
+        if (c.value == ChunkValue::kNvme) {
+          STRATA_ASSIGN_OR_RETURN(std::byte * buffer, core.host_buffer(c));
+          STRATA_RETURN_IF_ERROR(core.nvme_transfer(lock, false, {buffer, c.bytes}, c.nvme_slots));
+          for (std::uint32_t s : c.nvme_slots) core.nvme->free_slot(s);
+          c.nvme_slots.clear();
+          c.move_value(ChunkValue::kHost);
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace strata::runtime

@@ -1,0 +1,86 @@
+#pragma once
+// Residency: which chunk copy is where. It owns the device slots (and the device
+// memory they are carved from), moves chunks between host and device (loads,
+// write-backs), picks eviction victims and prefetches params along the adopted
+// trace (Note [Chunk state machine] in chunk.hpp). It may call Core (stores,
+// streams, timeline) and reads StepTracker's position and OptimizerPipeline's
+// per-family progress (a gradient the pipeline has claimed is not evicted, a
+// family being updated is not prefetched). NVMe copies are the pipeline's and
+// Runtime::Impl's business, not this part's. Every function expects Core::mu held
+// (Note [Lock discipline]).
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "core.hpp"
+
+namespace strata::runtime {
+
+class OptimizerPipeline;
+class StepTracker;
+
+class Residency {
+ public:
+  Residency(Core& core, const StepTracker& tracker, const OptimizerPipeline& pipeline)
+      : core_(core), tracker_(tracker), pipeline_(pipeline) {}
+
+  //! Creates the events and settings it needs; once, at Runtime::create.
+  Status init();
+  //! Rebuilds the device slots for `p` (all device copies must be clean). Blocks.
+  Status build_slots(const Plan& p);
+  //! Drops the device slots and their memory (the runtime's destructor).
+  void clear();
+
+  //! Puts `c` in a device slot, loading its content when `load`; waits (unlocking)
+  //! for a slot while all are busy with background work. OutOfBudget when every
+  //! slot is leased and nothing in the background will free one.
+  Status ensure_on_device(std::unique_lock<std::mutex>& lock, Chunk& c, bool load);
+  //! Makes the host copy of `c` valid (write-back from the device, zeros when
+  //! absent). Blocks on the d2h copy. NVMe copies are not read here.
+  Status ensure_on_host(Chunk& c);
+  //! Enqueues the copy host -> slot on the h2d stream after the slot's previous users.
+  Status load_to_slot(Chunk& c, DeviceSlot& slot);
+  //! Waits until no queued copy still reads c's host copy (before it is written or freed).
+  Status wait_host_reads(Chunk& c);
+  //! Forgets c's device copy (it is stale or consumed): a streaming slot is freed
+  //! at once (its next writer waits on its fence), a dedicated one stays c's.
+  void drop_device_copy(Chunk& c);
+  //! Loads the params of the next uses of the adopted trace into free or clean
+  //! slots. Returns the first error (after recording it with Core::fail): a
+  //! prefetch that fails is the next call's error, never silently dropped.
+  Status prefetch();
+
+  DeviceSlot& slot_of(const Chunk& c) { return device_slots_[static_cast<std::size_t>(c.device_slot)]; }
+  const std::vector<DeviceSlot>& device_slots() const { return device_slots_; }
+  //! The peak of device bytes holding valid chunk copies.
+  std::uint64_t gpu_high_water() const { return gpu_high_water_; }
+  //! Checks the device slots against the chunks (Note [Chunk state machine]); aborts on a violation.
+  void check_invariants() const;
+
+ private:
+  //! Frees slot `s` (writing back a dirty occupant).
+  Status evict_slot(std::size_t s);
+  //! Chooses a slot for a new occupant; -1 when none can be freed now. With
+  //! farther_than > 0 (prefetch), only a free slot or a clean occupant whose next
+  //! use is more than that many uses ahead (Note [Idle victims first]).
+  std::int64_t pick_slot(FamilyId for_family, std::uint64_t farther_than = 0);
+  //! The slot is free, or its occupant may be evicted now (not leased, not a
+  //! gradient claimed by the optimizer pipeline).
+  bool movable(const DeviceSlot& slot) const;
+  //! Puts `c` into the free or freed slot `s`.
+  void occupy(Chunk& c, std::size_t s);
+  void note_gpu_use();
+
+  Core& core_;
+  const StepTracker& tracker_;
+  const OptimizerPipeline& pipeline_;
+  std::vector<memory::DeviceAllocation> device_memory_;
+  std::vector<DeviceSlot> device_slots_;
+  std::size_t cache_slots_ = 0;  //!< device slots [0, cache_slots_) stream; the rest are dedicated
+  memory::Event demand_;         //!< without prefetch, loads wait for the compute before them
+  std::uint64_t tick_ = 0;
+  std::uint64_t gpu_high_water_ = 0;
+};
+
+}  // namespace strata::runtime

@@ -1,0 +1,44 @@
+// Runtime::Impl::schedule: where the training thread starts background work.
+//
+// Note [Scheduler]
+// Public calls start background work in one place, Runtime::Impl::schedule, and
+// name the moment at the call site (SchedulerEvent):
+//   kUseBegins   (acquire, before its chunk is placed): the first use of a
+//                planned step starts reading NVMe states ahead (Note [Pipeline
+//                places]);
+//   kUsePlaced   (acquire, after): params of the next traced uses are
+//                prefetched (Note [Idle victims first]); a failed prefetch is the
+//                runtime's error from then on (the next call returns it);
+//   kGradientsHandedOver (release of a grad or param lease): a family whose
+//                gradients are complete and unleased starts its optimizer step
+//                at once (Note [Gradient completion] promises it), so releasing
+//                that lease — by Lease::release or a Lease's destructor — starts
+//                it; runtime.hpp says so on Lease;
+//   kStepEnds    (step()): every family not started yet starts, read-ahead
+//                stops, the pipeline takes what its places allow.
+// Background work advances itself after that: pool tasks and I/O completions
+// call OptimizerPipeline::pump under the lock, never through here.
+#include "runtime_impl.hpp"
+
+namespace strata::runtime {
+
+Status Runtime::Impl::schedule(SchedulerEvent event, FamilyId family) {
+  switch (event) {
+    case SchedulerEvent::kUseBegins:
+      if (tracker.warm() && core.opt.plan.prefetch) pipeline.start_read_ahead();
+      return Status::Ok();
+    case SchedulerEvent::kUsePlaced:
+      return residency.prefetch();
+    case SchedulerEvent::kGradientsHandedOver:
+      if (!core.deferred() && pipeline.gradients_complete(family)) pipeline.launch_optimizer(family);
+      return Status::Ok();
+    case SchedulerEvent::kStepEnds:
+      for (FamilyId f = 0; f < core.layout.families.size(); ++f) pipeline.launch_optimizer(f);
+      pipeline.stop_read_ahead();
+      pipeline.pump();
+      return Status::Ok();
+  }
+  return Status::Ok();
+}
+
+}  // namespace strata::runtime
