@@ -131,8 +131,9 @@ Status place_params(const PlanInput& in, const Extents& e, Plan& plan, Usage& us
   const std::uint64_t evicted_grads = opt.reserve_evicted_grads ? plan.gpu_cache_slots * e.grad_max : 0;
   used.host = grad_staging + evicted_grads + opt.host_reserve_bytes;
   if (used.host > budget.host_bytes) {
-    return budget_error("host_budget", budget.host_bytes, used.host,
-                        "the gradient landing slots, room for gradients evicted from the GPU, and the reserve");
+    return budget_error(
+        "host_budget", budget.host_bytes, used.host,
+        "the gradient landing slots, room for gradients evicted from the GPU, and the reserve");
   }
   // The optimizer pipeline's staging for NVMe states (the states, and the param
   // updated beside them until they are written).

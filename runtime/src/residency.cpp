@@ -54,7 +54,8 @@ Status Residency::load_to_slot(Chunk& c, DeviceSlot& slot) {
       std::memset(zeros, 0, c.bytes);
       Status st = core_.device.wait(core_.h2d, slot.fence);
       if (st.ok())
-        st = core_.timed_copy(core_.h2d, Track::kH2D, slot.ptr, zeros, c.bytes, memory::CopyKind::kHostToDevice,
+        st = core_.timed_copy(core_.h2d, Track::kH2D, slot.ptr, zeros, c.bytes,
+                              memory::CopyKind::kHostToDevice,
                               fmt::format("h2d f{} {} zeros", c.family, state_kind_name(c.kind)));
       if (st.ok()) st = core_.device.synchronize(core_.h2d);  // once per chunk, at its first use
       core_.host->free(zeros, c.bytes);
