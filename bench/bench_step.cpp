@@ -73,6 +73,7 @@ void rates_bound(const Runtime& rt, const runtime::StepStats& st, const PeakRate
   rates.d2h_bytes_per_s = peaks.d2h_bytes_per_s;
   rates.disk_read_bytes_per_s = peaks.disk_read_bytes_per_s;
   rates.disk_write_bytes_per_s = peaks.disk_write_bytes_per_s;
+  rates.disk_mixed_bytes_per_s = peaks.disk_mixed_bytes_per_s;
   rates.cpu_optim_params_per_s = peaks.cpu_optimizer_params_per_s;
   rates.gpu_optim_params_per_s = peaks.cpu_optimizer_params_per_s;  // sim: the same CPU kernel
   rates.host_memory_bytes_per_s = peaks.host_memory_bytes_per_s;
@@ -85,6 +86,8 @@ void rates_bound(const Runtime& rt, const runtime::StepStats& st, const PeakRate
       {"d2h", double(st.bytes_d2h), "B", peaks.d2h_bytes_per_s, 0},
       {"disk_read", double(st.bytes_disk_read), "B", peaks.disk_read_bytes_per_s, 0},
       {"disk_write", double(st.bytes_disk_write), "B", peaks.disk_write_bytes_per_s, 0},
+      {"disk_read_write", double(st.bytes_disk_read + st.bytes_disk_write), "B", peaks.disk_mixed_bytes_per_s,
+       0},
       {"cpu_optimizer", double(work.params_cpu_optim + work.params_gpu_optim), "params",
        peaks.cpu_optimizer_params_per_s, 0},
       {"host_memory", double(work.bytes_host_memory), "B", peaks.host_memory_bytes_per_s, 0},
