@@ -188,6 +188,7 @@ Result<RunResult> run_once(const StepOptions& o, bool prefetch, const std::strin
 
 int run(const StepOptions& o) {
   std::vector<double> step_s, bound_s, ratio, no_prefetch_s;
+  nlohmann::json per_run = nlohmann::json::array();
   RunResult last;
   for (int i = 0; i < o.runs; ++i) {
     auto with = run_once(o, true, i == 0 ? o.trace : "");
@@ -203,6 +204,11 @@ int run(const StepOptions& o) {
     step_s.push_back(with->step_s);
     bound_s.push_back(with->bound_s);
     ratio.push_back(with->step_s / with->bound_s);
+    per_run.push_back({{"step_s", with->step_s},
+                       {"bound_s", with->bound_s},
+                       {"ratio", with->step_s / with->bound_s},
+                       {"bottleneck", with->bottleneck},
+                       {"no_prefetch_step_s", without->step_s}});
     no_prefetch_s.push_back(without->step_s);
     last = *with;
     if (!o.json) {
@@ -239,6 +245,7 @@ int run(const StepOptions& o) {
       {"host_budget_bytes", host},
       {"busy_s", nlohmann::json::object()},
       {"runs", o.runs},
+      {"per_run", per_run},
       {"load_average_1m", load_average_1m()},
       {"timing", fmt::format("median of {} runs, each the median of {} steady steps; peaks best of 3", o.runs,
                              o.steps)},
