@@ -73,6 +73,7 @@ void rates_bound(const Runtime& rt, const runtime::StepStats& st, const PeakRate
   rates.d2h_bytes_per_s = peaks.d2h_bytes_per_s;
   rates.disk_read_bytes_per_s = peaks.disk_read_bytes_per_s;
   rates.disk_write_bytes_per_s = peaks.disk_write_bytes_per_s;
+  rates.disk_mixed_bytes_per_s = peaks.disk_mixed_bytes_per_s;
   rates.cpu_optim_params_per_s = peaks.cpu_optimizer_params_per_s;
   rates.gpu_optim_params_per_s = peaks.cpu_optimizer_params_per_s;  // sim: the same CPU kernel
   rates.host_memory_bytes_per_s = peaks.host_memory_bytes_per_s;
@@ -85,6 +86,8 @@ void rates_bound(const Runtime& rt, const runtime::StepStats& st, const PeakRate
       {"d2h", double(st.bytes_d2h), "B", peaks.d2h_bytes_per_s, 0},
       {"disk_read", double(st.bytes_disk_read), "B", peaks.disk_read_bytes_per_s, 0},
       {"disk_write", double(st.bytes_disk_write), "B", peaks.disk_write_bytes_per_s, 0},
+      {"disk_read_write", double(st.bytes_disk_read + st.bytes_disk_write), "B", peaks.disk_mixed_bytes_per_s,
+       0},
       {"cpu_optimizer", double(work.params_cpu_optim + work.params_gpu_optim), "params",
        peaks.cpu_optimizer_params_per_s, 0},
       {"host_memory", double(work.bytes_host_memory), "B", peaks.host_memory_bytes_per_s, 0},
@@ -241,6 +244,7 @@ int run(const StepOptions& o) {
     return 2;
   }
   std::vector<double> step_s, bound_s, ratio, no_prefetch_s;
+  nlohmann::json per_run = nlohmann::json::array();
   RunResult last;
   for (int i = 0; i < o.runs; ++i) {
     auto with = run_once(o, *checked, *dir, true, i == 0 ? o.trace : "");
@@ -256,6 +260,11 @@ int run(const StepOptions& o) {
     step_s.push_back(with->step_s);
     bound_s.push_back(with->bound_s);
     ratio.push_back(with->step_s / with->bound_s);
+    per_run.push_back({{"step_s", with->step_s},
+                       {"bound_s", with->bound_s},
+                       {"ratio", with->step_s / with->bound_s},
+                       {"bottleneck", with->bottleneck},
+                       {"no_prefetch_step_s", without->step_s}});
     no_prefetch_s.push_back(without->step_s);
     last = *with;
     if (!o.json) {
@@ -291,6 +300,7 @@ int run(const StepOptions& o) {
       {"host_budget_bytes", host},
       {"busy_s", nlohmann::json::object()},
       {"runs", o.runs},
+      {"per_run", per_run},
       {"load_average_1m", load_average_1m()},
       {"timing", fmt::format("median of {} runs, each the median of {} steady steps; peaks best of 3", o.runs,
                              o.steps)},

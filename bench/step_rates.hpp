@@ -12,7 +12,9 @@
 // - h2d, d2h: chunk-sized copies on the same sim device (its configured throttle);
 // - disk read, disk write: chunk-sized slots through an IoEngine and SwapStore in
 //   the same directory, several in flight (rewrites, after an untimed first write
-//   of fresh extents, as the runtime rewrites its slots);
+//   of fresh extents, as the runtime rewrites its slots); and the disk as a whole,
+//   reads and writes in flight together (even slots written, odd ones read), as
+//   the pipeline's read-ahead and write-back share it: its work is read + write bytes;
 // - CPU optimizer: kernels::step (fp32 AdamW, GradCheck::kCallerChecked: the
 //   kernel alone) over one chunk with the runtime's thread count; on the sim
 //   device the "device" optimizer is the same CPU kernel on the same cores, so
@@ -37,6 +39,7 @@ struct PeakRates {
   double d2h_bytes_per_s = 0;
   double disk_read_bytes_per_s = 0;
   double disk_write_bytes_per_s = 0;
+  double disk_mixed_bytes_per_s = 0;  //!< reads and writes in flight together, bytes of both
   double cpu_optimizer_params_per_s = 0;
   double host_memory_bytes_per_s = 0;
   std::string disk_engine;  //!< the IoEngine's name

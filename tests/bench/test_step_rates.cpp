@@ -41,6 +41,7 @@ TEST(StepRates, MeasuresEveryPeakWithinTheThrottle) {
   EXPECT_LE(peaks->d2h_bytes_per_s, 1.05 * 1 * kGiB);
   EXPECT_GT(peaks->disk_read_bytes_per_s, 0);
   EXPECT_GT(peaks->disk_write_bytes_per_s, 0);
+  EXPECT_GT(peaks->disk_mixed_bytes_per_s, 0);
   EXPECT_GT(peaks->cpu_optimizer_params_per_s, 0);
   EXPECT_GT(peaks->host_memory_bytes_per_s, 0);
   EXPECT_FALSE(peaks->disk_engine.empty());
