@@ -3,6 +3,7 @@
 // groups (Note [Parameter groups] in runtime.hpp).
 #include <cmath>
 #include <cstring>
+#include <string_view>
 
 #include "runtime_impl.hpp"
 #include "strata/common/assert.hpp"
@@ -34,21 +35,26 @@ void load_values(const std::byte* p, DType dtype, std::span<float> out) {
   }
 }
 
+//! The checks every between-steps state call makes: a registered id, `count`
+//! values for its elements, no lease held. `what` names the call in the message.
+Status check_state_call(const Runtime::Impl& m, TensorId tensor, std::size_t count, std::string_view what) {
+  if (tensor >= m.core.tensors.size())
+    return invalid_argument("{}: tensor id {} is not registered", what, tensor);
+  const TensorInfo& info = m.core.tensors[tensor];
+  if (count != info.numel) {
+    return invalid_argument("{}(\"{}\"): {} values for {} elements", what, info.spec.name, count, info.numel);
+  }
+  if (m.leases_out > 0) return failed_precondition("{}(\"{}\") while leases are held", what, info.spec.name);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status Runtime::init_tensor(TensorId tensor, std::span<const float> values) {
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);
   InvariantCheck check(m, &lock);
-  if (tensor >= m.core.tensors.size())
-    return invalid_argument("init_tensor: tensor id {} is not registered", tensor);
-  const TensorInfo& info = m.core.tensors[tensor];
-  if (values.size() != info.numel) {
-    return invalid_argument("init_tensor(\"{}\"): {} values for {} elements", info.spec.name, values.size(),
-                            info.numel);
-  }
-  if (m.leases_out > 0)
-    return failed_precondition("init_tensor(\"{}\") while leases are held", info.spec.name);
+  STRATA_RETURN_IF_ERROR(check_state_call(m, tensor, values.size(), "init_tensor"));
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
   STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
   const TensorSlot& ts = m.core.layout.slots[tensor];
@@ -72,15 +78,8 @@ Status Runtime::read_tensor(TensorId tensor, StateKind kind, std::span<float> ou
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);
   InvariantCheck check(m, &lock);
-  if (tensor >= m.core.tensors.size())
-    return invalid_argument("read_tensor: tensor id {} is not registered", tensor);
+  STRATA_RETURN_IF_ERROR(check_state_call(m, tensor, out.size(), "read_tensor"));
   const TensorInfo& info = m.core.tensors[tensor];
-  if (out.size() != info.numel) {
-    return invalid_argument("read_tensor(\"{}\"): room for {} values, the tensor has {}", info.spec.name,
-                            out.size(), info.numel);
-  }
-  if (m.leases_out > 0)
-    return failed_precondition("read_tensor(\"{}\") while leases are held", info.spec.name);
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
   // After a failed step the last good state must stay readable (to checkpoint
   // it), so a background error does not stop a read.
@@ -108,19 +107,12 @@ Status Runtime::write_tensor(TensorId tensor, StateKind kind, std::span<const fl
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);
   InvariantCheck check(m, &lock);
-  if (tensor >= m.core.tensors.size())
-    return invalid_argument("write_tensor: tensor id {} is not registered", tensor);
+  STRATA_RETURN_IF_ERROR(check_state_call(m, tensor, values.size(), "write_tensor"));
   const TensorInfo& info = m.core.tensors[tensor];
-  if (values.size() != info.numel) {
-    return invalid_argument("write_tensor(\"{}\", {}): {} values for {} elements", info.spec.name,
-                            state_kind_name(kind), values.size(), info.numel);
-  }
   if (kind == StateKind::kGrad) {
     return failed_precondition("write_tensor(\"{}\", grad): gradients are written through leases",
                                info.spec.name);
   }
-  if (m.leases_out > 0)
-    return failed_precondition("write_tensor(\"{}\") while leases are held", info.spec.name);
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
   STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
   const TensorSlot& ts = m.core.layout.slots[tensor];
