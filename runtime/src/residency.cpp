@@ -97,6 +97,18 @@ Status Residency::wait_host_reads(Chunk& c) {
   return core_.device.synchronize(c.host_read);
 }
 
+Status Residency::write_back(Chunk& c, DeviceSlot& slot) {
+  STRATA_ASSIGN_OR_RETURN(std::byte * dst, core_.host_buffer(c));
+  STRATA_RETURN_IF_ERROR(core_.device.wait(core_.d2h, slot.fence));
+  STRATA_RETURN_IF_ERROR(
+      core_.device.copy_async(core_.d2h, dst, slot.ptr, c.bytes, memory::CopyKind::kDeviceToHost));
+  STRATA_RETURN_IF_ERROR(core_.device.record(slot.fence, core_.d2h));
+  // The host copy is authoritative from here; readers of it synchronise on d2h.
+  STRATA_RETURN_IF_ERROR(core_.device.synchronize(core_.d2h));
+  c.move_value(ChunkValue::kHost);
+  return Status::Ok();
+}
+
 Status Residency::evict_slot(std::size_t s) {
   DeviceSlot& slot = device_slots_[s];
   if (slot.chunk < 0) return Status::Ok();
@@ -106,14 +118,7 @@ Status Residency::evict_slot(std::size_t s) {
   if (c.dirty()) {
     // Write back before the slot is reused (a gradient between micro-batches, or
     // any dirty chunk pushed out by an unplanned access).
-    STRATA_ASSIGN_OR_RETURN(std::byte * dst, core_.host_buffer(c));
-    STRATA_RETURN_IF_ERROR(core_.device.wait(core_.d2h, slot.fence));
-    STRATA_RETURN_IF_ERROR(
-        core_.device.copy_async(core_.d2h, dst, slot.ptr, c.bytes, memory::CopyKind::kDeviceToHost));
-    STRATA_RETURN_IF_ERROR(core_.device.record(slot.fence, core_.d2h));
-    // The host copy is authoritative from here; readers of it synchronise on d2h.
-    STRATA_RETURN_IF_ERROR(core_.device.synchronize(core_.d2h));
-    c.move_value(ChunkValue::kHost);
+    STRATA_RETURN_IF_ERROR(write_back(c, slot));
   }
   c.device_copy = false;
   c.device_slot = -1;
@@ -164,17 +169,7 @@ Status Residency::ensure_on_device(std::unique_lock<std::mutex>& lock, Chunk& c,
 }
 
 Status Residency::ensure_on_host(Chunk& c) {
-  if (c.dirty()) {
-    STRATA_ASSIGN_OR_RETURN(std::byte * dst, core_.host_buffer(c));
-    DeviceSlot& slot = device_slots_[static_cast<std::size_t>(c.device_slot)];
-    STRATA_RETURN_IF_ERROR(core_.device.wait(core_.d2h, slot.fence));
-    STRATA_RETURN_IF_ERROR(
-        core_.device.copy_async(core_.d2h, dst, slot.ptr, c.bytes, memory::CopyKind::kDeviceToHost));
-    STRATA_RETURN_IF_ERROR(core_.device.record(slot.fence, core_.d2h));
-    STRATA_RETURN_IF_ERROR(core_.device.synchronize(core_.d2h));
-    c.move_value(ChunkValue::kHost);
-    return Status::Ok();
-  }
+  if (c.dirty()) return write_back(c, device_slots_[static_cast<std::size_t>(c.device_slot)]);
   if (c.value == ChunkValue::kHost) return Status::Ok();
   if (c.value == ChunkValue::kStaged) {
     return internal_error("family {} {} is in the optimizer pipeline's staging", c.family,
