@@ -35,6 +35,12 @@ Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace t
   }
   const bool first = !core.finalized;
   STRATA_ASSIGN_OR_RETURN(Plan p, make_plan(in));
+  for (const FamilyPlan& f : p.families) {
+    if (f.param_home == Tier::kNvme) {
+      return out_of_budget(
+          "runtime: the plan puts params on NVMe, which the runtime does not do yet; raise host_budget");
+    }
+  }
   if (p.nvme_bytes > 0) STRATA_RETURN_IF_ERROR(core.ensure_nvme_store());
   if (first) {
     // Homes start where the plan puts them: nothing to migrate.

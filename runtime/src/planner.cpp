@@ -135,37 +135,54 @@ Status place_params(const PlanInput& in, const Extents& e, Plan& plan, Usage& us
         "host_budget", budget.host_bytes, used.host,
         "the gradient landing slots, room for gradients evicted from the GPU, and the reserve");
   }
-  // The optimizer pipeline's staging for NVMe states (the states, and the param
-  // updated beside them until they are written).
-  const std::uint64_t optim_staging =
-      std::uint64_t{opt.nvme_families_in_flight} * (e.optim_max + e.param_max);
-  if (opt.allow_nvme_params && used.host + e.params_total > budget.host_bytes) {
-    // Params spill, so every optimizer state does too: reserve both stagings
-    // first (param staging: prefetch depth + 2 slots).
-    used.host += (plan.prefetch_depth + 2) * e.slot_bytes + optim_staging;
+  // Note [NVMe param staging]
+  // When the params do not all fit, the ones that spill are read from NVMe into a
+  // bounded pool of host staging buffers (prefetch depth + 2 of the largest param
+  // chunk: the next uses, the current one and the one being loaded), and their
+  // families' optimizer states go to NVMe with them, so the optimizer pipeline's
+  // staging (states and the param updated beside them, per family in flight) is
+  // needed too. Both are reserved before any home, so the budget can never be
+  // exceeded by staging the plan did not count.
+  const bool spill = opt.allow_nvme_params && used.host + e.params_total > budget.host_bytes;
+  if (spill) {
+    const std::uint64_t param_buffers = std::uint64_t{plan.prefetch_depth} + 2;
+    const std::uint64_t param_staging = param_buffers * e.param_max;
+    const std::uint64_t optim_staging =
+        std::uint64_t{opt.nvme_families_in_flight} * (e.optim_max + e.param_max);
+    if (used.host + param_staging + optim_staging > budget.host_bytes) {
+      return out_of_budget(
+          "host_budget {} is smaller than the staging NVMe-homed params need: {} = {} param staging buffers "
+          "x "
+          "{} + {} NVMe families in flight x {} (states and param), on top of {} for gradient landing slots "
+          "and the reserve; raise host_budget to at least {} (or shrink the chunk size)",
+          format_bytes(budget.host_bytes), format_bytes(param_staging + optim_staging), param_buffers,
+          format_bytes(e.param_max), opt.nvme_families_in_flight, format_bytes(e.optim_max + e.param_max),
+          format_bytes(used.host), format_bytes(used.host + param_staging + optim_staging));
+    }
+    used.host += param_staging + optim_staging;
     used.optim_staging_reserved = true;
+    plan.param_staging_buffers = static_cast<std::uint32_t>(param_buffers);
   }
+  bool spilled = false;  // from the first param that does not fit on, the rest go to NVMe too
   for (std::size_t i = 0; i < in.families.size(); ++i) {
-    const std::uint64_t p = in.families[i].param_bytes;
-    if (used.host + p <= budget.host_bytes || !opt.allow_nvme_params) {
+    const FamilyBytes& f = in.families[i];
+    if (!spilled && (used.host + f.param_bytes <= budget.host_bytes || !opt.allow_nvme_params)) {
       plan.families[i].param_home = Tier::kHost;
-      used.host += p;
+      used.host += f.param_bytes;
     } else {
+      spilled = true;
       plan.families[i].param_home = Tier::kNvme;
-      used.nvme += p;
+      used.nvme += f.param_nvme_bytes != 0 ? f.param_nvme_bytes : f.param_bytes;
     }
   }
   if (used.host > budget.host_bytes) {
-    return budget_error(
-        "host_budget", budget.host_bytes, used.host,
-        opt.allow_nvme_params
-            ? "param staging for NVMe-resident params"
-            : (opt.reserve_evicted_grads
-                   ? "every param's home copy (the runtime keeps each param on host: NVMe-homed params "
-                     "are not implemented) with the gradient landing slots, room for gradients evicted from "
-                     "the GPU (plan.reserve_evicted_grads) and the reserve"
-                   : "every param's home copy (the runtime keeps each param on host: NVMe-homed params "
-                     "are not implemented) with the gradient landing slots and the reserve"));
+    return budget_error("host_budget", budget.host_bytes, used.host,
+                        opt.reserve_evicted_grads
+                            ? "every param's home copy (plan.allow_nvme_params is off) with the gradient "
+                              "landing slots, room for gradients evicted from the GPU "
+                              "(plan.reserve_evicted_grads) and the reserve"
+                            : "every param's home copy (plan.allow_nvme_params is off) with the gradient "
+                              "landing slots and the reserve");
   }
   return Status::Ok();
 }
@@ -175,7 +192,9 @@ Status place_optimizer_states(const PlanInput& in, const Extents& e, Plan& plan,
   const PlanOptions& opt = in.options;
   const Budgets& budget = in.budgets;
   const std::size_t n = in.families.size();
-  if (used.host + e.optim_total <= budget.host_bytes) {
+  bool params_on_nvme = false;
+  for (const FamilyPlan& f : plan.families) params_on_nvme = params_on_nvme || f.param_home == Tier::kNvme;
+  if (!params_on_nvme && used.host + e.optim_total <= budget.host_bytes) {
     used.host += e.optim_total;
     return Status::Ok();
   }
@@ -198,14 +217,19 @@ Status place_optimizer_states(const PlanInput& in, const Extents& e, Plan& plan,
   std::uint64_t nvme_family_max = 0;
   for (std::size_t i : order) {
     const FamilyBytes& f = in.families[i];
-    if (used.host + f.optim_bytes <= budget.host_bytes) {
+    // An NVMe-homed param is updated where its states are: on NVMe's staging.
+    const bool param_nvme = plan.families[i].param_home == Tier::kNvme;
+    if (!param_nvme && used.host + f.optim_bytes <= budget.host_bytes) {
       plan.families[i].optim_home = Tier::kHost;
       used.host += f.optim_bytes;
     } else {
       plan.families[i].optim_home = Tier::kNvme;
       const std::uint64_t on_disk = f.optim_nvme_bytes != 0 ? f.optim_nvme_bytes : f.optim_bytes;
       used.nvme += on_disk;
-      nvme_family_max = std::max(nvme_family_max, on_disk);
+      // Copy-on-write room: the states, and the param when it lives on NVMe too.
+      const std::uint64_t param_on_disk =
+          param_nvme ? (f.param_nvme_bytes != 0 ? f.param_nvme_bytes : f.param_bytes) : 0;
+      nvme_family_max = std::max(nvme_family_max, on_disk + param_on_disk);
     }
   }
   // Fresh slots for the families being written (Note [Copy-on-write NVMe slots]).
@@ -251,8 +275,8 @@ Result<Plan> make_plan(const PlanInput& in) {
   if (used.nvme > budget.nvme_bytes) {
     return budget_error(
         "nvme_budget", budget.nvme_bytes, used.nvme,
-        fmt::format("the state that does not fit on host, in whole NVMe slots, and copy-on-write "
-                    "room for {} families in flight",
+        fmt::format("the params and optimizer states that do not fit on host, in whole NVMe slots, and "
+                    "copy-on-write room for {} families in flight",
                     in.options.nvme_families_in_flight));
   }
   plan.host_bytes = used.host;

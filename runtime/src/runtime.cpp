@@ -204,6 +204,8 @@ Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
   for (FamilyId f = 0; f < families; ++f) {
     for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1})
       core.family_bytes[f].optim_nvme_bytes += nvme_chunk_bytes(core.chunk(f, k).bytes, nvme_slot);
+    core.family_bytes[f].param_nvme_bytes =
+        nvme_chunk_bytes(core.chunk(f, StateKind::kParam).bytes, nvme_slot);
   }
   // Every param has a host home (zeros until init_tensor).
   for (FamilyId f = 0; f < families; ++f) {

@@ -78,8 +78,10 @@ TEST(Planner, ReserveEvictedGradsTakesHostRoomPerStreamingSlot) {
   for (const auto& f : reserved->families) host_reserved += f.optim_home == Tier::kHost;
   EXPECT_LT(host_reserved, host_plain);
   EXPECT_LE(reserved->host_bytes, in.budgets.host_bytes);
-  // A host budget that holds the params and landing slots but not the reservation is
-  // refused by name; without the reservation it plans (every state on NVMe).
+  // With params kept on host, a host budget that holds the params and landing slots
+  // but not the reservation is refused by name; without the reservation it plans
+  // (every state on NVMe).
+  in.options.allow_nvme_params = false;
   in.budgets.host_bytes = 24 * 16 * kMiB + 8 * 16 * kMiB;  // params + landing slots + NVMe staging
   in.options.reserve_evicted_grads = false;
   ASSERT_TRUE(make_plan(in).ok()) << make_plan(in).status();
@@ -142,19 +144,68 @@ TEST(CostModel, HostMemoryAndSharedDiskAreResources) {
   EXPECT_GT(disk.step_s, base.step_s);
 }
 
-TEST(Planner, ParamsThatDoNotFitOnHostAreAnErrorUnlessNvmeParamsAreAllowed) {
+TEST(Planner, ParamsThatDoNotFitOnHostGoToNvmeWithTheirStatesAndCountedStaging) {
   // 24 x 16 MiB of params; 256 MiB of host.
   auto in =
       layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 256 * kMiB, .nvme_bytes = 8 * kGiB});
   auto plan = make_plan(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_LE(plan->host_bytes, in.budgets.host_bytes);
+  EXPECT_LE(plan->nvme_bytes, in.budgets.nvme_bytes);
+  EXPECT_EQ(plan->families.back().param_home, Tier::kNvme);
+  EXPECT_EQ(plan->param_staging_buffers, plan->prefetch_depth + 2);
+  std::uint64_t host_params = 0, nvme_params = 0;
+  for (std::size_t i = 0; i < plan->families.size(); ++i) {
+    const FamilyPlan& f = plan->families[i];
+    // A param is updated where its states are.
+    if (f.param_home == Tier::kNvme) {
+      EXPECT_EQ(f.optim_home, Tier::kNvme) << "family " << i;
+    }
+    (f.param_home == Tier::kHost ? host_params : nvme_params) += in.families[i].param_bytes;
+  }
+  EXPECT_GT(nvme_params, 0u);
+  // The host holds the grad landing slots, both stagings and the host-homed params.
+  const std::uint64_t staging = (plan->prefetch_depth + 2) * (16 * kMiB) + 2 * (32 * kMiB + 16 * kMiB);
+  EXPECT_EQ(plan->host_bytes, 2 * 16 * kMiB + staging + host_params);
+  // Every spilled param and all states on NVMe, plus copy-on-write room for 2 families (states + param).
+  EXPECT_EQ(plan->nvme_bytes, nvme_params + 24 * 32 * kMiB + 2 * (32 * kMiB + 16 * kMiB));
+
+  in.options.allow_nvme_params = false;  // the old behaviour, on request
+  auto refused = make_plan(in);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kOutOfBudget);
+  EXPECT_NE(refused.status().message().find("allow_nvme_params is off"), std::string::npos)
+      << refused.status();
+}
+
+TEST(Planner, HostBudgetBelowTheParamStagingIsAOneLineErrorWithTheSizes) {
+  // Params spill, but the host cannot even hold the staging they need.
+  auto in =
+      layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 128 * kMiB, .nvme_bytes = 8 * kGiB});
+  auto plan = make_plan(in);
   ASSERT_FALSE(plan.ok());
-  EXPECT_NE(plan.status().message().find("host_budget"), std::string::npos) << plan.status();
-  EXPECT_NE(plan.status().message().find("NVMe-homed params are not implemented"), std::string::npos)
-      << plan.status();
-  in.options.allow_nvme_params = true;  // what the cost model would give
-  auto what_if = make_plan(in);
-  ASSERT_TRUE(what_if.ok()) << what_if.status();
-  EXPECT_EQ(what_if->families.back().param_home, Tier::kNvme);
+  EXPECT_EQ(plan.status().code(), StatusCode::kOutOfBudget);
+  const std::string msg = plan.status().message();
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  EXPECT_NE(msg.find("host_budget 128.00 MiB is smaller than the staging NVMe-homed params need"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("6 param staging buffers x 16.00 MiB"), std::string::npos) << msg;
+}
+
+TEST(Planner, NvmeBudgetBelowParamsStatesAndCopyOnWriteRoomIsAnError) {
+  auto in =
+      layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 256 * kMiB, .nvme_bytes = 8 * kGiB});
+  auto fits = make_plan(in);
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  in.budgets.nvme_bytes = fits->nvme_bytes - 4096;  // one page short of the copy-on-write room
+  auto plan = make_plan(in);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), StatusCode::kOutOfBudget);
+  const std::string msg = plan.status().message();
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  EXPECT_NE(msg.find("nvme_budget"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("copy-on-write"), std::string::npos) << msg;
 }
 
 TEST(Planner, BudgetTooSmallNamesTheBudget) {

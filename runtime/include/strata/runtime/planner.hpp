@@ -14,11 +14,15 @@
 //    moments) for as many families as fit. The families whose gradients complete
 //    *first* in backward go to NVMe, because they have the rest of backward to
 //    hide the read-update-write pipeline; those completing last stay on host.
-// 4. Params that do not fit on host live on NVMe too (PlanOptions::allow_nvme_params;
-//    the runtime does not implement it yet: it keeps every param on host).
+// 4. Params that do not fit on host live on NVMe too (PlanOptions::allow_nvme_params),
+//    in registration order from the first that does not fit, and so do those
+//    families' optimizer states (a param is updated where its states are). The
+//    host then holds a bounded pool of param staging buffers (prefetch depth + 2,
+//    each the largest param chunk) that NVMe-homed params are read ahead into,
+//    and the optimizer pipeline's staging; both are counted before any home.
 // NVMe bytes count whole slots, and room for the copy-on-write slots of the
-// families in flight (Note [Copy-on-write NVMe slots]: updated states go to
-// fresh slots before the old ones are freed).
+// families in flight (Note [Copy-on-write NVMe slots]: updated states and
+// NVMe-homed params go to fresh slots before the old ones are freed).
 // A budget that cannot hold the smallest working set is an error that says how
 // many bytes are needed and which budget to raise.
 
@@ -44,6 +48,8 @@ struct FamilyBytes {
   //! optim_bytes as the NVMe tier stores them (each chunk rounded up to whole
   //! slots, nvme_chunk_bytes); 0 = optim_bytes.
   std::uint64_t optim_nvme_bytes = 0;
+  //! param_bytes as the NVMe tier stores them (whole slots); 0 = param_bytes.
+  std::uint64_t param_nvme_bytes = 0;
 };
 
 //! The NVMe tier's slot: the largest optimizer chunk (4 KiB aligned), at most
@@ -70,10 +76,11 @@ struct PlanOptions {
   std::uint32_t nvme_families_in_flight = 2;  //!< optimizer pipeline depth for NVMe states
   std::uint32_t grad_staging_slots = 2;       //!< host slots grads land in for CPU optimizers
   bool allow_gpu_optimizer = true;            //!< everything-on-GPU placement allowed
-  //! Params whose home copy does not fit on host may live on NVMe. The runtime
-  //! does not implement NVMe-homed params yet and plans with false; the cost
-  //! model and strata-probe's all-nvme row may set it to see what they would give.
-  bool allow_nvme_params = false;
+  //! Params whose home copy does not fit on host may live on NVMe (Note
+  //! [Placement policy] 4; the runtime reads them ahead into counted staging
+  //! buffers, Note [NVMe-homed params] in residency.hpp). false keeps every param
+  //! on host and refuses a host budget too small for them.
+  bool allow_nvme_params = true;
   //! Host bytes kept free for what the plan does not schedule: gradients written
   //! back from the GPU when a step departs from the trace or between micro-batches.
   std::uint64_t host_reserve_bytes = 0;
@@ -106,6 +113,8 @@ struct Plan {
   std::uint64_t gpu_cache_slots = 0;  //!< streaming slots (0 when everything is GPU-resident)
   std::uint32_t prefetch_depth = 0;   //!< uses ahead
   std::uint32_t nvme_staging_families = 0;
+  //! Host buffers NVMe-homed params are read ahead into (0 when every param is on host).
+  std::uint32_t param_staging_buffers = 0;
   std::uint64_t gpu_bytes = 0;  //!< planned peak per tier
   std::uint64_t host_bytes = 0;
   std::uint64_t nvme_bytes = 0;
