@@ -76,6 +76,8 @@ struct Core {
   bool deferred() const { return opt.loss_scaling || opt.clip_max_norm > 0.0; }
   //! The family's optimizer states live on NVMe.
   bool on_nvme(FamilyId f) const { return plan.families[f].optim_home == Tier::kNvme; }
+  //! The family's param lives on NVMe too (Note [NVMe-homed params] in residency.hpp).
+  bool param_on_nvme(FamilyId f) const { return plan.families[f].param_home == Tier::kNvme; }
   //! The hyperparameters of `group` (the runtime's, with the group's overrides).
   kernels::Hyper hyper(std::uint32_t group) const;
   std::uint64_t largest_optim_chunk() const;

@@ -84,12 +84,15 @@ Status Residency::prefetch() {
   const Plan& plan = core_.plan;
   if (!tracker_.following() || !core_.opt.plan.prefetch || plan.all_gpu || plan.prefetch_depth == 0)
     return Status::Ok();
+  // NVMe-homed params of the next uses are read into staging first (Note [NVMe-homed params]).
+  if (staging_max_ > 0) STRATA_RETURN_IF_ERROR(failed(core_, read_params_ahead()));
   const auto& uses = tracker_.plan_trace().uses;
   const std::size_t start = tracker_.next_position();
   for (std::size_t q = start; q < uses.size() && q < start + plan.prefetch_depth; ++q) {
     const FamilyId f = uses[q].family;
     Chunk& c = core_.chunk(f, StateKind::kParam);
-    if (c.device_copy || c.value != ChunkValue::kHost || c.bytes == 0) continue;
+    if (c.device_copy || c.bytes == 0) continue;
+    if (needs_staging(c) ? !staged(c) : c.value != ChunkValue::kHost) continue;  // (not read yet)
     if (pipeline_.updating(f)) continue;
     if (c.device_slot >= 0 && device_slots_[static_cast<std::size_t>(c.device_slot)].dedicated) {
       STRATA_RETURN_IF_ERROR(failed(core_, load_to_slot(c, slot_of(c))));

@@ -9,7 +9,18 @@ namespace strata::runtime {
 
 Status Runtime::Impl::with_host_copy(std::unique_lock<std::mutex>& lock, Chunk& c, bool write,
                                      const std::function<void(std::byte*)>& fn) {
-  const bool on_nvme = is_optim_kind(c.kind) && core.on_nvme(c.family);
+  const bool param = c.kind == StateKind::kParam;
+  const bool on_nvme =
+      (is_optim_kind(c.kind) && core.on_nvme(c.family)) || (param && core.param_on_nvme(c.family));
+  if (on_nvme && param && write) {
+    // The param changes: its staging copy and device copy go stale (Note [NVMe-homed params]).
+    if (c.readers > 0) {
+      return failed_precondition("family {} param: written on host while leased on the device", c.family);
+    }
+    STRATA_RETURN_IF_ERROR(residency.drop_staging(lock, c));
+    STRATA_RETURN_IF_ERROR(residency.wait_host_reads(c));
+    residency.drop_device_copy(c);
+  }
   if (!on_nvme) {
     STRATA_RETURN_IF_ERROR(residency.ensure_on_host(c));
     // A load or prefetch may still be copying from the host copy.

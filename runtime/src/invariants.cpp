@@ -24,10 +24,26 @@ void Residency::check_invariants() const {
                    static_cast<std::int32_t>(i));
     }
     if (c.device_copy) STRATA_CHECK(c.device_slot >= 0);
+    // A host buffer beside an NVMe (or absent) param is a staging copy.
+    if (c.kind == StateKind::kParam && c.host != nullptr && (c.value == ChunkValue::kNvme || c.absent())) {
+      STRATA_CHECK(staging_[c.family].state != Staging::kNone);
+    }
     if (c.dirty()) STRATA_CHECK(c.device_copy);
     // A leased device copy keeps its slot (eviction skips leased chunks).
     if (c.readers > 0 || c.writers > 0) STRATA_CHECK(c.device_copy || c.value == ChunkValue::kHost);
   }
+  check_staging_invariants();
+}
+
+void Residency::check_staging_invariants() const {
+  STRATA_CHECK(staged_.size() <= staging_max_);
+  int reading = 0;
+  for (FamilyId f : staged_) {
+    STRATA_CHECK(staging_[f].state != Staging::kNone);
+    STRATA_CHECK(core_.plan.families[f].param_home == Tier::kNvme);
+    reading += staging_[f].state == Staging::kReading ? 1 : 0;
+  }
+  STRATA_CHECK(reading == staging_reads_);
 }
 
 void OptimizerPipeline::check_invariants() const {
@@ -74,8 +90,12 @@ void Runtime::Impl::check_invariants() const {
     // Only gradients go to the pipeline's staging; a param always has a value, on
     // host (or on the device, updated there, in an everything-on-GPU plan).
     if (c.value == ChunkValue::kStaged) STRATA_CHECK(c.kind == StateKind::kGrad);
-    if (c.kind == StateKind::kParam)
+    // An NVMe-homed param's value is on NVMe or absent (zeros), or on host while
+    // its write-back runs (Note [NVMe-homed params]).
+    if (c.kind == StateKind::kParam && !core.param_on_nvme(c.family))
       STRATA_CHECK(c.value == ChunkValue::kHost || c.value == ChunkValue::kDevice);
+    if (c.kind == StateKind::kParam && core.param_on_nvme(c.family))
+      STRATA_CHECK(c.value == ChunkValue::kHost || c.value == ChunkValue::kNvme || c.absent());
   }
   STRATA_CHECK(leased == leases_out);
   residency.check_invariants();

@@ -54,6 +54,13 @@ Status check_acquire(const Core& core, const TensorInfo& info, const TensorSlot&
         info.spec.name);
   }
 
+  if (kind == StateKind::kParam && where == Where::kHost &&
+      core.plan.families[ts.family].param_home == Tier::kNvme) {
+    return failed_precondition(
+        "acquire(\"{}\", param) on host: the family's param lives on NVMe (the host budget holds only "
+        "staging for it); use read_tensor / init_tensor, or raise host_budget so params stay on host",
+        info.spec.name);
+  }
   if (where == Where::kHost && core.plan.families[ts.family].optim_home == Tier::kNvme &&
       kind != StateKind::kParam && kind != StateKind::kGrad) {
     return failed_precondition(
@@ -67,7 +74,9 @@ Status check_acquire(const Core& core, const TensorInfo& info, const TensorSlot&
 Result<std::byte*> pin(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Chunk& c, const TensorInfo& info,
                        Access access, Where where) {
   if (where == Where::kDevice) {
-    STRATA_RETURN_IF_ERROR(m.residency.ensure_on_device(lock, c, /*load=*/!c.absent()));
+    // An absent NVMe-homed param loads zeros through its staging (Note [NVMe-homed params]).
+    const bool load = !c.absent() || m.residency.needs_staging(c);
+    STRATA_RETURN_IF_ERROR(m.residency.ensure_on_device(lock, c, load));
     DeviceSlot& slot = m.residency.slot_of(c);
     STRATA_RETURN_IF_ERROR(m.core.device.wait(m.core.compute, slot.ready));
   } else {

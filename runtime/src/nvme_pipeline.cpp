@@ -33,6 +33,16 @@
 #include "strata/common/log.hpp"
 
 namespace strata::runtime {
+namespace {
+
+// The chunks of a family that its NVMe write-back writes: the optimizer states,
+// and the param when it lives on NVMe too.
+bool written_home(const Core& core, const Chunk& c) {
+  return c.bytes > 0 &&
+         (is_optim_kind(c.kind) || (c.kind == StateKind::kParam && core.param_on_nvme(c.family)));
+}
+
+}  // namespace
 
 void OptimizerPipeline::take_nvme_place(FamilyId f) {
   FamilyRun& run = runs_[f];
@@ -84,7 +94,9 @@ void OptimizerPipeline::read_states(FamilyId f) {
       return;
     }
     run.staging[k] = *buffer;
-    if (c.kind == StateKind::kParam) continue;  // copied when the kernel starts
+    // A host-homed param is copied when the kernel starts; an NVMe-homed one is
+    // read here beside the states (Note [NVMe-homed params]).
+    if (c.kind == StateKind::kParam && !core_.param_on_nvme(f)) continue;
     if (c.value == ChunkValue::kHost) {
       std::memcpy(*buffer, c.host, c.bytes);  // left in host memory by a failed write-back
       continue;
@@ -168,7 +180,7 @@ void OptimizerPipeline::write_back(FamilyId f, std::unique_lock<std::mutex>& loc
   const std::uint64_t piece = core_.nvme->slot_bytes();
   for (std::size_t k = 0; k < kStateKindCount; ++k) {
     Chunk& c = core_.chunks[f * kStateKindCount + k];
-    if (c.bytes == 0 || !is_optim_kind(c.kind)) continue;
+    if (!written_home(core_, c)) continue;
     for (std::uint64_t begin = 0; begin < c.bytes; begin += piece) {
       auto slot = core_.nvme->allocate_slot();
       if (!slot.ok()) {
@@ -187,10 +199,19 @@ void OptimizerPipeline::write_back(FamilyId f, std::unique_lock<std::mutex>& loc
   }
   // Commit the param now; the states follow in the background (Note [Write-back after step]).
   std::byte*& staged = run.staging[static_cast<std::size_t>(StateKind::kParam)];
-  // A load of the old param may still be copying from it.
-  if (Status st = residency_.wait_host_reads(p); !st.ok()) core_.fail(st);
-  core_.host->free(p.host, p.bytes);
-  p.host = staged;
+  if (core_.param_on_nvme(f)) {
+    // The updated param is the host copy until its write ends (Note [NVMe-homed params]);
+    // the old value's staging copy goes (it may still be being read: unlocks).
+    if (Status st = residency_.drop_staging(lock, p); !st.ok()) core_.fail(st);
+    // (The write reads `staged` too: it stays the host copy until writeback_done.)
+    p.host = staged;
+    p.move_value(ChunkValue::kHost);
+  } else {
+    // A load of the old param may still be copying from it.
+    if (Status st = residency_.wait_host_reads(p); !st.ok()) core_.fail(st);
+    core_.host->free(p.host, p.bytes);
+    p.host = staged;
+  }
   staged = nullptr;
   commit_param(f);
   WriteBack& wb = writebacks_[f];
@@ -229,7 +250,23 @@ void OptimizerPipeline::writeback_done(FamilyId f, Status status, double enqueue
   if (--wb.io_pending > 0) return;
   for (std::size_t k = 0; k < kStateKindCount; ++k) {
     Chunk& c = core_.chunks[f * kStateKindCount + k];
-    if (c.bytes == 0 || !is_optim_kind(c.kind)) continue;
+    if (!written_home(core_, c)) continue;
+    if (c.kind == StateKind::kParam) {
+      // An NVMe-homed param: its updated host copy (committed in write_back) goes
+      // once its new slots hold it; after a failed write it stays the value.
+      for (std::uint32_t s : wb.status.ok() ? c.nvme_slots : wb.new_slots[k]) core_.nvme->free_slot(s);
+      if (wb.status.ok()) {
+        c.nvme_slots = std::move(wb.new_slots[k]);
+        if (Status st = residency_.wait_host_reads(c); !st.ok()) core_.fail(st);  // a load may read it
+        core_.host->free(c.host, c.bytes);
+        c.host = nullptr;
+        c.move_value(ChunkValue::kNvme);
+      } else {
+        for (std::uint32_t old : c.nvme_slots) core_.nvme->free_slot(old);
+        c.nvme_slots.clear();
+      }
+      continue;
+    }
     if (wb.status.ok()) {
       // The new slots replace the old (Note [Copy-on-write NVMe slots]).
       for (std::uint32_t old : c.nvme_slots) core_.nvme->free_slot(old);
@@ -249,9 +286,10 @@ void OptimizerPipeline::writeback_done(FamilyId f, Status status, double enqueue
   if (!wb.status.ok()) {
     Status s = std::move(wb.status);
     s.with_context(fmt::format(
-        "NVMe write-back of family {}'s optimizer states after step {}; that step's states are kept in host "
-        "memory (read_tensor reads them: save a checkpoint) and no further step runs_",
-        f, wb.step));
+        "NVMe write-back of family {}'s optimizer states{} after step {}; that step's {} kept in host "
+        "memory (read_tensor reads them: save a checkpoint) and no further step runs",
+        f, core_.param_on_nvme(f) ? " and param" : "", wb.step,
+        core_.param_on_nvme(f) ? "param and states are" : "states are"));
     core_.fail(std::move(s));
   }
   wb = WriteBack{};

@@ -194,7 +194,9 @@ void OptimizerPipeline::compute_family(FamilyId f) {
   const double t0 = core_.timeline.now_us();
   // The param is updated in its staging copy for NVMe families; nothing else
   // writes the host param while this family's optimizer runs.
-  if (nvme_family) std::memcpy(ptrs.at[static_cast<int>(StateKind::kParam)], p.host, p.bytes);
+  // (An NVMe-homed param was read into its staging beside the states.)
+  if (nvme_family && !core_.param_on_nvme(f))
+    std::memcpy(ptrs.at[static_cast<int>(StateKind::kParam)], p.host, p.bytes);
   Result<kernels::StepReport> r = run_kernels(spans, steps, scale, hypers);
   std::uint64_t elems = 0;
   for (const auto& s : spans) elems += s.n;

@@ -1,6 +1,8 @@
 // Runtime::Impl: adopting a plan (planner.cpp makes it) — moving optimizer
 // states whose home changes, rebuilding the device slots, and making the
 // tracker and the pipeline follow the new trace.
+#include <cstring>
+
 #include "runtime_impl.hpp"
 #include "strata/common/assert.hpp"
 #include "strata/common/log.hpp"
@@ -35,12 +37,6 @@ Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace t
   }
   const bool first = !core.finalized;
   STRATA_ASSIGN_OR_RETURN(Plan p, make_plan(in));
-  for (const FamilyPlan& f : p.families) {
-    if (f.param_home == Tier::kNvme) {
-      return out_of_budget(
-          "runtime: the plan puts params on NVMe, which the runtime does not do yet; raise host_budget");
-    }
-  }
   if (p.nvme_bytes > 0) STRATA_RETURN_IF_ERROR(core.ensure_nvme_store());
   if (first) {
     // Homes start where the plan puts them: nothing to migrate.
@@ -50,6 +46,7 @@ Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace t
     STRATA_RETURN_IF_ERROR(migrate_homes(lock, p));
   }
   if (first || !p.all_gpu) STRATA_RETURN_IF_ERROR(residency.build_slots(p));
+  residency.adopt(p);
   core.plan = std::move(p);
   pipeline.adopt(trace);
   tracker.adopt(std::move(trace), core.layout.families.size());
@@ -60,12 +57,18 @@ Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace t
 
 Status Runtime::Impl::migrate_homes(std::unique_lock<std::mutex>& lock, const Plan& p) {
   for (FamilyId f = 0; f < p.families.size(); ++f) {
-    const Tier from = core.plan.families[f].optim_home;
-    const Tier to = p.families[f].optim_home;
-    if (from == to) continue;
-    for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1}) {
+    for (StateKind k : {StateKind::kParam, StateKind::kMaster, StateKind::kState0, StateKind::kState1}) {
+      const bool param = k == StateKind::kParam;
+      const Tier from = param ? core.plan.families[f].param_home : core.plan.families[f].optim_home;
+      const Tier to = param ? p.families[f].param_home : p.families[f].optim_home;
+      if (from == to || (to != Tier::kNvme && from != Tier::kNvme)) continue;
       Chunk& c = core.chunk(f, k);
       if (c.bytes == 0) continue;
+      if (param) {
+        // Its staging copy goes; a clean device copy stays valid (Note [NVMe-homed params]).
+        STRATA_RETURN_IF_ERROR(residency.drop_staging(lock, c));
+        STRATA_RETURN_IF_ERROR(residency.wait_host_reads(c));
+      }
       if (to == Tier::kNvme) {
         if (!c.absent()) {
           STRATA_RETURN_IF_ERROR(residency.ensure_on_host(c));
@@ -80,6 +83,11 @@ Status Runtime::Impl::migrate_homes(std::unique_lock<std::mutex>& lock, const Pl
           STRATA_RETURN_IF_ERROR(core.nvme_transfer(lock, false, {buffer, c.bytes}, c.nvme_slots));
           for (std::uint32_t s : c.nvme_slots) core.nvme->free_slot(s);
           c.nvme_slots.clear();
+          c.move_value(ChunkValue::kHost);
+        } else if (param && c.absent()) {
+          // A host-homed param always has its home copy (zeros until init_tensor).
+          STRATA_ASSIGN_OR_RETURN(std::byte * buffer, core.host_buffer(c));
+          std::memset(buffer, 0, c.bytes);
           c.move_value(ChunkValue::kHost);
         }
       }

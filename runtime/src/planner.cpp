@@ -143,12 +143,17 @@ Status place_params(const PlanInput& in, const Extents& e, Plan& plan, Usage& us
   // staging (states and the param updated beside them, per family in flight) is
   // needed too. Both are reserved before any home, so the budget can never be
   // exceeded by staging the plan did not count.
-  const bool spill = opt.allow_nvme_params && used.host + e.params_total > budget.host_bytes;
+  // Params spill when they do not fit beside what the optimizer states need at
+  // least: all of them, or the NVMe pipeline's staging when they go to NVMe.
+  const std::uint64_t optim_staging =
+      std::uint64_t{opt.nvme_families_in_flight} * (e.optim_max + e.param_max);
+  const std::uint64_t with_params = used.host + e.params_total;
+  const std::uint64_t optim_least =
+      with_params + e.optim_total <= budget.host_bytes ? e.optim_total : optim_staging;
+  const bool spill = opt.allow_nvme_params && with_params + optim_least > budget.host_bytes;
   if (spill) {
     const std::uint64_t param_buffers = std::uint64_t{plan.prefetch_depth} + 2;
     const std::uint64_t param_staging = param_buffers * e.param_max;
-    const std::uint64_t optim_staging =
-        std::uint64_t{opt.nvme_families_in_flight} * (e.optim_max + e.param_max);
     if (used.host + param_staging + optim_staging > budget.host_bytes) {
       return out_of_budget(
           "host_budget {} is smaller than the staging NVMe-homed params need: {} = {} param staging buffers "

@@ -41,7 +41,11 @@ void Residency::drop_device_copy(Chunk& c) {
 }
 
 Status Residency::load_to_slot(Chunk& c, DeviceSlot& slot) {
-  if (c.value != ChunkValue::kHost) {
+  if (needs_staging(c) && !staged(c)) {
+    return internal_error("family {} param: loading an NVMe-homed param that is not staged", c.family);
+  }
+  // An NVMe-homed param loads from its staging copy (Note [NVMe-homed params]).
+  if (c.value != ChunkValue::kHost && !needs_staging(c)) {
     if (!c.absent()) {
       return internal_error("family {} {}: loading to the device with no host copy", c.family,
                             state_kind_name(c.kind));
@@ -129,6 +133,8 @@ Status Residency::evict_slot(std::size_t s) {
 Status Residency::ensure_on_device(std::unique_lock<std::mutex>& lock, Chunk& c, bool load) {
   c.tick = ++tick_;
   if (c.device_slot >= 0 && c.device_copy) return Status::Ok();
+  // An NVMe-homed param is read into a staging buffer first (unlocking).
+  if (load && needs_staging(c)) STRATA_RETURN_IF_ERROR(wait_staged(lock, c));
   if (c.device_slot >= 0 && device_slots_[static_cast<std::size_t>(c.device_slot)].dedicated) {
     DeviceSlot& slot = device_slots_[static_cast<std::size_t>(c.device_slot)];
     if (load) STRATA_RETURN_IF_ERROR(load_to_slot(c, slot));
@@ -141,6 +147,8 @@ Status Residency::ensure_on_device(std::unique_lock<std::mutex>& lock, Chunk& c,
       STRATA_RETURN_IF_ERROR(evict_slot(static_cast<std::size_t>(s)));
       occupy(c, static_cast<std::size_t>(s));
       DeviceSlot& slot = device_slots_[static_cast<std::size_t>(s)];
+      // (A write-back that ended while this waited for a slot may have sent the param home to NVMe.)
+      if (load && needs_staging(c)) STRATA_RETURN_IF_ERROR(wait_staged(lock, c));
       if (load) {
         STRATA_RETURN_IF_ERROR(load_to_slot(c, slot));
       } else {

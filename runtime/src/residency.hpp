@@ -5,9 +5,27 @@
 // trace (Note [Chunk state machine] in chunk.hpp). It may call Core (stores,
 // streams, timeline) and reads StepTracker's position and OptimizerPipeline's
 // per-family progress (a gradient the pipeline has claimed is not evicted, a
-// family being updated is not prefetched). NVMe copies are the pipeline's and
-// Runtime::Impl's business, not this part's. Every function expects Core::mu held
-// (Note [Lock discipline]).
+// family being updated is not prefetched). NVMe copies of optimizer states are
+// the pipeline's and Runtime::Impl's business; this part reads NVMe-homed params
+// into its staging buffers (Note [NVMe-homed params]). Every function expects
+// Core::mu held (Note [Lock discipline]).
+//
+// Note [NVMe-homed params]
+// A param whose plan puts its home on NVMe (Note [Placement policy] 4) has its
+// value in NVMe slots (or is absent: zeros until init_tensor). To reach the
+// device it is read into one of a bounded pool of host staging buffers
+// (Plan::param_staging_buffers, counted in the host budget by the planner), which
+// then serves as a clean host copy (`Chunk::host` while the value stays kNvme or
+// kAbsent) for the h2d load. Following the adopted trace, prefetch() reads the
+// params of the next uses ahead, in traced order, as buffers free up, and loads
+// them to the device once read; a use on demand waits for its read. A buffer is
+// taken back oldest first, never from a param whose use is within the window or
+// whose h2d load still reads it, and never while its read is in flight. The
+// optimizer pipeline reads the param into its own staging beside the family's
+// states, updates it there, and writes it back copy-on-write with them (Note
+// [Copy-on-write NVMe slots]); until those writes end the updated param is an
+// ordinary host copy (kHost) that loads read, so the next forward does not wait
+// for the disk.
 
 #include <cstdint>
 #include <mutex>
@@ -53,12 +71,34 @@ class Residency {
   //! prefetch that fails is the next call's error, never silently dropped.
   Status prefetch();
 
+  // --- NVMe-homed params (Note [NVMe-homed params]) ---
+  //! `c` is a param whose home is NVMe and whose value is there (or absent):
+  //! it reaches the device only through a staging buffer.
+  bool needs_staging(const Chunk& c) const;
+  //! The param's staging copy is read and may be loaded from.
+  bool staged(const Chunk& c) const;
+  //! Waits (unlocking) until `c` is staged, reading it first (waiting for a
+  //! free buffer). Fails with the read's error (naming family, file, offset).
+  Status wait_staged(std::unique_lock<std::mutex>& lock, Chunk& c);
+  //! Gives up `c`'s staging copy (its NVMe value is about to change): waits
+  //! (unlocking) for its read and for loads still reading it.
+  Status drop_staging(std::unique_lock<std::mutex>& lock, Chunk& c);
+  //! Waits (unlocking) until no staging read is in flight.
+  void wait_staging_reads(std::unique_lock<std::mutex>& lock);
+  //! Takes the plan's staging pool size.
+  void adopt(const Plan& p) {
+    staging_max_ = p.param_staging_buffers;
+    staging_.resize(p.families.size());
+  }
+
   DeviceSlot& slot_of(const Chunk& c) { return device_slots_[static_cast<std::size_t>(c.device_slot)]; }
   const std::vector<DeviceSlot>& device_slots() const { return device_slots_; }
   //! The peak of device bytes holding valid chunk copies.
   std::uint64_t gpu_high_water() const { return gpu_high_water_; }
   //! Checks the device slots against the chunks (Note [Chunk state machine]); aborts on a violation.
   void check_invariants() const;
+  //! The staging pool's bounds and counts (Note [NVMe-homed params]).
+  void check_staging_invariants() const;
 
  private:
   //! Frees slot `s` (writing back a dirty occupant).
@@ -73,6 +113,24 @@ class Residency {
   //! Puts `c` into the free or freed slot `s`.
   void occupy(Chunk& c, std::size_t s);
   void note_gpu_use();
+  //! Starts reading `c` into a free staging buffer, taking back the oldest one
+  //! not used within `window` uses; *started says whether it did or had (false:
+  //! no buffer free now). Fails when the host store refuses the buffer.
+  Status start_staging(Chunk& c, std::size_t window, bool* started);
+  //! A staging buffer whose family is not used in the next `window` uses and
+  //! whose loads are done; -1 when none.
+  std::int64_t staging_victim(std::size_t window) const;
+  void free_staging(FamilyId f);
+  void staging_read_done(FamilyId f, Status status, double enqueued_us, std::uint64_t bytes);  // takes mu
+  //! Reads NVMe-homed params of the next traced uses into staging buffers.
+  Status read_params_ahead();
+
+  enum class Staging : std::uint8_t { kNone, kReading, kReady };
+  struct ParamStaging {
+    Staging state = Staging::kNone;
+    int io_pending = 0;
+    Status status;
+  };
 
   Core& core_;
   const StepTracker& tracker_;
@@ -83,6 +141,10 @@ class Residency {
   memory::Event demand_;         //!< without prefetch, loads wait for the compute before them
   std::uint64_t tick_ = 0;
   std::uint64_t gpu_high_water_ = 0;
+  std::vector<ParamStaging> staging_;  //!< per family (Note [NVMe-homed params])
+  std::vector<FamilyId> staged_;       //!< families holding a staging buffer, oldest first
+  std::uint32_t staging_max_ = 0;
+  int staging_reads_ = 0;  //!< families with a staging read in flight
 };
 
 }  // namespace strata::runtime

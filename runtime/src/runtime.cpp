@@ -103,6 +103,7 @@ Runtime::~Runtime() {
   {
     std::unique_lock lock(m.core.mu);
     m.pipeline.wait_all(lock).ignore();
+    m.residency.wait_staging_reads(lock);
   }
   m.core.device.synchronize().ignore();
   for (Chunk& c : m.core.chunks) {
@@ -207,17 +208,19 @@ Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
     core.family_bytes[f].param_nvme_bytes =
         nvme_chunk_bytes(core.chunk(f, StateKind::kParam).bytes, nvme_slot);
   }
-  // Every param has a host home (zeros until init_tensor).
+  STRATA_LOG_INFO("runtime: {} tensors in {} chunk families of {} elements ({:.1f}% padding)",
+                  core.tensors.size(), families, core.layout.chunk_elems,
+                  100.0 * core.layout.padding_fraction());
+  STRATA_RETURN_IF_ERROR(adopt_plan(lock, registration_trace(families)));
+  // Every param the plan keeps off NVMe has a host home (zeros until init_tensor);
+  // an NVMe-homed one starts absent (zeros too, Note [NVMe-homed params]).
   for (FamilyId f = 0; f < families; ++f) {
+    if (core.param_on_nvme(f)) continue;
     Chunk& p = core.chunk(f, StateKind::kParam);
     STRATA_ASSIGN_OR_RETURN(std::byte * buffer, core.host_buffer(p));
     std::memset(buffer, 0, p.bytes);
     p.move_value(ChunkValue::kHost);
   }
-  STRATA_LOG_INFO("runtime: {} tensors in {} chunk families of {} elements ({:.1f}% padding)",
-                  core.tensors.size(), families, core.layout.chunk_elems,
-                  100.0 * core.layout.padding_fraction());
-  STRATA_RETURN_IF_ERROR(adopt_plan(lock, registration_trace(families)));
   core.finalized = true;  // the warm-up step is traced, on demand + LRU (StepTracker starts not following)
   return Status::Ok();
 }

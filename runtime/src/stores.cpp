@@ -150,6 +150,11 @@ Result<std::unique_ptr<NvmeStore>> make_nvme_store(const NvmeStoreOptions& optio
             : options.engine == "uring" ? offload::EngineKind::kUring
                                         : offload::EngineKind::kAuto;
   eo.fixed_buffer_regions = options.fixed_buffers;
+  if (options.io_result_filter) {
+    eo.result_filter = [filter = options.io_result_filter](const offload::IoSite& site, std::int64_t result) {
+      return filter(site.op == offload::IoOp::kWrite, site.offset_bytes, result);
+    };
+  }
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<offload::IoEngine> engine, offload::make_io_engine(std::move(eo)));
   offload::SwapStoreOptions so;
   for (const auto& d : options.dirs) so.dirs.emplace_back(d);

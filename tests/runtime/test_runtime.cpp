@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "mlp.hpp"
+#include "runtime_fixtures.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/memory/device_factory.hpp"
 #include "strata/runtime/runtime.hpp"
@@ -18,32 +19,11 @@ namespace strata::runtime {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::FaultyNvme;
 using testing::Mlp;
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / fmt::format("strata-rt-{}-{}", ::getpid(), counter()++);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  static int& counter() {
-    static int c = 0;
-    return c;
-  }
-};
-
-std::unique_ptr<memory::Device> sim_device(std::uint64_t budget = 256 * kMiB) {
-  memory::DeviceOptions o;
-  o.kind = memory::DeviceChoice::kSim;
-  o.budget_bytes = budget;
-  auto d = memory::make_device(o);
-  EXPECT_TRUE(d.ok()) << d.status();
-  return std::move(d).value();
-}
+using testing::sim_device;
+using testing::SlowWritesNvme;
+using testing::TempDir;
 
 // Layers of width 128: W (16384) + b (128) = 16512 elements -> one family per layer
 // with chunk_elems 20480 (80 KiB fp32 chunks).
@@ -319,50 +299,10 @@ TEST(Runtime, BudgetTooSmallSaysWhatIsNeeded) {
   EXPECT_NE(lease.status().message().find("gpu_budget"), std::string::npos) << lease.status();
 }
 
-// An NVMe store that fails on command: EIO on a chosen write, or a full disk.
-class FaultyNvme final : public NvmeStore {
- public:
-  explicit FaultyNvme(std::unique_ptr<NvmeStore> inner) : inner_(std::move(inner)) {}
-  std::uint64_t slot_bytes() const override { return inner_->slot_bytes(); }
-  Result<std::uint32_t> allocate_slot() override {
-    if (full_) return no_space("NVMe directory is full (injected)");
-    return inner_->allocate_slot();
-  }
-  void free_slot(std::uint32_t s) override { inner_->free_slot(s); }
-  Status write(std::uint32_t s, std::span<const std::byte> d, IoDone done) override {
-    if (fail_writes_) {
-      done(io_error("write: Input/output error (injected EIO)"));
-      return Status::Ok();
-    }
-    return inner_->write(s, d, std::move(done));
-  }
-  Status read(std::uint32_t s, std::span<std::byte> d, IoDone done) override {
-    return inner_->read(s, d, std::move(done));
-  }
-  std::uint64_t used_bytes() const override { return inner_->used_bytes(); }
-  std::string describe() const override { return "faulty(" + inner_->describe() + ")"; }
-  std::atomic<bool> fail_writes_{false};
-  std::atomic<bool> full_{false};
-
- private:
-  std::unique_ptr<NvmeStore> inner_;
-};
-
-// An MLP on its own runtime over the sim device; members are destroyed in
-// reverse: the runtime, then the device, then the MLP its queued kernels use.
-struct MlpRun {
-  Mlp mlp;
-  std::unique_ptr<memory::Device> device = sim_device();
-  std::unique_ptr<Runtime> rt;
-};
+using testing::MlpRun;
 
 void start(MlpRun& run, RuntimeOptions options) {
-  auto rt = Runtime::create(*run.device, std::move(options));
-  ASSERT_TRUE(rt.ok()) << rt.status();
-  run.rt = std::move(rt).value();
-  run.mlp.layers = kLayers;
-  run.mlp.width = kWidth;
-  ASSERT_TRUE(run.mlp.build(*run.rt).ok());
+  testing::start_mlp(run, std::move(options), kLayers, kWidth);
 }
 
 std::unique_ptr<NvmeStore> posix_store(const fs::path& dir) {
@@ -454,48 +394,6 @@ TEST(RuntimeFaults, EioMidStepSurfacesAndKeepsLastState) {
 TEST(RuntimeFaults, FullNvmeMidRunSurfacesAndKeepsLastState) {
   fault_run(false);
 }
-
-// An NVMe store whose writes land `delay` after they are submitted, on their own
-// thread, so write-backs are still in flight when step() returns.
-class SlowWritesNvme final : public NvmeStore {
- public:
-  SlowWritesNvme(std::unique_ptr<NvmeStore> inner, std::chrono::milliseconds delay)
-      : inner_(std::move(inner)), delay_(delay) {}
-  ~SlowWritesNvme() override {
-    for (std::thread& t : threads_) t.join();
-  }
-  std::uint64_t slot_bytes() const override { return inner_->slot_bytes(); }
-  Result<std::uint32_t> allocate_slot() override { return inner_->allocate_slot(); }
-  void free_slot(std::uint32_t s) override { inner_->free_slot(s); }
-  Status write(std::uint32_t s, std::span<const std::byte> d, IoDone done) override {
-    ++pending_;
-    std::lock_guard lock(mu_);
-    threads_.emplace_back([this, s, d, done = std::move(done)]() mutable {
-      std::this_thread::sleep_for(delay_);
-      Status st = inner_->write(s, d, [this, done = std::move(done)](Status r) {
-        --pending_;
-        done(std::move(r));
-      });
-      if (!st.ok()) {
-        --pending_;
-        done(st);
-      }
-    });
-    return Status::Ok();
-  }
-  Status read(std::uint32_t s, std::span<std::byte> d, IoDone done) override {
-    return inner_->read(s, d, std::move(done));
-  }
-  std::uint64_t used_bytes() const override { return inner_->used_bytes(); }
-  std::string describe() const override { return "slow-writes(" + inner_->describe() + ")"; }
-  std::atomic<int> pending_{0};
-
- private:
-  std::unique_ptr<NvmeStore> inner_;
-  std::chrono::milliseconds delay_;
-  std::mutex mu_;
-  std::vector<std::thread> threads_;
-};
 
 TEST(Runtime, NvmeWriteBacksOutliveStepAndStayExact) {
   TempDir dir;

@@ -68,6 +68,10 @@ struct NvmeStoreOptions {
   std::uint64_t capacity_bytes = 0;                 //!< total, across dirs (the NVMe budget)
   std::string engine = "auto";                      //!< auto, uring, posix
   std::vector<std::span<std::byte>> fixed_buffers;  //!< host regions to register
+  //! Test hook: sees each transfer's raw result (bytes moved, or -errno) with its
+  //! direction and file offset, and returns the one the engine acts on (an
+  //! injected -EIO becomes the engine's error naming the file and the offset).
+  std::function<std::int64_t(bool write, std::uint64_t offset_bytes, std::int64_t result)> io_result_filter;
 };
 
 //! NVMe store over offload::SwapStore. Fails with the store's Status (missing or

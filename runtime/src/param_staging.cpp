@@ -1,0 +1,174 @@
+// Residency: NVMe-homed params and their staging buffers (residency.hpp, Note
+// [NVMe-homed params]).
+#include <algorithm>
+#include <cstring>
+
+#include "optimizer_pipeline.hpp"
+#include "residency.hpp"
+#include "step_tracker.hpp"
+#include "strata/common/assert.hpp"
+#include "strata/common/bytes.hpp"
+#include "strata/common/log.hpp"
+
+namespace strata::runtime {
+
+bool Residency::needs_staging(const Chunk& c) const {
+  return c.kind == StateKind::kParam && c.bytes > 0 && c.family < core_.plan.families.size() &&
+         core_.plan.families[c.family].param_home == Tier::kNvme &&
+         (c.value == ChunkValue::kNvme || c.absent());
+}
+
+bool Residency::staged(const Chunk& c) const {
+  return c.family < staging_.size() && staging_[c.family].state == Staging::kReady;
+}
+
+std::int64_t Residency::staging_victim(std::size_t window) const {
+  const bool planned = tracker_.following() && tracker_.next_use().length() > 0;
+  const std::size_t here = tracker_.here();
+  for (std::size_t i = 0; i < staged_.size(); ++i) {
+    const FamilyId f = staged_[i];
+    if (staging_[f].state != Staging::kReady) continue;  // its read is in flight
+    const Chunk& c = core_.chunks[static_cast<std::size_t>(core_.chunk_index(f, StateKind::kParam))];
+    if (planned && window > 0 && tracker_.next_use().distance(f, here) <= window) continue;
+    if (c.host_read.valid()) {
+      auto done = core_.device.query(c.host_read);
+      if (!done.ok() || !*done) continue;  // a load still copies from it
+    }
+    return static_cast<std::int64_t>(i);
+  }
+  return -1;
+}
+
+void Residency::free_staging(FamilyId f) {
+  Chunk& c = core_.chunk(f, StateKind::kParam);
+  STRATA_CHECK(staging_[f].state == Staging::kReady);
+  core_.host->free(c.host, c.bytes);
+  c.host = nullptr;
+  staging_[f] = ParamStaging{};
+  staged_.erase(std::find(staged_.begin(), staged_.end(), f));
+}
+
+Status Residency::start_staging(Chunk& c, std::size_t window, bool* started) {
+  *started = false;
+  const FamilyId f = c.family;
+  if (staging_[f].state != Staging::kNone) {
+    *started = true;
+    return Status::Ok();
+  }
+  if (staged_.size() >= staging_max_) {
+    const std::int64_t victim = staging_victim(window);
+    if (victim < 0) return Status::Ok();
+    free_staging(staged_[static_cast<std::size_t>(victim)]);
+  }
+  auto buffer = core_.host->allocate(c.bytes);
+  if (!buffer.ok()) {
+    Status s = buffer.status();
+    s.with_context(fmt::format("staging buffer {} of {} for family {}'s NVMe-homed param ({})",
+                               staged_.size() + 1, staging_max_, f, format_bytes(c.bytes)));
+    return s;
+  }
+  c.host = *buffer;
+  staged_.push_back(f);
+  *started = true;
+  ParamStaging& st = staging_[f];
+  if (c.absent()) {
+    std::memset(c.host, 0, c.bytes);  // never written: zeros
+    st.state = Staging::kReady;
+    return Status::Ok();
+  }
+  st.state = Staging::kReading;
+  std::vector<std::pair<std::uint32_t, std::span<std::byte>>> pieces;
+  const std::uint64_t piece = core_.nvme->slot_bytes();
+  for (std::size_t i = 0; i < c.nvme_slots.size(); ++i) {
+    const std::uint64_t begin = i * piece;
+    pieces.emplace_back(c.nvme_slots[i],
+                        std::span<std::byte>(c.host + begin, std::min<std::uint64_t>(piece, c.bytes - begin)));
+  }
+  st.io_pending = static_cast<int>(pieces.size());
+  ++staging_reads_;
+  // Submitted from a pool thread, without the lock: a store may call back on
+  // the submitting thread (as the pipeline's reads are, nvme_pipeline.cpp).
+  const double enqueued = core_.timeline.now_us();
+  core_.pool->post([this, f, enqueued, pieces = std::move(pieces)] {
+    for (auto& [slot, data] : pieces) {
+      auto done = [this, f, enqueued, n = data.size()](Status s) {
+        staging_read_done(f, std::move(s), enqueued, n);
+      };
+      Status s = core_.nvme->read(slot, data, done);
+      if (!s.ok()) done(s);  // no callback will come for this piece
+    }
+  });
+  return Status::Ok();
+}
+
+void Residency::staging_read_done(FamilyId f, Status status, double enqueued_us, std::uint64_t bytes) {
+  core_.timeline.add(Track::kDiskRead, "nvme read param", enqueued_us, core_.timeline.now_us(), bytes);
+  std::lock_guard lock(core_.mu);
+  ParamStaging& st = staging_[f];
+  if (!status.ok() && st.status.ok()) st.status = std::move(status);
+  if (--st.io_pending > 0) return;
+  --staging_reads_;
+  if (st.status.ok()) {
+    st.state = Staging::kReady;
+  } else {
+    // Bad bytes never reach the device: the buffer is dropped and the runtime fails.
+    Status s = std::move(st.status);
+    s.with_context(fmt::format("NVMe read of family {}'s param into a staging buffer", f));
+    st.state = Staging::kReady;
+    free_staging(f);
+    core_.fail(std::move(s));
+  }
+  core_.cv.notify_all();
+}
+
+Status Residency::wait_staged(std::unique_lock<std::mutex>& lock, Chunk& c) {
+  const double t0 = core_.timeline.now_us();
+  while (needs_staging(c) && !staged(c)) {
+    if (!core_.background_error.ok()) return core_.background_error;
+    bool started = false;
+    STRATA_RETURN_IF_ERROR(start_staging(c, /*window=*/0, &started));
+    if (staged(c)) break;
+    if (started || staging_reads_ > 0) {
+      core_.cv.wait(lock);  // its read, or one that frees a victim, ends (staging_read_done)
+      continue;
+    }
+    // Every buffer is read and a load still copies from it: wait for the loads.
+    for (FamilyId g : staged_) STRATA_RETURN_IF_ERROR(wait_host_reads(core_.chunk(g, StateKind::kParam)));
+    if (staging_victim(0) < 0) {
+      return internal_error("family {}: none of the {} param staging buffers can be taken back", c.family,
+                            staging_max_);
+    }
+  }
+  if (!core_.background_error.ok()) return core_.background_error;
+  core_.timeline.add_stall((core_.timeline.now_us() - t0) * 1e-6);
+  return Status::Ok();
+}
+
+Status Residency::drop_staging(std::unique_lock<std::mutex>& lock, Chunk& c) {
+  if (c.kind != StateKind::kParam || c.family >= staging_.size()) return Status::Ok();
+  const FamilyId f = c.family;
+  core_.cv.wait(lock, [&] { return staging_[f].state != Staging::kReading; });
+  if (staging_[f].state != Staging::kReady) return Status::Ok();
+  STRATA_RETURN_IF_ERROR(wait_host_reads(c));
+  free_staging(f);
+  return Status::Ok();
+}
+
+void Residency::wait_staging_reads(std::unique_lock<std::mutex>& lock) {
+  core_.cv.wait(lock, [&] { return staging_reads_ == 0; });
+}
+
+Status Residency::read_params_ahead() {
+  const auto& uses = tracker_.plan_trace().uses;
+  const std::size_t start = tracker_.next_position();
+  for (std::size_t q = start; q < uses.size() && q < start + staging_max_; ++q) {
+    Chunk& c = core_.chunk(uses[q].family, StateKind::kParam);
+    if (c.device_copy || !needs_staging(c) || pipeline_.updating(c.family)) continue;
+    bool started = false;
+    STRATA_RETURN_IF_ERROR(start_staging(c, staging_max_, &started));
+    if (!started) break;  // no buffer free: the next placed use tries again
+  }
+  return Status::Ok();
+}
+
+}  // namespace strata::runtime
