@@ -17,7 +17,8 @@
 //   host    -> device (written on device) | nvme (home moved, write-back) | absent
 //              (consumed, skipped step)
 //   device  -> host (written back) | staged (gradient landed) | absent (consumed)
-//   nvme    -> host (home moved, failed write-back) | nvme (write-back)
+//   nvme    -> host (home moved, failed write-back, an NVMe-homed param updated
+//              and not yet written) | nvme (write-back)
 //   staged  -> absent (consumed)
 //
 // A device copy is never dropped while a lease holds it (readers/writers); a
@@ -74,9 +75,11 @@ struct Chunk {
   StateKind kind = StateKind::kParam;
   std::uint64_t bytes = 0;  //!< 0: this family has no such kind
   ChunkValue value = ChunkValue::kAbsent;
-  bool device_copy = false;               //!< the device slot holds the value or a clean copy of it
-  std::int32_t device_slot = -1;          //!< index into Residency's device slots, -1 when none
-  std::byte* host = nullptr;              //!< host buffer (valid when value is kHost)
+  bool device_copy = false;       //!< the device slot holds the value or a clean copy of it
+  std::int32_t device_slot = -1;  //!< index into Residency's device slots, -1 when none
+  //! Host buffer: the value when kHost; for an NVMe-homed param whose value is
+  //! kNvme or kAbsent, its staging copy (Note [NVMe-homed params] in residency.hpp).
+  std::byte* host = nullptr;
   std::vector<std::uint32_t> nvme_slots;  //!< NvmeStore slots holding the NVMe copy, in order
   int readers = 0;
   int writers = 0;

@@ -81,8 +81,8 @@ Status Residency::start_staging(Chunk& c, std::size_t window, bool* started) {
   const std::uint64_t piece = core_.nvme->slot_bytes();
   for (std::size_t i = 0; i < c.nvme_slots.size(); ++i) {
     const std::uint64_t begin = i * piece;
-    pieces.emplace_back(c.nvme_slots[i],
-                        std::span<std::byte>(c.host + begin, std::min<std::uint64_t>(piece, c.bytes - begin)));
+    pieces.emplace_back(c.nvme_slots[i], std::span<std::byte>(c.host + begin, std::min<std::uint64_t>(
+                                                                                  piece, c.bytes - begin)));
   }
   st.io_pending = static_cast<int>(pieces.size());
   ++staging_reads_;

@@ -82,6 +82,33 @@ TEST(ProbePlacements, OrderedByCapacityAndMatchThePlanner) {
   EXPECT_GT(rows[4].max_params, rows[2].max_params);  // params spill to NVMe too
 }
 
+// Issue 15: the all-nvme row was optim-nvme under another name (every param kept
+// a host home). Now params spill to NVMe: with 8 GiB of host it holds a model
+// whose params alone exceed the host, and its plan says where they live.
+TEST(ProbePlacements, AllNvmeHoldsParamsLargerThanHostRam) {
+  const TrainSpec spec = spec_for(1'300'000'000);
+  const Capacity cap{.gpu_bytes = 16 * kGiB, .host_bytes = 8 * kGiB, .nvme_bytes = 1024 * kGiB};
+  runtime::Rates rates;
+  const Estimate optim_nvme = estimate(spec, Placement::kOptimNvme, cap, rates);
+  const Estimate all_nvme = estimate(spec, Placement::kAllNvme, cap, rates);
+  ASSERT_TRUE(optim_nvme.feasible) << optim_nvme.why;
+  ASSERT_TRUE(all_nvme.feasible) << all_nvme.why;
+  std::size_t nvme_params = 0;
+  for (const runtime::FamilyPlan& f : all_nvme.plan.families) {
+    nvme_params += f.param_home == runtime::Tier::kNvme;
+    if (f.param_home == runtime::Tier::kNvme) {
+      EXPECT_EQ(f.optim_home, runtime::Tier::kNvme);
+    }
+  }
+  EXPECT_GT(nvme_params, 0u) << all_nvme.plan.summary();
+  for (const runtime::FamilyPlan& f : optim_nvme.plan.families) EXPECT_EQ(f.param_home, runtime::Tier::kHost);
+  EXPECT_GT(all_nvme.max_params, 2 * optim_nvme.max_params);
+  // fp32 params alone (4 B each) are larger than the host budget; the plan stays within it.
+  EXPECT_GT(all_nvme.max_params * 4, cap.host_bytes);
+  EXPECT_LE(all_nvme.plan.host_bytes, cap.host_bytes);
+  EXPECT_LE(all_nvme.plan.nvme_bytes, cap.nvme_bytes);
+}
+
 TEST(ProbePlacements, NoNvmeSaysWhy) {
   const TrainSpec spec = spec_for(125'000'000);
   const Capacity cap{.gpu_bytes = 4 * kGiB, .host_bytes = 8 * kGiB, .nvme_bytes = 0};

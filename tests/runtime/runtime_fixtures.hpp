@@ -14,9 +14,9 @@
 #include <thread>
 #include <vector>
 
+#include "mlp.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/memory/device_factory.hpp"
-#include "mlp.hpp"
 #include "strata/runtime/stores.hpp"
 
 namespace strata::runtime::testing {
@@ -97,7 +97,6 @@ class FaultyNvme final : public NvmeStore {
   }
 
  public:
-
  private:
   std::unique_ptr<NvmeStore> inner_;
 };
@@ -177,7 +176,8 @@ struct IoFaults {
 inline std::unique_ptr<NvmeStore> store_with_engine(const fs::path& dir, const std::string& engine,
                                                     std::uint64_t slot_bytes, IoFaults* faults,
                                                     std::string* why) {
-  NvmeStoreOptions o{.dirs = {dir.string()}, .slot_bytes = slot_bytes, .capacity_bytes = 32 * kMiB, .engine = engine};
+  NvmeStoreOptions o{
+      .dirs = {dir.string()}, .slot_bytes = slot_bytes, .capacity_bytes = 32 * kMiB, .engine = engine};
   if (faults != nullptr) {
     o.io_result_filter = [faults](bool write, std::uint64_t, std::int64_t result) -> std::int64_t {
       if (result <= 0) return result;

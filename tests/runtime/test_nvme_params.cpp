@@ -141,7 +141,8 @@ TEST_P(NvmeParamsExact, BitIdenticalToAllOnHostWithWritesOutlivingStep) {
   const ExactCase c = GetParam();
   TempDir dir;
   std::string why;
-  std::unique_ptr<NvmeStore> inner = testing::store_with_engine(dir.path, c.engine, kChunkBytes, nullptr, &why);
+  std::unique_ptr<NvmeStore> inner =
+      testing::store_with_engine(dir.path, c.engine, kChunkBytes, nullptr, &why);
   if (inner == nullptr) GTEST_SKIP() << "the " << c.engine << " engine is not available here: " << why;
   auto slow = std::make_shared<SlowWritesNvme>(std::move(inner), std::chrono::milliseconds(20));
   RuntimeOptions o = nvme_params(dir.path, c.host_params);
@@ -185,8 +186,8 @@ TEST_P(NvmeParamsExact, BitIdenticalToAllOnHostWithWritesOutlivingStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, NvmeParamsExact,
-                         ::testing::Values(ExactCase{"posix", 0}, ExactCase{"uring", 0}, ExactCase{"posix", 3},
-                                           ExactCase{"uring", 3}),
+                         ::testing::Values(ExactCase{"posix", 0}, ExactCase{"uring", 0},
+                                           ExactCase{"posix", 3}, ExactCase{"uring", 3}),
                          [](const auto& p) {
                            return p.param.engine + (p.param.host_params == 0 ? "_AllParams" : "_SomeParams");
                          });
@@ -331,7 +332,8 @@ void fault_run(Fault fault) {
     if (after.param[j].empty()) continue;
     const bool is_before =
         after.param[j] == before.param[j] && after.s0[j] == before.s0[j] && after.s1[j] == before.s1[j];
-    const bool is_next = after.param[j] == next.param[j] && after.s0[j] == next.s0[j] && after.s1[j] == next.s1[j];
+    const bool is_next =
+        after.param[j] == next.param[j] && after.s0[j] == next.s0[j] && after.s1[j] == next.s1[j];
     if (fault == Fault::kEioRead || fault == Fault::kCorruptSlot) {
       // The read failed in forward: no optimizer ran, nothing was applied to bad bytes.
       EXPECT_TRUE(is_before) << "tensor " << j << " changed in a step whose param read failed; " << failed;

@@ -29,8 +29,8 @@ using namespace strata::probe;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kAllNvmeNote =
-    "optimizer states on NVMe, params on host: the runtime keeps every param's home copy on host "
-    "(NVMe-homed params are not implemented yet), so this placement is bounded like optim-nvme";
+    "params that do not fit on host live on NVMe with their optimizer states, read ahead through a "
+    "bounded pool of staging buffers counted in the host budget";
 
 struct Settings {
   std::string nvme;
@@ -348,6 +348,9 @@ int run(const Settings& s) {
     if (e.feasible) {
       row["bottleneck"] = e.cost.bottleneck;
       row["plan"] = e.plan.summary();
+      std::uint64_t homes[3] = {0, 0, 0};  // families whose param lives on gpu / host / nvme
+      for (const runtime::FamilyPlan& f : e.plan.families) ++homes[static_cast<int>(f.param_home)];
+      row["param_home_families"] = {{"gpu", homes[0]}, {"host", homes[1]}, {"nvme", homes[2]}};
     } else {
       row["why"] = e.why;
     }

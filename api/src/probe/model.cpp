@@ -264,6 +264,7 @@ Result<runtime::PlanInput> plan_input(const TrainSpec& spec, std::uint64_t layer
       const std::uint64_t c = cap(f.numel);
       f.optim_nvme_bytes = (master_elem > 0 ? runtime::nvme_chunk_bytes(c * master_elem, slot) : 0) +
                            states * runtime::nvme_chunk_bytes(c * state_elem, slot);
+      f.param_nvme_bytes = runtime::nvme_chunk_bytes(f.param_bytes, slot);
     }
   }
   auto fwd_s = [&](std::uint64_t numel) {
@@ -279,6 +280,8 @@ Result<runtime::PlanInput> plan_input(const TrainSpec& spec, std::uint64_t layer
   in.trace.non_chunk_peak_bytes = *acts;
   in.budgets = {.gpu_bytes = capacity.gpu_bytes, .host_bytes = capacity.host_bytes, .nvme_bytes = 0};
   in.options.allow_gpu_optimizer = placement == Placement::kAllGpu;
+  // Only all-nvme lets params spill to NVMe (Note [Probe placements]).
+  in.options.allow_nvme_params = placement == Placement::kAllNvme;
   if (placement == Placement::kOptimNvme || placement == Placement::kAllNvme) {
     in.budgets.nvme_bytes = capacity.nvme_bytes;
   }

@@ -12,7 +12,8 @@
 //                      (every family param_resident_gpu, every optim_home host)
 //   params-optim-host  params stream from host, optimizer on the CPU (no NVMe tier)
 //   optim-nvme         params on host, optimizer states (some or all) on NVMe
-//   all-nvme           params and optimizer states may live on NVMe
+//   all-nvme           params and optimizer states may live on NVMe (the runtime
+//                      reads NVMe-homed params through counted staging buffers)
 // The largest size is found by bisection over the layer count (with the hidden
 // size, vocabulary, sequence and batch fixed): feasibility is monotone in layers.
 // The same budgets (shrunk to the chosen size) drive `--verify`, so the plan it
