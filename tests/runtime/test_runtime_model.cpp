@@ -10,9 +10,11 @@
 // stream (that is when the data is valid), host leases directly.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <random>
+#include <tuple>
 
 #include "strata/common/bytes.hpp"
 #include "strata/memory/device_factory.hpp"
@@ -38,11 +40,13 @@ struct Held {
   Where where;
 };
 
-class RuntimeModel : public ::testing::TestWithParam<std::uint64_t> {};
+// (seed, NVMe-homed params: a host budget that holds the staging and not the params)
+class RuntimeModel : public ::testing::TestWithParam<std::tuple<std::uint64_t, bool>> {};
 
 TEST_P(RuntimeModel, RandomOperationsMatchReference) {
-  const std::uint64_t seed = GetParam();
-  SCOPED_TRACE(fmt::format("seed {} (rerun with --gtest_filter='*RuntimeModel*/{}')", seed, seed));
+  const auto [seed, nvme_params] = GetParam();
+  SCOPED_TRACE(
+      fmt::format("seed {} nvme_params {} (rerun with --gtest_filter='*RuntimeModel*')", seed, nvme_params));
   std::mt19937_64 rng(seed);
   const fs::path dir = fs::temp_directory_path() / fmt::format("strata-model-{}-{}", ::getpid(), seed);
   fs::create_directories(dir);
@@ -69,6 +73,13 @@ TEST_P(RuntimeModel, RandomOperationsMatchReference) {
   // every gradient (8 families at most) there.
   o.plan.host_reserve_bytes = 8 * kChunkElems * 2;
   o.plan.grad_staging_slots = 1;
+  if (nvme_params) {
+    // Landing slot 16 KiB + reserve 128 KiB + 4 param staging buffers of 16 KiB
+    // (prefetch depth 2 + 2) + one NVMe family in flight (32 KiB master, SGD
+    // without momentum keeps no state, 16 KiB param): no room left for a 16 KiB
+    // param's home (Note [NVMe param staging]).
+    o.budgets.host_bytes = (16 + 128 + 64 + 48) * kKiB;
+  }
   o.hyper.momentum = 0.0f;
   o.nvme_dirs = {dir.string()};
   auto created = Runtime::create(**device, o);
@@ -94,6 +105,13 @@ TEST_P(RuntimeModel, RandomOperationsMatchReference) {
   // as all its trainable tensors' gradients were handed over in the last
   // micro-batch and no lease holds its gradient or param.
   const ChunkLayout& layout = rt.layout();
+  std::vector<bool> param_nvme(layout.families.size(), false);
+  for (FamilyId f = 0; f < layout.families.size(); ++f)
+    param_nvme[f] = rt.plan().families[f].param_home == Tier::kNvme;
+  // With 4 families or fewer the staging costs as much as the params: they stay on host.
+  EXPECT_EQ(std::count(param_nvme.begin(), param_nvme.end(), true) > 0,
+            nvme_params && layout.families.size() > 4)
+      << rt.plan().summary();
   std::vector<std::vector<TensorId>> family_tensors(layout.families.size());
   for (TensorId t = 0; t < kTensors; ++t) family_tensors[layout.slots[t].family].push_back(t);
   std::vector<bool> written_in_micro(kTensors, false);
@@ -162,6 +180,12 @@ TEST_P(RuntimeModel, RandomOperationsMatchReference) {
       // Read a param, on the device (mostly) or the host.
       const Where where = rng() % 5 == 0 ? Where::kHost : Where::kDevice;
       auto lease = rt.acquire(t, StateKind::kParam, Access::kRead, where);
+      if (where == Where::kHost && param_nvme[layout.slots[t].family]) {
+        // NVMe-homed params have no host copy to lease (Note [NVMe-homed params]).
+        ASSERT_EQ(lease.status().code(), StatusCode::kFailedPrecondition) << "op " << ops;
+        ++refused;
+        continue;
+      }
       ASSERT_TRUE(lease.ok()) << "op " << ops << ": " << lease.status();
       Held h{std::move(lease).value(), t, StateKind::kParam, Access::kRead, where};
       if (where == Where::kDevice) {
@@ -262,7 +286,12 @@ TEST_P(RuntimeModel, RandomOperationsMatchReference) {
   fs::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, RuntimeModel, ::testing::Values(1u, 2u, 3u, 4u, 5u, 6u));
+INSTANTIATE_TEST_SUITE_P(Seeds, RuntimeModel,
+                         ::testing::Combine(::testing::Values(1u, 2u, 3u, 4u, 5u, 6u), ::testing::Bool()),
+                         [](const auto& p) {
+                           return fmt::format("seed{}{}", std::get<0>(p.param),
+                                              std::get<1>(p.param) ? "_NvmeParams" : "");
+                         });
 
 }  // namespace
 }  // namespace strata::runtime
