@@ -370,12 +370,12 @@ int run_optim(const OptimOptions& o) {
                o.threads, o.repeats);
     return 2;
   }
-  // The pool runs threads - 1 workers and parallel_for's caller is the last
-  // thread, so `threads` is the number of threads that run pieces
-  // (threads_used in the output checks it).
+  // The pool runs `threads` workers and parallel_for's caller (outside the
+  // pool) only waits, so `threads` is the number of threads that run pieces
+  // (threads_used in the output checks it); one thread runs on the caller.
   const std::size_t threads = o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   std::unique_ptr<ThreadPool> pool;
-  if (!cuda && threads > 1) pool = std::move(ThreadPool::create({.threads = threads - 1}).value());
+  if (!cuda && threads > 1) pool = std::move(ThreadPool::create({.threads = threads}).value());
   const std::size_t n = static_cast<std::size_t>(o.mparams * 1e6);
   const std::string isa_used = cuda ? "cuda" : std::string(isa_name(isa));
 

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "optimizer_pipeline.hpp"
 #include "residency.hpp"
@@ -67,7 +68,8 @@ void OptimizerPipeline::kernel_keys(const std::vector<TensorId>& updated, std::v
 
 Result<kernels::StepReport> OptimizerPipeline::run_kernels(const std::vector<kernels::Span>& spans,
                                                            const std::vector<std::int64_t>& keys, float scale,
-                                                           const std::vector<kernels::Hyper>& hypers) {
+                                                           const std::vector<kernels::Hyper>& hypers,
+                                                           const kernels::GradStats* checked) {
   // Tensors updated a different number of times (one was unused in some step)
   // need their own bias corrections, and each parameter group its own lr and
   // weight decay: one kernel call per distinct (group, step) key.
@@ -83,11 +85,14 @@ Result<kernels::StepReport> OptimizerPipeline::run_kernels(const std::vector<ker
     }
     const auto g = static_cast<std::size_t>(key >> 48);
     STRATA_CHECK(g < hypers.size());
-    kernels::StepArgs args{.hyper = hypers[g],
-                           .step = key & kStepMask,
-                           .grad_scale = scale,
-                           .spans = group,
-                           .pool = core_.pool.get()};
+    kernels::StepArgs args{
+        .hyper = hypers[g],
+        .step = key & kStepMask,
+        .grad_scale = scale,
+        .spans = group,
+        .pool = core_.pool.get(),
+        .check = checked != nullptr ? kernels::GradCheck::kCallerChecked : kernels::GradCheck::kSeparatePass,
+        .checked = checked};
     STRATA_ASSIGN_OR_RETURN(kernels::StepReport r, kernels::step(args));
     total.grads_finite = total.grads_finite && r.grads_finite;
     total.applied = total.applied && r.applied;
@@ -124,7 +129,8 @@ void OptimizerPipeline::launch_device_optimizer(FamilyId f) {
   const float scale = step_scale;
   Status st =
       core_.device.launch_host(core_.opt_stream, [this, f, spans, steps, hypers, updated, enqueued, scale] {
-        Result<kernels::StepReport> r = run_kernels(spans, steps, scale, hypers);
+        // The device kernel's own pass checks the gradient in device memory.
+        Result<kernels::StepReport> r = run_kernels(spans, steps, scale, hypers, nullptr);
         std::uint64_t elems = 0;
         for (const auto& s : spans) elems += s.n;
         core_.record_span(Track::kGpuOptimizer, fmt::format("optimizer f{}", f), enqueued, elems);
@@ -181,7 +187,18 @@ void OptimizerPipeline::compute_family(FamilyId f) {
   std::vector<std::int64_t> steps;
   std::vector<kernels::Hyper> hypers;
   kernel_keys(updated, &steps, &hypers);
-  const float scale = step_scale;
+  // The gradient was checked on its way to host (Note [Gradient check on the
+  // device]); else the kernel reads it once first. A family that starts before
+  // step() uses the scale its check took when it started; a deferred one the
+  // step's (x the clip coefficient <= 1: finite stays finite).
+  const GradCheckResult& check = checks_[f];
+  const float scale = check.valid && !core_.deferred() ? check.scale : step_scale;
+  std::optional<kernels::GradStats> checked;
+  if (check.valid) {
+    checked = kernels::GradStats{.sum_squares = check.sum_squares(), .finite = check.finite};
+  } else {
+    for (const kernels::Span& s : spans) host_check_bytes_ += s.n * kernels::dtype_size(s.grad_dtype);
+  }
   // The kernel writes a host family's param in place: no load may still read it.
   if (!nvme_family) {
     if (Status st = residency_.wait_host_reads(p); !st.ok()) {
@@ -195,7 +212,7 @@ void OptimizerPipeline::compute_family(FamilyId f) {
   // The param is updated in its staging copy for NVMe families; nothing else
   // writes the host param while this family's optimizer runs.
   if (nvme_family) std::memcpy(ptrs.at[static_cast<int>(StateKind::kParam)], p.host, p.bytes);
-  Result<kernels::StepReport> r = run_kernels(spans, steps, scale, hypers);
+  Result<kernels::StepReport> r = run_kernels(spans, steps, scale, hypers, checked ? &*checked : nullptr);
   std::uint64_t elems = 0;
   for (const auto& s : spans) elems += s.n;
   core_.timeline.add(Track::kCpuOptimizer, fmt::format("optimizer f{}", f), t0, core_.timeline.now_us(),

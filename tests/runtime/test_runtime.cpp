@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "mlp.hpp"
+#include "sim_device.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/memory/device_factory.hpp"
 #include "strata/runtime/runtime.hpp"
@@ -19,6 +20,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::Mlp;
+using testing::sim_device;
 
 struct TempDir {
   fs::path path;
@@ -35,15 +37,6 @@ struct TempDir {
     return c;
   }
 };
-
-std::unique_ptr<memory::Device> sim_device(std::uint64_t budget = 256 * kMiB) {
-  memory::DeviceOptions o;
-  o.kind = memory::DeviceChoice::kSim;
-  o.budget_bytes = budget;
-  auto d = memory::make_device(o);
-  EXPECT_TRUE(d.ok()) << d.status();
-  return std::move(d).value();
-}
 
 // Layers of width 128: W (16384) + b (128) = 16512 elements -> one family per layer
 // with chunk_elems 20480 (80 KiB fp32 chunks).
