@@ -33,6 +33,8 @@ void OptimizerPipeline::init(std::size_t family_count) {
   trainable.assign(family_count, 0);
   grads_written_.assign(family_count, 0);
   checks_.assign(family_count, GradCheckResult{});
+  cuda_scratch_.clear();
+  cuda_scratch_.resize(family_count);
 }
 
 void OptimizerPipeline::adopt(const StepTrace& trace) {

@@ -17,6 +17,7 @@
 
 #include "core.hpp"
 #include "strata/common/assert.hpp"
+#include "strata/kernels/cuda.hpp"
 #include "strata/kernels/optim.hpp"
 
 namespace strata::runtime {
@@ -195,6 +196,15 @@ class OptimizerPipeline {
 
  private:
   void launch_device_optimizer(FamilyId f);
+  //! Enqueues family f's update on the optimizer stream of a CUDA device (Note
+  //! [CUDA optimizer] in optimizer_run.cpp); a host function then completes it.
+  Status enqueue_cuda_optimizer(FamilyId f, const std::vector<kernels::Span>& spans,
+                                const std::vector<std::int64_t>& keys, float scale,
+                                const std::vector<kernels::Hyper>& hypers,
+                                const std::vector<TensorId>& updated, double enqueued, std::uint64_t elems);
+  //! A device optimizer's result: counts the update, frees the gradient, ends the family. Takes mu.
+  void device_optimizer_done(FamilyId f, const Result<kernels::StepReport>& r,
+                             const std::vector<TensorId>& updated);
   void take_nvme_place(FamilyId f);
   void release_nvme_place(FamilyId f);
   void cancel_read_ahead(FamilyId f);
@@ -238,8 +248,9 @@ class OptimizerPipeline {
   int io_families_ = 0;                //!< families with NVMe reads in flight
   std::vector<WriteBack> writebacks_;  //!< per family (Note [Write-back after step])
   int writebacks_in_flight_ = 0;
-  std::uint64_t steps_done_ = 0;                    //!< steps ended (end_step); a write-back names its step
-  std::vector<GradCheckResult> checks_;             //!< per family: this step's gradient check
+  std::uint64_t steps_done_ = 0;         //!< steps ended (end_step); a write-back names its step
+  std::vector<GradCheckResult> checks_;  //!< per family: this step's gradient check
+  std::vector<std::vector<kernels::CudaStepScratch>> cuda_scratch_;  //!< per family, per kernel call (CUDA)
   std::atomic<std::uint64_t> host_check_bytes_{0};  //!< gradient bytes read on the host only to check them
 };
 

@@ -15,6 +15,10 @@ namespace {
 std::atomic<std::uint64_t> g_allocations{0};
 }  // namespace
 
+// The replacement pair is malloc/free on purpose; GCC cannot tell that the
+// operator delete below is the one matching this operator new.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
 void* operator new(std::size_t n) {
   g_allocations.fetch_add(1, std::memory_order_relaxed);
   if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
