@@ -15,14 +15,20 @@
 // cannot honestly exceed it by more than noise.
 //
 // Note [Runtime path]
-// runtime_path_mparams_per_s times what runtime/src/optimizer.cpp's run_kernels
-// does for a host family: kernels::step() with the default
-// GradCheck::kSeparatePass (a gradient read before the fused pass). With
-// clip_max_norm > 0 or loss scaling the runtime first runs kernels::grad_stats()
-// over every gradient, takes the clip coefficient from the norm
-// (runtime/src/step.cpp, deferred_prepass), then the same step():
-// runtime_path_clip_mparams_per_s times those three calls. The bench gives one
-// Span for the whole buffer; the runtime gives one per tensor of a family.
+// runtime_path_mparams_per_s times the calls runtime/src/optimizer_run.cpp's
+// run_kernels makes on the host for a host family whose gradient came down from
+// the device: the gradient was checked on the device before its d2h copy
+// (runtime/src/grad_check.cpp, Note [Gradient check on the device]), so the CPU
+// runs kernels::step() with GradCheck::kCallerChecked and the device's
+// GradStats (here: taken once, untimed, by grad_stats over the same buffers).
+// With clip_max_norm > 0 or loss scaling (runtime/src/step.cpp,
+// deferred_prepass) the norm comes from the same device checks: the clip
+// coefficient from it, then the same step(): runtime_path_clip_mparams_per_s.
+// A gradient already on host (written back between micro-batches), or a device
+// that cannot check (CUDA, for now), costs the kernel's own check:
+// runtime_path_host_grad_mparams_per_s times step() with kSeparatePass (one
+// more read of the gradient). The bench gives one Span for the whole buffer;
+// the runtime gives one per tensor of a family.
 //
 // Every figure is the best of --repeats timed runs after one warm-up; the
 // kernel, the memory-only kernel, the two runtime paths and the STREAM triad
@@ -166,6 +172,7 @@ struct Measured {
   double roofline_s = 0;      //!< memory-only kernel, same streams (CPU only)
   double runtime_s = 0;       //!< Note [Runtime path], without clipping
   double runtime_clip_s = 0;  //!< Note [Runtime path], with clipping
+  double runtime_host_s = 0;  //!< Note [Runtime path], a gradient checked on the host
   double triad_s = 0;         //!< STREAM triad over n floats
   std::size_t threads_used = 0;
   std::string error;
@@ -225,7 +232,17 @@ Measured measure(const Config& c, std::size_t n, const OptimOptions& o, ThreadPo
   }
   const GradStats checked{.sum_squares = 1.0, .finite = true};
   StepArgs args{.hyper = hyper, .spans = {&s, 1}, .pool = pool, .isa = isa};
-  std::vector<double> kernel, roof, rt, rt_clip, tri;
+  std::vector<double> kernel, roof, rt, rt_clip, rt_host, tri;
+  // What the device's check hands the runtime (Note [Runtime path]); untimed.
+  GradStats device_checked = checked;
+  if (!cuda && !c.grad_norm_only) {
+    Result<GradStats> g = grad_stats(args.spans, 1.0f, pool, isa);
+    if (!g.ok()) {
+      out.error = g.status().to_string();
+      return out;
+    }
+    device_checked = *g;
+  }
   auto timed = [](std::vector<double>& into, bool keep, auto&& fn) -> Status {
     const auto t0 = std::chrono::steady_clock::now();
     Status st = fn();
@@ -254,15 +271,18 @@ Measured measure(const Config& c, std::size_t n, const OptimOptions& o, ThreadPo
       }
     }
     if (st.ok() && !cuda && !c.grad_norm_only) {
-      st = timed(rt, keep, [&] { return step(args).status(); });  // GradCheck::kSeparatePass
+      StepArgs a = args;
+      a.check = GradCheck::kCallerChecked;
+      a.checked = &device_checked;
+      st = timed(rt, keep, [&] { return step(a).status(); });
       if (st.ok()) {
         st = timed(rt_clip, keep, [&]() -> Status {
-          STRATA_ASSIGN_OR_RETURN(GradStats g, grad_stats(args.spans, 1.0f, pool, isa));
-          StepArgs a = args;
-          a.grad_scale = clip_coefficient(std::sqrt(g.sum_squares), 1.0);
-          return step(a).status();
+          StepArgs clipped = a;
+          clipped.grad_scale = clip_coefficient(std::sqrt(device_checked.sum_squares), 1.0);
+          return step(clipped).status();
         });
       }
+      if (st.ok()) st = timed(rt_host, keep, [&] { return step(args).status(); });  // kSeparatePass
     }
     if (st.ok()) {
       if (cuda) {
@@ -284,6 +304,7 @@ Measured measure(const Config& c, std::size_t n, const OptimOptions& o, ThreadPo
   out.roofline_s = best(roof);
   out.runtime_s = best(rt);
   out.runtime_clip_s = best(rt_clip);
+  out.runtime_host_s = best(rt_host);
   out.triad_s = best(tri);
   return out;
 }
@@ -370,12 +391,12 @@ int run_optim(const OptimOptions& o) {
                o.threads, o.repeats);
     return 2;
   }
-  // The pool runs threads - 1 workers and parallel_for's caller is the last
-  // thread, so `threads` is the number of threads that run pieces
-  // (threads_used in the output checks it).
+  // The pool runs `threads` workers and parallel_for's caller (outside the
+  // pool) only waits, so `threads` is the number of threads that run pieces
+  // (threads_used in the output checks it); one thread runs on the caller.
   const std::size_t threads = o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   std::unique_ptr<ThreadPool> pool;
-  if (!cuda && threads > 1) pool = std::move(ThreadPool::create({.threads = threads - 1}).value());
+  if (!cuda && threads > 1) pool = std::move(ThreadPool::create({.threads = threads}).value());
   const std::size_t n = static_cast<std::size_t>(o.mparams * 1e6);
   const std::string isa_used = cuda ? "cuda" : std::string(isa_name(isa));
 
@@ -385,14 +406,17 @@ int run_optim(const OptimOptions& o) {
     fmt::print(
         "kernel: step() with GradCheck::kCallerChecked; roofline: memory-only kernel, same streams, same "
         "isa\n"
-        "        and threads (roof = kernel M/s / roofline M/s); rt: the runtime's calls (kSeparatePass),\n"
-        "        rt-clip: with its grad_stats prepass and clip norm (rt/k = rt M/s / kernel M/s);\n"
+        "        and threads (roof = kernel M/s / roofline M/s); rt: the runtime's calls for a gradient\n"
+        "        checked on the device (kCallerChecked), rtclip: with the clip norm, rthost: a gradient\n"
+        "        checked on the host (kSeparatePass) (x/k = x M/s / kernel M/s);\n"
         "        triad: STREAM a = b + s c at 16 B/element (information); torch: same dtypes, same "
         "threads\n");
     fmt::print(
-        "{:<9} {:>4} {:>5} {:>4} {:>7} {:>5} {:>7} {:>5} {:>6} {:>5} {:>6} {:>5} {:>6} {:>7} {:>7}  {}\n",
+        "{:<9} {:>4} {:>5} {:>4} {:>7} {:>5} {:>7} {:>5} {:>6} {:>5} {:>6} {:>5} {:>6} {:>5} {:>6} {:>7} "
+        "{:>7}  "
+        "{}\n",
         "optimizer", "grad", "param", "st", "kernel", "B/p", "roofl", "roof", "rt", "rt/k", "rtclip", "rc/k",
-        "triad", "torch", "speedup", "torch variant");
+        "rthost", "rh/k", "triad", "torch", "speedup", "torch variant");
   }
   std::map<std::string, nlohmann::json> torch_cache;
   nlohmann::json rows = nlohmann::json::array();
@@ -415,6 +439,7 @@ int run_optim(const OptimOptions& o) {
     const nlohmann::json roof_mps = rate_or_null(n, m.roofline_s);
     const nlohmann::json rt_mps = rate_or_null(n, m.runtime_s);
     const nlohmann::json rt_clip_mps = rate_or_null(n, m.runtime_clip_s);
+    const nlohmann::json rt_host_mps = rate_or_null(n, m.runtime_host_s);
     auto over_kernel = [&](const nlohmann::json& v) {
       return v.is_number() ? nlohmann::json(v.get<double>() / kernel_mps) : nlohmann::json(nullptr);
     };
@@ -444,6 +469,8 @@ int run_optim(const OptimOptions& o) {
         {"runtime_path_fraction", over_kernel(rt_mps)},
         {"runtime_path_clip_mparams_per_s", rt_clip_mps},
         {"runtime_path_clip_fraction", over_kernel(rt_clip_mps)},
+        {"runtime_path_host_grad_mparams_per_s", rt_host_mps},
+        {"runtime_path_host_grad_fraction", over_kernel(rt_host_mps)},
         {"triad_gb_s", 16.0 * double(n) / m.triad_s / 1e9},
         {"triad_bytes_per_element", 16},
         {"torch_mparams_per_s", nullptr},
@@ -471,13 +498,15 @@ int run_optim(const OptimOptions& o) {
     if (!why.empty()) row["torch_note"] = why;
     if (!o.json) {
       fmt::print(
-          "{:<9} {:>4} {:>5} {:>4} {:>7.1f} {:>5.0f} {:>7} {:>5} {:>6} {:>5} {:>6} {:>5} {:>6.2f} {:>7} "
-          "{:>7}  {}\n",
+          "{:<9} {:>4} {:>5} {:>4} {:>7.1f} {:>5.0f} {:>7} {:>5} {:>6} {:>5} {:>6} {:>5} {:>6} {:>5} "
+          "{:>6.2f} "
+          "{:>7} {:>7}  {}\n",
           name, dtype_name(c.grad), c.param == DType::kNone ? "=mst" : dtype_name(c.param),
           row["state_dtype"].get<std::string>().substr(0, 4), kernel_mps, bpp, fixed(roof_mps, "{:.1f}"),
           fixed(row["roofline_fraction"], "{:.2f}"), fixed(rt_mps, "{:.1f}"),
           fixed(row["runtime_path_fraction"], "{:.2f}"), fixed(rt_clip_mps, "{:.1f}"),
-          fixed(row["runtime_path_clip_fraction"], "{:.2f}"), row["triad_gb_s"].get<double>(),
+          fixed(row["runtime_path_clip_fraction"], "{:.2f}"), fixed(rt_host_mps, "{:.1f}"),
+          fixed(row["runtime_path_host_grad_fraction"], "{:.2f}"), row["triad_gb_s"].get<double>(),
           fixed(row["torch_mparams_per_s"], "{:.1f}"), fixed(row["speedup_vs_torch"], "{:.1f}x"),
           row["torch_variant"].is_null() ? why : row["torch_variant"].get<std::string>());
     }

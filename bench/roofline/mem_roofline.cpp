@@ -49,7 +49,7 @@ Status check_isa(Isa isa) {
 template <typename Fn>
 std::size_t for_pieces(std::size_t n, ThreadPool* pool, const Fn& fn) {
   const std::size_t pieces = (n + kernels::kPieceElems - 1) / kernels::kPieceElems;
-  std::vector<std::thread::id> ids(pool ? pool->size() + 1 : 1);
+  std::vector<std::thread::id> ids(pool ? pool->size() : 1);
   auto body = [&](std::size_t part, std::size_t lo, std::size_t hi) {
     ids[part] = std::this_thread::get_id();
     for (std::size_t k = lo; k < hi; ++k) {

@@ -6,6 +6,10 @@
 #include "strata/common/assert.hpp"
 
 namespace strata {
+namespace {
+// The pool whose worker the current thread is (null outside any pool).
+thread_local const ThreadPool* t_worker_of = nullptr;
+}  // namespace
 
 // The asio pool is created with zero threads of its own; our workers attach()
 // to it after running the caller's start hook, so the hook runs on every worker.
@@ -23,6 +27,7 @@ Result<std::unique_ptr<ThreadPool>> ThreadPool::create(Options options) {
   for (std::size_t i = 0; i < threads; ++i) {
     pool->workers_.emplace_back([raw = pool.get(), i, hook = options.on_worker_start] {
       if (hook) hook(i);
+      t_worker_of = raw;
       raw->pool_.attach();
     });
   }
@@ -47,10 +52,15 @@ std::pair<std::size_t, std::size_t> ThreadPool::split(std::size_t count, std::si
   return {begin, end};
 }
 
+bool ThreadPool::on_worker() const {
+  return t_worker_of == this;
+}
+
 void ThreadPool::parallel_for(std::size_t count, std::size_t parts,
                               const std::function<void(std::size_t, std::size_t, std::size_t)>& fn) {
-  if (parts == 0) parts = size() + 1;
-  if (parts == 1 || count == 0) {
+  if (parts == 0) parts = size();
+  const bool caller_works = on_worker();
+  if (count == 0 || (parts == 1 && caller_works)) {
     for (std::size_t p = 0; p < parts; ++p) {
       auto [b, e] = split(count, parts, p);
       fn(p, b, e);
@@ -84,10 +94,12 @@ void ThreadPool::parallel_for(std::size_t count, std::size_t parts,
   };
 
   // Helpers that start after all ranges are claimed return at once without
-  // touching fn (which may be gone by then): they only read `next`.
-  std::size_t helpers = std::min(parts - 1, size());
+  // touching fn (which may be gone by then): they only read `next`. A worker
+  // caller is one of the pool's threads, so it posts one helper fewer.
+  const std::size_t threads = caller_works ? size() - 1 : size();
+  const std::size_t helpers = std::min(caller_works ? parts - 1 : parts, threads);
   for (std::size_t i = 0; i < helpers; ++i) post(run);
-  run();
+  if (caller_works) run();
   std::unique_lock lock(shared->mutex);
   shared->cv.wait(lock, [&] { return shared->done == parts; });
 }

@@ -1,4 +1,15 @@
 // Runtime: leases (acquire, release), compute launches and micro-batches.
+//
+// Note [Allocation-free hot paths]
+// A steady-state acquire() and release() allocate nothing on the heap once the
+// warm-up steps are done, on a plan whose chunks stay placed (everything on the
+// GPU): the tracer keeps the last step's room (Tracer::take), and the sim
+// device stores each queued operation in place (InlineOp in
+// memory/src/sim/sim_stream.hpp). tests/runtime/test_alloc_free.cpp counts with
+// a replaced operator new. Not yet allocation-free: step() and a release that
+// starts a family's optimizer (spans, kernel keys, the stream callback's
+// captures, timeline span names), and the copies of tiered plans (timed_copy's
+// shared start time and span name).
 #include <algorithm>
 
 #include "runtime_impl.hpp"

@@ -32,6 +32,9 @@ void OptimizerPipeline::init(std::size_t family_count) {
   writebacks_.assign(family_count, WriteBack{});
   trainable.assign(family_count, 0);
   grads_written_.assign(family_count, 0);
+  checks_.assign(family_count, GradCheckResult{});
+  cuda_scratch_.clear();
+  cuda_scratch_.resize(family_count);
 }
 
 void OptimizerPipeline::adopt(const StepTrace& trace) {
@@ -89,6 +92,7 @@ void OptimizerPipeline::end_step() {
   grad_queue_.clear();
   read_ahead_cursor_ = 0;
   for (FamilyRun& run : runs_) run = FamilyRun{};
+  for (GradCheckResult& check : checks_) check.valid = false;  // span_sq keeps its capacity
   ++steps_done_;
 }
 
@@ -102,13 +106,18 @@ bool OptimizerPipeline::all_applied() const {
 void OptimizerPipeline::launch_optimizer(FamilyId f) {
   FamilyRun& run = runs_[f];
   if (run.running() || !core_.background_error.ok()) return;
-  if (run.launched()) run = FamilyRun{};  // a second completion in one step (a later last micro-batch)
   bool any = false;
   for (TensorId t : core_.layout.families[f].tensors)
     any = any || (core_.tensors[t].grad_written && !core_.tensors[t].spec.frozen);
-  if (!any) return;  // nothing to update (yet): step() looks again
+  // Nothing to update (yet): step() looks again. A family already done this
+  // step keeps its record (step() reads whether it applied its update).
+  if (!any) return;
   Chunk& g = core_.chunk(f, StateKind::kGrad);
   if (g.writers > 0) return;  // release() launches it
+  if (run.launched()) {       // a second completion in one step (a later last micro-batch)
+    run = FamilyRun{};
+    checks_[f].valid = false;  // the first gradient's check
+  }
   run.move_phase(FamilyPhase::kWaiting);
   ++tasks_in_flight_;
   if (core_.plan.families[f].optim_home == Tier::kGpu) {
@@ -186,6 +195,8 @@ void OptimizerPipeline::land_gradient(FamilyId f) {
     run.grad_host = *buffer;
     DeviceSlot& slot = residency_.slot_of(g);
     Status st = core_.device.wait(core_.d2h, slot.fence);
+    // Checked on the device before the copy (Note [Gradient check on the device]).
+    if (st.ok() && checks_on_device()) st = check_on_device(f, slot.ptr, step_scale);
     if (st.ok())
       st = core_.timed_copy(core_.d2h, Track::kD2H, run.grad_host, slot.ptr, g.bytes,
                             memory::CopyKind::kDeviceToHost, fmt::format("d2h f{} grad", f));

@@ -9,6 +9,7 @@
 // consumed device copy). Every function expects Core::mu held unless its
 // comment says "takes mu" (Note [Lock discipline]).
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <mutex>
@@ -16,6 +17,7 @@
 
 #include "core.hpp"
 #include "strata/common/assert.hpp"
+#include "strata/kernels/cuda.hpp"
 #include "strata/kernels/optim.hpp"
 
 namespace strata::runtime {
@@ -95,6 +97,17 @@ struct FamilyRun {
   }
 };
 
+//! The gradient check of one family in this step (Note [Gradient check on the
+//! device]): its finite flag and per-span sums of squares, taken while the
+//! gradient was still on the device, so the CPU kernel needs no pass of its own.
+struct GradCheckResult {
+  bool valid = false;           //!< a check was taken for this step's gradient
+  bool finite = true;           //!< written by the check (d2h stream) before the gradient lands
+  float scale = 1.0f;           //!< the gradient scale it was taken with
+  std::vector<double> span_sq;  //!< per span of grad_spans(), in span order (reused across steps)
+  double sum_squares() const;
+};
+
 //! An NVMe family's updated states on their way to fresh NVMe slots after its
 //! optimizer step; outlives the step (Note [Write-back after step]).
 struct WriteBack {
@@ -162,9 +175,36 @@ class OptimizerPipeline {
 
   //! Spans of family f's updated tensors over `ptrs`; their ids into *updated.
   std::vector<kernels::Span> spans_for(FamilyId f, const FamilyPtrs& ptrs, std::vector<TensorId>* updated);
+  //! The spans of family f's gradients at `grad` (no other pointer set), as grad_stats reads them.
+  std::vector<kernels::Span> grad_spans(FamilyId f, std::byte* grad);
+
+  // --- the gradient check (Note [Gradient check on the device]) ---
+  //! True when this device can check a gradient in its device slot (sim: yes; CUDA: not yet).
+  bool checks_on_device() const;
+  //! Enqueues on the d2h stream the check of family f's gradient in device slot
+  //! memory `grad` with `scale`; copies enqueued after it on d2h see it done.
+  //! Caller has waited the slot's fence on d2h.
+  Status check_on_device(FamilyId f, std::byte* grad, float scale);
+  //! Checks family f's gradient at host address `grad` now, on the pool (the
+  //! fallback: one extra read, counted in take_host_check_bytes()). Call it with
+  //! mu released and nothing else using the family's check.
+  Status check_on_host(FamilyId f, std::byte* grad, float scale);
+  //! Family f's check in this step.
+  const GradCheckResult& grad_check(FamilyId f) const { return checks_[f]; }
+  //! Gradient bytes the CPU read only to check them since the last take (StepStats::grad_check_host_bytes).
+  std::uint64_t take_host_check_bytes() { return host_check_bytes_.exchange(0); }
 
  private:
   void launch_device_optimizer(FamilyId f);
+  //! Enqueues family f's update on the optimizer stream of a CUDA device (Note
+  //! [CUDA optimizer] in optimizer_run.cpp); a host function then completes it.
+  Status enqueue_cuda_optimizer(FamilyId f, const std::vector<kernels::Span>& spans,
+                                const std::vector<std::int64_t>& keys, float scale,
+                                const std::vector<kernels::Hyper>& hypers,
+                                const std::vector<TensorId>& updated, double enqueued, std::uint64_t elems);
+  //! A device optimizer's result: counts the update, frees the gradient, ends the family. Takes mu.
+  void device_optimizer_done(FamilyId f, const Result<kernels::StepReport>& r,
+                             const std::vector<TensorId>& updated);
   void take_nvme_place(FamilyId f);
   void release_nvme_place(FamilyId f);
   void cancel_read_ahead(FamilyId f);
@@ -186,10 +226,12 @@ class OptimizerPipeline {
   //! kernels::step over spans grouped by key; no lock needed. `keys` per span:
   //! (group << 48) | step number, so each kernel call has one hyper and one
   //! bias-correction step; `hypers` the groups' hyperparameters, captured under
-  //! the lock when the run was launched.
+  //! the lock when the run was launched. `checked`: the family's gradient check
+  //! (kCallerChecked), or null for the kernel's own pass (kSeparatePass).
   Result<kernels::StepReport> run_kernels(const std::vector<kernels::Span>& spans,
                                           const std::vector<std::int64_t>& keys, float scale,
-                                          const std::vector<kernels::Hyper>& hypers);
+                                          const std::vector<kernels::Hyper>& hypers,
+                                          const kernels::GradStats* checked);
 
   Core& core_;
   Residency& residency_;
@@ -206,7 +248,10 @@ class OptimizerPipeline {
   int io_families_ = 0;                //!< families with NVMe reads in flight
   std::vector<WriteBack> writebacks_;  //!< per family (Note [Write-back after step])
   int writebacks_in_flight_ = 0;
-  std::uint64_t steps_done_ = 0;  //!< steps ended (end_step); a write-back names its step
+  std::uint64_t steps_done_ = 0;         //!< steps ended (end_step); a write-back names its step
+  std::vector<GradCheckResult> checks_;  //!< per family: this step's gradient check
+  std::vector<std::vector<kernels::CudaStepScratch>> cuda_scratch_;  //!< per family, per kernel call (CUDA)
+  std::atomic<std::uint64_t> host_check_bytes_{0};  //!< gradient bytes read on the host only to check them
 };
 
 }  // namespace strata::runtime

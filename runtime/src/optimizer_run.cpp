@@ -13,11 +13,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "optimizer_pipeline.hpp"
 #include "residency.hpp"
 #include "strata/common/assert.hpp"
 #include "strata/common/log.hpp"
+#include "strata/kernels/cuda.hpp"
 
 namespace strata::runtime {
 
@@ -67,7 +69,8 @@ void OptimizerPipeline::kernel_keys(const std::vector<TensorId>& updated, std::v
 
 Result<kernels::StepReport> OptimizerPipeline::run_kernels(const std::vector<kernels::Span>& spans,
                                                            const std::vector<std::int64_t>& keys, float scale,
-                                                           const std::vector<kernels::Hyper>& hypers) {
+                                                           const std::vector<kernels::Hyper>& hypers,
+                                                           const kernels::GradStats* checked) {
   // Tensors updated a different number of times (one was unused in some step)
   // need their own bias corrections, and each parameter group its own lr and
   // weight decay: one kernel call per distinct (group, step) key.
@@ -83,11 +86,14 @@ Result<kernels::StepReport> OptimizerPipeline::run_kernels(const std::vector<ker
     }
     const auto g = static_cast<std::size_t>(key >> 48);
     STRATA_CHECK(g < hypers.size());
-    kernels::StepArgs args{.hyper = hypers[g],
-                           .step = key & kStepMask,
-                           .grad_scale = scale,
-                           .spans = group,
-                           .pool = core_.pool.get()};
+    kernels::StepArgs args{
+        .hyper = hypers[g],
+        .step = key & kStepMask,
+        .grad_scale = scale,
+        .spans = group,
+        .pool = core_.pool.get(),
+        .check = checked != nullptr ? kernels::GradCheck::kCallerChecked : kernels::GradCheck::kSeparatePass,
+        .checked = checked};
     STRATA_ASSIGN_OR_RETURN(kernels::StepReport r, kernels::step(args));
     total.grads_finite = total.grads_finite && r.grads_finite;
     total.applied = total.applied && r.applied;
@@ -122,25 +128,22 @@ void OptimizerPipeline::launch_device_optimizer(FamilyId f) {
   kernel_keys(updated, &steps, &hypers);
   const double enqueued = core_.timeline.now_us();
   const float scale = step_scale;
-  Status st =
-      core_.device.launch_host(core_.opt_stream, [this, f, spans, steps, hypers, updated, enqueued, scale] {
-        Result<kernels::StepReport> r = run_kernels(spans, steps, scale, hypers);
-        std::uint64_t elems = 0;
-        for (const auto& s : spans) elems += s.n;
-        core_.record_span(Track::kGpuOptimizer, fmt::format("optimizer f{}", f), enqueued, elems);
-        // Device-stream callbacks never take the mutex (Note [Runtime threading]).
-        core_.pool->post([this, f, r, updated] {
-          std::lock_guard lock(core_.mu);
-          if (r.ok()) {
-            runs_[f].applied = r->applied;
-            if (r->applied) {
-              for (TensorId t : updated) ++core_.tensors[t].updates;
-            }
-          }
-          release_gradient(f, r.ok());
-          finish_family(f, r.ok() ? Status::Ok() : r.status());
+  std::uint64_t elems = 0;
+  for (const auto& s : spans) elems += s.n;
+  Status st = Status::Ok();
+  if (core_.device.kind() == memory::DeviceKind::kCuda) {
+    st = enqueue_cuda_optimizer(f, spans, steps, scale, hypers, updated, enqueued, elems);
+  } else {
+    // Sim: the CPU kernel is the device's kernel, run on the optimizer stream.
+    st = core_.device.launch_host(
+        core_.opt_stream, [this, f, spans, steps, hypers, updated, enqueued, scale, elems] {
+          // The device kernel's own pass checks the gradient in device memory.
+          Result<kernels::StepReport> r = run_kernels(spans, steps, scale, hypers, nullptr);
+          core_.record_span(Track::kGpuOptimizer, fmt::format("optimizer f{}", f), enqueued, elems);
+          // Device-stream callbacks never take the mutex (Note [Runtime threading]).
+          core_.pool->post([this, f, r, updated] { device_optimizer_done(f, r, updated); });
         });
-      });
+  }
   for (std::size_t k = 0; k < kStateKindCount && st.ok(); ++k) {
     Chunk& c = core_.chunks[f * kStateKindCount + k];
     if (c.bytes == 0) continue;
@@ -152,6 +155,68 @@ void OptimizerPipeline::launch_device_optimizer(FamilyId f) {
     }
   }
   if (!st.ok()) core_.fail(st);
+}
+
+void OptimizerPipeline::device_optimizer_done(FamilyId f, const Result<kernels::StepReport>& r,
+                                              const std::vector<TensorId>& updated) {
+  std::lock_guard lock(core_.mu);
+  if (r.ok()) {
+    runs_[f].applied = r->applied;
+    if (r->applied) {
+      for (TensorId t : updated) ++core_.tensors[t].updates;
+    }
+  }
+  release_gradient(f, r.ok());
+  finish_family(f, r.ok() ? Status::Ok() : r.status());
+}
+
+Status OptimizerPipeline::enqueue_cuda_optimizer(FamilyId f, const std::vector<kernels::Span>& spans,
+                                                 const std::vector<std::int64_t>& keys, float scale,
+                                                 const std::vector<kernels::Hyper>& hypers,
+                                                 const std::vector<TensorId>& updated, double enqueued,
+                                                 std::uint64_t elems) {
+  // Note [CUDA optimizer]: one kernels::cuda_step_enqueue per (group, step) key
+  // on the optimizer stream, each checking its gradients on the device and
+  // gating its update by that check; nothing waits on the host. A host function
+  // after them hands completion to the pool, whose cuda_step_finish calls find
+  // their events already passed.
+  std::vector<std::int64_t> distinct(keys);
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  std::vector<kernels::CudaStepScratch>& scratch = cuda_scratch_[f];
+  if (scratch.size() < distinct.size()) scratch.resize(distinct.size());  // kept for the next steps
+  void* stream = reinterpret_cast<void*>(core_.opt_stream.native());
+  constexpr std::int64_t kStepMask = (std::int64_t{1} << 48) - 1;
+  std::vector<kernels::Span> group;
+  for (std::size_t i = 0; i < distinct.size(); ++i) {
+    group.clear();
+    for (std::size_t k = 0; k < spans.size(); ++k) {
+      if (keys[k] == distinct[i]) group.push_back(spans[k]);
+    }
+    const auto g = static_cast<std::size_t>(distinct[i] >> 48);
+    STRATA_CHECK(g < hypers.size());
+    kernels::StepArgs args{
+        .hyper = hypers[g], .step = distinct[i] & kStepMask, .grad_scale = scale, .spans = group};
+    STRATA_RETURN_IF_ERROR(kernels::cuda_step_enqueue(args, scratch[i], stream));
+  }
+  const std::size_t calls = distinct.size();
+  return core_.device.launch_host(core_.opt_stream, [this, f, calls, updated, enqueued, elems] {
+    core_.record_span(Track::kGpuOptimizer, fmt::format("optimizer f{}", f), enqueued, elems);
+    // No CUDA call in a stream callback: the pool finishes the steps.
+    core_.pool->post([this, f, calls, updated] {
+      Result<kernels::StepReport> total = kernels::StepReport{.grads_finite = true, .applied = true};
+      for (std::size_t i = 0; i < calls; ++i) {
+        Result<kernels::StepReport> r = kernels::cuda_step_finish(cuda_scratch_[f][i]);
+        if (!r.ok()) {
+          if (total.ok()) total = r.status();
+        } else if (total.ok()) {
+          total->grads_finite = total->grads_finite && r->grads_finite;
+          total->applied = total->applied && r->applied;
+        }
+      }
+      device_optimizer_done(f, total, updated);
+    });
+  });
 }
 
 void OptimizerPipeline::compute_family(FamilyId f) {
@@ -181,7 +246,18 @@ void OptimizerPipeline::compute_family(FamilyId f) {
   std::vector<std::int64_t> steps;
   std::vector<kernels::Hyper> hypers;
   kernel_keys(updated, &steps, &hypers);
-  const float scale = step_scale;
+  // The gradient was checked on its way to host (Note [Gradient check on the
+  // device]); else the kernel reads it once first. A family that starts before
+  // step() uses the scale its check took when it started; a deferred one the
+  // step's (x the clip coefficient <= 1: finite stays finite).
+  const GradCheckResult& check = checks_[f];
+  const float scale = check.valid && !core_.deferred() ? check.scale : step_scale;
+  std::optional<kernels::GradStats> checked;
+  if (check.valid) {
+    checked = kernels::GradStats{.sum_squares = check.sum_squares(), .finite = check.finite};
+  } else {
+    for (const kernels::Span& s : spans) host_check_bytes_ += s.n * kernels::dtype_size(s.grad_dtype);
+  }
   // The kernel writes a host family's param in place: no load may still read it.
   if (!nvme_family) {
     if (Status st = residency_.wait_host_reads(p); !st.ok()) {
@@ -197,7 +273,7 @@ void OptimizerPipeline::compute_family(FamilyId f) {
   // (An NVMe-homed param was read into its staging beside the states.)
   if (nvme_family && !core_.param_on_nvme(f))
     std::memcpy(ptrs.at[static_cast<int>(StateKind::kParam)], p.host, p.bytes);
-  Result<kernels::StepReport> r = run_kernels(spans, steps, scale, hypers);
+  Result<kernels::StepReport> r = run_kernels(spans, steps, scale, hypers, checked ? &*checked : nullptr);
   std::uint64_t elems = 0;
   for (const auto& s : spans) elems += s.n;
   core_.timeline.add(Track::kCpuOptimizer, fmt::format("optimizer f{}", f), t0, core_.timeline.now_us(),

@@ -29,11 +29,17 @@ Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace t
                .slot_bytes = core.layout.chunk_elems * dtype_bytes(core.opt.compute_dtype)};
   // The chunk budget is the runtime's own (Note [Chunk budget]): activations are the caller's.
   in.trace.non_chunk_peak_bytes = 0;
-  if (core.device.kind() != memory::DeviceKind::kSim && in.options.allow_gpu_optimizer) {
+  const kernels::Optimizer o = core.opt.hyper.optimizer;
+  if (core.device.kind() == memory::DeviceKind::kCuda && in.options.allow_gpu_optimizer &&
+      (o == kernels::Optimizer::kLamb || o == kernels::Optimizer::kLars || o == kernels::Optimizer::kCame)) {
+    // kernels::cuda_step_enqueue runs without the host; these need it between phases.
     in.options.allow_gpu_optimizer = false;
-    STRATA_LOG_INFO(
-        "runtime: optimizer steps run on the CPU: the CUDA multi-tensor optimizer is not wired into "
-        "the runtime yet");
+    if (!core.finalized) {
+      STRATA_LOG_INFO(
+          "runtime: {} steps run on the CPU: on a CUDA device only optimizers without a host "
+          "phase (not lamb, lars, came) run on the GPU",
+          kernels::optimizer_name(o));
+    }
   }
   const bool first = !core.finalized;
   STRATA_ASSIGN_OR_RETURN(Plan p, make_plan(in));

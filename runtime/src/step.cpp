@@ -11,45 +11,52 @@ namespace strata::runtime {
 
 Status Runtime::Impl::deferred_prepass(std::unique_lock<std::mutex>& lock, bool* skip) {
   *skip = false;
-  // Bring every written gradient to the host and check them all at once.
-  std::vector<kernels::Span> all;
+  // Bring every written gradient to the host, checked on the device on its way
+  // (Note [Gradient check on the device]); those already on host are checked there.
+  std::vector<FamilyId> checked, on_host;
   for (FamilyId f = 0; f < core.layout.families.size(); ++f) {
     Chunk& g = core.chunk(f, StateKind::kGrad);
     if (g.bytes == 0 || g.absent()) continue;
     bool any = false;
     for (TensorId t : core.layout.families[f].tensors) any = any || core.tensors[t].grad_written;
     if (!any) continue;
-    Status st = residency.ensure_on_host(g);
+    Status st = Status::Ok();
+    if (g.dirty() && pipeline.checks_on_device()) {
+      DeviceSlot& slot = residency.slot_of(g);
+      st = core.device.wait(core.d2h, slot.fence);
+      if (st.ok()) st = pipeline.check_on_device(f, slot.ptr, pipeline.grad_scale);
+    } else {
+      on_host.push_back(f);
+    }
+    if (st.ok()) st = residency.ensure_on_host(g);  // its d2h copy runs after the check
     if (!st.ok()) {
       st.with_context("clipping and loss scaling keep every gradient on host until all are checked");
       return st;
     }
-    FamilyPtrs ptrs;
-    ptrs.at[static_cast<int>(StateKind::kGrad)] = g.host;
-    // Only the gradient pointers matter for the check; the others are never read.
-    std::byte dummy[64] = {};
-    for (std::size_t k = 0; k < kStateKindCount; ++k) {
-      if (ptrs.at[k] == nullptr) ptrs.at[k] = dummy;
-    }
-    for (kernels::Span s : pipeline.spans_for(f, ptrs, nullptr)) {
-      s.master = nullptr;
-      s.param = nullptr;
-      s.param_dtype = DType::kNone;
-      s.state = {};
-      all.push_back(s);
-    }
+    checked.push_back(f);
   }
   lock.unlock();
-  auto stats = kernels::grad_stats(all, pipeline.grad_scale, core.pool.get());
+  Status st = Status::Ok();
+  for (FamilyId f : on_host) {
+    if (st.ok()) st = pipeline.check_on_host(f, core.chunk(f, StateKind::kGrad).host, pipeline.grad_scale);
+  }
   lock.lock();
-  STRATA_RETURN_IF_ERROR(stats.status());
-  if (!stats->finite) {
+  STRATA_RETURN_IF_ERROR(st);
+  // The global norm: per-span sums in family, then span order (as grad_stats over them all).
+  double sum_squares = 0.0;
+  bool finite = true;
+  for (FamilyId f : checked) {
+    const GradCheckResult& c = pipeline.grad_check(f);
+    for (double s : c.span_sq) sum_squares += s;
+    finite = finite && c.finite;
+  }
+  if (!finite || !std::isfinite(sum_squares)) {
     *skip = true;
     return Status::Ok();
   }
   pipeline.step_scale = pipeline.grad_scale;
   if (core.opt.clip_max_norm > 0.0) {
-    pipeline.step_scale *= kernels::clip_coefficient(std::sqrt(stats->sum_squares), core.opt.clip_max_norm);
+    pipeline.step_scale *= kernels::clip_coefficient(std::sqrt(sum_squares), core.opt.clip_max_norm);
   }
   // The device copies are clean now (ensure_on_host wrote them back): the CPU
   // pipelines take the host copies; device optimizers read the device copies.
@@ -97,6 +104,7 @@ Result<StepStats> Runtime::step() {
   Status waited = m.pipeline.wait_step_work(lock);
   if (!waited.ok()) return waited;
   stats.applied = !skip && m.pipeline.all_applied();
+  stats.grad_check_host_bytes = m.pipeline.take_host_check_bytes();
   if (!stats.applied && !skip) {
     STRATA_LOG_WARN("runtime: step {}: some families had Inf/NaN gradients and were not updated",
                     m.tracker.step_index() + 1);

@@ -20,6 +20,13 @@ void Tracer::record(FamilyId family, Phase phase, bool writes_grad) {
   trace_.uses.push_back(FamilyUse{.family = family, .phase = phase, .writes_grad = writes_grad});
 }
 
+StepTrace Tracer::take() {
+  StepTrace out = std::move(trace_);
+  trace_ = StepTrace{};
+  trace_.uses.reserve(out.uses.size());
+  return out;
+}
+
 std::vector<long> last_backward_use(const StepTrace& trace, std::size_t family_count) {
   std::vector<long> last(family_count, -1);
   for (std::size_t i = 0; i < trace.uses.size(); ++i) {

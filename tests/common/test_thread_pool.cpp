@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <mutex>
 #include <numeric>
 #include <set>
 #include <thread>
@@ -103,6 +105,40 @@ TEST(ThreadPool, NestedParallelForDoesNotDeadlock) {
     });
   });
   EXPECT_EQ(total.load(), 800);
+}
+
+TEST(ThreadPool, ParallelForRunsOnExactlyThePoolsThreads) {
+  // The pool's size is the number of threads that run ranges: a caller outside
+  // the pool only waits; a worker that calls it is one of the size() threads.
+  for (std::size_t threads : {std::size_t{1}, std::size_t{3}}) {
+    auto pool = make_pool(threads);
+    std::mutex mu;
+    std::set<std::thread::id> seen;
+    auto record = [&](std::size_t, std::size_t, std::size_t) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let every helper start
+      std::lock_guard lock(mu);
+      seen.insert(std::this_thread::get_id());
+    };
+    pool->parallel_for(64, 0, record);
+    EXPECT_LE(seen.size(), threads);
+    EXPECT_EQ(seen.count(std::this_thread::get_id()), 0u) << "the caller outside the pool ran a range";
+    EXPECT_FALSE(pool->on_worker());
+    // From a worker: the caller takes part, and still no more than size() threads run.
+    seen.clear();
+    std::atomic<bool> done{false};
+    std::thread::id outer;
+    pool->post([&] {
+      outer = std::this_thread::get_id();
+      EXPECT_TRUE(pool->on_worker());
+      pool->parallel_for(64, 0, record);
+      done = true;
+    });
+    while (!done.load()) std::this_thread::yield();
+    EXPECT_LE(seen.size(), threads);
+    if (threads == 1) {
+      EXPECT_EQ(seen, std::set<std::thread::id>{outer});
+    }
+  }
 }
 
 }  // namespace

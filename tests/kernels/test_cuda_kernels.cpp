@@ -109,6 +109,73 @@ TEST_F(Cuda, NonFiniteGradientLeavesDeviceStateUntouched) {
   EXPECT_FALSE(gs->finite);
 }
 
+TEST_F(Cuda, EnqueuedStepMatchesBlockingStepAndReusesItsScratch) {
+  // cuda_step_enqueue + cuda_step_finish give cuda_step's result bit for bit,
+  // over several steps on one scratch (allocated once), on a stream of its own.
+  Hyper h;
+  h.optimizer = Optimizer::kAdamW;
+  h.lr = 1e-2f;
+  Problem a(h, 100003, DType::kBF16, DType::kBF16, DType::kF32, 1, 11);
+  Problem b(h, 100003, DType::kBF16, DType::kBF16, DType::kF32, 1, 11);
+  DeviceCopy da(a), db(b);
+  CudaStepScratch scratch;
+  for (int t = 1; t <= 3; ++t) {
+    a.next_grad(0.5);
+    b.next_grad(0.5);
+    da.refresh_grad(a);
+    db.refresh_grad(b);
+    std::vector<Span> sa = da.spans(a), sb = db.spans(b);
+    Result<StepReport> blocking = cuda_step({.hyper = h, .step = t, .spans = sa});
+    ASSERT_TRUE(blocking.ok()) << blocking.status().to_string();
+    Status st = cuda_step_enqueue({.hyper = h, .step = t, .spans = sb}, scratch, nullptr);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    EXPECT_NE(scratch.event(), nullptr);
+    Result<StepReport> r = cuda_step_finish(scratch);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_TRUE(r->applied);
+  }
+  ASSERT_TRUE(cuda_synchronize().ok());
+  EXPECT_EQ(std::memcmp(da.bufs[0].data(), db.bufs[0].data(), 100003 * 4), 0);
+}
+
+TEST_F(Cuda, EnqueuedStepWithNanInTheLastElementWritesNothing) {
+  // The device check gates the update: a NaN in the very last element (the last
+  // block of the last span) leaves master and states untouched, with no host
+  // synchronisation between the check and the update.
+  Hyper h;
+  h.optimizer = Optimizer::kAdamW;
+  Problem pb(h, 70001, DType::kF32, DType::kNone, DType::kF32, 0, 3);
+  pb.next_grad(1.0);
+  pb.grad.set(70000, std::numeric_limits<double>::quiet_NaN());
+  DeviceCopy dev(pb);
+  std::vector<Span> spans = dev.spans(pb);
+  CudaStepScratch scratch;
+  ASSERT_TRUE(cuda_step_enqueue({.hyper = h, .spans = spans}, scratch, nullptr).ok());
+  Result<StepReport> r = cuda_step_finish(scratch);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_FALSE(r->grads_finite);
+  EXPECT_FALSE(r->applied);
+  ASSERT_TRUE(cuda_synchronize().ok());
+  EXPECT_EQ(std::memcmp(dev.bufs[0].data(), pb.master.data, 70001 * 4), 0);
+  EXPECT_EQ(std::memcmp(dev.bufs[3].data(), pb.s0.data, 70001 * 4), 0);
+}
+
+TEST(CudaApi, EnqueueRefusesTrustOptimizersAndUnfinishedScratch) {
+  // Argument checks come before any CUDA call, so they hold without a GPU too.
+  Hyper h;
+  h.optimizer = Optimizer::kLamb;
+  Problem pb(h, 16, DType::kF32, DType::kNone, DType::kF32, 0, 3);
+  std::vector<Span> spans = pb.spans();
+  CudaStepScratch scratch;
+  Status st = cuda_step_enqueue({.hyper = h, .spans = spans}, scratch, nullptr);
+  EXPECT_FALSE(st.ok());
+  if (cuda_probe().ok()) {
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+    EXPECT_NE(st.to_string().find("cuda_step"), std::string::npos) << st.to_string();
+  }
+  EXPECT_FALSE(cuda_step_finish(scratch).ok());  // nothing enqueued
+}
+
 TEST_F(Cuda, TriadMeasuresBandwidth) {
   Result<double> gb = cuda_triad_gb_s(std::size_t{1} << 24, 3);
   ASSERT_TRUE(gb.ok()) << gb.status().to_string();

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "mlp.hpp"
+#include "sim_device.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/memory/device_factory.hpp"
 #include "strata/runtime/stores.hpp"
@@ -38,15 +39,6 @@ struct TempDir {
     return c;
   }
 };
-
-inline std::unique_ptr<memory::Device> sim_device(std::uint64_t budget = 256 * kMiB) {
-  memory::DeviceOptions o;
-  o.kind = memory::DeviceChoice::kSim;
-  o.budget_bytes = budget;
-  auto d = memory::make_device(o);
-  EXPECT_TRUE(d.ok()) << d.status();
-  return std::move(d).value();
-}
 
 // An NVMe store that fails on command: EIO on a chosen write, or a full disk.
 class FaultyNvme final : public NvmeStore {

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "mlp.hpp"
+#include "sim_device.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/common/scratch_dir.hpp"
 #include "strata/memory/device_factory.hpp"
@@ -14,15 +15,7 @@ namespace strata::runtime {
 namespace {
 
 using testing::Mlp;
-
-std::unique_ptr<memory::Device> sim_device() {
-  memory::DeviceOptions o;
-  o.kind = memory::DeviceChoice::kSim;
-  o.budget_bytes = 256 * kMiB;
-  auto d = memory::make_device(o);
-  EXPECT_TRUE(d.ok()) << d.status();
-  return std::move(d).value();
-}
+using testing::sim_device;
 
 constexpr std::size_t kLayers = 6;
 constexpr std::size_t kWidth = 128;

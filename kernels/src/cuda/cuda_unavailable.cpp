@@ -29,6 +29,18 @@ CudaBuffer& CudaBuffer::operator=(CudaBuffer&& other) noexcept {
 Result<StepReport> cuda_step(const StepArgs&, void*, const GridShape&) {
   return no_cuda();
 }
+CudaStepScratch::~CudaStepScratch() = default;
+CudaStepScratch::CudaStepScratch(CudaStepScratch&&) noexcept = default;
+CudaStepScratch& CudaStepScratch::operator=(CudaStepScratch&&) noexcept = default;
+void* CudaStepScratch::event() const {
+  return nullptr;
+}
+Status cuda_step_enqueue(const StepArgs&, CudaStepScratch&, void*, const GridShape&) {
+  return no_cuda();
+}
+Result<StepReport> cuda_step_finish(CudaStepScratch&) {
+  return no_cuda();
+}
 Result<GradStats> cuda_grad_stats(std::span<const Span>, float, void*, const GridShape&) {
   return no_cuda();
 }

@@ -21,7 +21,7 @@ SimStream::~SimStream() {
   STRATA_ASSERT(count_ == 0);
 }
 
-void SimStream::enqueue(std::function<void()> op) {
+void SimStream::enqueue(InlineOp op) {
   std::unique_lock lock(mutex_);
   STRATA_ASSERT(!stopping_);
   not_full_.wait(lock, [&] { return count_ < ring_.size(); });
@@ -44,8 +44,7 @@ void SimStream::run() {
     not_empty_.wait(lock, [&] { return count_ > 0 || stopping_; });
     if (count_ == 0) return;  // stopping and drained
     {
-      std::function<void()> op = std::move(ring_[head_]);
-      ring_[head_] = nullptr;
+      InlineOp op = std::move(ring_[head_]);
       head_ = (head_ + 1) % ring_.size();
       --count_;
       lock.unlock();

@@ -144,6 +144,10 @@ struct StepStats {
   std::uint64_t gpu_high_water_bytes = 0;
   std::uint64_t host_high_water_bytes = 0;
   std::uint64_t nvme_bytes = 0;
+  //! Gradient bytes the CPU read only to check them for Inf/NaN (and the clipping
+  //! norm): 0 when every check ran on the device before the gradient's copy to
+  //! host (Note [Gradient check on the device] in runtime/src/grad_check.cpp).
+  std::uint64_t grad_check_host_bytes = 0;
 };
 
 //! The chunk runtime. See the usage example above and Note [Runtime threading].

@@ -44,7 +44,9 @@ class Tracer {
   //! Appends a use (merged with the previous one when the family and phase match).
   void record(FamilyId family, Phase phase, bool writes_grad);
   const StepTrace& trace() const { return trace_; }
-  StepTrace take() { return std::move(trace_); }
+  //! Hands the trace over and keeps room for as many uses, so recording the next
+  //! step allocates nothing (Note [Allocation-free hot paths] in runtime/src/leases.cpp).
+  StepTrace take();
 
  private:
   StepTrace trace_;
