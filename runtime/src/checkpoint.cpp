@@ -19,27 +19,33 @@
 // format version before it changes any state, so a bad checkpoint is refused whole.
 //
 // Note [Checkpoint publish]
-// A save writes `<name>.tmp`, fsyncs it and renames it to a name that carries the new
-// generation (one more than the published manifest's), fsyncs the directory, then
-// writes, fsyncs and renames the manifest last and fsyncs the directory again. Until
-// that rename the published manifest and its files are untouched, so a crash (or a full
-// disk) at any point leaves the previous checkpoint loadable. After publishing, files
-// no manifest names (older generations, temporaries of a crashed save) are removed.
-// States are streamed chunk by chunk through one host copy at a time (an NVMe chunk is
-// read from its slots into a host buffer, never through the device), so a save needs
-// one chunk of host room beyond what the runtime holds, plus one stripe buffer.
+// A save writes every `<name>.tmp` (starting each stripe's writeback as it goes), then
+// fsyncs each and renames it to a name that carries the new generation (one more than the published
+// manifest's), fsyncs the directory, then writes, fsyncs and renames the manifest last and fsyncs the
+// directory again. Until that rename the published manifest and its files are untouched, so a crash (or a
+// full disk) at any point leaves the previous checkpoint loadable. After publishing, files no manifest names
+// (older generations, temporaries of a crashed save) are removed. States are streamed chunk by chunk through
+// one host copy at a time (an NVMe chunk is read from its slots into a host buffer, never through the
+// device), so a save needs one chunk of host room beyond what the runtime holds, plus one stripe buffer.
 #include <fcntl.h>
 #include <fmt/ranges.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -55,6 +61,10 @@ using nlohmann::json;
 
 constexpr int kFormatVersion = 1;
 constexpr std::uint64_t kStripeBytes = 1u << 20;
+//! Data files written before they are fsynced together (bounds open descriptors).
+constexpr std::size_t kWritersOpenMax = 256;
+//! Threads that fsync a save's files, or verify a load's, at once.
+constexpr std::size_t kIoThreads = 8;
 constexpr const char* kManifestName = "manifest.json";
 constexpr const char* kFormatName = "strata-checkpoint";
 
@@ -96,19 +106,6 @@ class Fd {
   int fd_;
 };
 
-Status write_all(int fd, const std::byte* p, std::size_t n, const fs::path& path) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return errno_status(errno, fmt::format("writing {}", path.string()));
-    }
-    p += w;
-    n -= static_cast<std::size_t>(w);
-  }
-  return Status::Ok();
-}
-
 Status read_all(int fd, std::byte* p, std::size_t n, std::uint64_t offset, const fs::path& path) {
   while (n > 0) {
     const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
@@ -132,11 +129,114 @@ Status fsync_dir(const fs::path& dir) {
   return fd.close(dir);
 }
 
-//! Writes a file under a temporary name in stripes, with a CRC32C per stripe;
-//! publish() fsyncs it and renames it to its final name.
+Status pwrite_all(int fd, const std::byte* p, std::size_t n, std::uint64_t offset, const std::string& path) {
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return errno_status(errno, fmt::format("writing {}", path));
+    }
+    p += w;
+    offset += static_cast<std::uint64_t>(w);
+    n -= static_cast<std::size_t>(w);
+  }
+  return Status::Ok();
+}
+
+//! Writes stripes on a thread of its own, so a save's NVMe reads and copies overlap
+//! its file writes. Holds kSinkBuffers stripe buffers; take() blocks while all are in
+//! flight, so a save holds at most that much memory beyond the chunk it copies.
+class StripeSink {
+ public:
+  StripeSink() : thread_([this] { run(); }) {
+    for (std::size_t i = 0; i < kSinkBuffers; ++i) free_.emplace_back(kStripeBytes);
+  }
+  ~StripeSink() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  StripeSink(const StripeSink&) = delete;
+  StripeSink& operator=(const StripeSink&) = delete;
+
+  std::vector<std::byte> take() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !free_.empty(); });
+    std::vector<std::byte> b = std::move(free_.back());
+    free_.pop_back();
+    return b;
+  }
+  //! Writes buf[0, n) at `offset` of *fd (kept open until the write is done).
+  void submit(std::shared_ptr<Fd> fd, std::uint64_t offset, std::vector<std::byte> buf, std::size_t n,
+              const fs::path& path) {
+    {
+      std::lock_guard lock(mu_);
+      jobs_.push_back(Job{std::move(fd), offset, std::move(buf), n, path.string()});
+    }
+    cv_.notify_all();
+  }
+  //! Waits until every submitted stripe is written; the first write error.
+  Status drain() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return jobs_.empty() && busy_ == 0; });
+    return error_;
+  }
+
+ private:
+  static constexpr std::size_t kSinkBuffers = 4;
+  struct Job {
+    std::shared_ptr<Fd> fd;
+    std::uint64_t offset;
+    std::vector<std::byte> buf;
+    std::size_t n;
+    std::string path;
+  };
+  void run() {
+    std::unique_lock lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      Job job = std::move(jobs_.front());
+      jobs_.pop_front();
+      ++busy_;
+      const bool failed = !error_.ok();
+      lock.unlock();
+      Status st = Status::Ok();
+      if (!failed) {
+        st = pwrite_all(job.fd->get(), job.buf.data(), job.n, job.offset, job.path);
+        // Starts the stripe's writeback now (a hint: errors show at fsync), so the
+        // final fsync waits for little.
+        ::sync_file_range(job.fd->get(), static_cast<off_t>(job.offset), static_cast<off_t>(job.n),
+                          SYNC_FILE_RANGE_WRITE);
+      }
+      lock.lock();
+      if (!st.ok() && error_.ok()) error_ = st;
+      free_.push_back(std::move(job.buf));
+      job.fd.reset();
+      --busy_;
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  std::vector<std::vector<std::byte>> free_;
+  int busy_ = 0;
+  bool stop_ = false;
+  Status error_ = Status::Ok();
+  std::thread thread_;  // last: started once the rest is constructed
+};
+
+//! Writes a file under a temporary name in stripes through a StripeSink, with a
+//! CRC32C per stripe; sync() (after the sink is drained) fsyncs it and rename() renames
+//! it to its final name.
 class StripedWriter {
  public:
-  static Result<StripedWriter> open(fs::path final_path) {
+  static Result<StripedWriter> open(fs::path final_path, StripeSink& sink) {
     fs::path tmp = final_path;
     tmp += ".tmp";
     Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
@@ -146,29 +246,37 @@ class StripedWriter {
                                              tmp.string()));
     }
     StripedWriter w;
-    w.fd_ = std::move(fd);
+    w.sink_ = &sink;
+    w.fd_ = std::make_shared<Fd>(std::move(fd));
     w.final_ = std::move(final_path);
     w.tmp_ = std::move(tmp);
-    w.buf_.resize(kStripeBytes);
     return w;
   }
 
-  Status append(const std::byte* p, std::size_t n) {
+  void append(const std::byte* p, std::size_t n) {
     while (n > 0) {
+      if (buf_.empty()) buf_ = sink_->take();
       const std::size_t take = std::min<std::size_t>(n, kStripeBytes - fill_);
       std::memcpy(buf_.data() + fill_, p, take);
       fill_ += take;
       p += take;
       n -= take;
-      if (fill_ == kStripeBytes) STRATA_RETURN_IF_ERROR(flush_stripe());
+      if (fill_ == kStripeBytes) flush_stripe();
     }
-    return Status::Ok();
   }
 
-  Status publish() {
-    if (fill_ > 0) STRATA_RETURN_IF_ERROR(flush_stripe());
-    if (::fsync(fd_.get()) != 0) return errno_status(errno, fmt::format("fsync of {}", tmp_.string()));
-    STRATA_RETURN_IF_ERROR(fd_.close(tmp_));
+  //! Hands the last stripe to the sink.
+  void finish() {
+    if (fill_ > 0) flush_stripe();
+  }
+
+  //! fsyncs and closes the file. The sink must be drained.
+  Status sync() {
+    if (::fsync(fd_->get()) != 0) return errno_status(errno, fmt::format("fsync of {}", tmp_.string()));
+    return fd_->close(tmp_);
+  }
+  //! Renames the synced file to its final name.
+  Status rename() {
     if (::rename(tmp_.c_str(), final_.c_str()) != 0) {
       return errno_status(errno, fmt::format("renaming {} to {}", tmp_.string(), final_.string()));
     }
@@ -181,21 +289,49 @@ class StripedWriter {
 
  private:
   StripedWriter() = default;
-  Status flush_stripe() {
+  void flush_stripe() {
     crcs_.push_back(offload::crc32c(std::span<const std::byte>(buf_.data(), fill_)));
-    STRATA_RETURN_IF_ERROR(write_all(fd_.get(), buf_.data(), fill_, tmp_));
+    sink_->submit(fd_, bytes_, std::move(buf_), fill_, tmp_);
+    buf_ = {};
     bytes_ += fill_;
     fill_ = 0;
-    return Status::Ok();
   }
 
-  Fd fd_;
+  StripeSink* sink_ = nullptr;
+  std::shared_ptr<Fd> fd_;  //!< shared with the sink's writes in flight
   fs::path final_, tmp_;
   std::vector<std::byte> buf_;
   std::size_t fill_ = 0;
   std::uint64_t bytes_ = 0;
   std::vector<std::uint32_t> crcs_;
 };
+
+//! Runs fn(i, thread) for i in [0, n) on up to kIoThreads threads.
+void parallel_for(std::size_t n, const std::function<void(std::size_t, std::size_t)>& fn) {
+  std::atomic<std::size_t> next{0};
+  std::vector<std::thread> threads;
+  for (std::size_t t = 0; t < std::min(kIoThreads, n); ++t) {
+    threads.emplace_back([&, t] {
+      for (std::size_t i = next++; i < n; i = next++) fn(i, t);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+//! Publishes `writers` (the sink drained): their fsyncs run on several threads at
+//! once, so the file system commits them together (one journal commit for many files
+//! rather than one each), then they are renamed in order.
+Status publish_all(StripeSink& sink, std::vector<StripedWriter>& writers) {
+  STRATA_RETURN_IF_ERROR(sink.drain());
+  std::vector<Status> synced(writers.size(), Status::Ok());
+  parallel_for(writers.size(), [&](std::size_t i, std::size_t) { synced[i] = writers[i].sync(); });
+  for (std::size_t i = 0; i < writers.size(); ++i) {
+    STRATA_RETURN_IF_ERROR(synced[i]);
+    STRATA_RETURN_IF_ERROR(writers[i].rename());
+  }
+  writers.clear();
+  return Status::Ok();
+}
 
 //! `dir` (made absolute) when it is neither one of the NVMe swap directories nor inside one.
 Result<fs::path> checkpoint_dir(const Core& core, const std::string& dir, std::string_view what) {
@@ -250,39 +386,55 @@ Result<json> read_manifest(const fs::path& dir) {
 }
 
 //! Checks that every data file the manifest names has its size and every stripe's CRC32C.
-Status verify_files(const fs::path& dir, const json& files, std::uint64_t stripe_bytes) {
-  std::vector<std::byte> buf(stripe_bytes);
-  for (const json& f : files) {
-    const fs::path path = dir / f.at("name").get<std::string>();
-    const auto want = f.at("bytes").get<std::uint64_t>();
-    const auto& crcs = f.at("crc32c");
-    Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (fd.get() < 0) {
-      return errno_status(errno, fmt::format("load_checkpoint: opening {} (named by {})", path.string(),
-                                             (dir / kManifestName).string()));
-    }
-    struct stat st {};
-    if (::fstat(fd.get(), &st) != 0) return errno_status(errno, fmt::format("stat of {}", path.string()));
-    if (static_cast<std::uint64_t>(st.st_size) != want) {
-      return corrupt("load_checkpoint: {} is {} bytes, the manifest says {} (truncated or overwritten)",
-                     path.string(), st.st_size, want);
-    }
-    const std::uint64_t stripes = (want + stripe_bytes - 1) / stripe_bytes;
-    if (crcs.size() != stripes)
-      return corrupt("load_checkpoint: the manifest has {} CRCs for {} stripes of {}", crcs.size(), stripes,
-                     path.string());
-    for (std::uint64_t i = 0; i < stripes; ++i) {
-      const std::uint64_t off = i * stripe_bytes;
-      const std::size_t n = static_cast<std::size_t>(std::min(stripe_bytes, want - off));
-      STRATA_RETURN_IF_ERROR(read_all(fd.get(), buf.data(), n, off, path));
-      const std::uint32_t crc = offload::crc32c(std::span<const std::byte>(buf.data(), n));
-      if (crc != crcs[i].get<std::uint32_t>()) {
-        return corrupt(
-            "load_checkpoint: {} bytes [{}, {}) fail their CRC32C ({:08x}, the manifest has {:08x})",
-            path.string(), off, off + n, crc, crcs[i].get<std::uint32_t>());
-      }
+//! Checks one data file the manifest names: its size and every stripe's CRC32C.
+Status verify_file(const fs::path& dir, const json& f, std::uint64_t stripe_bytes,
+                   std::vector<std::byte>& buf) {
+  const fs::path path = dir / f.at("name").get<std::string>();
+  const auto want = f.at("bytes").get<std::uint64_t>();
+  const auto& crcs = f.at("crc32c");
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    return errno_status(errno, fmt::format("load_checkpoint: opening {} (named by {})", path.string(),
+                                           (dir / kManifestName).string()));
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return errno_status(errno, fmt::format("stat of {}", path.string()));
+  if (static_cast<std::uint64_t>(st.st_size) != want) {
+    return corrupt("load_checkpoint: {} is {} bytes, the manifest says {} (truncated or overwritten)",
+                   path.string(), st.st_size, want);
+  }
+  const std::uint64_t stripes = (want + stripe_bytes - 1) / stripe_bytes;
+  if (crcs.size() != stripes)
+    return corrupt("load_checkpoint: the manifest has {} CRCs for {} stripes of {}", crcs.size(), stripes,
+                   path.string());
+  ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  buf.resize(stripe_bytes);
+  for (std::uint64_t i = 0; i < stripes; ++i) {
+    const std::uint64_t off = i * stripe_bytes;
+    const std::size_t n = static_cast<std::size_t>(std::min(stripe_bytes, want - off));
+    STRATA_RETURN_IF_ERROR(read_all(fd.get(), buf.data(), n, off, path));
+    const std::uint32_t crc = offload::crc32c(std::span<const std::byte>(buf.data(), n));
+    if (crc != crcs[i].get<std::uint32_t>()) {
+      return corrupt("load_checkpoint: {} bytes [{}, {}) fail their CRC32C ({:08x}, the manifest has {:08x})",
+                     path.string(), off, off + n, crc, crcs[i].get<std::uint32_t>());
     }
   }
+  return Status::Ok();
+}
+
+//! Checks every data file the manifest names, kIoThreads at once (the disk serves
+//! several sequential readers better than one); the first failure in file order.
+Status verify_files(const fs::path& dir, const json& files, std::uint64_t stripe_bytes) {
+  std::vector<Status> checked(files.size(), Status::Ok());
+  std::vector<std::vector<std::byte>> bufs(kIoThreads);
+  parallel_for(files.size(), [&](std::size_t i, std::size_t thread) {
+    try {
+      checked[i] = verify_file(dir, files[i], stripe_bytes, bufs[thread]);
+    } catch (const json::exception& e) {
+      checked[i] = corrupt("load_checkpoint: {} is malformed: {}", (dir / kManifestName).string(), e.what());
+    }
+  });
+  for (Status& st : checked) STRATA_RETURN_IF_ERROR(st);
   return Status::Ok();
 }
 
@@ -342,29 +494,31 @@ Status Runtime::save_checkpoint(const std::string& dir) {
   json files = json::array();
   json tensors = json::array();
   std::uint64_t total = 0;
+  StripeSink sink;                     // its jobs keep their files open until written
+  std::vector<StripedWriter> writers;  // fsynced together once all are written
   for (FamilyId f = 0; f < m.core.layout.families.size(); ++f) {
     const std::string name = fmt::format("family-{}.g{}.bin", f, generation);
-    STRATA_ASSIGN_OR_RETURN(StripedWriter w, StripedWriter::open(root / name));
+    STRATA_ASSIGN_OR_RETURN(StripedWriter w, StripedWriter::open(root / name, sink));
     const FamilyLayout& fam = m.core.layout.families[f];
     std::vector<json> entries(fam.tensors.size());
     for (StateKind k : family_kinds(m.core, f)) {
       const DType dtype = m.core.kind_dtype(k);
       const std::uint64_t esize = dtype_bytes(dtype);
-      Status written = Status::Ok();
       STRATA_RETURN_IF_ERROR(m.with_host_copy(lock, m.core.chunk(f, k), false, [&](std::byte* base) {
-        for (std::size_t i = 0; i < fam.tensors.size() && written.ok(); ++i) {
+        for (std::size_t i = 0; i < fam.tensors.size(); ++i) {
           const TensorSlot& ts = m.core.layout.slots[fam.tensors[i]];
           entries[i]["states"][std::string(state_kind_name(k))] = {
               {"dtype", std::string(runtime::dtype_name(dtype))}, {"offset", w.size()}};
-          written = w.append(base + ts.offset_elems * esize, ts.numel * esize);
+          w.append(base + ts.offset_elems * esize, ts.numel * esize);
         }
       }));
-      STRATA_RETURN_IF_ERROR(written);
     }
     const std::uint64_t bytes = w.size();
-    STRATA_RETURN_IF_ERROR(w.publish());
+    w.finish();
     total += bytes;
     files.push_back({{"name", name}, {"bytes", bytes}, {"crc32c", w.crcs()}});
+    writers.push_back(std::move(w));
+    if (writers.size() == kWritersOpenMax) STRATA_RETURN_IF_ERROR(publish_all(sink, writers));
     for (std::size_t i = 0; i < fam.tensors.size(); ++i) {
       const TensorInfo& info = m.core.tensors[fam.tensors[i]];
       json& e = entries[i];
@@ -377,6 +531,7 @@ Status Runtime::save_checkpoint(const std::string& dir) {
       tensors.push_back(std::move(e));
     }
   }
+  STRATA_RETURN_IF_ERROR(publish_all(sink, writers));
   json groups = json::array();
   for (std::size_t g = 0; g < m.core.groups.size(); ++g) {
     if (m.core.groups[g].set) {
@@ -399,9 +554,12 @@ Status Runtime::save_checkpoint(const std::string& dir) {
   STRATA_RETURN_IF_ERROR(fsync_dir(root));
   {
     const std::string text = manifest.dump(1);
-    STRATA_ASSIGN_OR_RETURN(StripedWriter w, StripedWriter::open(root / kManifestName));
-    STRATA_RETURN_IF_ERROR(w.append(reinterpret_cast<const std::byte*>(text.data()), text.size()));
-    STRATA_RETURN_IF_ERROR(w.publish());
+    STRATA_ASSIGN_OR_RETURN(StripedWriter w, StripedWriter::open(root / kManifestName, sink));
+    w.append(reinterpret_cast<const std::byte*>(text.data()), text.size());
+    w.finish();
+    std::vector<StripedWriter> one;
+    one.push_back(std::move(w));
+    STRATA_RETURN_IF_ERROR(publish_all(sink, one));
   }
   STRATA_RETURN_IF_ERROR(fsync_dir(root));
 
