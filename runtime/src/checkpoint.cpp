@@ -692,7 +692,9 @@ Status Runtime::load_checkpoint(const std::string& dir) {
     return corrupt("load_checkpoint: {} is malformed: {}", mpath, e.what());
   }
 
-  // Apply: chunk by chunk, each tensor's bytes read from its file (converted when the dtypes differ).
+  // Apply: chunk by chunk, each tensor's bytes read from its file (converted when the
+  // dtypes differ). Every tensor of the chunk is written (padding stays zero), so an
+  // NVMe chunk's old value is not read first.
   std::vector<Fd> fds;
   for (const fs::path& p : file_paths) {
     fds.emplace_back(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
@@ -706,29 +708,32 @@ Status Runtime::load_checkpoint(const std::string& dir) {
       const DType dtype = m.core.kind_dtype(k);
       const std::uint64_t esize = dtype_bytes(dtype);
       Status read = Status::Ok();
-      STRATA_RETURN_IF_ERROR(m.with_host_copy(lock, m.core.chunk(f, k), true, [&](std::byte* base) {
-        for (std::size_t i = 0; i < fam.tensors.size() && read.ok(); ++i) {
-          const TensorId id = fam.tensors[i];
-          const TensorSlot& ts = m.core.layout.slots[id];
-          const Source& s = src[id];
-          // A master the checkpoint lacks (saved with fp32 compute) is its param.
-          auto sk = static_cast<std::size_t>(k);
-          if (!s.has[sk] && k == StateKind::kMaster) sk = static_cast<std::size_t>(StateKind::kParam);
-          std::byte* dst = base + ts.offset_elems * esize;
-          if (!s.has[sk]) {  // a frozen tensor's optimizer state
-            std::memset(dst, 0, ts.numel * esize);
-            continue;
-          }
-          const std::uint64_t n = ts.numel * dtype_bytes(s.dtype[sk]);
-          if (s.dtype[sk] == dtype) {
-            read = read_all(fds[s.file].get(), dst, n, s.offset[sk], file_paths[s.file]);
-          } else {
-            staging.resize(n);
-            read = read_all(fds[s.file].get(), staging.data(), n, s.offset[sk], file_paths[s.file]);
-            if (read.ok()) convert(staging.data(), s.dtype[sk], dst, dtype, ts.numel);
-          }
-        }
-      }));
+      STRATA_RETURN_IF_ERROR(m.with_host_copy(
+          lock, m.core.chunk(f, k), true,
+          [&](std::byte* base) {
+            for (std::size_t i = 0; i < fam.tensors.size() && read.ok(); ++i) {
+              const TensorId id = fam.tensors[i];
+              const TensorSlot& ts = m.core.layout.slots[id];
+              const Source& s = src[id];
+              // A master the checkpoint lacks (saved with fp32 compute) is its param.
+              auto sk = static_cast<std::size_t>(k);
+              if (!s.has[sk] && k == StateKind::kMaster) sk = static_cast<std::size_t>(StateKind::kParam);
+              std::byte* dst = base + ts.offset_elems * esize;
+              if (!s.has[sk]) {  // a frozen tensor's optimizer state
+                std::memset(dst, 0, ts.numel * esize);
+                continue;
+              }
+              const std::uint64_t n = ts.numel * dtype_bytes(s.dtype[sk]);
+              if (s.dtype[sk] == dtype) {
+                read = read_all(fds[s.file].get(), dst, n, s.offset[sk], file_paths[s.file]);
+              } else {
+                staging.resize(n);
+                read = read_all(fds[s.file].get(), staging.data(), n, s.offset[sk], file_paths[s.file]);
+                if (read.ok()) convert(staging.data(), s.dtype[sk], dst, dtype, ts.numel);
+              }
+            }
+          },
+          /*whole=*/true));
       STRATA_RETURN_IF_ERROR(read);
     }
   }
