@@ -96,6 +96,14 @@ Status Runtime::set_tensor_steps(TensorId tensor, std::int64_t steps) {
   return core_->set_tensor_steps(tensor, steps);
 }
 
+Status Runtime::save_checkpoint(const std::string& dir) {
+  return core_->save_checkpoint(dir);
+}
+
+Status Runtime::load_checkpoint(const std::string& dir) {
+  return core_->load_checkpoint(dir);
+}
+
 Status Runtime::set_tensor_group(TensorId tensor, std::uint32_t group) {
   return core_->set_tensor_group(tensor, group);
 }

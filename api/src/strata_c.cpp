@@ -295,4 +295,14 @@ strata_status strata_set_tensor_steps(strata_runtime* runtime, uint32_t tensor, 
   return guarded([&] { return from(runtime->rt->set_tensor_steps(tensor, steps)); });
 }
 
+strata_status strata_save_checkpoint(strata_runtime* runtime, const char* dir) {
+  if (runtime == nullptr || dir == nullptr) return null_argument("runtime and dir");
+  return guarded([&] { return from(runtime->rt->save_checkpoint(dir)); });
+}
+
+strata_status strata_load_checkpoint(strata_runtime* runtime, const char* dir) {
+  if (runtime == nullptr || dir == nullptr) return null_argument("runtime and dir");
+  return guarded([&] { return from(runtime->rt->load_checkpoint(dir)); });
+}
+
 }  // extern "C"

@@ -1,6 +1,7 @@
 #include "swap_file.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <fstream>
 #include <map>
 #include <memory>
 
@@ -89,6 +91,54 @@ std::string describe_stale(int fd) {
                      r.created_unix_s, r.slots, format_bytes(r.slot_bytes));
 }
 
+// The pid in a valid header, or 0.
+std::uint32_t header_pid(int fd) {
+  HeaderRecord r{};
+  ssize_t n = ::pread(fd, &r, sizeof(r), 0);
+  if (n != static_cast<ssize_t>(sizeof(r)) || std::memcmp(r.magic, kMagic, sizeof(kMagic)) != 0 ||
+      r.version != kVersion || r.crc != record_crc(r)) {
+    return 0;
+  }
+  return r.pid;
+}
+
+// True when process `pid` has exited (gone, or a zombie not yet reaped).
+bool process_exited(std::uint32_t pid) {
+  if (pid == 0 || pid == static_cast<std::uint32_t>(::getpid())) return false;
+  if (::kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  std::getline(stat, line);
+  const auto close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() &&
+         (line[close + 2] == 'Z' || line[close + 2] == 'X');
+}
+
+// Note [Lock of a killed run]
+// A process killed with SIGKILL while its io_uring held the swap file (registered
+// or in flight) keeps the file open until the kernel has torn the ring down, which
+// happens asynchronously after the process is gone: for a few milliseconds its
+// flock outlives it. A restart right after the kill (a crash-and-resume loop) then
+// sees a locked file whose header names a process that has exited. Such a lock is
+// waited for (up to kDeadHolderWaitMs) instead of being taken for a live store's.
+constexpr int kDeadHolderWaitMs = 10000;
+
+// Takes fd's flock when it is free, or when its holder has exited and the kernel
+// releases it within kDeadHolderWaitMs. True when taken.
+bool lock_unless_live(int fd, const std::filesystem::path& path) {
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return true;
+  const std::uint32_t pid = header_pid(fd);
+  if (!process_exited(pid)) return false;
+  STRATA_LOG_INFO(
+      "swap: {} is still locked by pid {}, which has exited (its io_uring is being torn down); waiting",
+      path.string(), pid);
+  for (int waited = 0; waited < kDeadHolderWaitMs; waited += 5) {
+    ::usleep(5000);
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 std::string swap_file_name(std::uint32_t dir_index) {
@@ -126,7 +176,7 @@ Status reclaim_stale_swap_files(const std::filesystem::path& dir, const std::str
     if (!is_swap_file_name(name)) continue;
     int fd = ::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) continue;  // vanished meanwhile
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (!lock_unless_live(fd, entry.path())) {
       ::close(fd);
       if (name == wanted) {
         return failed_precondition(

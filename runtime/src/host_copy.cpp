@@ -8,7 +8,7 @@
 namespace strata::runtime {
 
 Status Runtime::Impl::with_host_copy(std::unique_lock<std::mutex>& lock, Chunk& c, bool write,
-                                     const std::function<void(std::byte*)>& fn) {
+                                     const std::function<void(std::byte*)>& fn, bool whole) {
   const bool param = c.kind == StateKind::kParam;
   const bool on_nvme =
       (is_optim_kind(c.kind) && core.on_nvme(c.family)) || (param && core.param_on_nvme(c.family));
@@ -41,7 +41,7 @@ Status Runtime::Impl::with_host_copy(std::unique_lock<std::mutex>& lock, Chunk& 
   STRATA_ASSIGN_OR_RETURN(std::byte * tmp, core.host->allocate(c.bytes));
   std::span<std::byte> data(tmp, c.bytes);
   Status st = Status::Ok();
-  if (c.value == ChunkValue::kNvme) {
+  if (c.value == ChunkValue::kNvme && !(write && whole)) {
     st = core.nvme_transfer(lock, false, data, c.nvme_slots);
   } else {
     std::memset(tmp, 0, c.bytes);

@@ -73,9 +73,11 @@ struct Runtime::Impl {
   //! Drops every gradient of a step skipped for Inf/NaN.
   void discard_gradients();
   //! Runs fn on a host copy of chunk c (reading NVMe into a temporary when it lives
-  //! there); with write, the change is stored back to c's home. Blocks.
+  //! there); with write, the change is stored back to c's home. With whole (and
+  //! write), fn overwrites every byte of the chunk, so an NVMe copy is not read
+  //! first: fn gets zeros. Blocks.
   Status with_host_copy(std::unique_lock<std::mutex>& lock, Chunk& c, bool write,
-                        const std::function<void(std::byte*)>& fn);
+                        const std::function<void(std::byte*)>& fn, bool whole = false);
   //! The checks of Note [Chunk state machine] and Note [Pipeline places]; aborts
   //! on a violation. Caller holds mu.
   void check_invariants() const;

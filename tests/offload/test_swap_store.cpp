@@ -285,6 +285,38 @@ TEST(SwapStoreFork, StaleFilesOfACrashedRunAreReportedAndReclaimed) {
   EXPECT_EQ(store->read(slot, 9, back_.all()).code(), StatusCode::kFailedPrecondition);
 }
 
+// Note [Lock of a killed run]: a swap file whose lock outlives the process named in
+// its header (as an io_uring torn down after SIGKILL keeps it) is waited for and
+// reclaimed, not taken for a live store's. Here a grandchild that inherited the
+// child's descriptor holds the lock for 300 ms after the child is gone.
+TEST(SwapStoreFork, ALockThatOutlivesItsExitedProcessIsWaitedFor) {
+  TempDir a_;
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    auto engine = make_io_engine({.kind = EngineKind::kPosix});
+    if (!engine.ok()) ::_exit(1);
+    auto store = SwapStore::create(**engine, {.dirs = {a_.path()}, .slot_bytes = kSlotBytes, .slots = 2});
+    if (!store.ok()) ::_exit(2);
+    if (::fork() == 0) {  // the grandchild keeps the file (and its lock) open a while
+      ::usleep(300 * 1000);
+      ::_exit(0);
+    }
+    ::_exit(0);  // no destructors: the file and its lock stay
+  }
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << wstatus;
+
+  LogCapture log;
+  auto engine = make_io_engine({.kind = EngineKind::kPosix});
+  ASSERT_TRUE(engine.ok());
+  auto store = SwapStore::create(**engine, {.dirs = {a_.path()}, .slot_bytes = kSlotBytes, .slots = 2});
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  EXPECT_TRUE(log.contains(fmt::format("still locked by pid {}, which has exited", pid)));
+  EXPECT_TRUE(log.contains("stale swap file")) << "then reclaimed as a crashed run's";
+}
+
 TEST_F(SwapStoreTest, AFileHeldByALiveStoreIsNotReclaimed) {
   auto first = store_of(*engine_, {a_.path()});
   ASSERT_TRUE(first);

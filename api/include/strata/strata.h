@@ -157,6 +157,14 @@ strata_status strata_write_tensor(strata_runtime* runtime, uint32_t tensor, stra
 strata_status strata_tensor_steps(strata_runtime* runtime, uint32_t tensor, int64_t* out);
 /** Sets a tensor's step counter (a checkpoint's load; >= 0). Between steps. */
 strata_status strata_set_tensor_steps(strata_runtime* runtime, uint32_t tensor, int64_t steps);
+/** Writes a crash-safe checkpoint of every tensor's param, master, optimizer states and step
+ * counter into directory `dir` (created when missing; not inside an NVMe swap directory). A crash
+ * or error at any point leaves the previous checkpoint there loadable. Between steps; blocks. */
+strata_status strata_save_checkpoint(strata_runtime* runtime, const char* dir);
+/** Loads the checkpoint published in `dir` (chunk size, budgets and placement may differ from the
+ * saving runtime's). A checkpoint of another model, a newer format, a flipped byte, a truncated
+ * file or a missing manifest is refused whole, naming the file. Between steps; blocks. */
+strata_status strata_load_checkpoint(strata_runtime* runtime, const char* dir);
 
 #ifdef __cplusplus
 }

@@ -183,6 +183,12 @@ class Runtime {
   Result<std::int64_t> tensor_steps(TensorId tensor) const;
   //! Sets a tensor's step counter (a checkpoint's load). Between steps.
   Status set_tensor_steps(TensorId tensor, std::int64_t steps);
+  //! Writes a crash-safe checkpoint of every state into `dir`
+  //! (runtime::Runtime::save_checkpoint). Between steps. Blocks.
+  Status save_checkpoint(const std::string& dir);
+  //! Loads the checkpoint published in `dir`, refusing a bad one whole
+  //! (runtime::Runtime::load_checkpoint). Between steps. Blocks.
+  Status load_checkpoint(const std::string& dir);
   //! Puts a tensor in a parameter group (Note [Parameter groups] in runtime/runtime.hpp).
   Status set_tensor_group(TensorId tensor, std::uint32_t group);
   //! Sets a group's lr and weight decay; between step() and the next backward.

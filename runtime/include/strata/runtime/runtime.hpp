@@ -189,6 +189,24 @@ class Runtime {
   //! Sets a tensor's step counter (a checkpoint's load). Valid between steps.
   Status set_tensor_steps(TensorId tensor, std::int64_t steps);
 
+  //! Writes a checkpoint of every tensor's param, fp32 master, optimizer states,
+  //! step counter and group (and the groups' lr and weight decay) into `dir`
+  //! (created when missing), from whichever tier holds each state (Note
+  //! [Checkpoint format], Note [Checkpoint publish] in runtime/src/checkpoint.cpp).
+  //! Atomic: a crash or error at any point leaves the previous checkpoint in `dir`
+  //! loadable. Valid between steps; blocks (flushes first). Fails: InvalidArgument
+  //! (`dir` is inside an NVMe swap directory), FailedPrecondition (leases held),
+  //! PermissionDenied / NoSpace / IoError naming the file.
+  Status save_checkpoint(const std::string& dir);
+  //! Loads the checkpoint published in `dir` into this runtime, whose chunk size,
+  //! budgets and placement may differ from the saving one's (the format is per
+  //! tensor). Every file's CRC32C stripes, the names, shapes, optimizer and
+  //! format version are checked before any state changes: a bad checkpoint is
+  //! refused whole. Valid between steps; blocks. Fails: NotFound (no manifest),
+  //! FailedPrecondition (another model, another optimizer, a newer format version,
+  //! leases held), Corrupt (a flipped byte, a truncated file), each naming the file.
+  Status load_checkpoint(const std::string& dir);
+
   //! Note [Parameter groups]
   //! Every tensor belongs to one group (0 unless set); a group may override the
   //! optimizer's lr and weight decay (torch's param_groups). The other

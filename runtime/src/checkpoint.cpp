@@ -1,0 +1,756 @@
+// Runtime: crash-safe checkpoints of every tier (save_checkpoint, load_checkpoint).
+//
+// Note [Checkpoint format]
+// A checkpoint directory holds one data file per chunk family and a JSON manifest:
+//
+//   manifest.json          {"format": "strata-checkpoint", "version": 1, "generation": g,
+//                           "stripe_bytes", "compute_dtype", "state_dtype", "state_count",
+//                           "optimizer", "files": [{name, bytes, crc32c: [per stripe]}],
+//                           "tensors": [{name, shape, frozen, steps, group, file,
+//                                        states: {param|master|state0|state1: {dtype, offset}}}],
+//                           "groups": [{group, lr, weight_decay}]}
+//   family-<f>.g<g>.bin    the family's tensors, kind after kind (param, master, states),
+//                          each tensor's elements contiguous in its kind's dtype
+//
+// The layout is per tensor (name, dtype, shape, byte offset), not per chunk, so a
+// checkpoint loads into a runtime with another chunk size, other budgets or another
+// placement. Every stripe of `stripe_bytes` of a data file carries a CRC32C (the swap
+// code's) in the manifest; a load checks every stripe of every file, the shapes and the
+// format version before it changes any state, so a bad checkpoint is refused whole.
+//
+// Note [Checkpoint publish]
+// A save writes every `<name>.tmp` (starting each stripe's writeback as it goes), then
+// fsyncs each and renames it to a name that carries the new generation (one more than the published
+// manifest's), fsyncs the directory, then writes, fsyncs and renames the manifest last and fsyncs the
+// directory again. Until that rename the published manifest and its files are untouched, so a crash (or a
+// full disk) at any point leaves the previous checkpoint loadable. After publishing, files no manifest names
+// (older generations, temporaries of a crashed save) are removed. States are streamed chunk by chunk through
+// one host copy at a time (an NVMe chunk is read from its slots into a host buffer, never through the
+// device), so a save needs one chunk of host room beyond what the runtime holds, plus one stripe buffer.
+#include <fcntl.h>
+#include <fmt/ranges.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime_impl.hpp"
+#include "strata/common/log.hpp"
+#include "strata/offload/crc32c.hpp"
+
+namespace strata::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr int kFormatVersion = 1;
+constexpr std::uint64_t kStripeBytes = 1u << 20;
+//! Data files written before they are fsynced together (bounds open descriptors).
+constexpr std::size_t kWritersOpenMax = 256;
+//! Threads that fsync a save's files, or verify a load's, at once.
+constexpr std::size_t kIoThreads = 8;
+constexpr const char* kManifestName = "manifest.json";
+constexpr const char* kFormatName = "strata-checkpoint";
+
+//! The kinds a checkpoint stores, in file order.
+constexpr StateKind kSavedKinds[] = {StateKind::kParam, StateKind::kMaster, StateKind::kState0,
+                                     StateKind::kState1};
+
+std::optional<StateKind> kind_from_name(std::string_view name) {
+  for (StateKind k : kSavedKinds) {
+    if (state_kind_name(k) == name) return k;
+  }
+  return std::nullopt;
+}
+
+//! A file descriptor closed on scope exit.
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  Fd& operator=(Fd&& o) noexcept {
+    std::swap(fd_, o.fd_);
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+  //! Closes now and reports close's error (a delayed write error surfaces here).
+  Status close(const fs::path& path) {
+    const int fd = fd_;
+    fd_ = -1;
+    if (fd >= 0 && ::close(fd) != 0) return errno_status(errno, fmt::format("closing {}", path.string()));
+    return Status::Ok();
+  }
+
+ private:
+  int fd_;
+};
+
+Status read_all(int fd, std::byte* p, std::size_t n, std::uint64_t offset, const fs::path& path) {
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return errno_status(errno, fmt::format("reading {}", path.string()));
+    }
+    if (r == 0)
+      return corrupt("{}: ends at byte {}, before the data the manifest describes", path.string(), offset);
+    p += r;
+    offset += static_cast<std::uint64_t>(r);
+    n -= static_cast<std::size_t>(r);
+  }
+  return Status::Ok();
+}
+
+Status fsync_dir(const fs::path& dir) {
+  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0) return errno_status(errno, fmt::format("opening directory {} to fsync it", dir.string()));
+  if (::fsync(fd.get()) != 0) return errno_status(errno, fmt::format("fsync of directory {}", dir.string()));
+  return fd.close(dir);
+}
+
+Status pwrite_all(int fd, const std::byte* p, std::size_t n, std::uint64_t offset, const std::string& path) {
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return errno_status(errno, fmt::format("writing {}", path));
+    }
+    p += w;
+    offset += static_cast<std::uint64_t>(w);
+    n -= static_cast<std::size_t>(w);
+  }
+  return Status::Ok();
+}
+
+//! Writes stripes on a thread of its own, so a save's NVMe reads and copies overlap
+//! its file writes. Holds kSinkBuffers stripe buffers; take() blocks while all are in
+//! flight, so a save holds at most that much memory beyond the chunk it copies.
+class StripeSink {
+ public:
+  StripeSink() : thread_([this] { run(); }) {
+    for (std::size_t i = 0; i < kSinkBuffers; ++i) free_.emplace_back(kStripeBytes);
+  }
+  ~StripeSink() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  StripeSink(const StripeSink&) = delete;
+  StripeSink& operator=(const StripeSink&) = delete;
+
+  std::vector<std::byte> take() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !free_.empty(); });
+    std::vector<std::byte> b = std::move(free_.back());
+    free_.pop_back();
+    return b;
+  }
+  //! Writes buf[0, n) at `offset` of *fd (kept open until the write is done).
+  void submit(std::shared_ptr<Fd> fd, std::uint64_t offset, std::vector<std::byte> buf, std::size_t n,
+              const fs::path& path) {
+    {
+      std::lock_guard lock(mu_);
+      jobs_.push_back(Job{std::move(fd), offset, std::move(buf), n, path.string()});
+    }
+    cv_.notify_all();
+  }
+  //! Waits until every submitted stripe is written; the first write error.
+  Status drain() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return jobs_.empty() && busy_ == 0; });
+    return error_;
+  }
+
+ private:
+  static constexpr std::size_t kSinkBuffers = 4;
+  struct Job {
+    std::shared_ptr<Fd> fd;
+    std::uint64_t offset;
+    std::vector<std::byte> buf;
+    std::size_t n;
+    std::string path;
+  };
+  void run() {
+    std::unique_lock lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      Job job = std::move(jobs_.front());
+      jobs_.pop_front();
+      ++busy_;
+      const bool failed = !error_.ok();
+      lock.unlock();
+      Status st = Status::Ok();
+      if (!failed) {
+        st = pwrite_all(job.fd->get(), job.buf.data(), job.n, job.offset, job.path);
+        // Starts the stripe's writeback now (a hint: errors show at fsync), so the
+        // final fsync waits for little.
+        ::sync_file_range(job.fd->get(), static_cast<off_t>(job.offset), static_cast<off_t>(job.n),
+                          SYNC_FILE_RANGE_WRITE);
+      }
+      lock.lock();
+      if (!st.ok() && error_.ok()) error_ = st;
+      free_.push_back(std::move(job.buf));
+      job.fd.reset();
+      --busy_;
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  std::vector<std::vector<std::byte>> free_;
+  int busy_ = 0;
+  bool stop_ = false;
+  Status error_ = Status::Ok();
+  std::thread thread_;  // last: started once the rest is constructed
+};
+
+//! Writes a file under a temporary name in stripes through a StripeSink, with a
+//! CRC32C per stripe; sync() (after the sink is drained) fsyncs it and rename() renames
+//! it to its final name.
+class StripedWriter {
+ public:
+  static Result<StripedWriter> open(fs::path final_path, StripeSink& sink) {
+    fs::path tmp = final_path;
+    tmp += ".tmp";
+    Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (fd.get() < 0) {
+      return errno_status(errno, fmt::format("save_checkpoint: creating {} (the checkpoint directory must be "
+                                             "writable by this process)",
+                                             tmp.string()));
+    }
+    StripedWriter w;
+    w.sink_ = &sink;
+    w.fd_ = std::make_shared<Fd>(std::move(fd));
+    w.final_ = std::move(final_path);
+    w.tmp_ = std::move(tmp);
+    return w;
+  }
+
+  void append(const std::byte* p, std::size_t n) {
+    while (n > 0) {
+      if (buf_.empty()) buf_ = sink_->take();
+      const std::size_t take = std::min<std::size_t>(n, kStripeBytes - fill_);
+      std::memcpy(buf_.data() + fill_, p, take);
+      fill_ += take;
+      p += take;
+      n -= take;
+      if (fill_ == kStripeBytes) flush_stripe();
+    }
+  }
+
+  //! Hands the last stripe to the sink.
+  void finish() {
+    if (fill_ > 0) flush_stripe();
+  }
+
+  //! fsyncs and closes the file. The sink must be drained.
+  Status sync() {
+    if (::fsync(fd_->get()) != 0) return errno_status(errno, fmt::format("fsync of {}", tmp_.string()));
+    return fd_->close(tmp_);
+  }
+  //! Renames the synced file to its final name.
+  Status rename() {
+    if (::rename(tmp_.c_str(), final_.c_str()) != 0) {
+      return errno_status(errno, fmt::format("renaming {} to {}", tmp_.string(), final_.string()));
+    }
+    return Status::Ok();
+  }
+
+  //! Bytes appended so far (the next append's offset).
+  std::uint64_t size() const { return bytes_ + fill_; }
+  const std::vector<std::uint32_t>& crcs() const { return crcs_; }
+
+ private:
+  StripedWriter() = default;
+  void flush_stripe() {
+    crcs_.push_back(offload::crc32c(std::span<const std::byte>(buf_.data(), fill_)));
+    sink_->submit(fd_, bytes_, std::move(buf_), fill_, tmp_);
+    buf_ = {};
+    bytes_ += fill_;
+    fill_ = 0;
+  }
+
+  StripeSink* sink_ = nullptr;
+  std::shared_ptr<Fd> fd_;  //!< shared with the sink's writes in flight
+  fs::path final_, tmp_;
+  std::vector<std::byte> buf_;
+  std::size_t fill_ = 0;
+  std::uint64_t bytes_ = 0;
+  std::vector<std::uint32_t> crcs_;
+};
+
+//! Runs fn(i, thread) for i in [0, n) on up to kIoThreads threads.
+void parallel_for(std::size_t n, const std::function<void(std::size_t, std::size_t)>& fn) {
+  std::atomic<std::size_t> next{0};
+  std::vector<std::thread> threads;
+  for (std::size_t t = 0; t < std::min(kIoThreads, n); ++t) {
+    threads.emplace_back([&, t] {
+      for (std::size_t i = next++; i < n; i = next++) fn(i, t);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+//! Publishes `writers` (the sink drained): their fsyncs run on several threads at
+//! once, so the file system commits them together (one journal commit for many files
+//! rather than one each), then they are renamed in order.
+Status publish_all(StripeSink& sink, std::vector<StripedWriter>& writers) {
+  STRATA_RETURN_IF_ERROR(sink.drain());
+  std::vector<Status> synced(writers.size(), Status::Ok());
+  parallel_for(writers.size(), [&](std::size_t i, std::size_t) { synced[i] = writers[i].sync(); });
+  for (std::size_t i = 0; i < writers.size(); ++i) {
+    STRATA_RETURN_IF_ERROR(synced[i]);
+    STRATA_RETURN_IF_ERROR(writers[i].rename());
+  }
+  writers.clear();
+  return Status::Ok();
+}
+
+//! `dir` (made absolute) when it is neither one of the NVMe swap directories nor inside one.
+Result<fs::path> checkpoint_dir(const Core& core, const std::string& dir, std::string_view what) {
+  if (dir.empty()) return invalid_argument("{}: the checkpoint directory is empty", what);
+  std::error_code ec;
+  const fs::path abs = fs::weakly_canonical(fs::absolute(dir, ec), ec);
+  if (ec) return errno_status(ec.value(), fmt::format("{}: resolving {}", what, dir));
+  for (const std::string& swap : core.opt.nvme_dirs) {
+    const fs::path s = fs::weakly_canonical(fs::absolute(swap, ec), ec);
+    if (ec) continue;
+    auto [sit, ait] = std::mismatch(s.begin(), s.end(), abs.begin(), abs.end());
+    if (sit == s.end() || (std::next(sit) == s.end() && sit->empty())) {
+      return invalid_argument(
+          "{}: {} is inside the NVMe swap directory {}, whose files are scratch and reclaimed at start; "
+          "put checkpoints in a directory of their own",
+          what, abs.string(), s.string());
+    }
+  }
+  return abs;
+}
+
+//! The published manifest of `dir`, parsed and checked for format and version.
+Result<json> read_manifest(const fs::path& dir) {
+  const fs::path path = dir / kManifestName;
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    if (errno == ENOENT) {
+      return not_found("load_checkpoint: {} does not exist: {} holds no published checkpoint", path.string(),
+                       dir.string());
+    }
+    return errno_status(errno, fmt::format("load_checkpoint: opening {}", path.string()));
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return errno_status(errno, fmt::format("stat of {}", path.string()));
+  std::string text(static_cast<std::size_t>(st.st_size), '\0');
+  STRATA_RETURN_IF_ERROR(read_all(fd.get(), reinterpret_cast<std::byte*>(text.data()), text.size(), 0, path));
+  json m = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (m.is_discarded() || !m.is_object())
+    return corrupt("load_checkpoint: {} is not valid JSON", path.string());
+  if (m.value("format", std::string()) != kFormatName)
+    return corrupt("load_checkpoint: {} is not a strata checkpoint manifest (no \"format\": \"{}\")",
+                   path.string(), kFormatName);
+  const int version = m.value("version", 0);
+  if (version > kFormatVersion) {
+    return failed_precondition(
+        "load_checkpoint: {} has format version {}, newer than this build reads ({}); load it with a newer "
+        "strata",
+        path.string(), version, kFormatVersion);
+  }
+  if (version < 1) return corrupt("load_checkpoint: {} has no valid format version", path.string());
+  return m;
+}
+
+//! Checks that every data file the manifest names has its size and every stripe's CRC32C.
+//! Checks one data file the manifest names: its size and every stripe's CRC32C.
+Status verify_file(const fs::path& dir, const json& f, std::uint64_t stripe_bytes,
+                   std::vector<std::byte>& buf) {
+  const fs::path path = dir / f.at("name").get<std::string>();
+  const auto want = f.at("bytes").get<std::uint64_t>();
+  const auto& crcs = f.at("crc32c");
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    return errno_status(errno, fmt::format("load_checkpoint: opening {} (named by {})", path.string(),
+                                           (dir / kManifestName).string()));
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return errno_status(errno, fmt::format("stat of {}", path.string()));
+  if (static_cast<std::uint64_t>(st.st_size) != want) {
+    return corrupt("load_checkpoint: {} is {} bytes, the manifest says {} (truncated or overwritten)",
+                   path.string(), st.st_size, want);
+  }
+  const std::uint64_t stripes = (want + stripe_bytes - 1) / stripe_bytes;
+  if (crcs.size() != stripes)
+    return corrupt("load_checkpoint: the manifest has {} CRCs for {} stripes of {}", crcs.size(), stripes,
+                   path.string());
+  ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  buf.resize(stripe_bytes);
+  for (std::uint64_t i = 0; i < stripes; ++i) {
+    const std::uint64_t off = i * stripe_bytes;
+    const std::size_t n = static_cast<std::size_t>(std::min(stripe_bytes, want - off));
+    STRATA_RETURN_IF_ERROR(read_all(fd.get(), buf.data(), n, off, path));
+    const std::uint32_t crc = offload::crc32c(std::span<const std::byte>(buf.data(), n));
+    if (crc != crcs[i].get<std::uint32_t>()) {
+      return corrupt("load_checkpoint: {} bytes [{}, {}) fail their CRC32C ({:08x}, the manifest has {:08x})",
+                     path.string(), off, off + n, crc, crcs[i].get<std::uint32_t>());
+    }
+  }
+  return Status::Ok();
+}
+
+//! Checks every data file the manifest names, kIoThreads at once (the disk serves
+//! several sequential readers better than one); the first failure in file order.
+Status verify_files(const fs::path& dir, const json& files, std::uint64_t stripe_bytes) {
+  std::vector<Status> checked(files.size(), Status::Ok());
+  std::vector<std::vector<std::byte>> bufs(kIoThreads);
+  parallel_for(files.size(), [&](std::size_t i, std::size_t thread) {
+    try {
+      checked[i] = verify_file(dir, files[i], stripe_bytes, bufs[thread]);
+    } catch (const json::exception& e) {
+      checked[i] = corrupt("load_checkpoint: {} is malformed: {}", (dir / kManifestName).string(), e.what());
+    }
+  });
+  for (Status& st : checked) STRATA_RETURN_IF_ERROR(st);
+  return Status::Ok();
+}
+
+void convert(const std::byte* src, DType from, std::byte* dst, DType to, std::uint64_t n) {
+  for (std::uint64_t i = 0; i < n; ++i) {
+    float v;
+    if (from == DType::kF32) {
+      std::memcpy(&v, src + 4 * i, 4);
+    } else {
+      std::uint16_t h;
+      std::memcpy(&h, src + 2 * i, 2);
+      v = from == DType::kBF16 ? kernels::bf16_to_float(h) : kernels::f16_to_float(h);
+    }
+    if (to == DType::kF32) {
+      std::memcpy(dst + 4 * i, &v, 4);
+    } else {
+      const std::uint16_t h = to == DType::kBF16 ? kernels::float_to_bf16(v) : kernels::float_to_f16(v);
+      std::memcpy(dst + 2 * i, &h, 2);
+    }
+  }
+}
+
+//! The kinds a family of this runtime holds a chunk of, in file order.
+std::vector<StateKind> family_kinds(Core& core, FamilyId f) {
+  std::vector<StateKind> kinds;
+  for (StateKind k : kSavedKinds) {
+    if (k == StateKind::kMaster && !core.separate_master) continue;
+    if (core.chunk(f, k).bytes > 0) kinds.push_back(k);
+  }
+  return kinds;
+}
+
+}  // namespace
+
+Status Runtime::save_checkpoint(const std::string& dir) {
+  Impl& m = *impl_;
+  std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
+  STRATA_ASSIGN_OR_RETURN(const fs::path root, checkpoint_dir(m.core, dir, "save_checkpoint"));
+  if (m.leases_out > 0)
+    return failed_precondition("save_checkpoint({}) while leases are held", root.string());
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) {
+    return errno_status(
+        ec.value(), fmt::format("save_checkpoint: creating {} (choose a writable directory)", root.string()));
+  }
+  STRATA_RETURN_IF_ERROR(m.finalize(lock));
+  STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
+
+  // Note [Checkpoint publish]: the new files carry the next generation, so the
+  // published manifest's files are never written.
+  std::int64_t generation = 1;
+  if (auto prev = read_manifest(root); prev.ok()) generation = prev->value("generation", std::int64_t{0}) + 1;
+
+  const double t0 = m.core.timeline.now_us();
+  json files = json::array();
+  json tensors = json::array();
+  std::uint64_t total = 0;
+  StripeSink sink;                     // its jobs keep their files open until written
+  std::vector<StripedWriter> writers;  // fsynced together once all are written
+  for (FamilyId f = 0; f < m.core.layout.families.size(); ++f) {
+    const std::string name = fmt::format("family-{}.g{}.bin", f, generation);
+    STRATA_ASSIGN_OR_RETURN(StripedWriter w, StripedWriter::open(root / name, sink));
+    const FamilyLayout& fam = m.core.layout.families[f];
+    std::vector<json> entries(fam.tensors.size());
+    for (StateKind k : family_kinds(m.core, f)) {
+      const DType dtype = m.core.kind_dtype(k);
+      const std::uint64_t esize = dtype_bytes(dtype);
+      STRATA_RETURN_IF_ERROR(m.with_host_copy(lock, m.core.chunk(f, k), false, [&](std::byte* base) {
+        for (std::size_t i = 0; i < fam.tensors.size(); ++i) {
+          const TensorSlot& ts = m.core.layout.slots[fam.tensors[i]];
+          entries[i]["states"][std::string(state_kind_name(k))] = {
+              {"dtype", std::string(runtime::dtype_name(dtype))}, {"offset", w.size()}};
+          w.append(base + ts.offset_elems * esize, ts.numel * esize);
+        }
+      }));
+    }
+    const std::uint64_t bytes = w.size();
+    w.finish();
+    total += bytes;
+    files.push_back({{"name", name}, {"bytes", bytes}, {"crc32c", w.crcs()}});
+    writers.push_back(std::move(w));
+    if (writers.size() == kWritersOpenMax) STRATA_RETURN_IF_ERROR(publish_all(sink, writers));
+    for (std::size_t i = 0; i < fam.tensors.size(); ++i) {
+      const TensorInfo& info = m.core.tensors[fam.tensors[i]];
+      json& e = entries[i];
+      e["name"] = info.spec.name;
+      e["shape"] = info.spec.shape;
+      e["frozen"] = info.spec.frozen;
+      e["steps"] = info.updates;
+      e["group"] = info.group;
+      e["file"] = f;
+      tensors.push_back(std::move(e));
+    }
+  }
+  STRATA_RETURN_IF_ERROR(publish_all(sink, writers));
+  json groups = json::array();
+  for (std::size_t g = 0; g < m.core.groups.size(); ++g) {
+    if (m.core.groups[g].set) {
+      groups.push_back(
+          {{"group", g}, {"lr", m.core.groups[g].lr}, {"weight_decay", m.core.groups[g].weight_decay}});
+    }
+  }
+  const json manifest = {{"format", kFormatName},
+                         {"version", kFormatVersion},
+                         {"generation", generation},
+                         {"step", m.tracker.step_index()},
+                         {"stripe_bytes", kStripeBytes},
+                         {"compute_dtype", std::string(runtime::dtype_name(m.core.opt.compute_dtype))},
+                         {"state_dtype", std::string(runtime::dtype_name(m.core.opt.state_dtype))},
+                         {"state_count", m.core.state_count},
+                         {"optimizer", std::string(kernels::optimizer_name(m.core.opt.hyper.optimizer))},
+                         {"files", std::move(files)},
+                         {"tensors", std::move(tensors)},
+                         {"groups", std::move(groups)}};
+  STRATA_RETURN_IF_ERROR(fsync_dir(root));
+  {
+    const std::string text = manifest.dump(1);
+    STRATA_ASSIGN_OR_RETURN(StripedWriter w, StripedWriter::open(root / kManifestName, sink));
+    w.append(reinterpret_cast<const std::byte*>(text.data()), text.size());
+    w.finish();
+    std::vector<StripedWriter> one;
+    one.push_back(std::move(w));
+    STRATA_RETURN_IF_ERROR(publish_all(sink, one));
+  }
+  STRATA_RETURN_IF_ERROR(fsync_dir(root));
+
+  // Published: remove what no manifest names (older generations, a crashed save's temporaries).
+  const std::string suffix = fmt::format(".g{}.bin", generation);
+  std::size_t removed = 0;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string fname = entry.path().filename().string();
+    const bool ours = fname.starts_with("family-") || fname == std::string(kManifestName) + ".tmp";
+    const bool current = fname.starts_with("family-") && fname.ends_with(suffix);
+    if (ours && !current && fs::remove(entry.path(), ec)) ++removed;
+  }
+  STRATA_LOG_DEBUG(
+      "save_checkpoint: {} generation {} ({} bytes, {} files) in {:.3f} s; {} stale files removed",
+      root.string(), generation, total, m.core.layout.families.size(), (m.core.timeline.now_us() - t0) * 1e-6,
+      removed);
+  return Status::Ok();
+}
+
+Status Runtime::load_checkpoint(const std::string& dir) {
+  Impl& m = *impl_;
+  std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
+  STRATA_ASSIGN_OR_RETURN(const fs::path root, checkpoint_dir(m.core, dir, "load_checkpoint"));
+  if (m.leases_out > 0)
+    return failed_precondition("load_checkpoint({}) while leases are held", root.string());
+  STRATA_RETURN_IF_ERROR(m.finalize(lock));
+  STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
+  STRATA_ASSIGN_OR_RETURN(const json manifest, read_manifest(root));
+  const std::string mpath = (root / kManifestName).string();
+
+  // Everything is checked before any state changes (Note [Checkpoint format]).
+  struct Source {
+    std::uint32_t file = 0;
+    std::uint64_t offset[kStateKindCount] = {};
+    DType dtype[kStateKindCount] = {};
+    bool has[kStateKindCount] = {};
+    std::int64_t steps = 0;
+    std::uint32_t group = 0;
+  };
+  std::vector<Source> src(m.core.tensors.size());
+  std::vector<bool> seen(m.core.tensors.size(), false);
+  std::vector<fs::path> file_paths;
+  std::vector<std::uint64_t> file_bytes;
+  try {
+    const auto stripe = manifest.at("stripe_bytes").get<std::uint64_t>();
+    if (stripe == 0) return corrupt("load_checkpoint: {} has stripe_bytes 0", mpath);
+    const auto state_count = manifest.at("state_count").get<std::uint32_t>();
+    if (state_count != m.core.state_count) {
+      return failed_precondition(
+          "load_checkpoint: {} holds {} optimizer state(s) per element (optimizer {}), this runtime's "
+          "optimizer "
+          "{} keeps {}; load it with the optimizer it was saved with",
+          mpath, state_count, manifest.value("optimizer", std::string("?")),
+          kernels::optimizer_name(m.core.opt.hyper.optimizer), m.core.state_count);
+    }
+    for (const json& f : manifest.at("files")) {
+      file_paths.push_back(root / f.at("name").get<std::string>());
+      file_bytes.push_back(f.at("bytes").get<std::uint64_t>());
+    }
+    const json& tensors = manifest.at("tensors");
+    if (tensors.size() != m.core.tensors.size()) {
+      return failed_precondition(
+          "load_checkpoint: {} holds {} tensors, this runtime has {} registered: it is another model's "
+          "checkpoint",
+          mpath, tensors.size(), m.core.tensors.size());
+    }
+    for (const json& t : tensors) {
+      const auto name = t.at("name").get<std::string>();
+      auto it = m.core.by_name.find(name);
+      if (it == m.core.by_name.end()) {
+        return failed_precondition(
+            "load_checkpoint: {} holds tensor \"{}\", which this runtime has not registered: it is another "
+            "model's checkpoint",
+            mpath, name);
+      }
+      const TensorInfo& info = m.core.tensors[it->second];
+      const auto shape = t.at("shape").get<std::vector<std::int64_t>>();
+      if (shape != info.spec.shape) {
+        return failed_precondition("load_checkpoint: {}: tensor \"{}\" has shape [{}] there, [{}] here",
+                                   mpath, name, fmt::join(shape, ", "), fmt::join(info.spec.shape, ", "));
+      }
+      Source& s = src[it->second];
+      seen[it->second] = true;
+      s.file = t.at("file").get<std::uint32_t>();
+      if (s.file >= file_paths.size())
+        return corrupt("load_checkpoint: {}: tensor \"{}\" names file {} of {}", mpath, name, s.file,
+                       file_paths.size());
+      s.steps = t.at("steps").get<std::int64_t>();
+      s.group = t.at("group").get<std::uint32_t>();
+      if (s.steps < 0 || s.group >= 65536)
+        return corrupt("load_checkpoint: {}: tensor \"{}\" has a bad step counter or group", mpath, name);
+      for (const auto& [kname, st] : t.at("states").items()) {
+        const auto kind = kind_from_name(kname);
+        if (!kind)
+          return corrupt("load_checkpoint: {}: tensor \"{}\" has unknown state \"{}\"", mpath, name, kname);
+        const auto k = static_cast<std::size_t>(*kind);
+        STRATA_ASSIGN_OR_RETURN(s.dtype[k], parse_dtype(st.at("dtype").get<std::string>()));
+        s.offset[k] = st.at("offset").get<std::uint64_t>();
+        s.has[k] = true;
+        if (s.offset[k] + info.numel * dtype_bytes(s.dtype[k]) > file_bytes[s.file]) {
+          return corrupt("load_checkpoint: {}: tensor \"{}\" {} lies past the end of {}", mpath, name, kname,
+                         file_paths[s.file].string());
+        }
+      }
+      if (!s.has[static_cast<std::size_t>(StateKind::kParam)])
+        return corrupt("load_checkpoint: {}: tensor \"{}\" has no param", mpath, name);
+    }
+    for (TensorId id = 0; id < seen.size(); ++id) {
+      if (!seen[id]) {
+        return failed_precondition(
+            "load_checkpoint: {} lacks tensor \"{}\": it is another model's checkpoint", mpath,
+            m.core.tensors[id].spec.name);
+      }
+    }
+    // The states this runtime keeps must all be there (the optimizer's states of trainable tensors).
+    for (FamilyId f = 0; f < m.core.layout.families.size(); ++f) {
+      for (StateKind k : family_kinds(m.core, f)) {
+        if (k == StateKind::kParam || k == StateKind::kMaster) continue;
+        for (TensorId id : m.core.layout.families[f].tensors) {
+          if (!src[id].has[static_cast<std::size_t>(k)] && !m.core.tensors[id].spec.frozen) {
+            return failed_precondition("load_checkpoint: {}: tensor \"{}\" has no {} there", mpath,
+                                       m.core.tensors[id].spec.name, state_kind_name(k));
+          }
+        }
+      }
+    }
+    STRATA_RETURN_IF_ERROR(verify_files(root, manifest.at("files"), stripe));
+  } catch (const json::exception& e) {
+    return corrupt("load_checkpoint: {} is malformed: {}", mpath, e.what());
+  }
+
+  // Apply: chunk by chunk, each tensor's bytes read from its file (converted when the
+  // dtypes differ). Every tensor of the chunk is written (padding stays zero), so an
+  // NVMe chunk's old value is not read first.
+  std::vector<Fd> fds;
+  for (const fs::path& p : file_paths) {
+    fds.emplace_back(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fds.back().get() < 0)
+      return errno_status(errno, fmt::format("load_checkpoint: opening {}", p.string()));
+  }
+  std::vector<std::byte> staging;
+  for (FamilyId f = 0; f < m.core.layout.families.size(); ++f) {
+    const FamilyLayout& fam = m.core.layout.families[f];
+    for (StateKind k : family_kinds(m.core, f)) {
+      const DType dtype = m.core.kind_dtype(k);
+      const std::uint64_t esize = dtype_bytes(dtype);
+      Status read = Status::Ok();
+      STRATA_RETURN_IF_ERROR(m.with_host_copy(
+          lock, m.core.chunk(f, k), true,
+          [&](std::byte* base) {
+            for (std::size_t i = 0; i < fam.tensors.size() && read.ok(); ++i) {
+              const TensorId id = fam.tensors[i];
+              const TensorSlot& ts = m.core.layout.slots[id];
+              const Source& s = src[id];
+              // A master the checkpoint lacks (saved with fp32 compute) is its param.
+              auto sk = static_cast<std::size_t>(k);
+              if (!s.has[sk] && k == StateKind::kMaster) sk = static_cast<std::size_t>(StateKind::kParam);
+              std::byte* dst = base + ts.offset_elems * esize;
+              if (!s.has[sk]) {  // a frozen tensor's optimizer state
+                std::memset(dst, 0, ts.numel * esize);
+                continue;
+              }
+              const std::uint64_t n = ts.numel * dtype_bytes(s.dtype[sk]);
+              if (s.dtype[sk] == dtype) {
+                read = read_all(fds[s.file].get(), dst, n, s.offset[sk], file_paths[s.file]);
+              } else {
+                staging.resize(n);
+                read = read_all(fds[s.file].get(), staging.data(), n, s.offset[sk], file_paths[s.file]);
+                if (read.ok()) convert(staging.data(), s.dtype[sk], dst, dtype, ts.numel);
+              }
+            }
+          },
+          /*whole=*/true));
+      STRATA_RETURN_IF_ERROR(read);
+    }
+  }
+  for (TensorId id = 0; id < src.size(); ++id) {
+    m.core.tensors[id].updates = src[id].steps;
+    m.core.tensors[id].group = src[id].group;
+  }
+  for (const json& g : manifest.value("groups", json::array())) {
+    const auto group = g.value("group", std::uint32_t{0});
+    if (group >= 65536) continue;
+    if (m.core.groups.size() <= group) m.core.groups.resize(group + 1);
+    m.core.groups[group] =
+        GroupHyper{.set = true, .lr = g.value("lr", 0.0f), .weight_decay = g.value("weight_decay", 0.0f)};
+  }
+  STRATA_LOG_DEBUG("load_checkpoint: {} generation {} loaded", root.string(),
+                   manifest.value("generation", 0));
+  return Status::Ok();
+}
+
+}  // namespace strata::runtime

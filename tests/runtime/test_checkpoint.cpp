@@ -1,0 +1,284 @@
+// Runtime::save_checkpoint / load_checkpoint: bit-exact resume from every tier,
+// loading into another chunk size and placement, and each bad input refused whole
+// with an error naming the file (Note [Checkpoint format], Note [Checkpoint publish]).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "mlp.hpp"
+#include "strata/common/bytes.hpp"
+#include "strata/memory/device_factory.hpp"
+#include "strata/runtime/runtime.hpp"
+
+namespace strata::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::Mlp;
+
+constexpr std::size_t kLayers = 6;
+constexpr std::size_t kWidth = 128;
+constexpr std::uint64_t kChunkElems = 20480;  // one family per layer (W + b = 16512)
+constexpr std::uint64_t kModelStateBytes = kLayers * 4 * kChunkElems * 4;
+
+//! Where a runtime keeps its states.
+enum class Placement { kResident, kNvme, kBigChunks };
+
+RuntimeOptions options(Placement placement, const fs::path& nvme_dir) {
+  RuntimeOptions o;
+  o.hyper.optimizer = kernels::Optimizer::kAdamW;
+  o.hyper.lr = 1e-2f;
+  o.hyper.weight_decay = 0.01f;
+  o.layout.chunk_elems = kChunkElems;
+  o.threads = 2;
+  o.budgets = {.gpu_bytes = 64 * kMiB, .host_bytes = 64 * kMiB};
+  if (placement == Placement::kNvme) {
+    // GPU <= 1/4 and host <= 1/2 of the model state: every tier holds states.
+    o.budgets = {
+        .gpu_bytes = kModelStateBytes / 4, .host_bytes = kModelStateBytes / 2, .nvme_bytes = 64 * kMiB};
+    o.nvme_dirs = {nvme_dir.string()};
+    o.plan.nvme_families_in_flight = 1;
+    o.plan.grad_staging_slots = 1;
+  }
+  if (placement == Placement::kBigChunks) o.layout.chunk_elems = 3 * kChunkElems;  // two layers a family
+  return o;
+}
+
+//! Every tensor's param, master, states and step counter.
+struct State {
+  std::vector<std::vector<float>> values;
+  std::vector<std::int64_t> steps;
+  bool operator==(const State&) const = default;
+};
+
+State read_state(Runtime& rt) {
+  State s;
+  for (TensorId t = 0; t < rt.tensor_count(); ++t) {
+    for (StateKind k : {StateKind::kParam, StateKind::kMaster, StateKind::kState0, StateKind::kState1}) {
+      std::vector<float> v(rt.layout().slots[t].numel);
+      EXPECT_TRUE(rt.read_tensor(t, k, v).ok());
+      s.values.push_back(std::move(v));
+    }
+    s.steps.push_back(*rt.tensor_steps(t));
+  }
+  return s;
+}
+
+//! An MLP on its own sim device and AdamW runtime.
+struct Trainer {
+  Mlp mlp;  // outlives the device: queued kernels use it
+  std::unique_ptr<memory::Device> device;
+  std::unique_ptr<Runtime> rt;
+  Trainer(Placement placement, const fs::path& nvme_dir, std::size_t width = kWidth,
+          std::size_t layers = kLayers) {
+    memory::DeviceOptions d;
+    d.kind = memory::DeviceChoice::kSim;
+    d.budget_bytes = 256 * kMiB;
+    device = std::move(memory::make_device(d)).value();
+    auto made = Runtime::create(*device, options(placement, nvme_dir));
+    EXPECT_TRUE(made.ok()) << made.status();
+    rt = std::move(made).value();
+    mlp.layers = layers;
+    mlp.width = width;
+    EXPECT_TRUE(mlp.build(*rt).ok());
+  }
+  ~Trainer() { rt.reset(); }
+  void train(int steps) {
+    for (int s = 0; s < steps; ++s) {
+      ASSERT_TRUE(mlp.train_step(*rt).ok());
+      auto st = rt->step();
+      ASSERT_TRUE(st.ok()) << st.status();
+    }
+  }
+};
+
+//! A fresh directory under the temp dir, removed with everything in it.
+class TempDir {
+ public:
+  explicit TempDir(const char* prefix) {
+    std::string templ = (fs::temp_directory_path() / (std::string(prefix) + "-XXXXXX")).string();
+    EXPECT_NE(::mkdtemp(templ.data()), nullptr);
+    path_ = templ;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+struct Dirs {
+  TempDir nvme_a{"strata-ckpt-nvme-a"};
+  TempDir nvme_b{"strata-ckpt-nvme-b"};
+  TempDir ckpt{"strata-ckpt"};
+};
+
+TEST(Checkpoint, ResumesBitExactInEveryPlacementPair) {
+  const std::pair<Placement, Placement> pairs[] = {{Placement::kResident, Placement::kResident},
+                                                   {Placement::kNvme, Placement::kNvme},
+                                                   {Placement::kNvme, Placement::kBigChunks},
+                                                   {Placement::kBigChunks, Placement::kNvme}};
+  for (auto [from, to] : pairs) {
+    SCOPED_TRACE(
+        fmt::format("saved in placement {}, loaded in {}", static_cast<int>(from), static_cast<int>(to)));
+    Dirs dirs;
+    Trainer a(from, dirs.nvme_a.path());
+    a.train(2);
+    ASSERT_TRUE(a.rt->save_checkpoint(dirs.ckpt.path().string()).ok());
+    const State at2 = read_state(*a.rt);
+    a.train(3);
+    const State straight = read_state(*a.rt);
+
+    Trainer b(to, dirs.nvme_b.path());
+    const State fresh = read_state(*b.rt);
+    ASSERT_NE(fresh, at2);
+    Status loaded = b.rt->load_checkpoint(dirs.ckpt.path().string());
+    ASSERT_TRUE(loaded.ok()) << loaded;
+    EXPECT_TRUE(read_state(*b.rt) == at2) << "the loaded state differs from the saved one";
+    b.train(3);
+    EXPECT_TRUE(read_state(*b.rt) == straight) << "a resumed run differs from the straight run";
+    EXPECT_EQ(*b.rt->tensor_steps(0), 5);
+  }
+}
+
+TEST(Checkpoint, SecondSaveReplacesTheFirstAndLeavesNoStaleFiles) {
+  Dirs dirs;
+  Trainer a(Placement::kNvme, dirs.nvme_a.path());
+  a.train(1);
+  ASSERT_TRUE(a.rt->save_checkpoint(dirs.ckpt.path().string()).ok());
+  a.train(1);
+  ASSERT_TRUE(a.rt->save_checkpoint(dirs.ckpt.path().string()).ok());
+  const State at2 = read_state(*a.rt);
+  std::size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dirs.ckpt.path())) {
+    const std::string name = e.path().filename().string();
+    EXPECT_TRUE(name == "manifest.json" || name.find(".g2.bin") != std::string::npos) << name;
+    ++files;
+  }
+  EXPECT_EQ(files, a.rt->layout().families.size() + 1);
+  Trainer b(Placement::kResident, dirs.nvme_b.path());
+  ASSERT_TRUE(b.rt->load_checkpoint(dirs.ckpt.path().string()).ok());
+  EXPECT_TRUE(read_state(*b.rt) == at2);
+}
+
+//! Saves a 2-step checkpoint, damages it with `damage`, and checks that a fresh
+//! runtime refuses it with `code`, a message containing `needle`, and no state changed.
+void expect_refused(const std::function<void(const fs::path& dir)>& damage, StatusCode code,
+                    const std::string& needle, std::size_t width = kWidth, std::size_t layers = kLayers) {
+  Dirs dirs;
+  {
+    Trainer a(Placement::kNvme, dirs.nvme_a.path());
+    a.train(2);
+    ASSERT_TRUE(a.rt->save_checkpoint(dirs.ckpt.path().string()).ok());
+  }
+  damage(dirs.ckpt.path());
+  Trainer b(Placement::kNvme, dirs.nvme_b.path(), width, layers);
+  const State before = read_state(*b.rt);
+  Status st = b.rt->load_checkpoint(dirs.ckpt.path().string());
+  EXPECT_EQ(st.code(), code) << st;
+  EXPECT_NE(st.message().find(needle), std::string::npos) << st;
+  EXPECT_TRUE(read_state(*b.rt) == before) << "a refused checkpoint changed the state";
+}
+
+fs::path family_file(const fs::path& dir, int family) {
+  return dir / fmt::format("family-{}.g1.bin", family);
+}
+
+TEST(Checkpoint, RefusesAFlippedByte) {
+  expect_refused(
+      [](const fs::path& dir) {
+        std::fstream f(family_file(dir, 3), std::ios::in | std::ios::out | std::ios::binary);
+        f.seekg(70000);
+        char c = 0;
+        f.read(&c, 1);
+        c = static_cast<char>(c ^ 0x10);
+        f.seekp(70000);
+        f.write(&c, 1);
+      },
+      StatusCode::kCorrupt, "family-3.g1.bin bytes [0, ");
+}
+
+TEST(Checkpoint, RefusesATruncatedFile) {
+  expect_refused([](const fs::path& dir) { fs::resize_file(family_file(dir, 5), 4096); },
+                 StatusCode::kCorrupt, "family-5.g1.bin is 4096 bytes");
+}
+
+TEST(Checkpoint, RefusesAMissingManifest) {
+  expect_refused([](const fs::path& dir) { fs::remove(dir / "manifest.json"); }, StatusCode::kNotFound,
+                 "manifest.json does not exist");
+}
+
+TEST(Checkpoint, RefusesANewerFormatVersion) {
+  expect_refused(
+      [](const fs::path& dir) {
+        std::ifstream in(dir / "manifest.json");
+        nlohmann::json m = nlohmann::json::parse(in);
+        m["version"] = 99;
+        std::ofstream(dir / "manifest.json") << m.dump();
+      },
+      StatusCode::kFailedPrecondition, "format version 99, newer than this build reads (1)");
+}
+
+TEST(Checkpoint, RefusesAnotherModel) {
+  expect_refused([](const fs::path&) {}, StatusCode::kFailedPrecondition,
+                 "tensor \"l0.w\" has shape [128, 128]",
+                 /*width=*/64);
+  expect_refused([](const fs::path&) {}, StatusCode::kFailedPrecondition, "it is another model's checkpoint",
+                 kWidth, /*layers=*/5);
+}
+
+TEST(Checkpoint, RefusesADirectoryInsideTheSwapDirectory) {
+  Dirs dirs;
+  Trainer a(Placement::kNvme, dirs.nvme_a.path());
+  a.train(1);
+  const std::string inside = (dirs.nvme_a.path() / "ckpt").string();
+  Status st = a.rt->save_checkpoint(inside);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("inside the NVMe swap directory"), std::string::npos) << st;
+  EXPECT_FALSE(fs::exists(inside));
+  EXPECT_EQ(a.rt->load_checkpoint(dirs.nvme_a.path().string()).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(Checkpoint, ReadOnlyDirectoryFailsNamingTheFileAndKeepsThePreviousCheckpoint) {
+  // As root every directory is writable: the save runs in a child as uid 65534 (nobody).
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to drop to uid 65534";
+  Dirs dirs;
+  {
+    Trainer a(Placement::kResident, dirs.nvme_a.path());
+    a.train(1);
+    ASSERT_TRUE(a.rt->save_checkpoint(dirs.ckpt.path().string()).ok());
+  }
+  ::chmod(dirs.ckpt.path().c_str(), 0755);  // root's; nobody cannot write it
+  ::chmod(dirs.nvme_b.path().c_str(), 0777);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(90);
+    Trainer b(Placement::kResident, dirs.nvme_b.path());
+    Status st = b.rt->save_checkpoint(dirs.ckpt.path().string());
+    if (st.code() != StatusCode::kPermissionDenied) ::_exit(91);
+    if (st.message().find((dirs.ckpt.path() / "family-0.g2.bin.tmp").string()) == std::string::npos)
+      ::_exit(92);
+    ::_exit(0);
+  }
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFEXITED(wstatus));
+  EXPECT_EQ(WEXITSTATUS(wstatus), 0)
+      << "90: setuid failed, 91: not PermissionDenied, 92: the file is not named";
+  Trainer c(Placement::kResident, dirs.nvme_b.path());
+  EXPECT_TRUE(c.rt->load_checkpoint(dirs.ckpt.path().string()).ok());
+}
+
+}  // namespace
+}  // namespace strata::runtime
