@@ -11,6 +11,10 @@ namespace strata::runtime {
 
 Status Runtime::Impl::deferred_prepass(std::unique_lock<std::mutex>& lock, bool* skip) {
   *skip = false;
+  // Data parallelism: this rank's families get the sum over ranks, the others none (Note [Sharded step]).
+  STRATA_RETURN_IF_ERROR(dp_reduce_gradients(lock));
+  // The 1/W averaging of data parallelism folds into the gradient scale.
+  const float scale = pipeline.grad_scale / static_cast<float>(core.dp_ranks());
   // Bring every written gradient to the host and check them all at once.
   std::vector<kernels::Span> all;
   for (FamilyId f = 0; f < core.layout.families.size(); ++f) {
@@ -40,16 +44,19 @@ Status Runtime::Impl::deferred_prepass(std::unique_lock<std::mutex>& lock, bool*
     }
   }
   lock.unlock();
-  auto stats = kernels::grad_stats(all, pipeline.grad_scale, core.pool.get());
+  auto stats = kernels::grad_stats(all, scale, core.pool.get());
   lock.lock();
   STRATA_RETURN_IF_ERROR(stats.status());
-  if (!stats->finite) {
+  bool finite = stats->finite;
+  double sum_squares = stats->sum_squares;
+  STRATA_RETURN_IF_ERROR(dp_agree(lock, &finite, &sum_squares));  // every rank decides alike
+  if (!finite) {
     *skip = true;
     return Status::Ok();
   }
-  pipeline.step_scale = pipeline.grad_scale;
+  pipeline.step_scale = scale;
   if (core.opt.clip_max_norm > 0.0) {
-    pipeline.step_scale *= kernels::clip_coefficient(std::sqrt(stats->sum_squares), core.opt.clip_max_norm);
+    pipeline.step_scale *= kernels::clip_coefficient(std::sqrt(sum_squares), core.opt.clip_max_norm);
   }
   // The device copies are clean now (ensure_on_host wrote them back): the CPU
   // pipelines take the host copies; device optimizers read the device copies.
@@ -81,6 +88,8 @@ Result<StepStats> Runtime::step() {
   STRATA_RETURN_IF_ERROR(m.core.device.synchronize(m.core.compute));
   lock.lock();
 
+  const comm::CommStats comm_before =
+      m.core.opt.comm != nullptr ? m.core.opt.comm->stats() : comm::CommStats{};
   StepStats stats;
   stats.followed_plan = m.tracker.following() && !m.tracker.deviated() && m.tracker.warm();
   bool skip = false;
@@ -96,6 +105,12 @@ Result<StepStats> Runtime::step() {
   // NVMe write-backs go on past step() (Note [Write-back after step]).
   Status waited = m.pipeline.wait_step_work(lock);
   if (!waited.ok()) return waited;
+  if (!skip) STRATA_RETURN_IF_ERROR(m.dp_gather_params(lock));  // (skip agrees on every rank)
+  if (m.core.opt.comm != nullptr) {
+    const comm::CommStats now = m.core.opt.comm->stats();
+    stats.bytes_comm = now.total_bytes() - comm_before.total_bytes();
+    stats.comm_s = now.wait_s - comm_before.wait_s;
+  }
   stats.applied = !skip && m.pipeline.all_applied();
   if (!stats.applied && !skip) {
     STRATA_LOG_WARN("runtime: step {}: some families had Inf/NaN gradients and were not updated",
