@@ -111,7 +111,8 @@ Status Handle::wait() {
   const auto t0 = std::chrono::steady_clock::now();
   result_ = op_->wait();
   if (wait_ns_ != nullptr) {
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
+    const auto ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
     wait_ns_->fetch_add(static_cast<std::uint64_t>(ns.count()), std::memory_order_relaxed);
   }
   op_.reset();
@@ -176,7 +177,8 @@ Result<Handle> Communicator::broadcast(void* data, std::size_t bytes, int root) 
     return invalid_argument("comm {}: broadcast root {} is not a rank of this group of {} (0..{})", backend(),
                             root, size_, size_ - 1);
   }
-  if (bytes > 0 && data == nullptr) return invalid_argument("comm {}: broadcast got a null buffer", backend());
+  if (bytes > 0 && data == nullptr)
+    return invalid_argument("comm {}: broadcast got a null buffer", backend());
   return finish_start(start_broadcast(data, bytes, root));
 }
 

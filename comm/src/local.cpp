@@ -46,9 +46,11 @@ struct Op {
 };
 
 std::string describe(const Op& op) {
-  if (op.kind == Kind::kBroadcast) return fmt::format("broadcast of {} bytes from rank {}", op.count, op.root);
+  if (op.kind == Kind::kBroadcast)
+    return fmt::format("broadcast of {} bytes from rank {}", op.count, op.root);
   if (op.kind == Kind::kAllReduce) {
-    return fmt::format("all_reduce ({}) of {} scalars", op.reduce == ReduceOp::kSum ? "sum" : "max", op.count);
+    return fmt::format("all_reduce ({}) of {} scalars", op.reduce == ReduceOp::kSum ? "sum" : "max",
+                       op.count);
   }
   return fmt::format("{} of {} x {}", kind_name(op.kind), op.count, dtype_name(op.dtype));
 }
@@ -88,7 +90,9 @@ Status LocalOp::wait() {
   std::unique_lock lk(g.mu);
   const auto deadline = std::chrono::steady_clock::now() + g.options.timeout;
   Op& op = g.ops.at(seq_);
-  auto where = [&] { return fmt::format("comm local rank {} of {}: {} #{}", rank_, g.size, describe(op), seq_); };
+  auto where = [&] {
+    return fmt::format("comm local rank {} of {}: {} #{}", rank_, g.size, describe(op), seq_);
+  };
   // Phase 1: every rank has brought its buffers.
   while (op.arrived < g.size && g.failed.ok()) {
     std::string missing;
@@ -99,14 +103,16 @@ Status LocalOp::wait() {
       left = left || g.gone[static_cast<std::size_t>(r)];
     }
     if (left) {
-      return g.fail(unavailable("{}: rank(s) {} left the group (communicator destroyed: the rank ended or "
-                                "failed) before joining it",
-                                where(), missing));
+      return g.fail(
+          unavailable("{}: rank(s) {} left the group (communicator destroyed: the rank ended or "
+                      "failed) before joining it",
+                      where(), missing));
     }
     if (g.cv.wait_until(lk, deadline) == std::cv_status::timeout && op.arrived < g.size) {
-      return g.fail(unavailable("{}: rank(s) {} did not join it within {} ms (died, hung, or issued a "
-                                "different sequence of collectives); the group is now failed",
-                                where(), missing, g.options.timeout.count()));
+      return g.fail(
+          unavailable("{}: rank(s) {} did not join it within {} ms (died, hung, or issued a "
+                      "different sequence of collectives); the group is now failed",
+                      where(), missing, g.options.timeout.count()));
     }
   }
   if (!g.failed.ok()) return g.failed;
@@ -119,8 +125,8 @@ Status LocalOp::wait() {
   // Phase 2: no rank reuses its input while another still reads it.
   while (op.finished < g.size && g.failed.ok()) {
     if (g.cv.wait_until(lk, deadline) == std::cv_status::timeout && op.finished < g.size) {
-      return g.fail(unavailable("{}: a rank joined it but did not finish within {} ms (hung in wait?)", where(),
-                                g.options.timeout.count()));
+      return g.fail(unavailable("{}: a rank joined it but did not finish within {} ms (hung in wait?)",
+                                where(), g.options.timeout.count()));
     }
   }
   if (!g.failed.ok()) return g.failed;
@@ -131,7 +137,8 @@ Status LocalOp::wait() {
 void LocalOp::compute(const Op& op) {
   const Part& mine = op.parts[static_cast<std::size_t>(rank_)];
   const auto w = static_cast<std::size_t>(g_->size);
-  const std::size_t es = op.kind == Kind::kBroadcast || op.kind == Kind::kAllReduce ? 1 : dtype_size(op.dtype);
+  const std::size_t es =
+      op.kind == Kind::kBroadcast || op.kind == Kind::kAllReduce ? 1 : dtype_size(op.dtype);
   const std::size_t bytes = op.count * es;
   switch (op.kind) {
     case Kind::kReduceScatter: {
@@ -170,7 +177,8 @@ void LocalOp::compute(const Op& op) {
 
 class LocalCommunicator final : public Communicator {
  public:
-  LocalCommunicator(std::shared_ptr<Group> g, int rank) : Communicator(rank, g->size, g->options), g_(std::move(g)) {}
+  LocalCommunicator(std::shared_ptr<Group> g, int rank)
+      : Communicator(rank, g->size, g->options), g_(std::move(g)) {}
   ~LocalCommunicator() override {
     std::lock_guard lk(g_->mu);
     g_->gone[static_cast<std::size_t>(rank())] = true;
@@ -220,10 +228,11 @@ class LocalCommunicator final : public Communicator {
       op = std::move(shape);
     } else if (op.kind != shape.kind || op.count != shape.count || op.dtype != shape.dtype ||
                op.root != shape.root || op.reduce != shape.reduce) {
-      return g.fail(invalid_argument(
-          "comm local: collective #{} differs between ranks: rank {} issued {}, another rank {}; every rank must "
-          "issue the same collectives in the same order",
-          seq, rank(), describe(shape), describe(op)));
+      return g.fail(
+          invalid_argument("comm local: collective #{} differs between ranks: rank {} issued {}, another "
+                           "rank {}; every rank must "
+                           "issue the same collectives in the same order",
+                           seq, rank(), describe(shape), describe(op)));
     }
     op.parts[static_cast<std::size_t>(rank())] = std::move(part);
     op.present[static_cast<std::size_t>(rank())] = true;
@@ -241,7 +250,8 @@ class LocalCommunicator final : public Communicator {
 Result<std::vector<std::unique_ptr<Communicator>>> make_local_group(int size, CommOptions options) {
   if (size < 1 || size > 4096) return invalid_argument("comm local: group size {} is not in [1, 4096]", size);
   if (options.timeout.count() <= 0) {
-    return invalid_argument("comm local: timeout {} ms must be > 0 (Note [Peer failure])", options.timeout.count());
+    return invalid_argument("comm local: timeout {} ms must be > 0 (Note [Peer failure])",
+                            options.timeout.count());
   }
   auto g = std::make_shared<Group>(size, options);
   std::vector<std::unique_ptr<Communicator>> out;

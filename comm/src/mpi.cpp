@@ -39,7 +39,11 @@ class MpiOp final : public PendingOp {
   //! `finish` runs once the request completed (e.g. the rank-ordered sum).
   MpiOp(std::shared_ptr<Shared> s, MPI_Request req, std::string what, std::vector<std::byte> scratch,
         std::function<void(const std::vector<std::byte>&)> finish)
-      : s_(std::move(s)), req_(req), what_(std::move(what)), scratch_(std::move(scratch)), finish_(std::move(finish)) {}
+      : s_(std::move(s)),
+        req_(req),
+        what_(std::move(what)),
+        scratch_(std::move(scratch)),
+        finish_(std::move(finish)) {}
   Status wait() override;
 
  private:
@@ -62,7 +66,9 @@ Status MpiOp::wait() {
     }
     if (rc != MPI_SUCCESS) {
       std::lock_guard lk(s_->mu);
-      if (s_->broken.ok()) s_->broken = unavailable("comm mpi rank {} of {}: {} failed: {}", s_->rank, s_->size, what_, mpi_error(rc));
+      if (s_->broken.ok())
+        s_->broken =
+            unavailable("comm mpi rank {} of {}: {} failed: {}", s_->rank, s_->size, what_, mpi_error(rc));
       return s_->broken;
     }
     if (done) break;
@@ -85,7 +91,8 @@ Status MpiOp::wait() {
 
 class MpiCommunicator final : public Communicator {
  public:
-  explicit MpiCommunicator(std::shared_ptr<Shared> s) : Communicator(s->rank, s->size, s->options), s_(std::move(s)) {}
+  explicit MpiCommunicator(std::shared_ptr<Shared> s)
+      : Communicator(s->rank, s->size, s->options), s_(std::move(s)) {}
   ~MpiCommunicator() override {
     std::lock_guard lk(mpi_mutex());
     int finalized = 0;
@@ -109,7 +116,8 @@ class MpiCommunicator final : public Communicator {
     MPI_Request req;
     if (!options().deterministic && dtype == DType::kF32) {
       std::lock_guard lk(mpi_mutex());
-      const int rc = MPI_Ireduce_scatter_block(send, recv, static_cast<int>(count), MPI_FLOAT, MPI_SUM, s_->comm, &req);
+      const int rc =
+          MPI_Ireduce_scatter_block(send, recv, static_cast<int>(count), MPI_FLOAT, MPI_SUM, s_->comm, &req);
       STRATA_RETURN_IF_ERROR(check_rc(rc, what));
       return make_op(req, what, {}, {});
     }
@@ -117,16 +125,17 @@ class MpiCommunicator final : public Communicator {
     std::vector<std::byte> scratch(bytes * static_cast<std::size_t>(size()));
     {
       std::lock_guard lk(mpi_mutex());
-      const int rc = MPI_Ialltoall(send, static_cast<int>(bytes), MPI_BYTE, scratch.data(), static_cast<int>(bytes),
-                                   MPI_BYTE, s_->comm, &req);
+      const int rc = MPI_Ialltoall(send, static_cast<int>(bytes), MPI_BYTE, scratch.data(),
+                                   static_cast<int>(bytes), MPI_BYTE, s_->comm, &req);
       STRATA_RETURN_IF_ERROR(check_rc(rc, what));
     }
     const int w = size();
-    return make_op(req, what, std::move(scratch), [recv, count, dtype, bytes, w](const std::vector<std::byte>& s) {
-      std::vector<const void*> src(static_cast<std::size_t>(w));
-      for (std::size_t r = 0; r < src.size(); ++r) src[r] = s.data() + r * bytes;
-      sum_in_rank_order(src, recv, count, dtype);
-    });
+    return make_op(req, what, std::move(scratch),
+                   [recv, count, dtype, bytes, w](const std::vector<std::byte>& s) {
+                     std::vector<const void*> src(static_cast<std::size_t>(w));
+                     for (std::size_t r = 0; r < src.size(); ++r) src[r] = s.data() + r * bytes;
+                     sum_in_rank_order(src, recv, count, dtype);
+                   });
   }
 
   Result<std::unique_ptr<PendingOp>> start_all_gather(const void* send, void* recv, std::size_t count,
@@ -135,7 +144,8 @@ class MpiCommunicator final : public Communicator {
     STRATA_RETURN_IF_ERROR(check_ready("all_gather", bytes * static_cast<std::size_t>(size())));
     const std::string what = fmt::format("all_gather #{} of {} x {}", seq_++, count, dtype_name(dtype));
     stats_.all_gather_bytes += peer_bytes(bytes);
-    const bool in_place = send == static_cast<const std::byte*>(recv) + bytes * static_cast<std::size_t>(rank());
+    const bool in_place =
+        send == static_cast<const std::byte*>(recv) + bytes * static_cast<std::size_t>(rank());
     MPI_Request req;
     std::lock_guard lk(mpi_mutex());
     const int rc = MPI_Iallgather(in_place ? MPI_IN_PLACE : send, static_cast<int>(bytes), MPI_BYTE, recv,
@@ -146,8 +156,8 @@ class MpiCommunicator final : public Communicator {
 
   Result<std::unique_ptr<PendingOp>> start_all_reduce(std::span<double> values, ReduceOp op) override {
     STRATA_RETURN_IF_ERROR(check_ready("all_reduce", values.size_bytes() * static_cast<std::size_t>(size())));
-    const std::string what = fmt::format("all_reduce ({}) #{} of {} scalars", op == ReduceOp::kSum ? "sum" : "max",
-                                         seq_++, values.size());
+    const std::string what = fmt::format("all_reduce ({}) #{} of {} scalars",
+                                         op == ReduceOp::kSum ? "sum" : "max", seq_++, values.size());
     stats_.all_reduce_bytes += peer_bytes(values.size_bytes());
     MPI_Request req;
     if (op == ReduceOp::kMax || !options().deterministic) {
@@ -161,8 +171,9 @@ class MpiCommunicator final : public Communicator {
     std::vector<std::byte> scratch(values.size_bytes() * static_cast<std::size_t>(size()));
     {
       std::lock_guard lk(mpi_mutex());
-      const int rc = MPI_Iallgather(values.data(), static_cast<int>(values.size()), MPI_DOUBLE, scratch.data(),
-                                    static_cast<int>(values.size()), MPI_DOUBLE, s_->comm, &req);
+      const int rc =
+          MPI_Iallgather(values.data(), static_cast<int>(values.size()), MPI_DOUBLE, scratch.data(),
+                         static_cast<int>(values.size()), MPI_DOUBLE, s_->comm, &req);
       STRATA_RETURN_IF_ERROR(check_rc(rc, what));
     }
     const int w = size();
@@ -196,8 +207,8 @@ class MpiCommunicator final : public Communicator {
       if (!s_->broken.ok()) return s_->broken;
     }
     if (bytes > static_cast<std::size_t>(INT_MAX)) {
-      return invalid_argument("comm mpi: {} of {} bytes exceeds MPI's int count ({}); use smaller chunks", op, bytes,
-                              INT_MAX);
+      return invalid_argument("comm mpi: {} of {} bytes exceeds MPI's int count ({}); use smaller chunks", op,
+                              bytes, INT_MAX);
     }
     return Status::Ok();
   }
@@ -205,11 +216,13 @@ class MpiCommunicator final : public Communicator {
   Status check_rc(int rc, const std::string& what) {
     if (rc == MPI_SUCCESS) return Status::Ok();
     std::lock_guard lk(s_->mu);
-    if (s_->broken.ok()) s_->broken = unavailable("comm mpi rank {}: starting {} failed: {}", rank(), what, mpi_error(rc));
+    if (s_->broken.ok())
+      s_->broken = unavailable("comm mpi rank {}: starting {} failed: {}", rank(), what, mpi_error(rc));
     return s_->broken;
   }
 
-  Result<std::unique_ptr<PendingOp>> make_op(MPI_Request req, std::string what, std::vector<std::byte> scratch,
+  Result<std::unique_ptr<PendingOp>> make_op(MPI_Request req, std::string what,
+                                             std::vector<std::byte> scratch,
                                              std::function<void(const std::vector<std::byte>&)> finish) {
     return std::unique_ptr<PendingOp>(
         std::make_unique<MpiOp>(s_, req, std::move(what), std::move(scratch), std::move(finish)));
@@ -234,12 +247,14 @@ bool launched_by_mpi() {
 
 Result<std::unique_ptr<Communicator>> make_mpi_communicator(CommOptions options) {
   if (options.timeout.count() <= 0) {
-    return invalid_argument("comm mpi: timeout {} ms must be > 0 (Note [MPI waits])", options.timeout.count());
+    return invalid_argument("comm mpi: timeout {} ms must be > 0 (Note [MPI waits])",
+                            options.timeout.count());
   }
   std::lock_guard lk(mpi_mutex());
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (finalized) return unavailable("comm mpi: MPI was already finalised in this process; it cannot start again");
+  if (finalized)
+    return unavailable("comm mpi: MPI was already finalised in this process; it cannot start again");
   int initialized = 0;
   MPI_Initialized(&initialized);
   int provided = 0;
@@ -252,8 +267,8 @@ Result<std::unique_ptr<Communicator>> make_mpi_communicator(CommOptions options)
     MPI_Query_thread(&provided);
   }
   if (provided < MPI_THREAD_SERIALIZED) {
-    return unavailable("comm mpi: MPI gives thread level {} but strata needs MPI_THREAD_SERIALIZED ({})", provided,
-                       MPI_THREAD_SERIALIZED);
+    return unavailable("comm mpi: MPI gives thread level {} but strata needs MPI_THREAD_SERIALIZED ({})",
+                       provided, MPI_THREAD_SERIALIZED);
   }
   auto s = std::make_shared<Shared>();
   s->options = options;

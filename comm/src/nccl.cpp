@@ -44,7 +44,8 @@ Status cuda_status(cudaError_t e, std::string_view what) {
 
 class NcclOp final : public PendingOp {
  public:
-  NcclOp(std::shared_ptr<Shared> s, cudaEvent_t ev, std::string what) : s_(std::move(s)), ev_(ev), what_(std::move(what)) {}
+  NcclOp(std::shared_ptr<Shared> s, cudaEvent_t ev, std::string what)
+      : s_(std::move(s)), ev_(ev), what_(std::move(what)) {}
   ~NcclOp() override { cudaEventDestroy(ev_); }
   Status wait() override {
     const auto deadline = std::chrono::steady_clock::now() + s_->options.timeout;
@@ -61,7 +62,8 @@ class NcclOp final : public PendingOp {
       if (std::chrono::steady_clock::now() >= deadline) {
         ncclCommAbort(s_->comm);
         return s_->broken = unavailable(
-                   "comm nccl rank {} of {}: {} did not complete within {} ms: a peer rank died or hangs; the "
+                   "comm nccl rank {} of {}: {} did not complete within {} ms: a peer rank died or hangs; "
+                   "the "
                    "communicator was aborted",
                    s_->rank, s_->size, what_, s_->options.timeout.count());
       }
@@ -77,7 +79,8 @@ class NcclOp final : public PendingOp {
 
 class NcclCommunicator final : public Communicator {
  public:
-  explicit NcclCommunicator(std::shared_ptr<Shared> s) : Communicator(s->rank, s->size, s->options), s_(std::move(s)) {}
+  explicit NcclCommunicator(std::shared_ptr<Shared> s)
+      : Communicator(s->rank, s->size, s->options), s_(std::move(s)) {}
   ~NcclCommunicator() override {
     if (s_->broken.ok()) ncclCommDestroy(s_->comm);
     cudaFree(s_->scalars);
@@ -94,8 +97,8 @@ class NcclCommunicator final : public Communicator {
     STRATA_RETURN_IF_ERROR(s_->broken);
     stats_.reduce_scatter_bytes += peer_bytes(count * dtype_size(dtype));
     const std::string what = fmt::format("reduce_scatter #{} of {} x {}", seq_++, count, dtype_name(dtype));
-    STRATA_RETURN_IF_ERROR(
-        nccl_status(ncclReduceScatter(send, recv, count, nccl_dtype(dtype), ncclSum, s_->comm, s_->stream), what));
+    STRATA_RETURN_IF_ERROR(nccl_status(
+        ncclReduceScatter(send, recv, count, nccl_dtype(dtype), ncclSum, s_->comm, s_->stream), what));
     return record(what);
   }
   Result<std::unique_ptr<PendingOp>> start_all_gather(const void* send, void* recv, std::size_t count,
@@ -110,18 +113,21 @@ class NcclCommunicator final : public Communicator {
   Result<std::unique_ptr<PendingOp>> start_all_reduce(std::span<double> values, ReduceOp op) override {
     STRATA_RETURN_IF_ERROR(s_->broken);
     if (values.size() > kScalarsMax) {
-      return invalid_argument("comm nccl: all_reduce of {} scalars exceeds its staging buffer ({})", values.size(),
-                              kScalarsMax);
+      return invalid_argument("comm nccl: all_reduce of {} scalars exceeds its staging buffer ({})",
+                              values.size(), kScalarsMax);
     }
     stats_.all_reduce_bytes += peer_bytes(values.size_bytes());
     const std::string what = fmt::format("all_reduce #{} of {} scalars", seq_++, values.size());
     STRATA_RETURN_IF_ERROR(cuda_status(
-        cudaMemcpyAsync(s_->scalars, values.data(), values.size_bytes(), cudaMemcpyHostToDevice, s_->stream), what));
-    STRATA_RETURN_IF_ERROR(nccl_status(ncclAllReduce(s_->scalars, s_->scalars, values.size(), ncclFloat64,
-                                                     op == ReduceOp::kSum ? ncclSum : ncclMax, s_->comm, s_->stream),
-                                       what));
+        cudaMemcpyAsync(s_->scalars, values.data(), values.size_bytes(), cudaMemcpyHostToDevice, s_->stream),
+        what));
+    STRATA_RETURN_IF_ERROR(
+        nccl_status(ncclAllReduce(s_->scalars, s_->scalars, values.size(), ncclFloat64,
+                                  op == ReduceOp::kSum ? ncclSum : ncclMax, s_->comm, s_->stream),
+                    what));
     STRATA_RETURN_IF_ERROR(cuda_status(
-        cudaMemcpyAsync(values.data(), s_->scalars, values.size_bytes(), cudaMemcpyDeviceToHost, s_->stream), what));
+        cudaMemcpyAsync(values.data(), s_->scalars, values.size_bytes(), cudaMemcpyDeviceToHost, s_->stream),
+        what));
     return record(what);
   }
   Result<std::unique_ptr<PendingOp>> start_broadcast(void* data, std::size_t bytes, int root) override {
@@ -172,8 +178,8 @@ Result<std::unique_ptr<Communicator>> make_nccl_communicator(Communicator& boots
   s->size = bootstrap.size();
   s->options = options;
   s->stream = static_cast<cudaStream_t>(cuda_stream);
-  STRATA_RETURN_IF_ERROR(
-      cuda_status(cudaMalloc(reinterpret_cast<void**>(&s->scalars), kScalarsMax * sizeof(double)), "cudaMalloc"));
+  STRATA_RETURN_IF_ERROR(cuda_status(
+      cudaMalloc(reinterpret_cast<void**>(&s->scalars), kScalarsMax * sizeof(double)), "cudaMalloc"));
   const ncclResult_t r = ncclCommInitRank(&s->comm, s->size, id, s->rank);
   if (r != ncclSuccess) {
     cudaFree(s->scalars);

@@ -7,8 +7,8 @@ bool nccl_compiled() {
   return false;
 }
 
-Result<std::unique_ptr<Communicator>> make_nccl_communicator(Communicator& /*bootstrap*/, void* /*cuda_stream*/,
-                                                             CommOptions /*options*/) {
+Result<std::unique_ptr<Communicator>> make_nccl_communicator(Communicator& /*bootstrap*/,
+                                                             void* /*cuda_stream*/, CommOptions /*options*/) {
   return unavailable(
       "comm nccl: this build has no NCCL backend (CMake found no nccl.h / libnccl; set NCCL_HOME and "
       "reconfigure); use the mpi backend");

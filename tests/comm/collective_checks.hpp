@@ -54,7 +54,8 @@ inline void check_reduce_scatter(Communicator& c, std::size_t count, DType dtype
   std::vector<std::vector<std::byte>> all;
   std::vector<const void*> src;
   for (int r = 0; r < w; ++r) all.push_back(send_buffer(r, w, count, dtype));
-  for (int r = 0; r < w; ++r) src.push_back(all[static_cast<std::size_t>(r)].data() + count * es * static_cast<std::size_t>(c.rank()));
+  for (int r = 0; r < w; ++r)
+    src.push_back(all[static_cast<std::size_t>(r)].data() + count * es * static_cast<std::size_t>(c.rank()));
   std::vector<std::byte> want(count * es + 1);
   sum_in_rank_order(src, want.data(), count, dtype);
   EXPECT_EQ(0, std::memcmp(want.data(), recv.data(), count * es))

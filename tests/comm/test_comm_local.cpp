@@ -7,8 +7,8 @@
 #include <chrono>
 #include <thread>
 
-#include "strata/comm/local.hpp"
 #include "comm/collective_checks.hpp"
+#include "strata/comm/local.hpp"
 
 namespace strata::comm {
 namespace {
@@ -40,7 +40,8 @@ TEST_P(LocalCollectives, CountsTheBytesEachRankSends) {
   const int w = GetParam();
   Group g = make_group(w);
   on_every_rank(g, [w](Communicator& c) {
-    std::vector<float> send(static_cast<std::size_t>(w) * 256), recv(256), full(static_cast<std::size_t>(w) * 256);
+    std::vector<float> send(static_cast<std::size_t>(w) * 256), recv(256),
+        full(static_cast<std::size_t>(w) * 256);
     ASSERT_TRUE(c.reduce_scatter(send.data(), recv.data(), 256, DType::kF32)->wait().ok());
     ASSERT_TRUE(c.all_gather(recv.data(), full.data(), 256, DType::kF32)->wait().ok());
     const CommStats s = c.stats();
@@ -135,11 +136,13 @@ TEST(LocalComm, BadArgumentsAreRefusedBeforeAnythingMoves) {
   Communicator& c = *g[0];
   std::vector<float> buf(8);
   EXPECT_EQ(c.reduce_scatter(nullptr, buf.data(), 4, DType::kF32).status(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(c.reduce_scatter(buf.data(), buf.data() + 1, 4, DType::kF32).status(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.reduce_scatter(buf.data(), buf.data() + 1, 4, DType::kF32).status(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(c.all_gather(buf.data() + 1, buf.data(), 4, DType::kF32).status(), StatusCode::kInvalidArgument);
   EXPECT_EQ(c.broadcast(buf.data(), 4, 1).status(), StatusCode::kInvalidArgument);
   EXPECT_EQ(make_local_group(0).status(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(make_local_group(2, {.timeout = std::chrono::milliseconds(0)}).status(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(make_local_group(2, {.timeout = std::chrono::milliseconds(0)}).status(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(Handle().wait(), StatusCode::kFailedPrecondition);
 }
 

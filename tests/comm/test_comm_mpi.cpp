@@ -3,8 +3,8 @@
 // deterministic mode and (fp32 reduce-scatter, scalar sums) MPI's own reductions.
 #include <gtest/gtest.h>
 
-#include "strata/comm/mpi.hpp"
 #include "comm/collective_checks.hpp"
+#include "strata/comm/mpi.hpp"
 
 namespace strata::comm {
 namespace {
@@ -22,7 +22,8 @@ Communicator& world() {
 }
 
 TEST(MpiComm, RunsUnderALauncher) {
-  if (!launched_by_mpi()) GTEST_SKIP() << "not started by mpiexec (ctest starts it with mpiexec -n 2 and -n 4)";
+  if (!launched_by_mpi())
+    GTEST_SKIP() << "not started by mpiexec (ctest starts it with mpiexec -n 2 and -n 4)";
   EXPECT_EQ("mpi", world().backend());
   EXPECT_GE(world().size(), 1);
 }
@@ -33,13 +34,15 @@ TEST(MpiComm, EveryCollectiveMatchesTheRankOrderedReference) {
 }
 
 TEST(MpiComm, NonDeterministicModeSumsToo) {
-  static auto fast = make_mpi_communicator({.timeout = std::chrono::milliseconds(60000), .deterministic = false});
+  static auto fast =
+      make_mpi_communicator({.timeout = std::chrono::milliseconds(60000), .deterministic = false});
   ASSERT_TRUE(fast.ok()) << fast.status();
   Communicator& c = **fast;
   const int w = c.size();
   // Small integers: every order of summation gives the same float.
   std::vector<float> send(static_cast<std::size_t>(w) * 64), recv(64);
-  for (std::size_t i = 0; i < send.size(); ++i) send[i] = static_cast<float>(i % 17 + static_cast<std::size_t>(c.rank()));
+  for (std::size_t i = 0; i < send.size(); ++i)
+    send[i] = static_cast<float>(i % 17 + static_cast<std::size_t>(c.rank()));
   ASSERT_TRUE(c.reduce_scatter(send.data(), recv.data(), 64, DType::kF32)->wait().ok());
   for (std::size_t i = 0; i < 64; ++i) {
     const std::size_t j = static_cast<std::size_t>(c.rank()) * 64 + i;
