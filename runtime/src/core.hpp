@@ -73,7 +73,14 @@ struct Core {
   //! The dtype a chunk of `kind` holds.
   DType kind_dtype(StateKind kind) const;
   //! Optimizers run at step() rather than as gradients complete.
-  bool deferred() const { return opt.loss_scaling || opt.clip_max_norm > 0.0; }
+  bool deferred() const { return opt.loss_scaling || opt.clip_max_norm > 0.0 || dp_ranks() > 1; }
+  //! Ranks of data parallelism (1 without a communicator) and this one's index.
+  int dp_ranks() const { return opt.comm != nullptr ? opt.comm->size() : 1; }
+  int dp_rank() const { return opt.comm != nullptr ? opt.comm->rank() : 0; }
+  //! This rank keeps and steps family f's master and optimizer states (Note [Sharded step]).
+  bool owns(FamilyId f) const {
+    return f % static_cast<FamilyId>(dp_ranks()) == static_cast<FamilyId>(dp_rank());
+  }
   //! The family's optimizer states live on NVMe.
   bool on_nvme(FamilyId f) const { return plan.families[f].optim_home == Tier::kNvme; }
   //! The family's param lives on NVMe too (Note [NVMe-homed params] in residency.hpp).

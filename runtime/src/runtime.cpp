@@ -163,6 +163,7 @@ Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
     order.push_back(t);
   }
   STRATA_ASSIGN_OR_RETURN(core.layout, build_layout(numels, order, core.opt.layout));
+  STRATA_RETURN_IF_ERROR(dp_check_config(lock));
   const std::uint64_t cb = dtype_bytes(core.opt.compute_dtype);
   const std::uint64_t sb = kernels::dtype_size(core.opt.state_dtype);
   const std::size_t families = core.layout.families.size();
@@ -180,8 +181,8 @@ Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
     const std::uint64_t cap = fl.capacity_elems;
     std::uint64_t bytes[kStateKindCount] = {};
     bytes[static_cast<int>(StateKind::kParam)] = cap * cb;
-    if (trainable_numel > 0) {
-      bytes[static_cast<int>(StateKind::kGrad)] = cap * cb;
+    if (trainable_numel > 0) bytes[static_cast<int>(StateKind::kGrad)] = cap * cb;
+    if (trainable_numel > 0 && core.owns(f)) {  // another rank's family: no states here (Note [Sharded step])
       if (core.separate_master) bytes[static_cast<int>(StateKind::kMaster)] = cap * 4;
       for (std::uint32_t i = 0; i < core.state_count; ++i)
         bytes[static_cast<int>(StateKind::kState0) + i] = cap * sb;
@@ -227,6 +228,12 @@ Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
 
 const ChunkLayout& Runtime::layout() const {
   return impl_->core.layout;
+}
+std::uint64_t Runtime::state_bytes() const {
+  std::lock_guard lock(impl_->core.mu);
+  std::uint64_t total = 0;
+  for (const Chunk& c : impl_->core.chunks) total += is_optim_kind(c.kind) ? c.bytes : 0;
+  return total;
 }
 const Plan& Runtime::plan() const {
   return impl_->core.plan;

@@ -72,6 +72,17 @@ struct Runtime::Impl {
   Status deferred_prepass(std::unique_lock<std::mutex>& lock, bool* skip);
   //! Drops every gradient of a step skipped for Inf/NaN.
   void discard_gradients();
+  // Data parallelism (data_parallel.cpp, Note [Sharded step]); no-ops for one rank.
+  //! Compares this rank's tensors and options with rank 0's; FailedPrecondition
+  //! naming the first difference. Blocks until every rank arrived (or the timeout).
+  Status dp_check_config(std::unique_lock<std::mutex>& lock);
+  //! Reduce-scatters the gradients: this rank's families get the sum over ranks,
+  //! the others' are dropped. Unlocks while waiting for the other ranks.
+  Status dp_reduce_gradients(std::unique_lock<std::mutex>& lock);
+  //! Agrees on the step's grad norm² (sum) and Inf/NaN (max) over ranks.
+  Status dp_agree(std::unique_lock<std::mutex>& lock, bool* finite, double* sum_squares);
+  //! All-gathers the updated params of every rank's families. Unlocks while waiting.
+  Status dp_gather_params(std::unique_lock<std::mutex>& lock);
   //! Runs fn on a host copy of chunk c (reading NVMe into a temporary when it lives
   //! there); with write, the change is stored back to c's home. With whole (and
   //! write), fn overwrites every byte of the chunk, so an NVMe copy is not read

@@ -11,6 +11,10 @@ namespace strata::runtime {
 
 Status Runtime::Impl::deferred_prepass(std::unique_lock<std::mutex>& lock, bool* skip) {
   *skip = false;
+  // Data parallelism: this rank's families get the sum over ranks, the others none (Note [Sharded step]).
+  STRATA_RETURN_IF_ERROR(dp_reduce_gradients(lock));
+  // The 1/W averaging of data parallelism folds into the gradient scale.
+  const float scale = pipeline.grad_scale / static_cast<float>(core.dp_ranks());
   // Bring every written gradient to the host, checked on the device on its way
   // (Note [Gradient check on the device]); those already on host are checked there.
   std::vector<FamilyId> checked, on_host;
@@ -24,7 +28,7 @@ Status Runtime::Impl::deferred_prepass(std::unique_lock<std::mutex>& lock, bool*
     if (g.dirty() && pipeline.checks_on_device()) {
       DeviceSlot& slot = residency.slot_of(g);
       st = core.device.wait(core.d2h, slot.fence);
-      if (st.ok()) st = pipeline.check_on_device(f, slot.ptr, pipeline.grad_scale);
+      if (st.ok()) st = pipeline.check_on_device(f, slot.ptr, scale);
     } else {
       on_host.push_back(f);
     }
@@ -38,7 +42,7 @@ Status Runtime::Impl::deferred_prepass(std::unique_lock<std::mutex>& lock, bool*
   lock.unlock();
   Status st = Status::Ok();
   for (FamilyId f : on_host) {
-    if (st.ok()) st = pipeline.check_on_host(f, core.chunk(f, StateKind::kGrad).host, pipeline.grad_scale);
+    if (st.ok()) st = pipeline.check_on_host(f, core.chunk(f, StateKind::kGrad).host, scale);
   }
   lock.lock();
   STRATA_RETURN_IF_ERROR(st);
@@ -50,11 +54,12 @@ Status Runtime::Impl::deferred_prepass(std::unique_lock<std::mutex>& lock, bool*
     for (double s : c.span_sq) sum_squares += s;
     finite = finite && c.finite;
   }
+  STRATA_RETURN_IF_ERROR(dp_agree(lock, &finite, &sum_squares));  // every rank decides alike
   if (!finite || !std::isfinite(sum_squares)) {
     *skip = true;
     return Status::Ok();
   }
-  pipeline.step_scale = pipeline.grad_scale;
+  pipeline.step_scale = scale;
   if (core.opt.clip_max_norm > 0.0) {
     pipeline.step_scale *= kernels::clip_coefficient(std::sqrt(sum_squares), core.opt.clip_max_norm);
   }
@@ -88,6 +93,8 @@ Result<StepStats> Runtime::step() {
   STRATA_RETURN_IF_ERROR(m.core.device.synchronize(m.core.compute));
   lock.lock();
 
+  const comm::CommStats comm_before =
+      m.core.opt.comm != nullptr ? m.core.opt.comm->stats() : comm::CommStats{};
   StepStats stats;
   stats.followed_plan = m.tracker.following() && !m.tracker.deviated() && m.tracker.warm();
   bool skip = false;
@@ -103,6 +110,12 @@ Result<StepStats> Runtime::step() {
   // NVMe write-backs go on past step() (Note [Write-back after step]).
   Status waited = m.pipeline.wait_step_work(lock);
   if (!waited.ok()) return waited;
+  if (!skip) STRATA_RETURN_IF_ERROR(m.dp_gather_params(lock));  // (skip agrees on every rank)
+  if (m.core.opt.comm != nullptr) {
+    const comm::CommStats now = m.core.opt.comm->stats();
+    stats.bytes_comm = now.total_bytes() - comm_before.total_bytes();
+    stats.comm_s = now.wait_s - comm_before.wait_s;
+  }
   stats.applied = !skip && m.pipeline.all_applied();
   stats.grad_check_host_bytes = m.pipeline.take_host_check_bytes();
   if (!stats.applied && !skip) {

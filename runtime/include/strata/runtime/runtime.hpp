@@ -43,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/comm/communicator.hpp"
 #include "strata/common/status.hpp"
 #include "strata/kernels/dtype.hpp"
 #include "strata/kernels/hyper.hpp"
@@ -88,6 +89,11 @@ struct RuntimeOptions {
   //! Tests and embedders may supply their own tiers (e.g. fault-injecting); null = built from the options.
   std::shared_ptr<HostStore> host_store;
   std::shared_ptr<NvmeStore> nvme_store;
+  //! Data parallelism: this rank's end of a group of W ranks; null = one rank.
+  //! Every rank registers the same tensors with the same options (checked at the
+  //! first acquire/init/step) and hands over every trainable gradient each step
+  //! (Note [Sharded step] in runtime/src/data_parallel.cpp).
+  std::shared_ptr<comm::Communicator> comm;
 };
 
 class Runtime;
@@ -148,6 +154,8 @@ struct StepStats {
   //! norm): 0 when every check ran on the device before the gradient's copy to
   //! host (Note [Gradient check on the device] in runtime/src/grad_check.cpp).
   std::uint64_t grad_check_host_bytes = 0;
+  std::uint64_t bytes_comm = 0;  //!< sent to other ranks (data parallelism; 0 for one rank)
+  double comm_s = 0.0;           //!< blocked in collectives (data parallelism)
 };
 
 //! The chunk runtime. See the usage example above and Note [Runtime threading].
@@ -262,6 +270,10 @@ class Runtime {
   Status flush();
 
   const ChunkLayout& layout() const;
+  //! Bytes of the fp32 masters and optimizer states this runtime keeps (on every
+  //! tier together): with data parallelism, this rank's share (Note [Sharded step]).
+  //! 0 before the layout exists (the first acquire/init/step).
+  std::uint64_t state_bytes() const;
   const Plan& plan() const;
   //! The cost model's prediction for the current plan with `rates`.
   StepCost predict(const Rates& rates) const;

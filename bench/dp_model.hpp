@@ -1,0 +1,99 @@
+#pragma once
+// A model for data-parallel checks: per-element linear regression on every
+// tensor, so a step's gradient is a cheap, exact function of the params and the
+// samples. `strata-bench dp` and tests/runtime/test_data_parallel.cpp (and its
+// mpiexec twin) train it on W ranks with 1/W of the batch each and on one rank
+// with the whole batch as W micro-batches accumulated in rank order, and
+// compare the two bit for bit (Note [Sharded step]).
+//
+// Sample s of tensor t has inputs x and targets y per element (hashes of t, s,
+// i); its loss is 1/2 (p x - y)^2 per element, so its gradient is (p x - y) x.
+// A part's gradient is the mean over its samples.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "strata/runtime/runtime.hpp"
+
+namespace strata::bench {
+
+struct DpModel {
+  std::vector<std::uint64_t> numels;  //!< one tensor each
+  std::size_t frozen = ~std::size_t{0};  //!< index of a frozen tensor (none by default)
+  std::size_t samples = 8;            //!< the whole batch (a multiple of every W used)
+  std::vector<runtime::TensorId> ids;
+
+  static float hash01(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
+    std::uint64_t h = (a * 0x9e3779b97f4a7c15ull) ^ (b * 0xc2b2ae3d27d4eb4full) ^ (c * 0x165667b19e3779f9ull);
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 32;
+    return static_cast<float>(h >> 40) / static_cast<float>(1u << 24);  // [0, 1)
+  }
+
+  //! Registers the tensors and sets the same initial values on every rank.
+  Status build(runtime::Runtime& rt) {
+    for (std::size_t t = 0; t < numels.size(); ++t) {
+      runtime::TensorSpec spec{.name = "t" + std::to_string(t),
+                               .shape = {static_cast<std::int64_t>(numels[t])},
+                               .frozen = t == frozen};
+      STRATA_ASSIGN_OR_RETURN(runtime::TensorId id, rt.register_tensor(std::move(spec)));
+      ids.push_back(id);
+    }
+    for (std::size_t t = 0; t < numels.size(); ++t) {
+      std::vector<float> v(numels[t]);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = hash01(t, 999, i) - 0.5f;
+      STRATA_RETURN_IF_ERROR(rt.init_tensor(ids[t], v));
+    }
+    return Status::Ok();
+  }
+
+  //! The gradient of part `part` of `parts` (samples [part, part+1) * samples/parts)
+  //! into each trainable tensor's gradient, last tensor first (as backward goes):
+  //! written, or added to what is there (accumulate).
+  Status backward(runtime::Runtime& rt, std::size_t part, std::size_t parts, bool accumulate) const {
+    const std::size_t per = samples / parts;
+    for (std::size_t t = numels.size(); t-- > 0;) {
+      if (t == frozen) continue;
+      STRATA_ASSIGN_OR_RETURN(runtime::Lease p, rt.acquire(ids[t], runtime::StateKind::kParam, runtime::Access::kRead));
+      STRATA_ASSIGN_OR_RETURN(
+          runtime::Lease g, rt.acquire(ids[t], runtime::StateKind::kGrad,
+                                       accumulate ? runtime::Access::kAccumulate : runtime::Access::kWrite));
+      const float* P = p.as<float>();
+      float* G = g.as<float>();
+      const std::uint64_t n = numels[t];
+      STRATA_RETURN_IF_ERROR(rt.launch([=] {
+        for (std::uint64_t i = 0; i < n; ++i) {
+          float sum = 0.0f;
+          for (std::size_t s = part * per; s < (part + 1) * per; ++s) {
+            const float x = hash01(t, s, i) + 0.5f;
+            const float y = hash01(t, s + 1000, i) - 0.5f;
+            sum += (P[i] * x - y) * x;
+          }
+          const float mean = sum / static_cast<float>(per);
+          G[i] = accumulate ? G[i] + mean : mean;
+        }
+      }));
+    }
+    return Status::Ok();
+  }
+
+  //! One step on one rank of `parts`, with part `part` of the batch.
+  Status step_as_rank(runtime::Runtime& rt, std::size_t part, std::size_t parts) const {
+    STRATA_RETURN_IF_ERROR(backward(rt, part, parts, false));
+    return rt.step().status();
+  }
+
+  //! One step on one rank holding the whole batch as `parts` micro-batches in
+  //! rank order, averaged through the gradient scale (what W ranks compute).
+  Status step_whole_batch(runtime::Runtime& rt, std::size_t parts) const {
+    rt.set_grad_scale(1.0f / static_cast<float>(parts));
+    for (std::size_t part = 0; part < parts; ++part) {
+      STRATA_RETURN_IF_ERROR(rt.begin_micro_batch(part + 1 == parts));
+      STRATA_RETURN_IF_ERROR(backward(rt, part, parts, part > 0));
+    }
+    return rt.step().status();
+  }
+};
+
+}  // namespace strata::bench

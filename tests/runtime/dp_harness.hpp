@@ -1,0 +1,160 @@
+#pragma once
+// Data parallelism checks shared by test_data_parallel (local backend, threads)
+// and dp_mpi_check (mpi backend, under mpiexec): train bench::DpModel on one rank
+// of W with 1/W of the batch, and on one rank with the whole batch, and compare
+// params (every tensor) and states (the rank's own families) bit for bit.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "bench/dp_model.hpp"
+#include "strata/common/bytes.hpp"
+#include "strata/memory/device_factory.hpp"
+#include "strata/runtime/runtime.hpp"
+
+namespace strata::runtime::testing {
+
+constexpr std::uint64_t kDpChunkElems = 4096;
+constexpr int kDpSteps = 3;
+
+//! Ten tensors in (with kDpChunkElems) nine families, one oversized, one frozen.
+inline bench::DpModel dp_model() {
+  bench::DpModel m;
+  m.numels = {3000, 1000, 5000, 9000, 2000, 2500, 700, 4096, 1500, 3500};
+  m.frozen = 6;
+  m.samples = 8;
+  return m;
+}
+
+//! Options that put the optimizer states on `tier` (GPU: everything fits; host:
+//! a GPU budget of a few slots; NVMe: host too small for every state).
+//! `ranks` > 1: the budgets of one of that many ranks, which hold 1/W of the
+//! states, so the NVMe case gives them less host memory to keep states on NVMe.
+inline RuntimeOptions dp_options(Tier tier, const std::string& nvme_dir, int ranks = 1) {
+  RuntimeOptions o;
+  o.hyper.optimizer = kernels::Optimizer::kAdamW;
+  o.hyper.lr = 1e-2f;
+  o.hyper.weight_decay = 0.01f;
+  o.layout.chunk_elems = kDpChunkElems;
+  o.threads = 2;
+  o.budgets = {.gpu_bytes = 64 * kMiB, .host_bytes = 64 * kMiB};
+  if (tier != Tier::kGpu) o.budgets.gpu_bytes = 8 * 3 * kDpChunkElems * 4;  // 8 slots of the oversized chunk
+  if (tier == Tier::kNvme) {
+    // Room the plan leaves for gradients between micro-batches (the one-rank run).
+    o.budgets.host_bytes = (ranks > 1 ? 40 : 48) * kDpChunkElems * 4;
+    o.plan.host_reserve_bytes = (ranks > 1 ? 16 : 20) * kDpChunkElems * 4;
+    o.budgets.nvme_bytes = 64 * kMiB;
+    o.nvme_dirs = {nvme_dir};
+    o.plan.nvme_families_in_flight = 1;
+    o.plan.grad_staging_slots = 1;
+  }
+  return o;
+}
+
+inline std::unique_ptr<memory::Device> dp_device() {
+  memory::DeviceOptions o;
+  o.kind = memory::DeviceChoice::kSim;
+  o.budget_bytes = 256 * kMiB;
+  auto d = memory::make_device(o);
+  EXPECT_TRUE(d.ok()) << d.status();
+  return std::move(d).value();
+}
+
+//! What a run leaves: every tensor's param, and states where this rank has them.
+struct DpResult {
+  Status status;
+  std::vector<std::vector<float>> params;
+  std::vector<std::vector<float>> state0, state1;  //!< empty for another rank's tensor
+  std::uint64_t state_bytes = 0;
+  std::vector<Tier> homes;  //!< optimizer home of each family this rank owns (trainable)
+  std::uint64_t bytes_comm = 0;
+};
+
+//! Trains kDpSteps steps: with `rank` < 0 on one rank with the whole batch as
+//! `ranks` micro-batches; otherwise as rank `rank` of `ranks` (options.comm set).
+inline DpResult dp_train(RuntimeOptions options, int rank, int ranks) {
+  DpResult out;
+  bench::DpModel model = dp_model();
+  auto device = dp_device();
+  auto made = Runtime::create(*device, std::move(options));
+  if (!made.ok()) {
+    out.status = made.status();
+    return out;
+  }
+  Runtime& rt = **made;
+  auto run = [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(model.build(rt));
+    for (int s = 0; s < kDpSteps; ++s) {
+      if (rank < 0) {
+        STRATA_RETURN_IF_ERROR(model.step_whole_batch(rt, static_cast<std::size_t>(ranks)));
+      } else {
+        STRATA_RETURN_IF_ERROR(model.backward(rt, static_cast<std::size_t>(rank), static_cast<std::size_t>(ranks), false));
+        STRATA_ASSIGN_OR_RETURN(StepStats st, rt.step());
+        out.bytes_comm += st.bytes_comm;
+      }
+    }
+    const int me = rank < 0 ? 0 : rank;
+    const int w = rank < 0 ? 1 : ranks;
+    for (std::size_t t = 0; t < model.ids.size(); ++t) {
+      const TensorId id = model.ids[t];
+      std::vector<float> p(model.numels[t]);
+      STRATA_RETURN_IF_ERROR(rt.read_tensor(id, StateKind::kParam, p));
+      out.params.push_back(std::move(p));
+      const FamilyId f = rt.layout().slots[id].family;
+      std::vector<float> s0, s1;
+      if (t != model.frozen && static_cast<int>(f % static_cast<FamilyId>(w)) == me) {
+        s0.resize(model.numels[t]);
+        s1.resize(model.numels[t]);
+        STRATA_RETURN_IF_ERROR(rt.read_tensor(id, StateKind::kState0, s0));
+        STRATA_RETURN_IF_ERROR(rt.read_tensor(id, StateKind::kState1, s1));
+      }
+      out.state0.push_back(std::move(s0));
+      out.state1.push_back(std::move(s1));
+    }
+    for (FamilyId f = 0; f < rt.layout().families.size(); ++f) {
+      bool trainable = false;
+      for (TensorId t : rt.layout().families[f].tensors) trainable = trainable || t != model.ids[model.frozen];
+      if (trainable && static_cast<int>(f % static_cast<FamilyId>(w)) == me) out.homes.push_back(rt.plan().families[f].optim_home);
+    }
+    out.state_bytes = rt.state_bytes();
+    return Status::Ok();
+  };
+  out.status = run();
+  made->reset();
+  return out;
+}
+
+//! Rank `rank`'s result equals the single rank's: every param, and the states it holds.
+inline void expect_bit_identical(const DpResult& single, const DpResult& ranked, int rank) {
+  ASSERT_TRUE(single.status.ok()) << single.status;
+  ASSERT_TRUE(ranked.status.ok()) << "rank " << rank << ": " << ranked.status;
+  ASSERT_EQ(single.params.size(), ranked.params.size());
+  std::size_t states_compared = 0;
+  for (std::size_t t = 0; t < single.params.size(); ++t) {
+    EXPECT_EQ(0, std::memcmp(single.params[t].data(), ranked.params[t].data(), single.params[t].size() * 4))
+        << "rank " << rank << " tensor t" << t << " param differs from one rank's";
+    if (ranked.state0[t].empty()) continue;
+    ++states_compared;
+    EXPECT_EQ(0, std::memcmp(single.state0[t].data(), ranked.state0[t].data(), single.state0[t].size() * 4))
+        << "rank " << rank << " tensor t" << t << " exp_avg differs";
+    EXPECT_EQ(0, std::memcmp(single.state1[t].data(), ranked.state1[t].data(), single.state1[t].size() * 4))
+        << "rank " << rank << " tensor t" << t << " exp_avg_sq differs";
+  }
+  EXPECT_GT(states_compared, 0u) << "rank " << rank << " holds no states to compare";
+}
+
+//! The params actually changed (the comparison above is not of two untouched copies).
+inline void expect_trained(const DpResult& single) {
+  bench::DpModel m = dp_model();
+  std::size_t changed = 0;
+  for (std::size_t t = 0; t < single.params.size(); ++t) {
+    if (single.params[t].empty()) continue;
+    changed += single.params[t][0] != bench::DpModel::hash01(t, 999, 0) - 0.5f ? 1 : 0;
+  }
+  EXPECT_EQ(m.numels.size() - 1, changed);  // all but the frozen tensor
+}
+
+}  // namespace strata::runtime::testing
