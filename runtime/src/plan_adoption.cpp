@@ -19,6 +19,10 @@ StepTrace registration_trace(std::size_t families) {
   return trace;
 }
 
+bool gpu_optimizer_supported(memory::DeviceKind kind) {
+  return kind == memory::DeviceKind::kSim;
+}
+
 Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace trace) {
   PlanInput in{.families = core.family_bytes,
                .trace = trace,
@@ -27,7 +31,7 @@ Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace t
                .slot_bytes = core.layout.chunk_elems * dtype_bytes(core.opt.compute_dtype)};
   // The chunk budget is the runtime's own (Note [Chunk budget]): activations are the caller's.
   in.trace.non_chunk_peak_bytes = 0;
-  if (core.device.kind() != memory::DeviceKind::kSim && in.options.allow_gpu_optimizer) {
+  if (!gpu_optimizer_supported(core.device.kind()) && in.options.allow_gpu_optimizer) {
     in.options.allow_gpu_optimizer = false;
     STRATA_LOG_INFO(
         "runtime: optimizer steps run on the CPU: the CUDA multi-tensor optimizer is not wired into "

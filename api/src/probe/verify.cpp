@@ -92,7 +92,7 @@ Result<VerifyResult> verify(const VerifyOptions& o) {
   // The prediction at the budgets the runtime will get.
   Capacity tight{r.budgets.gpu_bytes, r.budgets.host_bytes, r.budgets.nvme_bytes};
   STRATA_ASSIGN_OR_RETURN(predicted, estimate_at(spec, o.placement, tight, o.rates));
-  r.predicted_s = predicted.cost.step_s;
+  r.predicted_s = predicted.cost.step_s * o.prediction_scale;
   r.bottleneck = predicted.cost.bottleneck;
 
   memory::DeviceOptions dopt;
@@ -176,7 +176,7 @@ Result<VerifyResult> verify(const VerifyOptions& o) {
   r.ratio = r.measured_s / r.predicted_s;
   r.plan = rt->plan().summary();
   r.plan_matches = plan_matches(rt->plan(), o.placement);
-  r.runtime_predicted_s = rt->predict(o.rates).step_s;
+  r.runtime_predicted_s = rt->predict(o.rates).step_s * o.prediction_scale;
   r.budgets_held = r.gpu_high_water_bytes <= ro.budgets.gpu_bytes &&
                    r.host_high_water_bytes <= ro.budgets.host_bytes &&
                    (ro.budgets.nvme_bytes == 0 || r.nvme_bytes <= ro.budgets.nvme_bytes);

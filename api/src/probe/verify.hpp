@@ -23,6 +23,9 @@ namespace strata::probe {
 
 //! Bound on --verify-steps.
 inline constexpr int kVerifyStepsMax = 1000;
+//! The check passes when measured / predicted is within 1 ± this and every
+//! budget held (strata-probe exits 3 otherwise).
+inline constexpr double kVerifyTolerance = 0.25;
 //! Bound on the modelled compute of one verify step, seconds.
 inline constexpr double kVerifyStepSecondsMax = 60.0;
 
@@ -36,6 +39,10 @@ struct VerifyOptions {
   std::string nvme_dir;                //!< empty: no NVMe tier
   int warmup_steps = 2;                //!< step 1 traces, step 2 adopts the plan
   int steps = 3;                       //!< timed steps (median), 1 .. kVerifyStepsMax
+  //! Test-only: the prediction is multiplied by this (strata-probe reads it from
+  //! STRATA_PROBE_TEST_PREDICTION_SCALE and says so), so a test can make the
+  //! check fail on purpose. 1 otherwise.
+  double prediction_scale = 1.0;
 };
 
 //! What --verify found.
@@ -53,6 +60,10 @@ struct VerifyResult {
   std::string bottleneck;
   std::uint64_t gpu_high_water_bytes = 0, host_high_water_bytes = 0, nvme_bytes = 0;
   bool budgets_held = false;
+  //! The check: ratio within 1 ± kVerifyTolerance, budgets held, the plan is the placement asked for.
+  bool passed() const {
+    return ratio > 1 - kVerifyTolerance && ratio < 1 + kVerifyTolerance && budgets_held && plan_matches;
+  }
 };
 
 //! Runs the verification. Fails with InvalidArgument (steps out of range),
