@@ -1,7 +1,5 @@
 // strata-probe's measurements (api/src/probe/measure.hpp): the thread count a
 // rate is reported for is the number of threads that did the work.
-#include "probe/measure.hpp"
-
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,6 +9,8 @@
 #include <map>
 #include <sstream>
 #include <string>
+
+#include "probe/measure.hpp"
 
 namespace strata::probe {
 namespace {
@@ -43,7 +43,8 @@ std::size_t threads_that_worked(const std::map<int, long>& before, const std::ma
   long most = 0;
   for (const auto& [tid, t] : after) most = std::max(most, t - (before.contains(tid) ? before.at(tid) : 0));
   std::size_t n = 0;
-  for (const auto& [tid, t] : after) n += (t - (before.contains(tid) ? before.at(tid) : 0)) * 4 >= most ? 1 : 0;
+  for (const auto& [tid, t] : after)
+    n += (t - (before.contains(tid) ? before.at(tid) : 0)) * 4 >= most ? 1 : 0;
   return most > 0 ? n : 0;
 }
 

@@ -407,7 +407,18 @@ int run(const Settings& s) {
         {"host_budget_bytes", checked->host_budget_bytes},
         {"host_high_water_bytes", checked->host_high_water_bytes},
         {"nvme_budget_bytes", checked->budgets.nvme_bytes},
-        {"nvme_bytes", checked->nvme_bytes}};
+        {"nvme_bytes", checked->nvme_bytes},
+        {"tokens", checked->tokens},
+        {"compute_gflops_measured", checked->compute_flops_per_s / 1e9}};
+    nlohmann::json terms = nlohmann::json::array();
+    for (const VerifyTerm& t : verify_terms(*checked)) {
+      terms.push_back({{"name", t.name},
+                       {"predicted_s", t.predicted_s},
+                       {"measured_busy_s", t.measured_s},
+                       {"predicted_bytes", t.predicted_bytes},
+                       {"measured_bytes", t.measured_bytes}});
+    }
+    j["verify"]["terms"] = terms;
   }
   j["elapsed_s"] = elapsed_s;
   if (s.json) {
@@ -496,6 +507,19 @@ int run(const Settings& s) {
           placement_name(vo.placement), format_count(v.params), v.measured_s, v.predicted_s, v.ratio,
           v.ratio > 1 - kVerifyTolerance && v.ratio < 1 + kVerifyTolerance ? "within 25%" : "OUTSIDE 25%",
           v.runtime_predicted_s);
+      fmt::print(
+          "  compute: real products over {} tokens at the {:.1f} GFLOP/s measured before the run (Note "
+          "[Verify "
+          "compute])\n",
+          v.tokens, v.compute_flops_per_s / 1e9);
+      fmt::print("  {:<14}{:>12}{:>12}{:>8}{:>14}{:>14}\n", "term", "pred. s", "busy s", "ratio",
+                 "pred. bytes", "bytes");
+      for (const VerifyTerm& t : verify_terms(v)) {
+        fmt::print("  {:<14}{:>12.3f}{:>12.3f}{:>8}{:>14}{:>14}\n", t.name, t.predicted_s, t.measured_s,
+                   t.predicted_s > 0 ? fmt::format("{:.2f}", t.measured_s / t.predicted_s) : "-",
+                   t.predicted_bytes + t.measured_bytes > 0 ? format_bytes(t.predicted_bytes) : "-",
+                   t.predicted_bytes + t.measured_bytes > 0 ? format_bytes(t.measured_bytes) : "-");
+      }
       if (s.verbose || !v.plan_matches) {
         fmt::print("  plan: {}{}\n", v.plan, v.plan_matches ? "" : "  (NOT the placement asked for)");
       }

@@ -1,6 +1,7 @@
 #pragma once
 // strata-probe's report lines that must agree with what the probe measured and
-// planned with: the host line (the RAM the host capacity is cut from). main.cpp prints them; tests check them.
+// planned with: the host line (the RAM the host capacity is cut from). main.cpp prints them; tests check
+// them.
 
 #include <string>
 
