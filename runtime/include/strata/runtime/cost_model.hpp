@@ -9,10 +9,13 @@
 // With perfect overlap the step takes as long as the busiest resource (`bound_s`).
 // What cannot overlap is added as a tail: the optimizer step of the family whose
 // gradients complete last (it starts only when backward ends) and the upload of
-// its param (the first thing the next forward needs). Byte counts come from
-// replaying the traced sequence against the plan's GPU cache with the same
-// farthest-next-use eviction the scheduler uses, so they are exact for a step
-// that follows the trace. strata-probe uses this same model.
+// its param (the first thing the next forward needs); its NVMe states' write-back
+// is not tail, it goes on after step() returns (Note [Write-back after step]).
+// Byte counts come from replaying the traced sequence against the plan's GPU
+// slots with the runtime's own slot choice — idle victims first, prefetch, a
+// streamed param dropped when its update commits (Note [Cost model follows the
+// runtime] in cost_model.cpp) — so they are exact for a step that follows the
+// trace on a device that keeps up. strata-probe uses this same model.
 //
 // Note [Host memory as a resource]
 // Copies, the CPU optimizer and disk DMA all move bytes through host memory, and
@@ -77,9 +80,10 @@ constexpr double forward_flops(double params, double tokens) {
 //! time for any work on that resource (so a missing link shows as the bottleneck).
 StepCost predict_step(const PlanInput& input, const Plan& plan, const Rates& rates);
 
-//! Number of param chunk fetches (host->device) per steady step when the traced
-//! sequence runs against `slots` GPU slots with farthest-next-use eviction; grads
-//! hold a slot from their first backward use to their last. Exposed for tests.
+//! Number of param chunk loads (host->device, on demand and prefetched) per steady
+//! step when the traced sequence runs against the plan's GPU slots as the runtime
+//! picks them (Note [Cost model follows the runtime]); their bytes in *fetch_bytes.
+//! Exposed for tests.
 std::uint64_t simulate_param_fetches(const PlanInput& input, const Plan& plan, std::uint64_t* fetch_bytes);
 
 }  // namespace strata::runtime
