@@ -262,6 +262,10 @@ StepCost predict_step(const PlanInput& in, const Plan& plan, const Rates& rates)
                         ? static_cast<double>(c.bytes_host_memory) / rates.host_memory_bytes_per_s
                         : 0.0;
 
+  if (rates.compute_host_threads > 0 && rates.cpu_threads > 0) {  // Note [Host cores as a resource]
+    c.host_cpu_s = c.compute_s * rates.compute_host_threads / rates.cpu_threads + c.cpu_optim_s;
+  }
+
   const std::pair<const char*, double> busy[] = {{"compute", c.compute_s},
                                                  {"h2d", c.h2d_s},
                                                  {"d2h", c.d2h_s},
@@ -270,7 +274,8 @@ StepCost predict_step(const PlanInput& in, const Plan& plan, const Rates& rates)
                                                  {"cpu_optimizer", c.cpu_optim_s},
                                                  {"gpu_optimizer", c.gpu_optim_s},
                                                  {"host_memory", c.host_memory_s},
-                                                 {"disk", c.disk_s}};
+                                                 {"disk", c.disk_s},
+                                                 {"host_cpu", c.host_cpu_s}};
   for (const auto& [name, s] : busy) {
     if (s > c.bound_s || c.bottleneck.empty()) {
       c.bound_s = s;

@@ -58,7 +58,8 @@ void train(const Case& c, const fs::path& dir, StepStats* last, StepCost* predic
   ASSERT_TRUE(rt.ok()) << rt.status();
   std::vector<TensorId> ids;
   for (std::size_t i = 0; i < kFamilies; ++i) {
-    auto id = (*rt)->register_tensor({fmt::format("layer{}", i), {static_cast<std::int64_t>(kElems)}, DType::kF32});
+    auto id =
+        (*rt)->register_tensor({fmt::format("layer{}", i), {static_cast<std::int64_t>(kElems)}, DType::kF32});
     ASSERT_TRUE(id.ok()) << id.status();
     ids.push_back(*id);
   }
@@ -106,8 +107,8 @@ TEST_P(CostModelBytes, StepMovesTheBytesPredictStepSays) {
   ASSERT_TRUE(last.followed_plan);
   ASSERT_FALSE(plan.all_gpu) << plan.summary();
   SCOPED_TRACE(plan.summary());
-  EXPECT_EQ(last.bytes_h2d, predicted.bytes_h2d) << "in chunks: " << last.bytes_h2d / kChunkBytes << " vs "
-                                                 << predicted.bytes_h2d / kChunkBytes;
+  EXPECT_EQ(last.bytes_h2d, predicted.bytes_h2d)
+      << "in chunks: " << last.bytes_h2d / kChunkBytes << " vs " << predicted.bytes_h2d / kChunkBytes;
   EXPECT_EQ(last.bytes_d2h, predicted.bytes_d2h);
   EXPECT_EQ(last.bytes_disk_read, predicted.bytes_disk_read);
   EXPECT_EQ(last.bytes_disk_write, predicted.bytes_disk_write);

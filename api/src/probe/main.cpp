@@ -222,6 +222,7 @@ int run(const Settings& s) {
   rates.h2d_bytes_per_s = device->h2d_bytes_per_s;
   rates.d2h_bytes_per_s = device->d2h_bytes_per_s;
   rates.cpu_optim_params_per_s = *cpu;
+  rates.cpu_threads = static_cast<double>(threads);
   if (sim) rates.gpu_optim_params_per_s = *cpu;  // the sim device's "kernels" run on the host
   rates.host_memory_bytes_per_s = *memory_rate;
   rates.copy_host_passes = sim ? 2.0 : 1.0;  // the sim device copies with memcpy

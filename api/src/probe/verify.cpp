@@ -179,6 +179,9 @@ Result<VerifyResult> verify(const VerifyOptions& options) {
   // Note [Verify compute]: the device compute rate is the measured rate of the
   // layer's products, over tokens chosen for this run.
   VerifyOptions o = options;
+  // Its compute runs on the sim compute stream's host thread, beside the CPU
+  // optimizer's threads (Note [Host cores as a resource]).
+  o.rates.compute_host_threads = 1;
   o.spec.shape.seq = 1;  // the fewest activations: a size that does not fit then never will
   o.spec.shape.batch = 1;
   if (Status fits = plan_fits(o.spec, o.placement, o.capacity); !fits.ok()) return too_large(o, fits);

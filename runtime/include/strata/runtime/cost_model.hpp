@@ -26,6 +26,14 @@
 // memcpy: Rates::copy_host_passes), disk reads and writes once, the CPU
 // optimizer's reads and writes (gradient, params, master and states), and the
 // staging copy of an NVMe family's param.
+//
+// Note [Host cores as a resource]
+// On the sim device the device's compute runs on host threads too, beside the
+// CPU optimizer's: with Rates::compute_host_threads and Rates::cpu_threads set,
+// the host's cores are one more resource, busy for the compute's share of them
+// (compute_s x compute_host_threads / cpu_threads) plus the CPU optimizer's time
+// (its rate was measured on all cpu_threads). strata-probe --verify sets them: its
+// layers are real products on the sim compute stream (Note [Verify compute]).
 
 #include <cstdint>
 #include <string>
@@ -49,6 +57,11 @@ struct Rates {
   double host_memory_bytes_per_s = 0;
   //! Host memory passes per copied byte: 1 for DMA, 2 for the sim device's memcpy.
   double copy_host_passes = 1.0;
+  //! Host threads the device's compute occupies (the sim device's compute stream:
+  //! 1); 0 = the compute is not on the host (Note [Host cores as a resource]).
+  double compute_host_threads = 0;
+  //! Threads cpu_optim_params_per_s was measured on; 0 = not modelled.
+  double cpu_threads = 0;
 };
 
 //! Work and time per resource for one steady step.
@@ -62,6 +75,7 @@ struct StepCost {
   std::uint64_t bytes_host_memory = 0;  //!< Note [Host memory as a resource]
   double compute_s = 0, h2d_s = 0, d2h_s = 0, disk_read_s = 0, disk_write_s = 0, cpu_optim_s = 0,
          gpu_optim_s = 0, host_memory_s = 0, disk_s = 0;
+  double host_cpu_s = 0;   //!< Note [Host cores as a resource]
   double bound_s = 0;      //!< busiest resource
   double tail_s = 0;       //!< what cannot overlap
   double step_s = 0;       //!< predicted = bound_s + tail_s
