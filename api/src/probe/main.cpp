@@ -511,8 +511,9 @@ int run(const Settings& s) {
       fmt::print(
           "  compute: real products over {} tokens at the {:.1f} GFLOP/s measured before the run (Note "
           "[Verify "
-          "compute])\n",
-          v.tokens, v.compute_flops_per_s / 1e9);
+          "compute]); predicted bottleneck {} ({:.3f} s) + tail {:.3f} s\n",
+          v.tokens, v.compute_flops_per_s / 1e9, v.predicted_cost.bottleneck, v.predicted_cost.bound_s,
+          v.predicted_cost.tail_s);
       fmt::print("  {:<14}{:>12}{:>12}{:>8}{:>14}{:>14}\n", "term", "pred. s", "busy s", "ratio",
                  "pred. bytes", "bytes");
       for (const VerifyTerm& t : verify_terms(v)) {
