@@ -17,62 +17,167 @@ double seconds(double work, double rate) {
 
 }  // namespace
 
+namespace {
+
+// Note [Cost model follows the runtime]
+// The replay below is the runtime's own slot choice (Residency::pick_slot and
+// Residency::prefetch, eviction.cpp), run on the traced sequence under two
+// assumptions that make it deterministic: every device fence has completed when
+// a slot is picked (the device keeps up with the training thread, so "idle" in
+// Note [Idle victims first] means "not needed within the prefetch window"), and a
+// family's optimizer takes its gradient and commits its param as soon as its last
+// backward use ends (the gradient leaves its slot, and the stale device copy of a
+// streamed param is dropped: OptimizerPipeline::commit_param). Each use acquires
+// its family's param; a backward use then acquires its gradient; every
+// placement is followed by a prefetch of the params of the next
+// `prefetch_depth` uses (not past the end of the step), which stops while two
+// movable slots or fewer remain and takes only clean victims used later than its
+// target. A test runs a runtime that meets the assumptions and checks the bytes
+// to the byte (test_runtime, Runtime.StepMovesTheBytesTheCostModelPredicts); a
+// device that falls behind makes the runtime pick busy slots last, and moves
+// somewhat more than this.
+class SlotReplay {
+ public:
+  SlotReplay(const PlanInput& in, const Plan& plan)
+      : in_(in),
+        plan_(plan),
+        next_(in.trace.uses, in.families.size()),
+        slots_(plan.gpu_cache_slots),
+        param_slot_(in.families.size(), -1),
+        grad_slot_(in.families.size(), -1) {}
+
+  // Replays one step; returns the param bytes loaded host -> device (fetches
+  // and prefetches) and counts them in *fetches.
+  std::uint64_t step(std::uint64_t* fetches) {
+    const auto& uses = in_.trace.uses;
+    const std::vector<long> last_backward = last_backward_use(in_.trace, in_.families.size());
+    std::uint64_t bytes = 0;
+    *fetches = 0;
+    for (std::size_t pos = 0; pos < uses.size(); ++pos) {
+      const FamilyId f = uses[pos].family;
+      leased_param_ = static_cast<long>(f);
+      leased_grad_ = -1;
+      if (streams(f) && param_slot_[f] < 0) {
+        const long s = pick(f, pos, 0);
+        if (s >= 0) {
+          place(static_cast<std::size_t>(s), f, /*grad=*/false);
+          bytes += in_.families[f].param_bytes;
+          ++*fetches;
+        }
+      }
+      bytes += prefetch(pos, fetches);
+      if (uses[pos].phase == Phase::kBackward && takes_grad_slot(f)) {
+        if (grad_slot_[f] < 0) {
+          const long s = pick(f, pos, 0);
+          if (s >= 0) place(static_cast<std::size_t>(s), f, /*grad=*/true);
+        }
+        leased_grad_ = static_cast<long>(f);
+        bytes += prefetch(pos, fetches);
+      }
+      leased_param_ = leased_grad_ = -1;
+      if (static_cast<long>(pos) == last_backward[f]) {
+        free_slot(grad_slot_[f]);  // the pipeline takes the gradient
+        if (plan_.families[f].optim_home != Tier::kGpu) free_slot(param_slot_[f]);  // commit_param
+      }
+    }
+    return bytes;
+  }
+
+ private:
+  struct Slot {
+    long family = -1;  // -1: free
+    bool grad = false;
+  };
+
+  bool streams(FamilyId f) const {
+    return !plan_.families[f].param_resident_gpu && in_.families[f].param_bytes > 0;
+  }
+  bool takes_grad_slot(FamilyId f) const {
+    return in_.families[f].grad_bytes > 0 && plan_.families[f].optim_home != Tier::kGpu;
+  }
+  bool movable(const Slot& s) const {
+    if (s.family < 0) return true;
+    return !(s.grad ? s.family == leased_grad_ : s.family == leased_param_);
+  }
+  void place(std::size_t s, FamilyId f, bool grad) {
+    free_slot(static_cast<long>(s));
+    slots_[s] = {static_cast<long>(f), grad};
+    (grad ? grad_slot_ : param_slot_)[f] = static_cast<long>(s);
+  }
+  void free_slot(long s) {
+    if (s < 0) return;
+    Slot& slot = slots_[static_cast<std::size_t>(s)];
+    if (slot.family >= 0) (slot.grad ? grad_slot_ : param_slot_)[static_cast<std::size_t>(slot.family)] = -1;
+    slot = {};
+  }
+
+  // Residency::pick_slot with every fence complete.
+  long pick(FamilyId for_family, std::size_t here, std::uint64_t farther_than) const {
+    long best = -1;
+    std::uint64_t best_key = 0;
+    int best_rank = -1;
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      const Slot& s = slots_[i];
+      if (!movable(s)) continue;
+      const bool free = s.family < 0;
+      std::uint64_t key = 0;
+      bool soon = false;
+      if (!free) {
+        const auto g = static_cast<FamilyId>(s.family);
+        if (g == for_family && !s.grad) continue;
+        const std::uint64_t d = next_.distance(g, here);
+        const bool dirty = s.grad;  // a gradient in a slot was written there
+        if (farther_than > 0 && (dirty || d <= farther_than)) continue;
+        key = (d == NextUse::kNever ? std::numeric_limits<std::uint32_t>::max() : d) * 2 + (dirty ? 0 : 1);
+        soon = d <= std::uint64_t{plan_.prefetch_depth} + 1;
+      }
+      const int rank = (soon ? 0 : 2) + (free ? 1 : 0);
+      if (rank > best_rank || (rank == best_rank && key > best_key)) {
+        best = static_cast<long>(i);
+        best_key = key;
+        best_rank = rank;
+      }
+    }
+    return best;
+  }
+
+  // Residency::prefetch.
+  std::uint64_t prefetch(std::size_t here, std::uint64_t* fetches) {
+    if (!in_.options.prefetch || plan_.prefetch_depth == 0) return 0;
+    const auto& uses = in_.trace.uses;
+    std::uint64_t bytes = 0;
+    for (std::size_t q = here + 1; q < uses.size() && q < here + 1 + plan_.prefetch_depth; ++q) {
+      const FamilyId f = uses[q].family;
+      if (!streams(f) || param_slot_[f] >= 0) continue;
+      std::size_t room = 0;
+      for (const Slot& s : slots_) room += movable(s) ? 1 : 0;
+      if (room <= 2) return bytes;
+      const long s = pick(f, here, std::max<std::uint64_t>(q - here, 1));
+      if (s < 0) return bytes;
+      place(static_cast<std::size_t>(s), f, /*grad=*/false);
+      bytes += in_.families[f].param_bytes;
+      ++*fetches;
+    }
+    return bytes;
+  }
+
+  const PlanInput& in_;
+  const Plan& plan_;
+  NextUse next_;
+  std::vector<Slot> slots_;
+  std::vector<long> param_slot_, grad_slot_;
+  long leased_param_ = -1, leased_grad_ = -1;
+};
+
+}  // namespace
+
 std::uint64_t simulate_param_fetches(const PlanInput& in, const Plan& plan, std::uint64_t* fetch_bytes) {
   *fetch_bytes = 0;
   if (plan.all_gpu) return 0;
-  const auto& uses = in.trace.uses;
-  const std::size_t n = in.families.size();
-  NextUse next(uses, n);
-  const std::vector<long> last_backward = last_backward_use(in.trace, n);
-  std::vector<bool> param_in(n, false);
-  std::vector<bool> grad_in(n, false);
-  std::uint64_t used = 0;  // slots held
+  SlotReplay replay(in, plan);
   std::uint64_t fetches = 0;
-  // Two passes over the cyclic sequence; count the second (steady state).
-  for (int pass = 0; pass < 2; ++pass) {
-    for (std::size_t pos = 0; pos < uses.size(); ++pos) {
-      const FamilyUse& use = uses[pos];
-      const FamilyId f = use.family;
-      const bool streams = !plan.families[f].param_resident_gpu;
-      auto make_room = [&] {
-        if (used < plan.gpu_cache_slots) return;
-        // Evict the resident param with the farthest next use (never the current one).
-        FamilyId victim = static_cast<FamilyId>(n);
-        std::uint64_t farthest = 0;
-        for (FamilyId g = 0; g < n; ++g) {
-          if (!param_in[g] || g == f) continue;
-          std::uint64_t d = next.distance(g, pos);
-          if (victim == n || d > farthest) {
-            victim = g;
-            farthest = d;
-          }
-        }
-        if (victim < n) {
-          param_in[victim] = false;
-          --used;
-        }
-      };
-      if (streams && !param_in[f]) {
-        make_room();
-        param_in[f] = true;
-        ++used;
-        if (pass == 1) {
-          ++fetches;
-          *fetch_bytes += in.families[f].param_bytes;
-        }
-      }
-      if (use.phase == Phase::kBackward && in.families[f].grad_bytes > 0 && !grad_in[f] &&
-          plan.families[f].optim_home != Tier::kGpu) {
-        make_room();
-        grad_in[f] = true;
-        ++used;
-      }
-      if (grad_in[f] && static_cast<long>(pos) == last_backward[f]) {
-        grad_in[f] = false;  // complete: copied to host, slot freed
-        --used;
-      }
-    }
-  }
+  replay.step(&fetches);  // the first step starts from empty slots; count the second (steady)
+  *fetch_bytes = replay.step(&fetches);
   return fetches;
 }
 
@@ -120,12 +225,11 @@ double tail_seconds(const PlanInput& in, const Plan& plan, const Rates& rates, l
     if (p.optim_home == Tier::kGpu) {
       tail_s = seconds(static_cast<double>(f.numel), rates.gpu_optim_params_per_s);
     } else {
+      // Its NVMe states are written back after step() returns, overlapping the
+      // next forward (Note [Write-back after step]): busy disk time, not tail.
       tail_s = seconds(static_cast<double>(f.grad_bytes), rates.d2h_bytes_per_s) +
                seconds(static_cast<double>(f.numel), rates.cpu_optim_params_per_s) +
                seconds(static_cast<double>(f.param_bytes), rates.h2d_bytes_per_s);
-      if (p.optim_home == Tier::kNvme) {
-        tail_s += seconds(static_cast<double>(f.optim_bytes), rates.disk_write_bytes_per_s);
-      }
     }
   }
   return tail_s;
@@ -158,6 +262,10 @@ StepCost predict_step(const PlanInput& in, const Plan& plan, const Rates& rates)
                         ? static_cast<double>(c.bytes_host_memory) / rates.host_memory_bytes_per_s
                         : 0.0;
 
+  if (rates.compute_host_threads > 0 && rates.cpu_threads > 0) {  // Note [Host cores as a resource]
+    c.host_cpu_s = c.compute_s * rates.compute_host_threads / rates.cpu_threads + c.cpu_optim_s;
+  }
+
   const std::pair<const char*, double> busy[] = {{"compute", c.compute_s},
                                                  {"h2d", c.h2d_s},
                                                  {"d2h", c.d2h_s},
@@ -166,7 +274,8 @@ StepCost predict_step(const PlanInput& in, const Plan& plan, const Rates& rates)
                                                  {"cpu_optimizer", c.cpu_optim_s},
                                                  {"gpu_optimizer", c.gpu_optim_s},
                                                  {"host_memory", c.host_memory_s},
-                                                 {"disk", c.disk_s}};
+                                                 {"disk", c.disk_s},
+                                                 {"host_cpu", c.host_cpu_s}};
   for (const auto& [name, s] : busy) {
     if (s > c.bound_s || c.bottleneck.empty()) {
       c.bound_s = s;

@@ -21,6 +21,11 @@ StepTrace registration_trace(std::size_t families) {
   return trace;
 }
 
+bool gpu_optimizer_supported(memory::DeviceKind kind, kernels::Optimizer o) {
+  if (kind == memory::DeviceKind::kSim) return true;
+  return o != kernels::Optimizer::kLamb && o != kernels::Optimizer::kLars && o != kernels::Optimizer::kCame;
+}
+
 Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace trace) {
   PlanInput in{.families = core.family_bytes,
                .trace = trace,
@@ -30,9 +35,8 @@ Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace t
   // The chunk budget is the runtime's own (Note [Chunk budget]): activations are the caller's.
   in.trace.non_chunk_peak_bytes = 0;
   const kernels::Optimizer o = core.opt.hyper.optimizer;
-  if (core.device.kind() == memory::DeviceKind::kCuda && in.options.allow_gpu_optimizer &&
-      (o == kernels::Optimizer::kLamb || o == kernels::Optimizer::kLars || o == kernels::Optimizer::kCame)) {
-    // kernels::cuda_step_enqueue runs without the host; these need it between phases.
+  if (!gpu_optimizer_supported(core.device.kind(), o) && in.options.allow_gpu_optimizer) {
+    // kernels::cuda_step_enqueue runs without the host; lamb, lars and came need it between phases.
     in.options.allow_gpu_optimizer = false;
     if (!core.finalized) {
       STRATA_LOG_INFO(

@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "strata/common/bytes.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -21,9 +23,10 @@ struct ProbeRun {
   std::string out;  // stdout and stderr
 };
 
-ProbeRun probe(const std::string& args, bool merge_stderr = true) {
+// `env` ("NAME=value ") goes before the command.
+ProbeRun probe(const std::string& args, bool merge_stderr = true, const std::string& env = "") {
   const std::string cmd =
-      std::string(STRATA_PROBE_PATH) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
+      env + std::string(STRATA_PROBE_PATH) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
   ProbeRun r;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
@@ -155,18 +158,81 @@ TEST_F(ProbeCli, VerifyTooLargeLeavesNothing) {
   EXPECT_TRUE(dir_empty());
 }
 
+// The check can fail (issue #15): exit 0 only when measured/predicted is within
+// ±25 % and every budget held. Before, the exit code ignored the ratio and this
+// test accepted 0.5 .. 2.0; the JSON printed the NVMe budget doubled.
 TEST_F(ProbeCli, VerifyHoldsBudgetsAndPredicts) {
-  ProbeRun r =
-      probe("--json --verify --verify-params 24M --verify-steps 3" + small(), /*merge_stderr=*/false);
+  // Other jobs on a shared machine can change its speed between the probe's
+  // measurements and its run: up to three runs, and one must pass. Every run's
+  // exit code must agree with its check.
+  nlohmann::json v;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    ProbeRun r =
+        probe("--json --verify --verify-params 24M --verify-steps 3" + small(), /*merge_stderr=*/false);
+    auto j = nlohmann::json::parse(r.out, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r.out;
+    v = j["verify"];
+    const double ratio = v["ratio"].get<double>();
+    const bool within = ratio > 0.75 && ratio < 1.25;
+    EXPECT_EQ(v["within_25_percent"].get<bool>(), within) << v.dump(2);
+    EXPECT_EQ(v["passed"].get<bool>(),
+              within && v["budgets_held"].get<bool>() && v["plan_matches"].get<bool>())
+        << v.dump(2);
+    EXPECT_EQ(r.exit_code, v["passed"].get<bool>() ? 0 : 3) << v.dump(2);
+    EXPECT_TRUE(v["budgets_held"].get<bool>()) << v.dump(2);
+    EXPECT_TRUE(v["plan_matches"].get<bool>()) << v.dump(2);
+    if (v["passed"].get<bool>()) break;
+    std::fprintf(stderr, "verify attempt %d: ratio %.2f outside 1 +- 0.25; trying again\n", attempt + 1,
+                 ratio);
+  }
+  EXPECT_TRUE(v["passed"].get<bool>()) << v.dump(2);
+  // The NVMe budget the runtime ran with, once: the least the planner accepts
+  // (5 % slack), so the high-water mark is within it and more than half of it.
+  const auto nvme_budget = v["nvme_budget_bytes"].get<std::uint64_t>();
+  const auto nvme_used = v["nvme_bytes"].get<std::uint64_t>();
+  EXPECT_LE(nvme_used, nvme_budget) << v.dump(2);
+  EXPECT_GT(2 * nvme_used, nvme_budget) << v.dump(2);
+  // Every term was measured, and the bytes are the ones predicted (test_cost_model
+  // checks them to the byte on a device that keeps up).
+  ASSERT_EQ(v["terms"].size(), 6u) << v.dump(2);
+  for (const auto& t : v["terms"]) {
+    if (t["predicted_s"].get<double>() > 0) {
+      EXPECT_GT(t["measured_busy_s"].get<double>(), 0.0) << t.dump();
+    }
+  }
+  EXPECT_TRUE(dir_empty());
+}
+
+TEST_F(ProbeCli, VerifyWithAWrongPredictionExitsThree) {
+  // The test-only knob makes the prediction 4x too small: measured/predicted ~4.
+  ProbeRun bad = probe("--verify --verify-params 24M --verify-steps 2" + small(), /*merge_stderr=*/true,
+                       "STRATA_PROBE_TEST_PREDICTION_SCALE=0.25 ");
+  EXPECT_EQ(bad.exit_code, 3) << bad.out;
+  EXPECT_NE(bad.out.find("OUTSIDE 25%"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("--verify failed: ratio"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("STRATA_PROBE_TEST_PREDICTION_SCALE"), std::string::npos) << bad.out;
+  EXPECT_TRUE(dir_empty());
+}
+
+// The text report says what the probe measured and planned with: the RAM the
+// host capacity is cut from (it printed hwloc's node memory, "5.34 GiB (node 0)"
+// on a 23 GiB machine), short reasons in the table, the plans under --verbose.
+TEST_F(ProbeCli, TextReportAgreesWithItsCapacities) {
+  ProbeRun r = probe("--params 1.3B" + small());
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  auto j = nlohmann::json::parse(r.out, nullptr, false);
-  ASSERT_FALSE(j.is_discarded()) << r.out;
-  const auto& v = j["verify"];
-  EXPECT_TRUE(v["budgets_held"].get<bool>()) << v.dump(2);
-  EXPECT_TRUE(v["plan_matches"].get<bool>()) << v.dump(2);
-  // Loose here (other jobs share these cores); the README figure is the ±25% run.
-  EXPECT_GT(v["ratio"].get<double>(), 0.5) << v.dump(2);
-  EXPECT_LT(v["ratio"].get<double>(), 2.0) << v.dump(2);
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  const auto ram = static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page);
+  const std::string ram_text = strata::format_bytes(ram);
+  const std::string cap_text = strata::format_bytes(ram / 4 * 3);
+  const std::string host_line =
+      r.out.substr(r.out.find("  host "), r.out.find('\n', r.out.find("  host ")) - r.out.find("  host "));
+  EXPECT_NE(host_line.find("RAM " + ram_text), std::string::npos) << host_line;
+  EXPECT_NE(host_line.find(cap_text), std::string::npos) << host_line;
+  EXPECT_NE(r.out.find("host " + cap_text), std::string::npos) << r.out;  // the Capacity line agrees
+  EXPECT_EQ(r.out.find("families"), std::string::npos) << r.out;          // no plan dump without --verbose
+  ProbeRun verbose = probe("--params 1.3B --verbose" + small());
+  ASSERT_EQ(verbose.exit_code, 0) << verbose.out;
+  EXPECT_NE(verbose.out.find("families"), std::string::npos) << verbose.out;
   EXPECT_TRUE(dir_empty());
 }
 

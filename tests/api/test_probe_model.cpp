@@ -227,3 +227,50 @@ TEST(ProbeVerify, TooLargeSuggestsAVerifySizeThatFits) {
 
 }  // namespace
 }  // namespace strata::probe
+
+namespace strata::probe {
+namespace {
+
+// Item 4 of issue #15: on a CUDA machine the all-gpu row was offered (and
+// predicted) although the runtime plans every optimizer step on the CPU there.
+// The row follows the runtime's own answer, runtime::gpu_optimizer_supported.
+TEST(ProbePlacements, AllGpuOnlyWhereTheRuntimeRunsTheOptimizerOnTheDevice) {
+  const Capacity cap{.gpu_bytes = 16 * kGiB, .host_bytes = 64 * kGiB, .nvme_bytes = 0};
+  TrainSpec sim = spec_for(125'000'000);
+  sim.gpu_optimizer = runtime::gpu_optimizer_supported(memory::DeviceKind::kSim);
+  const Estimate on_sim = estimate(sim, Placement::kAllGpu, cap, runtime::Rates{});
+  EXPECT_TRUE(on_sim.feasible) << on_sim.why;
+  EXPECT_TRUE(on_sim.plan.all_gpu);
+
+  TrainSpec cuda = sim;
+  cuda.gpu_optimizer = runtime::gpu_optimizer_supported(memory::DeviceKind::kCuda);
+  ASSERT_FALSE(cuda.gpu_optimizer) << "the runtime runs the CUDA optimizer now: this test's premise is gone";
+  const Estimate on_cuda = estimate(cuda, Placement::kAllGpu, cap, runtime::Rates{});
+  EXPECT_FALSE(on_cuda.feasible);
+  EXPECT_NE(on_cuda.why.find("CPU"), std::string::npos) << on_cuda.why;
+  EXPECT_FALSE(on_cuda.reason.empty());
+  // The other rows do not need the device's optimizer.
+  EXPECT_TRUE(estimate(cuda, Placement::kOptimHost, cap, runtime::Rates{}).feasible);
+  // --verify at all-gpu on a CUDA machine is refused up front.
+  EXPECT_FALSE(plan_fits(cuda, Placement::kAllGpu, cap).ok());
+}
+
+// Item 7: a table cell holds a few words, not the planner's message with a plan dump.
+TEST(ProbePlacements, InfeasibleRowsHaveAShortReason) {
+  const TrainSpec spec = spec_for(1'300'000'000);
+  const Capacity tiny_gpu{.gpu_bytes = 64 * kMiB, .host_bytes = 64 * kGiB, .nvme_bytes = 0};
+  for (Placement p : {Placement::kAllGpu, Placement::kOptimHost, Placement::kOptimNvme}) {
+    const Estimate e = estimate(spec, p, tiny_gpu, runtime::Rates{});
+    ASSERT_FALSE(e.feasible) << placement_name(p);
+    EXPECT_FALSE(e.reason.empty()) << placement_name(p);
+    EXPECT_LE(e.reason.size(), 40u) << e.reason;
+    EXPECT_EQ(e.reason.find("families"), std::string::npos) << e.reason;  // no plan summary
+    EXPECT_GT(e.why.size(), e.reason.size()) << placement_name(p);        // the full reason is kept
+  }
+  EXPECT_EQ(
+      short_reason("host budget is 1.00 GiB but the params need 2.00 GiB; raise host", Placement::kAllGpu),
+      "1 layer exceeds the host budget");
+}
+
+}  // namespace
+}  // namespace strata::probe

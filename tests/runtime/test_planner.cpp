@@ -142,6 +142,15 @@ TEST(CostModel, HostMemoryAndSharedDiskAreResources) {
   EXPECT_EQ(disk.bottleneck, "disk");
   EXPECT_NEAR(disk.disk_s, static_cast<double>(disk.bytes_disk_read + disk.bytes_disk_write) / 1e8, 1e-9);
   EXPECT_GT(disk.step_s, base.step_s);
+
+  // Compute on host threads (the sim device) shares the cores with the CPU optimizer.
+  EXPECT_EQ(base.host_cpu_s, 0.0);  // not modelled unless both thread counts are given
+  rates = Rates{};
+  rates.compute_host_threads = 1;
+  rates.cpu_threads = 2;
+  const StepCost cores = predict_step(in, *plan, rates);
+  EXPECT_NEAR(cores.host_cpu_s, cores.compute_s / 2 + cores.cpu_optim_s, 1e-12);
+  EXPECT_GE(cores.bound_s, cores.host_cpu_s);
 }
 
 TEST(Planner, ParamsThatDoNotFitOnHostGoToNvmeWithTheirStatesAndCountedStaging) {

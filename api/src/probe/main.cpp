@@ -14,6 +14,7 @@
 
 #include "measure.hpp"
 #include "model.hpp"
+#include "report.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/common/duration.hpp"
 #include "strata/common/log.hpp"
@@ -54,6 +55,7 @@ struct Settings {
   std::string verify_params;
   int verify_steps = 3;
   bool needs = false;
+  bool verbose = false;
 };
 
 // A one-line bar on stderr, only when stderr is a terminal.
@@ -201,9 +203,10 @@ int run(const Settings& s) {
   dopt.budget_bytes = flags->device_budget.value_or(0);
   auto device = measure_device(dopt, 64 * kMiB, progress);
   if (!device.ok()) return fail(device.status());
-  auto cpu = measure_cpu_optimizer(flags->optimizer_params, host->cores, progress);
+  const std::size_t threads = host->cores;  // as the runtime's pool (Topology: cores of a node)
+  auto cpu = measure_cpu_optimizer(flags->optimizer_params, threads, progress);
   if (!cpu.ok()) return fail(cpu.status());
-  auto memory_rate = measure_host_memory(256 * kMiB, host->cores, progress);
+  auto memory_rate = measure_host_memory(256 * kMiB, threads, progress);
   if (!memory_rate.ok()) return fail(memory_rate.status());
 
   Capacity cap;
@@ -211,11 +214,15 @@ int run(const Settings& s) {
   cap.host_bytes = host->ram_bytes / 4 * 3;
   if (flags->host_budget) cap.host_bytes = *flags->host_budget;
   if (nvme) cap.nvme_bytes = nvme->free_bytes / 10 * 9;
+  const bool sim = device->kind == "sim";
+  // The all-gpu row only where the runtime runs optimizer steps on this device.
+  spec->gpu_optimizer =
+      runtime::gpu_optimizer_supported(sim ? memory::DeviceKind::kSim : memory::DeviceKind::kCuda);
   runtime::Rates rates;
   rates.h2d_bytes_per_s = device->h2d_bytes_per_s;
   rates.d2h_bytes_per_s = device->d2h_bytes_per_s;
   rates.cpu_optim_params_per_s = *cpu;
-  const bool sim = device->kind == "sim";
+  rates.cpu_threads = static_cast<double>(threads);
   if (sim) rates.gpu_optim_params_per_s = *cpu;  // the sim device's "kernels" run on the host
   rates.host_memory_bytes_per_s = *memory_rate;
   rates.copy_host_passes = sim ? 2.0 : 1.0;  // the sim device copies with memcpy
@@ -279,6 +286,17 @@ int run(const Settings& s) {
     }
     vo.link_bytes_per_s = link;
     vo.steps = s.verify_steps;
+    if (const char* scale = std::getenv("STRATA_PROBE_TEST_PREDICTION_SCALE"); scale != nullptr) {
+      vo.prediction_scale = std::strtod(scale, nullptr);
+      if (!(vo.prediction_scale > 0)) {
+        return fail(
+            invalid_argument("STRATA_PROBE_TEST_PREDICTION_SCALE = \"{}\": give a positive number", scale));
+      }
+      std::fprintf(stderr,
+                   "strata-probe: the verify prediction is scaled by %g (STRATA_PROBE_TEST_PREDICTION_SCALE, "
+                   "for tests)\n",
+                   vo.prediction_scale);
+    }
     if (progress) progress("verify", 0.0);
     auto v = verify(vo);
     if (progress) progress("verify", 1.0);
@@ -321,6 +339,7 @@ int run(const Settings& s) {
                                      {"mixed_gib_s", gib(nvme->mixed_bytes_per_s)}}
                     : nlohmann::json(nullptr)},
       {"cpu_optimizer_mparams_per_s", *cpu / 1e6},
+      {"cpu_optimizer_threads", threads},
       {"host_memory_gib_s", *memory_rate / static_cast<double>(kGiB)},
   };
   j["model"] = {{"params", model_params},
@@ -352,6 +371,7 @@ int run(const Settings& s) {
       for (const runtime::FamilyPlan& f : e.plan.families) ++homes[static_cast<int>(f.param_home)];
       row["param_home_families"] = {{"gpu", homes[0]}, {"host", homes[1]}, {"nvme", homes[2]}};
     } else {
+      row["reason"] = e.reason;
       row["why"] = e.why;
     }
     if (e.placement == Placement::kAllNvme) row["note"] = kAllNvmeNote;
@@ -372,32 +392,48 @@ int run(const Settings& s) {
     }
   }
   if (checked) {
-    j["verify"] = {{"placement", placement_name(vo.placement)},
-                   {"params", checked->params},
-                   {"device", "sim (Note [Verify on the sim device])"},
-                   {"plan", checked->plan},
-                   {"plan_matches", checked->plan_matches},
-                   {"predicted_step_s", checked->predicted_s},
-                   {"runtime_predicted_step_s", checked->runtime_predicted_s},
-                   {"measured_step_s", checked->measured_s},
-                   {"ratio", checked->ratio},
-                   {"within_25_percent", checked->ratio > 0.75 && checked->ratio < 1.25},
-                   {"budgets_held", checked->budgets_held},
-                   {"gpu_budget_bytes", checked->budgets.gpu_bytes},
-                   {"gpu_chunk_budget_bytes", checked->gpu_chunk_budget_bytes},
-                   {"gpu_high_water_bytes", checked->gpu_high_water_bytes},
-                   {"host_budget_bytes", checked->host_budget_bytes},
-                   {"host_high_water_bytes", checked->host_high_water_bytes},
-                   {"nvme_budget_bytes", 2 * checked->budgets.nvme_bytes},
-                   {"nvme_bytes", checked->nvme_bytes}};
+    j["verify"] = {
+        {"placement", placement_name(vo.placement)},
+        {"params", checked->params},
+        {"device", "sim (Note [Verify on the sim device])"},
+        {"plan", checked->plan},
+        {"plan_matches", checked->plan_matches},
+        {"predicted_step_s", checked->predicted_s},
+        {"runtime_predicted_step_s", checked->runtime_predicted_s},
+        {"measured_step_s", checked->measured_s},
+        {"ratio", checked->ratio},
+        {"within_25_percent", checked->ratio > 1 - kVerifyTolerance && checked->ratio < 1 + kVerifyTolerance},
+        {"passed", checked->passed()},
+        {"budgets_held", checked->budgets_held},
+        {"gpu_budget_bytes", checked->budgets.gpu_bytes},
+        {"gpu_chunk_budget_bytes", checked->gpu_chunk_budget_bytes},
+        {"gpu_high_water_bytes", checked->gpu_high_water_bytes},
+        {"host_budget_bytes", checked->host_budget_bytes},
+        {"host_high_water_bytes", checked->host_high_water_bytes},
+        {"nvme_budget_bytes", checked->budgets.nvme_bytes},
+        {"nvme_bytes", checked->nvme_bytes},
+        {"tokens", checked->tokens},
+        {"compute_gflops_measured", checked->compute_flops_per_s / 1e9}};
+    nlohmann::json terms = nlohmann::json::array();
+    for (const VerifyTerm& t : verify_terms(*checked)) {
+      terms.push_back({{"name", t.name},
+                       {"predicted_s", t.predicted_s},
+                       {"measured_busy_s", t.measured_s},
+                       {"predicted_bytes", t.predicted_bytes},
+                       {"measured_bytes", t.measured_bytes}});
+    }
+    j["verify"]["terms"] = terms;
   }
   j["elapsed_s"] = elapsed_s;
   if (s.json) {
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     fmt::print("strata-probe — this machine\n");
-    fmt::print("  host      {}; memlock {}\n", host->topology,
-               host->memlock_bytes == UINT64_MAX ? "unlimited" : format_bytes(host->memlock_bytes));
+    fmt::print(
+        "  host      {}; memlock {}\n",
+        host_line(*host, cap.host_bytes,
+                  flags->host_budget ? HostCapacitySource::kHostBudget : HostCapacitySource::kRamShare),
+        host->memlock_bytes == UINT64_MAX ? "unlimited" : format_bytes(host->memlock_bytes));
     if (sim) {
       fmt::print("  GPU       none: {}\n", device->why);
       fmt::print(
@@ -421,7 +457,7 @@ int run(const Settings& s) {
     } else {
       fmt::print("  NVMe      not measured (give --nvme DIR)\n");
     }
-    fmt::print("  CPU opt   {:.0f} Mparams/s (fp32 AdamW, {} threads)\n", *cpu / 1e6, host->cores);
+    fmt::print("  CPU opt   {:.0f} Mparams/s (fp32 AdamW, {} threads)\n", *cpu / 1e6, threads);
     fmt::print("  memory    {:.1f} GiB/s of host memory traffic (parallel copy, read + write)\n",
                *memory_rate / static_cast<double>(kGiB));
     fmt::print(
@@ -436,7 +472,7 @@ int run(const Settings& s) {
                "bottleneck", "fits your model");
     for (const Estimate& e : rows) {
       if (!e.feasible) {
-        fmt::print("{:<20}{:>12}{:>9}{:>14}  {}\n", placement_name(e.placement), "-", "-", "-", e.why);
+        fmt::print("{:<20}{:>12}{:>9}{:>14}  {}\n", placement_name(e.placement), "-", "-", "-", e.reason);
         continue;
       }
       fmt::print("{:<20}{:>12}{:>9}{:>14}  {:<14}{}\n", placement_name(e.placement),
@@ -445,6 +481,14 @@ int run(const Settings& s) {
                  e.max_params >= model_params ? "yes" : "no");
     }
     fmt::print("(all-nvme: {})\n", kAllNvmeNote);
+    if (s.verbose) {
+      fmt::print("\nPer placement (--verbose):\n");
+      for (const Estimate& e : rows) {
+        fmt::print("  {:<18}  {}\n", placement_name(e.placement), e.feasible ? e.plan.summary() : e.why);
+      }
+    } else {
+      fmt::print("(--verbose: each placement's plan, or the planner's full reason)\n");
+    }
     if (s.needs) {
       fmt::print("\nWhat your model ({} params) needs per placement (least budgets the planner accepts):\n",
                  format_count(model_params));
@@ -465,20 +509,48 @@ int run(const Settings& s) {
           "\nverify ({}, {} params, sim device): measured {:.3f} s vs predicted {:.3f} s (ratio {:.2f}, {}); "
           "runtime's own prediction {:.3f} s\n",
           placement_name(vo.placement), format_count(v.params), v.measured_s, v.predicted_s, v.ratio,
-          v.ratio > 0.75 && v.ratio < 1.25 ? "within 25%" : "OUTSIDE 25%", v.runtime_predicted_s);
-      fmt::print("  plan: {}{}\n", v.plan, v.plan_matches ? "" : "  (NOT the placement asked for)");
+          v.ratio > 1 - kVerifyTolerance && v.ratio < 1 + kVerifyTolerance ? "within 25%" : "OUTSIDE 25%",
+          v.runtime_predicted_s);
+      fmt::print(
+          "  compute: real products over {} tokens at the {:.1f} GFLOP/s measured before the run (Note "
+          "[Verify "
+          "compute]); predicted bottleneck {} ({:.3f} s) + tail {:.3f} s\n",
+          v.tokens, v.compute_flops_per_s / 1e9, v.predicted_cost.bottleneck, v.predicted_cost.bound_s,
+          v.predicted_cost.tail_s);
+      fmt::print("  {:<14}{:>12}{:>12}{:>8}{:>14}{:>14}\n", "term", "pred. s", "busy s", "ratio",
+                 "pred. bytes", "bytes");
+      for (const VerifyTerm& t : verify_terms(v)) {
+        fmt::print("  {:<14}{:>12.3f}{:>12.3f}{:>8}{:>14}{:>14}\n", t.name, t.predicted_s, t.measured_s,
+                   t.predicted_s > 0 ? fmt::format("{:.2f}", t.measured_s / t.predicted_s) : "-",
+                   t.predicted_bytes + t.measured_bytes > 0 ? format_bytes(t.predicted_bytes) : "-",
+                   t.predicted_bytes + t.measured_bytes > 0 ? format_bytes(t.measured_bytes) : "-");
+      }
+      if (s.verbose || !v.plan_matches) {
+        fmt::print("  plan: {}{}\n", v.plan, v.plan_matches ? "" : "  (NOT the placement asked for)");
+      }
       fmt::print(
           "  budgets {} (high water / budget): gpu chunks {} / {} (+ {} modelled activations), host {} / {}, "
           "nvme {} / {}\n",
           v.budgets_held ? "held" : "EXCEEDED", format_bytes(v.gpu_high_water_bytes),
           format_bytes(v.gpu_chunk_budget_bytes),
           format_bytes(v.budgets.gpu_bytes - v.gpu_chunk_budget_bytes), format_bytes(v.host_high_water_bytes),
-          format_bytes(v.host_budget_bytes), format_bytes(v.nvme_bytes),
-          format_bytes(2 * v.budgets.nvme_bytes));
+          format_bytes(v.host_budget_bytes), format_bytes(v.nvme_bytes), format_bytes(v.budgets.nvme_bytes));
     }
     fmt::print("\n(probe took {:.1f} s)\n", elapsed_s);
   }
-  if (checked && !(checked->budgets_held && checked->plan_matches)) return 3;
+  if (checked && !checked->passed()) {
+    // Note [Verify exit code]: 0 the check passed, 1 an error (nothing was
+    // checked), 3 the check ran and failed — a ratio outside ±25 %, a budget
+    // exceeded, or a plan other than the placement asked for.
+    std::fprintf(stderr, "strata-probe: --verify failed: %s\n",
+                 fmt::format("ratio {:.2f} (measured {:.3f} s / predicted {:.3f} s, must be within 1 ± "
+                             "{:.2f}); budgets {}; plan {}",
+                             checked->ratio, checked->measured_s, checked->predicted_s, kVerifyTolerance,
+                             checked->budgets_held ? "held" : "EXCEEDED",
+                             checked->plan_matches ? "as asked" : "NOT the placement asked for")
+                     .c_str());
+    return 3;
+  }
   return 0;
 }
 
@@ -513,11 +585,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--optimizer-params", s.optimizer_params, "CPU optimizer test size")->capture_default_str();
   app.add_flag("--verify", s.verify,
-               "train a few steps of a synthetic model and compare with the prediction");
+               "train a few steps of a synthetic model and compare with the prediction; exit 3 when "
+               "measured/predicted is outside 1 +- 0.25 or a budget was exceeded");
   app.add_option("--verify-placement", s.verify_placement,
                  "placement to verify (default optim-nvme with --nvme)");
   app.add_option("--verify-params", s.verify_params, "size to verify (default: recommended, at most 64M)");
   app.add_option("--verify-steps", s.verify_steps, "timed steps")->capture_default_str();
+  app.add_flag("--verbose", s.verbose, "also print each placement's plan (or the planner's full reason)");
   app.add_flag("--needs", s.needs,
                "also print the least gpu/host/nvme budgets your model needs per placement");
   // One line on a bad command line, as every other refusal (the fuzz test checks it).

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 
@@ -56,6 +57,17 @@ struct AlignedBuffer {
   std::size_t size;
 };
 
+// Runs fn on one of `pool`'s workers and waits: a kernel's parallel_for called
+// there runs on the pool's workers only, as the runtime's optimizer tasks do,
+// whereas called from this thread it would add the caller as one more worker
+// (ThreadPool::parallel_for) and measure threads + 1 threads.
+template <typename Fn>
+auto on_pool(ThreadPool& pool, Fn fn) -> decltype(fn()) {
+  std::promise<decltype(fn())> done;
+  pool.post([&] { done.set_value(fn()); });
+  return done.get_future().get();
+}
+
 double median3(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -67,6 +79,7 @@ Result<HostInfo> measure_host() {
   HostInfo h;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<memory::Topology> topo, memory::Topology::discover());
   h.cores = topo->cores();
+  h.pus = topo->pus();
   h.numa_nodes = topo->numa_nodes().size();
   h.topology = topo->summary();
   h.ram_bytes = memory::physical_memory_bytes();
@@ -274,11 +287,13 @@ Result<double> measure_host_memory(std::uint64_t bytes, std::size_t threads, con
   std::memset(dst.data, 0, bytes);
   std::vector<double> rates;
   for (int i = 0; i < 4; ++i) {
-    const auto start = Clock::now();
-    pool->parallel_for(bytes / 4096, 0, [&](std::size_t, std::size_t begin, std::size_t end) {
-      std::memcpy(dst.data + begin * 4096, src.data + begin * 4096, (end - begin) * 4096);
+    const double s = on_pool(*pool, [&] {
+      const auto start = Clock::now();
+      pool->parallel_for(bytes / 4096, 0, [&](std::size_t, std::size_t begin, std::size_t end) {
+        std::memcpy(dst.data + begin * 4096, src.data + begin * 4096, (end - begin) * 4096);
+      });
+      return since(start);
     });
-    const double s = since(start);
     if (i > 0) rates.push_back(2.0 * static_cast<double>(bytes) / s);  // the first one warms up
     report(progress, "host memory", (i + 1) / 4.0);
   }
@@ -301,7 +316,7 @@ Result<double> measure_cpu_optimizer(std::uint64_t params, std::size_t threads, 
   for (int i = 0; i < 4; ++i) {
     args.step = i + 1;
     const auto start = Clock::now();
-    STRATA_ASSIGN_OR_RETURN(kernels::StepReport r, kernels::step(args));
+    STRATA_ASSIGN_OR_RETURN(kernels::StepReport r, on_pool(*pool, [&] { return kernels::step(args); }));
     const double s = since(start);
     if (!r.applied) return internal_error("probe: the optimizer step on finite gradients was not applied");
     if (i > 0) rates.push_back(static_cast<double>(params) / s);  // the first one warms up

@@ -47,6 +47,7 @@ struct NvmeInfo {
 //! Host facts.
 struct HostInfo {
   std::size_t cores = 0;
+  std::size_t pus = 0;  //!< hardware threads
   std::size_t numa_nodes = 0;
   std::uint64_t ram_bytes = 0;
   std::uint64_t memlock_bytes = 0;  //!< RLIMIT_MEMLOCK soft limit; UINT64_MAX = unlimited
@@ -70,11 +71,13 @@ Result<DeviceInfo> measure_device(memory::DeviceOptions options, std::uint64_t c
 Result<NvmeInfo> measure_nvme(const std::string& dir, std::uint64_t bytes_max, double seconds_max,
                               const Progress& progress);
 
-//! fp32 AdamW over `params` elements (about 16 bytes each) with `threads` workers,
-//! median of 3 timed steps after a warm-up: parameters per second.
 //! Host memory traffic (read + write bytes a second) of a parallel copy of
-//! `bytes` over `threads` threads, median of 3 (Note [Host memory as a resource]).
+//! `bytes` over exactly `threads` threads, median of 3 (Note [Host memory as a resource]).
 Result<double> measure_host_memory(std::uint64_t bytes, std::size_t threads, const Progress& progress);
+//! fp32 AdamW over `params` elements (about 16 bytes each) on exactly `threads`
+//! threads (a pool of that many, the step started on one of them, as the
+//! runtime's optimizer tasks run), median of 3 timed steps after a warm-up:
+//! parameters per second.
 Result<double> measure_cpu_optimizer(std::uint64_t params, std::size_t threads, const Progress& progress);
 
 }  // namespace strata::probe

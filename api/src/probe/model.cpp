@@ -279,7 +279,7 @@ Result<runtime::PlanInput> plan_input(const TrainSpec& spec, std::uint64_t layer
   }
   in.trace.non_chunk_peak_bytes = *acts;
   in.budgets = {.gpu_bytes = capacity.gpu_bytes, .host_bytes = capacity.host_bytes, .nvme_bytes = 0};
-  in.options.allow_gpu_optimizer = placement == Placement::kAllGpu;
+  in.options.allow_gpu_optimizer = placement == Placement::kAllGpu && spec.gpu_optimizer;
   // Only all-nvme lets params spill to NVMe (Note [Probe placements]).
   in.options.allow_nvme_params = placement == Placement::kAllNvme;
   if (placement == Placement::kOptimNvme || placement == Placement::kAllNvme) {
@@ -333,6 +333,23 @@ Result<runtime::Plan> try_plan(const TrainSpec& spec, std::uint64_t layers, Plac
 
 }  // namespace
 
+std::string short_reason(std::string_view why, Placement placement) {
+  // The planner's budget errors read "<which> budget is <have> but ..." (planner.cpp).
+  for (std::string_view budget : {"gpu", "host", "nvme"}) {
+    if (why.starts_with(fmt::format("{} budget is", budget)) ||
+        why.starts_with(fmt::format("{}_budget", budget))) {
+      return fmt::format("1 layer exceeds the {} budget", budget);
+    }
+  }
+  if (why.starts_with("not even")) {
+    return placement == Placement::kAllGpu || placement == Placement::kOptimHost
+               ? "GPU too small for 1 layer + activations"
+               : "planner picks another placement";
+  }
+  constexpr std::size_t kShort = 40;
+  return why.size() <= kShort ? std::string(why) : std::string(why.substr(0, kShort - 3)) + "...";
+}
+
 Status plan_fits(const TrainSpec& spec, Placement placement, const Capacity& capacity) {
   return try_plan(spec, spec.shape.layers, placement, capacity).status();
 }
@@ -343,11 +360,20 @@ Estimate estimate(const TrainSpec& spec, Placement placement, const Capacity& ca
   e.placement = placement;
   if ((placement == Placement::kOptimNvme || placement == Placement::kAllNvme) && capacity.nvme_bytes == 0) {
     e.why = "no NVMe tier (give --nvme DIR)";
+    e.reason = "no NVMe tier (--nvme DIR)";
+    return e;
+  }
+  if (placement == Placement::kAllGpu && !spec.gpu_optimizer) {
+    e.why =
+        "the runtime runs optimizer steps on the CPU with this device (the CUDA optimizer is not wired into "
+        "it yet), so it cannot train everything on the GPU";
+    e.reason = "runtime has no GPU optimizer here";
     return e;
   }
   auto first = try_plan(spec, 1, placement, capacity);
   if (!first.ok()) {
     e.why = first.status().message();
+    e.reason = short_reason(e.why, placement);
     return e;
   }
   // Note [Probe layer bound]

@@ -83,6 +83,9 @@ struct TrainSpec {
   kernels::Optimizer optimizer = kernels::Optimizer::kAdamW;
   kernels::DType state_dtype = kernels::DType::kF32;
   double device_flops_per_s = 400e12;  //!< sustained compute rate of the device (assumed)
+  //! The runtime runs optimizer steps on the device (runtime::gpu_optimizer_supported):
+  //! without it the all-gpu placement is not offered.
+  bool gpu_optimizer = true;
 };
 
 //! The runtime settings a run of `spec` gets: compute and state dtypes, the
@@ -139,10 +142,16 @@ struct Estimate {
   std::uint64_t max_params = 0;  //!< params at that layer count
   runtime::StepCost cost;        //!< predicted step at max_params
   runtime::Plan plan;
-  std::string why;  //!< when infeasible: the planner's message or the missing tier
+  std::string why;     //!< when infeasible: the planner's message or the missing tier
+  std::string reason;  //!< when infeasible: a few words for the table cell (why has the rest)
   //! The bisection stopped at kLayersMax layers: max_params is a lower bound.
   bool capped = false;
 };
+
+//! A few words for a table cell from a reason `estimate` failed (the planner's
+//! budget error names its budget; a plan of another placement means the GPU
+//! cannot hold one layer with its activations); other text is cut to 40 characters.
+std::string short_reason(std::string_view why, Placement placement);
 
 //! Bound on the layer counts the probe plans (Note [Probe layer bound]).
 inline constexpr std::uint64_t kLayersMax = 4096;

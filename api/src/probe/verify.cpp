@@ -7,7 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <thread>
+#include <vector>
 
 #include "strata/common/assert.hpp"
 #include "strata/common/bytes.hpp"
@@ -22,9 +22,69 @@ namespace fs = std::filesystem;
 using runtime::Access;
 using runtime::StateKind;
 
-void sleep_s(double s) {
-  std::this_thread::sleep_for(std::chrono::duration<double>(s));
+using Clock = std::chrono::steady_clock;
+
+// Note [Verify compute]: the synthetic layer's products, on one thread. Loops are
+// ordered so W (h x n, streamed) is read once per call and the token rows (T x n)
+// stay in cache; the inner loops are unit-stride so the compiler vectorises them.
+
+// Y[t x n] = X[t x h] W[h x n]
+void layer_forward(const float* w, const float* x, float* y, std::size_t t, std::size_t h, std::size_t n) {
+  std::fill(y, y + t * n, 0.0f);
+  for (std::size_t k = 0; k < h; ++k) {
+    const float* wk = w + k * n;
+    for (std::size_t i = 0; i < t; ++i) {
+      const float a = x[i * h + k];
+      float* yi = y + i * n;
+      for (std::size_t j = 0; j < n; ++j) yi[j] += a * wk[j];
+    }
+  }
 }
+
+// dW[h x n] = X^T dY, dX[t x h] = dY W^T (dY: t x n)
+void layer_backward(const float* w, const float* x, const float* dy, float* dw, float* dx, std::size_t t,
+                    std::size_t h, std::size_t n) {
+  constexpr std::size_t kLanes = 8;  // partial sums the compiler can keep in vector registers
+  for (std::size_t k = 0; k < h; ++k) {
+    const float* wk = w + k * n;
+    float* dwk = dw + k * n;
+    std::fill(dwk, dwk + n, 0.0f);
+    for (std::size_t i = 0; i < t; ++i) {
+      const float a = x[i * h + k];
+      const float* dyi = dy + i * n;
+      for (std::size_t j = 0; j < n; ++j) dwk[j] += a * dyi[j];
+      float acc[kLanes] = {};
+      std::size_t j = 0;
+      for (; j + kLanes <= n; j += kLanes) {
+        for (std::size_t u = 0; u < kLanes; ++u) acc[u] += dyi[j + u] * wk[j + u];
+      }
+      float sum = 0.0f;
+      for (; j < n; ++j) sum += dyi[j] * wk[j];
+      for (float v : acc) sum += v;
+      dx[i * h + k] = sum;
+    }
+  }
+}
+
+// The verify model's layer shape (Note [Verify compute]): h x 12h weights.
+struct LayerShape {
+  std::size_t tokens, hidden, cols;
+  explicit LayerShape(std::uint64_t t, std::uint64_t h) : tokens(t), hidden(h), cols(12 * h) {}
+  double flops() const { return 3.0 * runtime::forward_flops(static_cast<double>(hidden * cols), tokens); }
+};
+
+// Scratch for the products: activations and, for a compute dtype other than
+// fp32, the weights and their gradient.
+struct LayerScratch {
+  explicit LayerScratch(const LayerShape& s, bool own_weights)
+      : x(s.tokens * s.hidden, 1e-2f),
+        y(s.tokens * s.cols),
+        dy(s.tokens * s.cols, 1e-3f),
+        dx(s.tokens * s.hidden),
+        w(own_weights ? s.hidden * s.cols : 0, 1e-2f),
+        dw(own_weights ? s.hidden * s.cols : 0) {}
+  std::vector<float> x, y, dy, dx, w, dw;
+};
 
 // Note [Largest verify model]
 // When the asked size does not fit, the message gives the largest *verify* model
@@ -55,29 +115,99 @@ Status too_large(const VerifyOptions& o, const Status& why) {
                             format_count(params)));
 }
 
+// Tokens for the verify model (Note [Verify compute]): the compute about half the
+// busiest other resource of the step at `rate`, 1 .. 1024.
+Result<std::uint64_t> choose_tokens(const VerifyOptions& o, double rate) {
+  VerifyOptions one = o;
+  one.spec.shape.seq = 1;
+  one.spec.shape.batch = 1;
+  one.spec.device_flops_per_s = rate;
+  if (Status fits = plan_fits(one.spec, o.placement, o.capacity); !fits.ok()) return too_large(one, fits);
+  STRATA_ASSIGN_OR_RETURN(runtime::Budgets b, tight_budgets(one.spec, o.placement, o.capacity, o.rates));
+  Capacity tight{b.gpu_bytes, b.host_bytes, b.nvme_bytes};
+  STRATA_ASSIGN_OR_RETURN(Estimate e, estimate_at(one.spec, o.placement, tight, o.rates));
+  const runtime::StepCost& c = e.cost;
+  const double others = std::max({c.h2d_s, c.d2h_s, c.disk_read_s, c.disk_write_s, c.cpu_optim_s,
+                                  c.gpu_optim_s, c.host_memory_s, c.disk_s});
+  STRATA_ASSIGN_OR_RETURN(std::uint64_t params, shape_params(o.spec.shape));
+  const double per_token_s = 6.0 * static_cast<double>(params) / rate;
+  return std::clamp<std::uint64_t>(static_cast<std::uint64_t>(0.5 * others / per_token_s), 1, 1024);
+}
+
 }  // namespace
+
+std::vector<VerifyTerm> verify_terms(const VerifyResult& r) {
+  const runtime::StepCost& c = r.predicted_cost;
+  const runtime::StepStats& m = r.measured_stats;
+  auto busy = [&](runtime::Track t) { return m.busy_s[static_cast<std::size_t>(t)]; };
+  using runtime::Track;
+  return {
+      {"compute", c.compute_s, busy(Track::kCompute), 0, 0},
+      {"h2d", c.h2d_s, busy(Track::kH2D), c.bytes_h2d, m.bytes_h2d},
+      {"d2h", c.d2h_s, busy(Track::kD2H), c.bytes_d2h, m.bytes_d2h},
+      {"disk_read", c.disk_read_s, busy(Track::kDiskRead), c.bytes_disk_read, m.bytes_disk_read},
+      {"disk_write", c.disk_write_s, busy(Track::kDiskWrite), c.bytes_disk_write, m.bytes_disk_write},
+      {"cpu_optimizer", c.cpu_optim_s, busy(Track::kCpuOptimizer), 0, 0},
+  };
+}
+
+Result<double> measure_verify_compute(std::uint64_t hidden, std::uint64_t tokens) {
+  if (hidden == 0 || tokens == 0)
+    return invalid_argument("verify compute: hidden {} and tokens {} must be >= 1", hidden, tokens);
+  const LayerShape s(tokens, hidden);
+  LayerScratch m(s, /*own_weights=*/true);
+  std::vector<double> rates;
+  for (int i = 0; i < 4; ++i) {
+    const auto start = Clock::now();
+    layer_forward(m.w.data(), m.x.data(), m.y.data(), s.tokens, s.hidden, s.cols);
+    layer_backward(m.w.data(), m.x.data(), m.dy.data(), m.dw.data(), m.dx.data(), s.tokens, s.hidden, s.cols);
+    const double t = std::chrono::duration<double>(Clock::now() - start).count();
+    if (i > 0) rates.push_back(s.flops() / t);  // the first one warms up
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
+}
 
 // Long on purpose (issue #11's 80-line rule): one training run on the sim
 // device, from set-up through the timed steps to the comparison, in order.
-Result<VerifyResult> verify(const VerifyOptions& o) {
-  if (o.steps < 1 || o.steps > kVerifyStepsMax) {
+Result<VerifyResult> verify(const VerifyOptions& options) {
+  if (options.steps < 1 || options.steps > kVerifyStepsMax) {
     return invalid_argument("--verify-steps = {}: use 1 .. {} (the median of the timed steps is reported)",
-                            o.steps, kVerifyStepsMax);
+                            options.steps, kVerifyStepsMax);
   }
   VerifyResult r;
+  // Note [Verify compute]: the device compute rate is the measured rate of the
+  // layer's products, over tokens chosen for this run.
+  VerifyOptions o = options;
+  // Its compute runs on the sim compute stream's host thread, beside the CPU
+  // optimizer's threads (Note [Host cores as a resource]).
+  o.rates.compute_host_threads = 1;
+  o.spec.shape.seq = 1;  // the fewest activations: a size that does not fit then never will
+  o.spec.shape.batch = 1;
+  if (Status fits = plan_fits(o.spec, o.placement, o.capacity); !fits.ok()) return too_large(o, fits);
+  constexpr std::uint64_t kProbeTokens = 16;
+  STRATA_ASSIGN_OR_RETURN(double rate, measure_verify_compute(o.spec.shape.hidden, kProbeTokens));
+  std::uint64_t tokens = o.tokens;
+  if (tokens == 0) {
+    STRATA_ASSIGN_OR_RETURN(tokens, choose_tokens(o, rate));
+  }
+  STRATA_ASSIGN_OR_RETURN(r.compute_flops_per_s, measure_verify_compute(o.spec.shape.hidden, tokens));
+  o.spec.shape.seq = tokens;
+  o.spec.shape.batch = 1;
+  o.spec.device_flops_per_s = r.compute_flops_per_s;
+  r.tokens = tokens;
   const TrainSpec& spec = o.spec;
   STRATA_ASSIGN_OR_RETURN(r.params, shape_params(spec.shape));
   if (Status fits = plan_fits(spec, o.placement, o.capacity); !fits.ok()) return too_large(o, fits);
-  // The synthetic layers sleep for their modelled compute: bound it, or a slow
-  // --tflops with a long --seq is a run of hours that looks like a hang.
+  // Bound the compute of a step (a slow host with --verify-params in the
+  // billions would run for hours and look like a hang).
   const double compute_s = 6.0 * static_cast<double>(r.params) * static_cast<double>(spec.shape.seq) *
                            static_cast<double>(spec.shape.batch) / spec.device_flops_per_s;
   if (!(compute_s <= kVerifyStepSecondsMax)) {
     return invalid_argument(
-        "--verify: a step of the verify model would model {:.0f} s of compute (--seq {} --batch {} at "
-        "--tflops {}); "
-        "at most {:.0f} s: lower --seq, --batch or --verify-params, or raise --tflops",
-        compute_s, spec.shape.seq, spec.shape.batch, spec.device_flops_per_s / 1e12, kVerifyStepSecondsMax);
+        "--verify: a step of the verify model computes for {:.0f} s here ({} params over {} tokens at the "
+        "measured {:.1f} GFLOP/s); at most {:.0f} s: lower --verify-params",
+        compute_s, format_count(r.params), tokens, spec.device_flops_per_s / 1e9, kVerifyStepSecondsMax);
   }
   STRATA_ASSIGN_OR_RETURN(Estimate predicted, estimate_at(spec, o.placement, o.capacity, o.rates));
   // Note [Verify budgets]: the runtime's host budget is the probe's plus a reserve
@@ -92,7 +222,8 @@ Result<VerifyResult> verify(const VerifyOptions& o) {
   // The prediction at the budgets the runtime will get.
   Capacity tight{r.budgets.gpu_bytes, r.budgets.host_bytes, r.budgets.nvme_bytes};
   STRATA_ASSIGN_OR_RETURN(predicted, estimate_at(spec, o.placement, tight, o.rates));
-  r.predicted_s = predicted.cost.step_s;
+  r.predicted_s = predicted.cost.step_s * o.prediction_scale;
+  r.predicted_cost = predicted.cost;
   r.bottleneck = predicted.cost.bottleneck;
 
   memory::DeviceOptions dopt;
@@ -122,6 +253,10 @@ Result<VerifyResult> verify(const VerifyOptions& o) {
   }
   const std::uint64_t per_layer = 12 * spec.shape.hidden * spec.shape.hidden;
   ro.layout.chunk_elems = align_up(per_layer, 4096);
+  // Outlives the runtime, whose compute stream runs the products on it.
+  const bool f32 = spec.compute_dtype == runtime::DType::kF32;
+  const LayerShape shape(tokens, spec.shape.hidden);
+  LayerScratch scratch(shape, /*own_weights=*/!f32);
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Runtime> rt, runtime::Runtime::create(*device, ro));
 
   std::vector<runtime::TensorId> ids;
@@ -137,46 +272,51 @@ Result<VerifyResult> verify(const VerifyOptions& o) {
     ids.push_back(id);
     numels.push_back(per_layer);
   }
-  const double tokens = static_cast<double>(spec.shape.seq * spec.shape.batch);
-  auto fwd_s = [&](std::size_t i) {
-    return runtime::forward_flops(static_cast<double>(numels[i]), tokens) / spec.device_flops_per_s;
-  };
   const std::uint64_t esize = runtime::dtype_bytes(spec.compute_dtype);
+  // Every family is one h x 12h layer (the embedding too: vocabulary 12h).
+  STRATA_CHECK(std::all_of(numels.begin(), numels.end(), [&](std::uint64_t n) { return n == per_layer; }));
+  LayerScratch* m = &scratch;
 
-  std::vector<double> steady;
-  runtime::StepStats last{};
+  std::vector<runtime::StepStats> steady;
   for (int s = 0; s < o.warmup_steps + o.steps; ++s) {
     for (std::size_t i = 0; i < ids.size(); ++i) {
       STRATA_ASSIGN_OR_RETURN(runtime::Lease p, rt->acquire(ids[i], StateKind::kParam, Access::kRead));
-      STRATA_RETURN_IF_ERROR(rt->launch([t = fwd_s(i)] { sleep_s(t); }));
+      const float* w = f32 ? static_cast<const float*>(p.data()) : m->w.data();
+      STRATA_RETURN_IF_ERROR(rt->launch([w, m, shape] {
+        layer_forward(w, m->x.data(), m->y.data(), shape.tokens, shape.hidden, shape.cols);
+      }));
     }
     for (std::size_t i = ids.size(); i-- > 0;) {
       STRATA_ASSIGN_OR_RETURN(runtime::Lease p, rt->acquire(ids[i], StateKind::kParam, Access::kRead));
       STRATA_ASSIGN_OR_RETURN(runtime::Lease g, rt->acquire(ids[i], StateKind::kGrad, Access::kWrite));
+      const float* w = f32 ? static_cast<const float*>(p.data()) : m->w.data();
       auto* grad = static_cast<std::byte*>(g.data());
       const std::size_t bytes = g.numel() * esize;
-      STRATA_RETURN_IF_ERROR(rt->launch([grad, bytes, t = 2 * fwd_s(i)] {
-        const auto t0 = std::chrono::steady_clock::now();
-        std::memset(grad, 0, bytes);  // the kernel's output: a (zero) gradient
-        std::this_thread::sleep_until(t0 + std::chrono::duration<double>(t));
+      STRATA_RETURN_IF_ERROR(rt->launch([w, m, shape, grad, bytes, f32] {
+        float* dw = f32 ? reinterpret_cast<float*>(grad) : m->dw.data();
+        layer_backward(w, m->x.data(), m->dy.data(), dw, m->dx.data(), shape.tokens, shape.hidden,
+                       shape.cols);
+        if (!f32) std::memset(grad, 0, bytes);  // a (zero) gradient in the compute dtype
       }));
     }
     STRATA_ASSIGN_OR_RETURN(runtime::StepStats st, rt->step());
     if (s >= o.warmup_steps) {
-      steady.push_back(st.step_s);
       r.gpu_high_water_bytes = std::max(r.gpu_high_water_bytes, st.gpu_high_water_bytes);
       r.host_high_water_bytes = std::max(r.host_high_water_bytes, st.host_high_water_bytes);
       r.nvme_bytes = std::max(r.nvme_bytes, st.nvme_bytes);
-      last = st;
+      steady.push_back(st);
     }
   }
   STRATA_CHECK(!steady.empty());  // steps >= 1, checked above
-  std::sort(steady.begin(), steady.end());
-  r.measured_s = steady[steady.size() / 2];
+  std::sort(steady.begin(), steady.end(),
+            [](const runtime::StepStats& a, const runtime::StepStats& b) { return a.step_s < b.step_s; });
+  r.measured_stats = steady[steady.size() / 2];
+  r.measured_s = r.measured_stats.step_s;
+  const runtime::StepStats& last = r.measured_stats;
   r.ratio = r.measured_s / r.predicted_s;
   r.plan = rt->plan().summary();
   r.plan_matches = plan_matches(rt->plan(), o.placement);
-  r.runtime_predicted_s = rt->predict(o.rates).step_s;
+  r.runtime_predicted_s = rt->predict(o.rates).step_s * o.prediction_scale;
   r.budgets_held = r.gpu_high_water_bytes <= ro.budgets.gpu_bytes &&
                    r.host_high_water_bytes <= ro.budgets.host_bytes &&
                    (ro.budgets.nvme_bytes == 0 || r.nvme_bytes <= ro.budgets.nvme_bytes);

@@ -9,10 +9,13 @@
 // With perfect overlap the step takes as long as the busiest resource (`bound_s`).
 // What cannot overlap is added as a tail: the optimizer step of the family whose
 // gradients complete last (it starts only when backward ends) and the upload of
-// its param (the first thing the next forward needs). Byte counts come from
-// replaying the traced sequence against the plan's GPU cache with the same
-// farthest-next-use eviction the scheduler uses, so they are exact for a step
-// that follows the trace. strata-probe uses this same model.
+// its param (the first thing the next forward needs); its NVMe states' write-back
+// is not tail, it goes on after step() returns (Note [Write-back after step]).
+// Byte counts come from replaying the traced sequence against the plan's GPU
+// slots with the runtime's own slot choice — idle victims first, prefetch, a
+// streamed param dropped when its update commits (Note [Cost model follows the
+// runtime] in cost_model.cpp) — so they are exact for a step that follows the
+// trace on a device that keeps up. strata-probe uses this same model.
 //
 // Note [Host memory as a resource]
 // Copies, the CPU optimizer and disk DMA all move bytes through host memory, and
@@ -23,6 +26,14 @@
 // memcpy: Rates::copy_host_passes), disk reads and writes once, the CPU
 // optimizer's reads and writes (gradient, params, master and states), and the
 // staging copy of an NVMe family's param.
+//
+// Note [Host cores as a resource]
+// On the sim device the device's compute runs on host threads too, beside the
+// CPU optimizer's: with Rates::compute_host_threads and Rates::cpu_threads set,
+// the host's cores are one more resource, busy for the compute's share of them
+// (compute_s x compute_host_threads / cpu_threads) plus the CPU optimizer's time
+// (its rate was measured on all cpu_threads). strata-probe --verify sets them: its
+// layers are real products on the sim compute stream (Note [Verify compute]).
 
 #include <cstdint>
 #include <string>
@@ -46,6 +57,11 @@ struct Rates {
   double host_memory_bytes_per_s = 0;
   //! Host memory passes per copied byte: 1 for DMA, 2 for the sim device's memcpy.
   double copy_host_passes = 1.0;
+  //! Host threads the device's compute occupies (the sim device's compute stream:
+  //! 1); 0 = the compute is not on the host (Note [Host cores as a resource]).
+  double compute_host_threads = 0;
+  //! Threads cpu_optim_params_per_s was measured on; 0 = not modelled.
+  double cpu_threads = 0;
 };
 
 //! Work and time per resource for one steady step.
@@ -59,6 +75,7 @@ struct StepCost {
   std::uint64_t bytes_host_memory = 0;  //!< Note [Host memory as a resource]
   double compute_s = 0, h2d_s = 0, d2h_s = 0, disk_read_s = 0, disk_write_s = 0, cpu_optim_s = 0,
          gpu_optim_s = 0, host_memory_s = 0, disk_s = 0;
+  double host_cpu_s = 0;   //!< Note [Host cores as a resource]
   double bound_s = 0;      //!< busiest resource
   double tail_s = 0;       //!< what cannot overlap
   double step_s = 0;       //!< predicted = bound_s + tail_s
@@ -77,9 +94,10 @@ constexpr double forward_flops(double params, double tokens) {
 //! time for any work on that resource (so a missing link shows as the bottleneck).
 StepCost predict_step(const PlanInput& input, const Plan& plan, const Rates& rates);
 
-//! Number of param chunk fetches (host->device) per steady step when the traced
-//! sequence runs against `slots` GPU slots with farthest-next-use eviction; grads
-//! hold a slot from their first backward use to their last. Exposed for tests.
+//! Number of param chunk loads (host->device, on demand and prefetched) per steady
+//! step when the traced sequence runs against the plan's GPU slots as the runtime
+//! picks them (Note [Cost model follows the runtime]); their bytes in *fetch_bytes.
+//! Exposed for tests.
 std::uint64_t simulate_param_fetches(const PlanInput& input, const Plan& plan, std::uint64_t* fetch_bytes);
 
 }  // namespace strata::runtime

@@ -158,6 +158,13 @@ struct StepStats {
   double comm_s = 0.0;           //!< blocked in collectives (data parallelism)
 };
 
+//! Whether the runtime runs optimizer steps on a device of `kind` (so a plan may
+//! keep everything, optimizer included, on the GPU): the sim device's "kernels"
+//! are the CPU ones, so yes; the CUDA optimizer is not wired into the runtime yet
+//! (docs/architecture-notes.md, 8), so with cuda every family steps on the CPU.
+//! Thread-safe.
+bool gpu_optimizer_supported(memory::DeviceKind kind);
+
 //! The chunk runtime. See the usage example above and Note [Runtime threading].
 class Runtime {
  public:

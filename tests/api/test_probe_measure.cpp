@@ -1,0 +1,84 @@
+// strata-probe's measurements (api/src/probe/measure.hpp): the thread count a
+// rate is reported for is the number of threads that did the work.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "probe/measure.hpp"
+
+namespace strata::probe {
+namespace {
+
+// CPU time (user + system, clock ticks) of each thread of this process, by thread id.
+std::map<int, long> thread_cpu_ticks() {
+  std::map<int, long> ticks;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;  // the thread ended
+    // Fields after the command name (in parentheses, may hold spaces): state is
+    // field 3, utime 14, stime 15.
+    std::istringstream rest(line.substr(line.rfind(')') + 2));
+    std::string field;
+    long utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && rest >> field; ++i) {
+      if (i == 14) utime = std::stol(field);
+      if (i == 15) stime = std::stol(field);
+    }
+    ticks[std::stoi(entry.path().filename().string())] = utime + stime;
+  }
+  return ticks;
+}
+
+// The threads that ran a measurement: those whose CPU time grew between its
+// first progress report (after the warm-up step) and its last (after the timed
+// steps) by at least a quarter of the busiest thread's growth.
+std::size_t threads_that_worked(const std::map<int, long>& before, const std::map<int, long>& after) {
+  long most = 0;
+  for (const auto& [tid, t] : after) most = std::max(most, t - (before.contains(tid) ? before.at(tid) : 0));
+  std::size_t n = 0;
+  for (const auto& [tid, t] : after)
+    n += (t - (before.contains(tid) ? before.at(tid) : 0)) * 4 >= most ? 1 : 0;
+  return most > 0 ? n : 0;
+}
+
+// Before the fix the probe printed "2 threads" for a CPU optimizer rate measured
+// on 3: the pool's 2 workers and the calling thread, which ThreadPool::parallel_for
+// puts to work too.
+TEST(ProbeMeasure, CpuOptimizerRateIsMeasuredOnTheThreadsItNames) {
+  constexpr std::size_t kThreads = 2;
+  std::map<int, long> before, after;
+  Progress progress = [&](std::string_view, double fraction) {
+    if (fraction == 0.25) before = thread_cpu_ticks();  // after the warm-up step
+    if (fraction == 1.0) after = thread_cpu_ticks();    // after the timed steps, workers still alive
+  };
+  // Large enough that each timed step takes tens of clock ticks of CPU.
+  auto rate = measure_cpu_optimizer(24'000'000, kThreads, progress);
+  ASSERT_TRUE(rate.ok()) << rate.status().to_string();
+  EXPECT_GT(*rate, 0.0);
+  ASSERT_FALSE(before.empty());
+  ASSERT_FALSE(after.empty());
+  EXPECT_EQ(threads_that_worked(before, after), kThreads);
+}
+
+TEST(ProbeMeasure, HostMemoryRateIsMeasuredOnTheThreadsItNames) {
+  constexpr std::size_t kThreads = 2;
+  std::map<int, long> before, after;
+  Progress progress = [&](std::string_view, double fraction) {
+    if (fraction == 0.25) before = thread_cpu_ticks();
+    if (fraction == 1.0) after = thread_cpu_ticks();
+  };
+  auto rate = measure_host_memory(512 * 1024 * 1024, kThreads, progress);
+  ASSERT_TRUE(rate.ok()) << rate.status().to_string();
+  EXPECT_GT(*rate, 0.0);
+  EXPECT_EQ(threads_that_worked(before, after), kThreads);
+}
+
+}  // namespace
+}  // namespace strata::probe
