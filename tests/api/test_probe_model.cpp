@@ -237,14 +237,17 @@ namespace {
 TEST(ProbePlacements, AllGpuOnlyWhereTheRuntimeRunsTheOptimizerOnTheDevice) {
   const Capacity cap{.gpu_bytes = 16 * kGiB, .host_bytes = 64 * kGiB, .nvme_bytes = 0};
   TrainSpec sim = spec_for(125'000'000);
-  sim.gpu_optimizer = runtime::gpu_optimizer_supported(memory::DeviceKind::kSim);
+  sim.gpu_optimizer = runtime::gpu_optimizer_supported(memory::DeviceKind::kSim, kernels::Optimizer::kLamb);
   const Estimate on_sim = estimate(sim, Placement::kAllGpu, cap, runtime::Rates{});
   EXPECT_TRUE(on_sim.feasible) << on_sim.why;
   EXPECT_TRUE(on_sim.plan.all_gpu);
 
   TrainSpec cuda = sim;
-  cuda.gpu_optimizer = runtime::gpu_optimizer_supported(memory::DeviceKind::kCuda);
-  ASSERT_FALSE(cuda.gpu_optimizer) << "the runtime runs the CUDA optimizer now: this test's premise is gone";
+  // LAMB needs the host between its passes: on CUDA it steps on the CPU (AdamW would not).
+  cuda.optimizer = kernels::Optimizer::kLamb;
+  cuda.gpu_optimizer = runtime::gpu_optimizer_supported(memory::DeviceKind::kCuda, cuda.optimizer);
+  ASSERT_FALSE(cuda.gpu_optimizer);
+  EXPECT_TRUE(runtime::gpu_optimizer_supported(memory::DeviceKind::kCuda, kernels::Optimizer::kAdamW));
   const Estimate on_cuda = estimate(cuda, Placement::kAllGpu, cap, runtime::Rates{});
   EXPECT_FALSE(on_cuda.feasible);
   EXPECT_NE(on_cuda.why.find("CPU"), std::string::npos) << on_cuda.why;

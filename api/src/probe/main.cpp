@@ -216,8 +216,8 @@ int run(const Settings& s) {
   if (nvme) cap.nvme_bytes = nvme->free_bytes / 10 * 9;
   const bool sim = device->kind == "sim";
   // The all-gpu row only where the runtime runs optimizer steps on this device.
-  spec->gpu_optimizer =
-      runtime::gpu_optimizer_supported(sim ? memory::DeviceKind::kSim : memory::DeviceKind::kCuda);
+  spec->gpu_optimizer = runtime::gpu_optimizer_supported(
+      sim ? memory::DeviceKind::kSim : memory::DeviceKind::kCuda, spec->optimizer);
   runtime::Rates rates;
   rates.h2d_bytes_per_s = device->h2d_bytes_per_s;
   rates.d2h_bytes_per_s = device->d2h_bytes_per_s;

@@ -158,12 +158,12 @@ struct StepStats {
   double comm_s = 0.0;           //!< blocked in collectives (data parallelism)
 };
 
-//! Whether the runtime runs optimizer steps on a device of `kind` (so a plan may
-//! keep everything, optimizer included, on the GPU): the sim device's "kernels"
-//! are the CPU ones, so yes; the CUDA optimizer is not wired into the runtime yet
-//! (docs/architecture-notes.md, 8), so with cuda every family steps on the CPU.
-//! Thread-safe.
-bool gpu_optimizer_supported(memory::DeviceKind kind);
+//! Whether the runtime runs optimizer `o`'s steps on a device of `kind` (so a plan
+//! may keep everything, optimizer included, on the GPU): the sim device's "kernels"
+//! are the CPU ones, so yes; on CUDA, kernels::cuda_step_enqueue runs every
+//! optimizer without a host phase between its passes (not lamb, lars, came: those
+//! step on the CPU). Thread-safe.
+bool gpu_optimizer_supported(memory::DeviceKind kind, kernels::Optimizer o);
 
 //! The chunk runtime. See the usage example above and Note [Runtime threading].
 class Runtime {
