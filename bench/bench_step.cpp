@@ -62,7 +62,8 @@ struct RunResult {
   std::string bottleneck;
   std::vector<Resource> resources;  //!< Note [Rates lower bound]
   PeakRates peaks;
-  double timeline_busiest_s = 0;  //!< the busiest track of the timeline (information)
+  double timeline_busiest_s = 0;        //!< the busiest track of the timeline (information)
+  std::uint64_t params_nvme_bytes = 0;  //!< fp32 params the plan homes on NVMe
 };
 
 //! The bound of Note [Rates lower bound] for one steady step `st` of `rt`.
@@ -227,6 +228,10 @@ Result<RunResult> run_once(const StepOptions& o, const Checked& c, const Scratch
   const double compute_flop = 6.0 * double(per_layer) * double(o.layers) * double(o.tokens);  // 2 fwd + 4 bwd
   rates_bound(*rt, r.stats, peaks, compute_flop, o.flops, r);
   for (double busy : r.stats.busy_s) r.timeline_busiest_s = std::max(r.timeline_busiest_s, busy);
+  for (runtime::FamilyId f = 0; f < rt->plan().families.size(); ++f) {
+    if (rt->plan().families[f].param_home == runtime::Tier::kNvme)
+      r.params_nvme_bytes += rt->layout().families[f].capacity_elems * sizeof(float);
+  }
   return r;
 }
 
@@ -296,6 +301,8 @@ int run(const StepOptions& o) {
       {"stall_s", st.stall_s},
       {"gpu_high_water_bytes", st.gpu_high_water_bytes},
       {"host_high_water_bytes", st.host_high_water_bytes},
+      {"state_bytes", checked->states},
+      {"params_nvme_bytes", last.params_nvme_bytes},
       {"gpu_budget_bytes", gpu},
       {"host_budget_bytes", host},
       {"busy_s", nlohmann::json::object()},

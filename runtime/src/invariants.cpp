@@ -44,6 +44,8 @@ void Residency::check_staging_invariants() const {
     reading += staging_[f].state == Staging::kReading ? 1 : 0;
   }
   STRATA_CHECK(reading == staging_reads_);
+  STRATA_CHECK(staging_buffers_.size() <= staging_max_ || staging_max_ == 0);
+  STRATA_CHECK(staging_free_.size() + staged_.size() == staging_buffers_.size());
 }
 
 void OptimizerPipeline::check_invariants() const {

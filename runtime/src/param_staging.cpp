@@ -39,10 +39,26 @@ std::int64_t Residency::staging_victim(std::size_t window) const {
   return -1;
 }
 
+void Residency::adopt(const Plan& p) {
+  staging_max_ = p.param_staging_buffers;
+  staging_.resize(p.families.size());
+  for (const Chunk& c : core_.chunks) {
+    if (c.kind == StateKind::kParam) staging_buffer_bytes_ = std::max(staging_buffer_bytes_, c.bytes);
+  }
+}
+
+void Residency::release_staging() {
+  for (FamilyId f : staged_) core_.chunk(f, StateKind::kParam).host = nullptr;
+  staged_.clear();
+  for (std::byte* b : staging_buffers_) core_.host->free(b, staging_buffer_bytes_);
+  staging_buffers_.clear();
+  staging_free_.clear();
+}
+
 void Residency::free_staging(FamilyId f) {
   Chunk& c = core_.chunk(f, StateKind::kParam);
   STRATA_CHECK(staging_[f].state == Staging::kReady);
-  core_.host->free(c.host, c.bytes);
+  staging_free_.push_back(c.host);  // back to the pool
   c.host = nullptr;
   staging_[f] = ParamStaging{};
   staged_.erase(std::find(staged_.begin(), staged_.end(), f));
@@ -60,14 +76,22 @@ Status Residency::start_staging(Chunk& c, std::size_t window, bool* started) {
     if (victim < 0) return Status::Ok();
     free_staging(staged_[static_cast<std::size_t>(victim)]);
   }
-  auto buffer = core_.host->allocate(c.bytes);
-  if (!buffer.ok()) {
-    Status s = buffer.status();
-    s.with_context(fmt::format("staging buffer {} of {} for family {}'s NVMe-homed param ({})",
-                               staged_.size() + 1, staging_max_, f, format_bytes(c.bytes)));
-    return s;
+  if (staging_free_.empty()) {
+    // The pool grows to staging_max_ buffers on first use and keeps them.
+    STRATA_CHECK(staging_buffers_.size() < staging_max_);
+    auto buffer = core_.host->allocate(staging_buffer_bytes_);
+    if (!buffer.ok()) {
+      Status s = buffer.status();
+      s.with_context(fmt::format("param staging buffer {} of {} ({}) for family {}'s NVMe-homed param",
+                                 staging_buffers_.size() + 1, staging_max_,
+                                 format_bytes(staging_buffer_bytes_), f));
+      return s;
+    }
+    staging_buffers_.push_back(*buffer);
+    staging_free_.push_back(*buffer);
   }
-  c.host = *buffer;
+  c.host = staging_free_.back();
+  staging_free_.pop_back();
   staged_.push_back(f);
   *started = true;
   ParamStaging& st = staging_[f];

@@ -85,11 +85,11 @@ class Residency {
   Status drop_staging(std::unique_lock<std::mutex>& lock, Chunk& c);
   //! Waits (unlocking) until no staging read is in flight.
   void wait_staging_reads(std::unique_lock<std::mutex>& lock);
-  //! Takes the plan's staging pool size.
-  void adopt(const Plan& p) {
-    staging_max_ = p.param_staging_buffers;
-    staging_.resize(p.families.size());
-  }
+  //! Takes the plan's staging pool size (its buffers are taken from the host
+  //! store on first use and kept: no churn in the pinned arena).
+  void adopt(const Plan& p);
+  //! Returns the staging buffers to the host store (the runtime's destructor).
+  void release_staging();
 
   DeviceSlot& slot_of(const Chunk& c) { return device_slots_[static_cast<std::size_t>(c.device_slot)]; }
   const std::vector<DeviceSlot>& device_slots() const { return device_slots_; }
@@ -144,6 +144,9 @@ class Residency {
   std::vector<ParamStaging> staging_;  //!< per family (Note [NVMe-homed params])
   std::vector<FamilyId> staged_;       //!< families holding a staging buffer, oldest first
   std::uint32_t staging_max_ = 0;
+  std::uint64_t staging_buffer_bytes_ = 0;   //!< the largest param chunk
+  std::vector<std::byte*> staging_buffers_;  //!< every buffer taken, at most staging_max_
+  std::vector<std::byte*> staging_free_;
   int staging_reads_ = 0;  //!< families with a staging read in flight
 };
 

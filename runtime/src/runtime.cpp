@@ -106,6 +106,7 @@ Runtime::~Runtime() {
     m.residency.wait_staging_reads(lock);
   }
   m.core.device.synchronize().ignore();
+  m.residency.release_staging();
   for (Chunk& c : m.core.chunks) {
     if (c.host != nullptr) m.core.host->free(c.host, c.bytes);
     if (m.core.nvme != nullptr) {
