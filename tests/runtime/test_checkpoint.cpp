@@ -252,6 +252,12 @@ TEST(Checkpoint, RefusesADirectoryInsideTheSwapDirectory) {
 TEST(Checkpoint, ReadOnlyDirectoryFailsNamingTheFileAndKeepsThePreviousCheckpoint) {
   // As root every directory is writable: the save runs in a child as uid 65534 (nobody).
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to drop to uid 65534";
+#if defined(__SANITIZE_THREAD__)
+  // fork() runs jemalloc's prefork handler, which locks every arena the earlier
+  // runtimes made: more mutexes than ThreadSanitizer's deadlock detector holds at once
+  // (a CHECK failure in TSan, not a race). The release and ASan builds run it.
+  GTEST_SKIP() << "fork after many jemalloc arenas overflows ThreadSanitizer's lock table";
+#endif
   Dirs dirs;
   {
     Trainer a(Placement::kResident, dirs.nvme_a.path());
