@@ -260,6 +260,18 @@ class Engine {
     throw_if(rt_->flush());
   }
 
+  //! Runtime::save_checkpoint / load_checkpoint (docs/checkpoint.md).
+  void save_checkpoint(const std::string& dir) {
+    check_open();
+    py::gil_scoped_release release;
+    throw_if(rt_->save_checkpoint(dir));
+  }
+  void load_checkpoint(const std::string& dir) {
+    check_open();
+    py::gil_scoped_release release;
+    throw_if(rt_->load_checkpoint(dir));
+  }
+
   std::string describe() {
     check_open();
     return rt_->describe();
@@ -397,6 +409,8 @@ PYBIND11_MODULE(_C, m) {
       .def("set_steps", &Engine::set_steps)
       .def("step", &Engine::step)
       .def("flush", &Engine::flush)
+      .def("save_checkpoint", &Engine::save_checkpoint)
+      .def("load_checkpoint", &Engine::load_checkpoint)
       .def("describe", &Engine::describe)
       .def("device_kind", &Engine::device_kind)
       .def("separate_master", &Engine::separate_master)

@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -487,8 +488,16 @@ Status Runtime::save_checkpoint(const std::string& dir) {
 
   // Note [Checkpoint publish]: the new files carry the next generation, so the
   // published manifest's files are never written.
+  // Past every generation in the directory too: a manifest this build cannot read (a
+  // newer format) still has its files kept.
   std::int64_t generation = 1;
   if (auto prev = read_manifest(root); prev.ok()) generation = prev->value("generation", std::int64_t{0}) + 1;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string fname = entry.path().filename().string();
+    const auto g = fname.find(".g");
+    if (!fname.starts_with("family-") || g == std::string::npos) continue;
+    generation = std::max<std::int64_t>(generation, std::atoll(fname.c_str() + g + 2) + 1);
+  }
 
   const double t0 = m.core.timeline.now_us();
   json files = json::array();
@@ -604,6 +613,7 @@ Status Runtime::load_checkpoint(const std::string& dir) {
   std::vector<bool> seen(m.core.tensors.size(), false);
   std::vector<fs::path> file_paths;
   std::vector<std::uint64_t> file_bytes;
+  std::vector<std::pair<std::uint32_t, GroupHyper>> groups;
   try {
     const auto stripe = manifest.at("stripe_bytes").get<std::uint64_t>();
     if (stripe == 0) return corrupt("load_checkpoint: {} has stripe_bytes 0", mpath);
@@ -687,6 +697,15 @@ Status Runtime::load_checkpoint(const std::string& dir) {
         }
       }
     }
+    for (const json& g : manifest.value("groups", json::array())) {
+      const auto group = g.at("group").get<std::uint32_t>();
+      const GroupHyper h{
+          .set = true, .lr = g.at("lr").get<float>(), .weight_decay = g.at("weight_decay").get<float>()};
+      if (group >= 65536 || !std::isfinite(h.lr) || h.lr < 0 || !std::isfinite(h.weight_decay) ||
+          h.weight_decay < 0)
+        return corrupt("load_checkpoint: {}: group {} has a bad id, lr or weight decay", mpath, group);
+      groups.emplace_back(group, h);
+    }
     STRATA_RETURN_IF_ERROR(verify_files(root, manifest.at("files"), stripe));
   } catch (const json::exception& e) {
     return corrupt("load_checkpoint: {} is malformed: {}", mpath, e.what());
@@ -741,15 +760,12 @@ Status Runtime::load_checkpoint(const std::string& dir) {
     m.core.tensors[id].updates = src[id].steps;
     m.core.tensors[id].group = src[id].group;
   }
-  for (const json& g : manifest.value("groups", json::array())) {
-    const auto group = g.value("group", std::uint32_t{0});
-    if (group >= 65536) continue;
+  for (const auto& [group, h] : groups) {
     if (m.core.groups.size() <= group) m.core.groups.resize(group + 1);
-    m.core.groups[group] =
-        GroupHyper{.set = true, .lr = g.value("lr", 0.0f), .weight_decay = g.value("weight_decay", 0.0f)};
+    m.core.groups[group] = h;
   }
   STRATA_LOG_DEBUG("load_checkpoint: {} generation {} loaded", root.string(),
-                   manifest.value("generation", 0));
+                   manifest.value("generation", json()).dump());
   return Status::Ok();
 }
 

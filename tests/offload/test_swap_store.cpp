@@ -288,22 +288,29 @@ TEST(SwapStoreFork, StaleFilesOfACrashedRunAreReportedAndReclaimed) {
 // Note [Lock of a killed run]: a swap file whose lock outlives the process named in
 // its header (as an io_uring torn down after SIGKILL keeps it) is waited for and
 // reclaimed, not taken for a live store's. Here a grandchild that inherited the
-// child's descriptor holds the lock for 300 ms after the child is gone.
+// child's descriptor holds the lock after the child is gone, until the parent
+// closes a pipe 300 ms into its wait.
 TEST(SwapStoreFork, ALockThatOutlivesItsExitedProcessIsWaitedFor) {
   TempDir a_;
+  int release[2];
+  ASSERT_EQ(::pipe(release), 0);
   pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
+    ::close(release[1]);
     auto engine = make_io_engine({.kind = EngineKind::kPosix});
     if (!engine.ok()) ::_exit(1);
     auto store = SwapStore::create(**engine, {.dirs = {a_.path()}, .slot_bytes = kSlotBytes, .slots = 2});
     if (!store.ok()) ::_exit(2);
-    if (::fork() == 0) {  // the grandchild keeps the file (and its lock) open a while
-      ::usleep(300 * 1000);
+    if (::fork() == 0) {  // the grandchild keeps the file (and its lock) open until the pipe closes
+      char c;
+      while (::read(release[0], &c, 1) > 0) {
+      }
       ::_exit(0);
     }
     ::_exit(0);  // no destructors: the file and its lock stay
   }
+  ::close(release[0]);
   int wstatus = 0;
   ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);
   ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << wstatus;
@@ -311,7 +318,12 @@ TEST(SwapStoreFork, ALockThatOutlivesItsExitedProcessIsWaitedFor) {
   LogCapture log;
   auto engine = make_io_engine({.kind = EngineKind::kPosix});
   ASSERT_TRUE(engine.ok());
+  std::thread releaser([&] {  // no fork() after this point
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ::close(release[1]);
+  });
   auto store = SwapStore::create(**engine, {.dirs = {a_.path()}, .slot_bytes = kSlotBytes, .slots = 2});
+  releaser.join();
   ASSERT_TRUE(store.ok()) << store.status().to_string();
   EXPECT_TRUE(log.contains(fmt::format("still locked by pid {}, which has exited", pid)));
   EXPECT_TRUE(log.contains("stale swap file")) << "then reclaimed as a crashed run's";

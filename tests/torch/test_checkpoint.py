@@ -36,6 +36,50 @@ def test_save_at_10_resume_in_a_fresh_process_equals_20_straight(tmp_path):
             assert torch.equal(o1["state"][i][name], o2["state"][i][name]), (i, name)
 
 
+def test_runtime_checkpoint_at_10_resumes_in_a_fresh_process_bit_exactly(tmp_path):
+    # opt.save_checkpoint / load_checkpoint: strata's own format (docs/checkpoint.md).
+    leg(tmp_path, tmp_path / "nvme_a", "straight")
+    leg(tmp_path, tmp_path / "nvme_b", "rt-first")
+    assert os.path.exists(tmp_path / "rt" / "manifest.json")
+    leg(tmp_path, tmp_path / "nvme_c", "rt-resume")
+    straight = torch.load(tmp_path / "modelstraight.pt")
+    resumed = torch.load(tmp_path / "modelrtresumed.pt")
+    first = torch.load(tmp_path / "modelrt10.pt")
+    for k in straight:
+        assert torch.equal(straight[k], resumed[k]), k
+        assert not torch.equal(first[k], resumed[k]), k  # the resumed leg trained
+    o1, o2 = torch.load(tmp_path / "optstraight.pt"), torch.load(tmp_path / "optrtresumed.pt")
+    assert o1["state"].keys() == o2["state"].keys()
+    for i in o1["state"]:
+        for name in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(o1["state"][i][name], o2["state"][i][name]), (i, name)
+
+
+def test_runtime_checkpoint_of_another_model_is_refused(tmp_path):
+    (tmp_path / "n1").mkdir()
+    (tmp_path / "n2").mkdir()
+    model, kind = make("mlp")
+    model = st.wrap(model, config(model, tmp_path / "n1"))
+    opt = st.AdamW(model.parameters(), lr=1e-2)
+    x, y = inputs(model, kind, 0)
+    loss_of(model, x, y).backward()
+    opt.step()
+    opt.save_checkpoint(tmp_path / "ckpt")
+    other, _ = make("deep")
+    other = st.wrap(other, config(other, tmp_path / "n2"))
+    other_opt = st.AdamW(other.parameters(), lr=1e-2)
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    try:
+        other_opt.load_checkpoint(tmp_path / "ckpt")
+        raise AssertionError("another model's checkpoint was loaded")
+    except RuntimeError as e:
+        assert "manifest.json" in str(e), str(e)
+    for k, v in other.state_dict().items():
+        assert torch.equal(before[k], v), k
+    model.strata.close()
+    other.strata.close()
+
+
 def test_strata_checkpoint_loads_into_plain_torch_and_back(tmp_path):
     # strata trains 4 steps (AdamW) and saves.
     model, kind = make("mlp")

@@ -19,6 +19,7 @@ and strata warns once when it sees that.
 """
 
 import math
+import os
 import warnings
 
 import torch
@@ -178,6 +179,22 @@ class _StrataOptimizer(torch.optim.Optimizer):
                 index += 1
             groups.append(entry)
         return {"state": state, "param_groups": groups}
+
+    def save_checkpoint(self, directory):
+        """Writes strata's own checkpoint of the model and this optimizer (params, fp32 masters,
+        optimizer states and step counters, from whichever tier holds them) into `directory`:
+        one file per chunk family and a manifest, CRC32C-checked, published atomically, so a
+        crash leaves the previous checkpoint there loadable (docs/checkpoint.md). Between steps.
+        The param groups' hyperparameters are the optimizer's constructor arguments: they are
+        not restored by load_checkpoint."""
+        self._wrapped.engine.save_checkpoint(os.fspath(directory))
+
+    def load_checkpoint(self, directory):
+        """Loads a checkpoint written by save_checkpoint (possibly with other budgets, chunk size or
+        placement) into the model and this optimizer; a checkpoint of another model, a newer
+        format, a flipped byte, a truncated file or a missing manifest is refused whole
+        (strata.torch.StrataError naming the file) and nothing is loaded."""
+        self._wrapped.engine.load_checkpoint(os.fspath(directory))
 
     def load_state_dict(self, state_dict):
         """Loads torch.optim's format (from strata or from torch.optim with the same states); every
