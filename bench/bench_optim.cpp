@@ -391,8 +391,8 @@ int run_optim(const OptimOptions& o) {
                o.threads, o.repeats);
     return 2;
   }
-  // The pool runs `threads` workers and parallel_for's caller (outside the
-  // pool) only waits, so `threads` is the number of threads that run pieces
+  // parallel_for runs pieces on its caller and size() - 1 of the pool's
+  // workers, so `threads` is the number of threads that run pieces
   // (threads_used in the output checks it); one thread runs on the caller.
   const std::size_t threads = o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   std::unique_ptr<ThreadPool> pool;

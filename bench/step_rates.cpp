@@ -163,7 +163,7 @@ Status measure_disk(const PeakOptions& o, PeakRates& out) {
 Status measure_cpu(const PeakOptions& o, HostBuffer& host, PeakRates& out) {
   std::unique_ptr<ThreadPool> pool;
   if (o.threads > 1) {
-    STRATA_ASSIGN_OR_RETURN(pool, ThreadPool::create({.threads = o.threads}));  // the caller waits
+    STRATA_ASSIGN_OR_RETURN(pool, ThreadPool::create({.threads = o.threads}));  // the caller is one of them
   }
   const std::size_t n = o.chunk_bytes / 4;
   std::vector<float> master(n, 0.5f), grad(n, 1e-3f), m(n, 0.0f), v(n, 0.0f);

@@ -59,8 +59,7 @@ bool ThreadPool::on_worker() const {
 void ThreadPool::parallel_for(std::size_t count, std::size_t parts,
                               const std::function<void(std::size_t, std::size_t, std::size_t)>& fn) {
   if (parts == 0) parts = size();
-  const bool caller_works = on_worker();
-  if (count == 0 || (parts == 1 && caller_works)) {
+  if (parts == 1 || count == 0 || size() == 1) {
     for (std::size_t p = 0; p < parts; ++p) {
       auto [b, e] = split(count, parts, p);
       fn(p, b, e);
@@ -94,12 +93,11 @@ void ThreadPool::parallel_for(std::size_t count, std::size_t parts,
   };
 
   // Helpers that start after all ranges are claimed return at once without
-  // touching fn (which may be gone by then): they only read `next`. A worker
-  // caller is one of the pool's threads, so it posts one helper fewer.
-  const std::size_t threads = caller_works ? size() - 1 : size();
-  const std::size_t helpers = std::min(caller_works ? parts - 1 : parts, threads);
+  // touching fn (which may be gone by then): they only read `next`. The caller
+  // is one of the size() threads.
+  const std::size_t helpers = std::min(parts - 1, size() - 1);
   for (std::size_t i = 0; i < helpers; ++i) post(run);
-  if (caller_works) run();
+  run();
   std::unique_lock lock(shared->mutex);
   shared->cv.wait(lock, [&] { return shared->done == parts; });
 }

@@ -16,7 +16,8 @@
 //     gradient still on the device and adds the per-span sums in family/span
 //     order, the order grad_stats over all spans used (the same norm, bit for bit).
 // On the sim device the device's kernel is the CPU kernel over slot memory,
-// run from the d2h stream on the pool's workers. A gradient already on host
+// run on the d2h stream's thread and pool workers (RuntimeOptions::threads in
+// all; it needs no free worker, Note [Deadlock-free fork-join]). A gradient already on host
 // (written back between micro-batches), or a device that cannot run the check
 // (CUDA: not wired yet), falls back to a host pass: check_on_host, or the
 // kernel's own kSeparatePass. StepStats::grad_check_host_bytes counts the

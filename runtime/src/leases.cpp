@@ -156,7 +156,7 @@ Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, W
   return lease;
 }
 
-void Runtime::release(Lease& lease) {
+Released Runtime::release(Lease& lease) {
   Impl& m = *impl_;
   std::lock_guard lock(m.core.mu);
   InvariantCheck check(m);
@@ -184,8 +184,10 @@ void Runtime::release(Lease& lease) {
   --m.leases_out;
   // Note [Gradient completion]: the family's optimizer starts once its gradients
   // are complete and nobody holds them or its param.
-  if (lease.kind_ == StateKind::kGrad || lease.kind_ == StateKind::kParam)
-    m.schedule(SchedulerEvent::kGradientsHandedOver, c.family).ignore();  // (never fails)
+  if (lease.kind_ != StateKind::kGrad && lease.kind_ != StateKind::kParam) return Released::kUnpinned;
+  const std::uint64_t launches = m.pipeline.launches();
+  m.schedule(SchedulerEvent::kGradientsHandedOver, c.family).ignore();  // (never fails)
+  return m.pipeline.launches() != launches ? Released::kOptimizerStarted : Released::kUnpinned;
 }
 
 const memory::Stream& Runtime::compute_stream() const {

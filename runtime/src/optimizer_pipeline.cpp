@@ -120,6 +120,7 @@ void OptimizerPipeline::launch_optimizer(FamilyId f) {
   }
   run.move_phase(FamilyPhase::kWaiting);
   ++tasks_in_flight_;
+  ++launches_;
   if (core_.plan.families[f].optim_home == Tier::kGpu) {
     launch_device_optimizer(f);
     return;

@@ -162,6 +162,8 @@ class OptimizerPipeline {
   bool claims_gradient(FamilyId f) const { return runs_[f].launched(); }
   //! Family f's optimizer step is requested and not finished.
   bool updating(FamilyId f) const { return runs_[f].running(); }
+  //! Optimizer steps started so far (launch_optimizer calls that launched one).
+  std::uint64_t launches() const { return launches_; }
   //! Some optimizer step is in flight (it will free slots and notify Core::cv).
   bool busy() const { return tasks_in_flight_ > 0; }
   //! Every launched family applied its update (none skipped for Inf/NaN).
@@ -238,6 +240,7 @@ class OptimizerPipeline {
   std::vector<FamilyRun> runs_;
   std::vector<std::uint32_t> grads_written_;  //!< per family: trainable tensors written this micro-batch
   int tasks_in_flight_ = 0;
+  std::uint64_t launches_ = 0;
   std::deque<FamilyId> grad_queue_;    //!< launched families waiting for a grad staging buffer
   std::vector<FamilyId> launch_fifo_;  //!< launched this step, in order
   std::vector<FamilyId> nvme_order_;   //!< NVMe families by traced gradient completion

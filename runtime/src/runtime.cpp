@@ -60,10 +60,11 @@ void* Lease::data() const {
   return data_;
 }
 
-void Lease::release() {
-  if (runtime_ == nullptr) return;
-  runtime_->release(*this);
+Released Lease::release() {
+  if (runtime_ == nullptr) return Released::kUnpinned;
+  const Released r = runtime_->release(*this);
   runtime_ = nullptr;
+  return r;
 }
 
 // --- Runtime -------------------------------------------------------------

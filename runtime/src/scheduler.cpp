@@ -13,7 +13,8 @@
 //                gradients are complete and unleased starts its optimizer step
 //                at once (Note [Gradient completion] promises it), so releasing
 //                that lease — by Lease::release or a Lease's destructor — starts
-//                it; runtime.hpp says so on Lease;
+//                it; runtime.hpp says so on Lease, and Lease::release returns
+//                Released::kOptimizerStarted then, so a call site can see it;
 //   kStepEnds    (step()): every family not started yet starts, read-ahead
 //                stops, the pipeline takes what its places allow.
 // Background work advances itself after that: pool tasks and I/O completions

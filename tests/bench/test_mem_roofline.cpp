@@ -71,7 +71,7 @@ TEST_P(MemRoofline, KeepsValuesAndWritesParam) {
       const std::vector<MemPass> passes = mem_passes_for_step(h, span, true);
       Result<MemTiming> t = run_mem_passes(passes, pool.get(), isa);
       ASSERT_TRUE(t.ok()) << t.status().to_string();
-      EXPECT_LE(t->threads_used, 1u);  // the pool's one worker; the caller only waits
+      EXPECT_LE(t->threads_used, 1u);  // a pool of one: the caller alone
       EXPECT_EQ(master, before[0]);
       EXPECT_EQ(grad, before[1]);
       EXPECT_EQ(s0, before[2]);

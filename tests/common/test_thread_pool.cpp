@@ -108,8 +108,8 @@ TEST(ThreadPool, NestedParallelForDoesNotDeadlock) {
 }
 
 TEST(ThreadPool, ParallelForRunsOnExactlyThePoolsThreads) {
-  // The pool's size is the number of threads that run ranges: a caller outside
-  // the pool only waits; a worker that calls it is one of the size() threads.
+  // The pool's size is the number of threads that run ranges: the caller and
+  // size() - 1 workers, whether the caller is a worker or not.
   for (std::size_t threads : {std::size_t{1}, std::size_t{3}}) {
     auto pool = make_pool(threads);
     std::mutex mu;
@@ -121,24 +121,40 @@ TEST(ThreadPool, ParallelForRunsOnExactlyThePoolsThreads) {
     };
     pool->parallel_for(64, 0, record);
     EXPECT_LE(seen.size(), threads);
-    EXPECT_EQ(seen.count(std::this_thread::get_id()), 0u) << "the caller outside the pool ran a range";
+    EXPECT_EQ(seen.count(std::this_thread::get_id()), 1u) << "the caller ran no range";
+    if (threads == 1) {
+      EXPECT_EQ(seen.size(), 1u);  // the caller alone
+    }
     EXPECT_FALSE(pool->on_worker());
-    // From a worker: the caller takes part, and still no more than size() threads run.
     seen.clear();
     std::atomic<bool> done{false};
-    std::thread::id outer;
     pool->post([&] {
-      outer = std::this_thread::get_id();
       EXPECT_TRUE(pool->on_worker());
       pool->parallel_for(64, 0, record);
       done = true;
     });
     while (!done.load()) std::this_thread::yield();
     EXPECT_LE(seen.size(), threads);
-    if (threads == 1) {
-      EXPECT_EQ(seen, std::set<std::thread::id>{outer});
-    }
   }
+}
+
+TEST(ThreadPool, ParallelForFinishesWhileEveryWorkerIsBusy) {
+  // A caller outside the pool (a device stream's thread) needs no free worker.
+  auto pool = make_pool(2);
+  std::atomic<bool> release{false};
+  std::atomic<int> blocked{0};
+  for (int i = 0; i < 2; ++i) {
+    pool->post([&] {
+      ++blocked;
+      while (!release.load()) std::this_thread::yield();
+    });
+  }
+  while (blocked.load() < 2) std::this_thread::yield();
+  std::atomic<long> total{0};
+  pool->parallel_for(
+      100, 0, [&](std::size_t, std::size_t b, std::size_t e) { total.fetch_add(static_cast<long>(e - b)); });
+  EXPECT_EQ(total.load(), 100);
+  release = true;
 }
 
 }  // namespace

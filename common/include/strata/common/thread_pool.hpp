@@ -59,17 +59,15 @@ class ThreadPool {
   //! Splits [0, count) into `parts` contiguous ranges of near-equal size (the
   //! same split for the same count and parts, so per-range partial results can
   //! be combined in a fixed order) and calls fn(part, begin, end) for each, on
-  //! the pool's workers only: the pool's size is the number of threads that run
-  //! fn (a thread outside the pool blocks without running ranges; a worker that
-  //! calls it is one of those threads). Blocks until all ranges are done.
-  //! parts == 0 means size(). fn must not throw.
+  //! the calling thread and at most size() - 1 workers: size() is the number of
+  //! threads that run fn, whether the caller is a worker or not. Blocks until
+  //! all ranges are done. parts == 0 means size(). fn must not throw.
   //!
   //! Note [Deadlock-free fork-join]: ranges are claimed from a shared atomic
-  //! counter by the posted helpers *and*, when the caller is one of this pool's
-  //! workers, by the caller, so a worker never waits on a range nobody has
-  //! started (nesting is safe); it waits only for ranges already running. A
-  //! caller outside the pool waits for the helpers, which run as soon as a
-  //! worker is free: it must not hold a lock that a queued pool task needs.
+  //! counter by the posted helpers *and* by the caller, so the caller never waits
+  //! on a range nobody has started; it waits only for ranges already running.
+  //! So a caller needs no free worker to finish (a device-stream thread may call
+  //! it while every worker waits for a lock that thread's stream is synchronised under).
   void parallel_for(std::size_t count, std::size_t parts,
                     const std::function<void(std::size_t part, std::size_t begin, std::size_t end)>& fn);
 

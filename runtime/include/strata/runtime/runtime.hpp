@@ -98,6 +98,12 @@ struct RuntimeOptions {
 
 class Runtime;
 
+//! What releasing a lease did besides unpinning (Note [Scheduler] in runtime/src/scheduler.cpp).
+enum class Released : std::uint8_t {
+  kUnpinned,          //!< the pin alone (or the lease was already released)
+  kOptimizerStarted,  //!< and its family's gradients became complete: its optimizer step was started (queued)
+};
+
 //! A pinned view of one tensor's state on one tier. Move-only; destroying it
 //! releases the pin (on the device: an event on the compute stream marks when
 //! compute is done with it, and eviction waits for that event). Releasing the
@@ -124,7 +130,9 @@ class Lease {
   TensorId tensor() const { return tensor_; }
   StateKind kind() const { return kind_; }
   //! Releases now (idempotent). Releasing twice through copies is impossible: leases are move-only.
-  void release();
+  //! Says whether this release started its family's optimizer step (the destructor
+  //! can do the same silently: release explicitly to see it).
+  Released release();
 
  private:
   friend class Runtime;
@@ -300,7 +308,7 @@ class Runtime {
  private:
   friend class Lease;
   explicit Runtime(std::unique_ptr<Impl> impl);
-  void release(Lease& lease);
+  Released release(Lease& lease);
   std::unique_ptr<Impl> impl_;
 };
 
