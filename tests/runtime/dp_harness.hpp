@@ -88,13 +88,8 @@ inline DpResult dp_train(RuntimeOptions options, int rank, int ranks) {
   auto run = [&]() -> Status {
     STRATA_RETURN_IF_ERROR(model.build(rt));
     for (int s = 0; s < kDpSteps; ++s) {
-      if (rank < 0) {
-        STRATA_RETURN_IF_ERROR(model.step_whole_batch(rt, static_cast<std::size_t>(ranks)));
-      } else {
-        STRATA_RETURN_IF_ERROR(model.backward(rt, static_cast<std::size_t>(rank), static_cast<std::size_t>(ranks), false));
-        STRATA_ASSIGN_OR_RETURN(StepStats st, rt.step());
-        out.bytes_comm += st.bytes_comm;
-      }
+      STRATA_ASSIGN_OR_RETURN(StepStats st, model.train_step(rt, rank, static_cast<std::size_t>(ranks)));
+      out.bytes_comm += st.bytes_comm;
     }
     const int me = rank < 0 ? 0 : rank;
     const int w = rank < 0 ? 1 : ranks;
@@ -116,8 +111,10 @@ inline DpResult dp_train(RuntimeOptions options, int rank, int ranks) {
     }
     for (FamilyId f = 0; f < rt.layout().families.size(); ++f) {
       bool trainable = false;
-      for (TensorId t : rt.layout().families[f].tensors) trainable = trainable || t != model.ids[model.frozen];
-      if (trainable && static_cast<int>(f % static_cast<FamilyId>(w)) == me) out.homes.push_back(rt.plan().families[f].optim_home);
+      for (TensorId t : rt.layout().families[f].tensors)
+        trainable = trainable || t != model.ids[model.frozen];
+      if (trainable && static_cast<int>(f % static_cast<FamilyId>(w)) == me)
+        out.homes.push_back(rt.plan().families[f].optim_home);
     }
     out.state_bytes = rt.state_bytes();
     return Status::Ok();

@@ -64,7 +64,8 @@ TEST_P(DataParallel, RanksWithAPartOfTheBatchMatchOneRankWithAllOfIt) {
   ASSERT_TRUE(single.status.ok()) << single.status;
   testing::expect_trained(single);
   // The options put states where this case says (the comparison covers that tier).
-  EXPECT_GT(std::count(single.homes.begin(), single.homes.end(), tier), 0) << "no family's states on " << tier_name(tier);
+  EXPECT_GT(std::count(single.homes.begin(), single.homes.end(), tier), 0)
+      << "no family's states on " << tier_name(tier);
 
   const std::vector<DpResult> ranked = run_ranks(tier, w);
   std::uint64_t shard_sum = 0, shard_max = 0;
@@ -81,7 +82,9 @@ TEST_P(DataParallel, RanksWithAPartOfTheBatchMatchOneRankWithAllOfIt) {
   // NVMe: a rank's shard is two or three families there, and staging one of
   // them (the oversized one) takes more host memory than keeping them all, so
   // the planner rightly keeps them on host whatever the host budget.
-  if (!(tier == Tier::kNvme && w > 2)) EXPECT_GT(ranked_on_tier, 0) << "no rank keeps states on " << tier_name(tier);
+  if (!(tier == Tier::kNvme && w > 2)) {
+    EXPECT_GT(ranked_on_tier, 0) << "no rank keeps states on " << tier_name(tier);
+  }
   // Each family's states live on exactly one rank: the shards add up to the whole.
   EXPECT_EQ(single.state_bytes, shard_sum);
   EXPECT_LT(shard_max, single.state_bytes);
@@ -152,7 +155,8 @@ TEST(DataParallelFaults, ARankThatHangsFailsTheOthersWithinTheTimeout) {
   BuiltRank r(std::move((*group)[0]), 0, false);  // the start-up check already needs rank 1
   EXPECT_LT(seconds_since(start), 5.0);
   EXPECT_EQ(r.status, StatusCode::kUnavailable);
-  EXPECT_NE(r.status.message().find("rank(s) 1 did not join it within 300 ms"), std::string::npos) << r.status;
+  EXPECT_NE(r.status.message().find("rank(s) 1 did not join it within 300 ms"), std::string::npos)
+      << r.status;
 }
 
 //! Both ranks build; rank 1 with `change` applied. Returns their statuses.
@@ -176,11 +180,13 @@ std::vector<Status> build_with(Change change) {
 TEST(DataParallelMismatch, AModelMismatchIsRefusedNamingTheTensor) {
   auto got = build_with([](RuntimeOptions&, bench::DpModel& m) { m.numels[2] = 5001; });
   EXPECT_EQ(got[1], StatusCode::kFailedPrecondition);
-  EXPECT_NE(got[1].message().find("here `tensor 2 \"t2\" shape [5001] fp32`, on rank 0 `tensor 2 \"t2\" shape [5000] fp32`"),
+  EXPECT_NE(got[1].message().find(
+                "here `tensor 2 \"t2\" shape [5001] fp32`, on rank 0 `tensor 2 \"t2\" shape [5000] fp32`"),
             std::string::npos)
       << got[1];
   EXPECT_EQ(got[0], StatusCode::kFailedPrecondition);
-  EXPECT_NE(got[0].message().find("rank(s) 1 have a model or options that differ"), std::string::npos) << got[0];
+  EXPECT_NE(got[0].message().find("rank(s) 1 have a model or options that differ"), std::string::npos)
+      << got[0];
 }
 
 TEST(DataParallelMismatch, AnOptionMismatchIsRefusedNamingTheOption) {
