@@ -42,6 +42,9 @@ int main(int argc, char** argv) {
   if (s.ok()) return 5;
   fmt::print("rank {}: failed after {:.1f} s: {}\n", comm.rank(), waited_s, s);
   std::fflush(stdout);
+  // Let mpiexec forward that line before MPI_Abort tears the job down (it
+  // drops what it has not forwarded yet).
+  std::this_thread::sleep_for(std::chrono::seconds(1));
   if (comm.rank() == 0) comm.abort("a peer did not take part in the step");
   std::this_thread::sleep_for(std::chrono::seconds(120));  // MPI_Abort from rank 0 ends this rank too
   return 6;
