@@ -65,8 +65,7 @@ std::string describe_config(const Core& core) {
   const kernels::Hyper& h = o.hyper;
   std::string s = fmt::format(
       "ranks {}\ncompute_dtype {}\nstate_dtype {}\noptimizer {} lr {} betas {} {} eps {} weight_decay {} "
-      "momentum "
-      "{} nesterov {}\nclip_max_norm {}\nloss_scaling {}\nchunk_elems {}\nfamilies {}\ntensors {}\n",
+      "momentum {} nesterov {}\nclip_max_norm {}\nloss_scaling {}\nchunk_elems {}\nfamilies {}\ntensors {}\n",
       core.dp_ranks(), runtime::dtype_name(o.compute_dtype), kernels::dtype_name(o.state_dtype),
       kernels::optimizer_name(h.optimizer), h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.momentum,
       h.nesterov, o.clip_max_norm, o.loss_scaling, core.layout.chunk_elems, core.layout.families.size(),
@@ -152,8 +151,7 @@ Status Runtime::Impl::dp_check_config(std::unique_lock<std::mutex>& lock) {
     auto [here, there] = first_difference(mine, theirs);
     return failed_precondition(
         "data parallel: rank {}'s model or options differ from rank 0's: here `{}`, on rank 0 `{}`; every "
-        "rank "
-        "must register the same tensors with the same options",
+        "rank must register the same tensors with the same options",
         c.rank(), here, there);
   }
   std::string others;
@@ -192,10 +190,8 @@ Status Runtime::Impl::dp_reduce_gradients(std::unique_lock<std::mutex>& lock) {
         if (!info.spec.frozen && !info.grad_written) {
           return failed_precondition(
               "data parallel: tensor \"{}\" got no gradient this step on rank {}; every rank must hand over "
-              "every "
-              "trainable tensor's gradient each step (write zeros for an unused one), or the others would "
-              "wait "
-              "for it",
+              "every trainable tensor's gradient each step (write zeros for an unused one), or the others "
+              "would wait for it",
               info.spec.name, c.rank());
         }
       }
