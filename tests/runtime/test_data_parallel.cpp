@@ -199,3 +199,47 @@ TEST(DataParallelMismatch, AnOptionMismatchIsRefusedNamingTheOption) {
 
 }  // namespace
 }  // namespace strata::runtime
+
+namespace strata::runtime {
+namespace {
+
+//! A communicator that says it is nccl (the runtime must refuse it before using it).
+class NamedNccl final : public comm::Communicator {
+ public:
+  NamedNccl() : Communicator(0, 2, {}) {}
+  std::string_view backend() const override { return "nccl"; }
+  void abort(std::string_view) override {}
+
+ protected:
+  Result<std::unique_ptr<comm::PendingOp>> start_reduce_scatter(const void*, void*, std::size_t,
+                                                                comm::DType) override {
+    return unused();
+  }
+  Result<std::unique_ptr<comm::PendingOp>> start_all_gather(const void*, void*, std::size_t,
+                                                            comm::DType) override {
+    return unused();
+  }
+  Result<std::unique_ptr<comm::PendingOp>> start_all_reduce(std::span<double>, comm::ReduceOp) override {
+    return unused();
+  }
+  Result<std::unique_ptr<comm::PendingOp>> start_broadcast(void*, std::size_t, int) override {
+    return unused();
+  }
+
+ private:
+  static Status unused() { return internal_error("NamedNccl: the runtime should have refused this backend"); }
+};
+
+TEST(DataParallelOptions, TheNcclBackendIsRefusedWithTheReason) {
+  RuntimeOptions o = testing::dp_options(Tier::kHost, "");
+  o.comm = std::make_shared<NamedNccl>();
+  auto device = testing::dp_device();
+  auto rt = Runtime::create(*device, std::move(o));
+  ASSERT_FALSE(rt.ok());
+  EXPECT_EQ(rt.status(), StatusCode::kInvalidArgument);
+  EXPECT_NE(rt.status().message().find("nccl backend reduces device buffers"), std::string::npos)
+      << rt.status();
+}
+
+}  // namespace
+}  // namespace strata::runtime
