@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <thread>
 
@@ -37,7 +38,9 @@ ScratchDir scratch(const std::string& name) {
 }
 
 //! Runs rank r's part on its own thread for every rank of a local group.
-std::vector<DpResult> run_ranks(Tier tier, int w, comm::CommOptions copts = {}) {
+//! `edit` (optional) changes every rank's options alike.
+std::vector<DpResult> run_ranks(Tier tier, int w, const std::function<void(RuntimeOptions&)>& edit = {}) {
+  const comm::CommOptions copts;
   auto group = comm::make_local_group(w, copts);
   EXPECT_TRUE(group.ok()) << group.status();
   std::vector<DpResult> results(static_cast<std::size_t>(w));
@@ -46,6 +49,7 @@ std::vector<DpResult> run_ranks(Tier tier, int w, comm::CommOptions copts = {}) 
   std::vector<std::thread> threads;
   for (int r = 0; r < w; ++r) {
     RuntimeOptions o = testing::dp_options(tier, dirs[static_cast<std::size_t>(r)].path().string(), w);
+    if (edit) edit(o);
     o.comm = std::move((*group)[static_cast<std::size_t>(r)]);
     threads.emplace_back([&results, o = std::move(o), r, w]() mutable {
       results[static_cast<std::size_t>(r)] = testing::dp_train(std::move(o), r, w);
@@ -239,6 +243,84 @@ TEST(DataParallelOptions, TheNcclBackendIsRefusedWithTheReason) {
   EXPECT_EQ(rt.status(), StatusCode::kInvalidArgument);
   EXPECT_NE(rt.status().message().find("nccl backend reduces device buffers"), std::string::npos)
       << rt.status();
+}
+
+TEST(DataParallelAgreement, ClippingUsesTheNormOfEveryRank) {
+  // A max norm far below the gradients' norm: every step is clipped. Each rank
+  // clips its own families with the coefficient of the global norm (all-reduced),
+  // so the result is one rank's up to the order of the norm's sum.
+  // SGD: the update is proportional to the clip coefficient (Adam's is nearly
+  // invariant to it), so a rank clipping with its own norm would be caught.
+  auto sgd = [](RuntimeOptions& o) {
+    o.hyper.optimizer = kernels::Optimizer::kSgd;
+    o.hyper.momentum = 0.9f;
+    o.hyper.lr = 1.0f;  // updates well above the params' rounding
+    o.hyper.weight_decay = 0.0f;
+  };
+  auto clip = [&](RuntimeOptions& o) {
+    sgd(o);
+    o.clip_max_norm = 0.1;  // the gradients' norm is about 50
+  };
+  RuntimeOptions so = testing::dp_options(Tier::kHost, "");
+  sgd(so);
+  const DpResult unclipped = testing::dp_train(so, -1, 2);
+  clip(so);
+  const DpResult single = testing::dp_train(so, -1, 2);
+  ASSERT_TRUE(single.status.ok() && unclipped.status.ok());
+  EXPECT_NE(single.params[0], unclipped.params[0]) << "clipping did not change the update";
+  const std::vector<DpResult> ranked = run_ranks(Tier::kHost, 2, clip);
+  for (int r = 0; r < 2; ++r) {
+    const DpResult& res = ranked[static_cast<std::size_t>(r)];
+    ASSERT_TRUE(res.status.ok()) << res.status;
+    for (std::size_t t = 0; t < single.params.size(); ++t) {
+      for (std::size_t i = 0; i < single.params[t].size(); ++i) {
+        // Compare the updates (param - initial value): a rank clipping with its
+        // own norm would be off by tens of percent.
+        const float init = bench::DpModel::hash01(t, 999, i) - 0.5f;
+        const float a = single.params[t][i] - init, b = res.params[t][i] - init;
+        ASSERT_NEAR(a, b, 1e-7f + 1e-3f * std::fabs(a))
+            << "rank " << r << " tensor t" << t << " element " << i;
+      }
+    }
+  }
+}
+
+TEST(DataParallelAgreement, AnInfOnOneRankSkipsTheStepOnEveryRank) {
+  auto group = comm::make_local_group(2);
+  ASSERT_TRUE(group.ok());
+  std::vector<Status> status(2);
+  std::vector<int> applied(2, -1);
+  std::vector<float> first(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      BuiltRank b(std::move((*group)[static_cast<std::size_t>(r)]), 0, false,
+                  [](RuntimeOptions& o, bench::DpModel&) { o.loss_scaling = true; });
+      if (!b.status.ok()) {
+        status[static_cast<std::size_t>(r)] = b.status;
+        return;
+      }
+      // Rank 1's loss scale overflows its gradients to Inf; rank 0's are finite.
+      if (r == 1) b.rt->set_grad_scale(3e38f);
+      Status s = b.model.backward(*b.rt, static_cast<std::size_t>(r), 2, false);
+      auto st = s.ok() ? b.rt->step() : Result<StepStats>(s);
+      if (!st.ok()) {
+        status[static_cast<std::size_t>(r)] = st.status();
+        return;
+      }
+      applied[static_cast<std::size_t>(r)] = st->applied ? 1 : 0;
+      std::vector<float> p(b.model.numels[0]);
+      status[static_cast<std::size_t>(r)] = b.rt->read_tensor(b.model.ids[0], StateKind::kParam, p);
+      first[static_cast<std::size_t>(r)] = p[0];
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(status[static_cast<std::size_t>(r)].ok())
+        << "rank " << r << ": " << status[static_cast<std::size_t>(r)];
+    EXPECT_EQ(0, applied[static_cast<std::size_t>(r)]) << "rank " << r << " applied the step";
+    EXPECT_EQ(bench::DpModel::hash01(0, 999, 0) - 0.5f, first[static_cast<std::size_t>(r)]) << "rank " << r;
+  }
 }
 
 }  // namespace
