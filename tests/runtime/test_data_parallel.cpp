@@ -114,7 +114,7 @@ struct BuiltRank {
     RuntimeOptions o = testing::dp_options(Tier::kHost, "");
     o.comm = std::move(c);
     if (change) change(o, model);
-    auto made = Runtime::create(*device, std::move(o));
+    auto made = testing::create_runtime(*device, std::move(o));
     EXPECT_TRUE(made.ok()) << made.status();
     rt = std::move(made).value();
     status = model.build(*rt);
