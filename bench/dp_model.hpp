@@ -9,6 +9,7 @@
 // Sample s of tensor t has inputs x and targets y per element (hashes of t, s,
 // i); its loss is 1/2 (p x - y)^2 per element, so its gradient is (p x - y) x.
 // A part's gradient is the mean over its samples.
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -18,9 +19,9 @@
 namespace strata::bench {
 
 struct DpModel {
-  std::vector<std::uint64_t> numels;  //!< one tensor each
+  std::vector<std::uint64_t> numels;     //!< one tensor each
   std::size_t frozen = ~std::size_t{0};  //!< index of a frozen tensor (none by default)
-  std::size_t samples = 8;            //!< the whole batch (a multiple of every W used)
+  std::size_t samples = 8;               //!< the whole batch (a multiple of every W used)
   std::vector<runtime::TensorId> ids;
 
   static float hash01(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
@@ -34,7 +35,7 @@ struct DpModel {
   //! Registers the tensors and sets the same initial values on every rank.
   Status build(runtime::Runtime& rt) {
     for (std::size_t t = 0; t < numels.size(); ++t) {
-      runtime::TensorSpec spec{.name = "t" + std::to_string(t),
+      runtime::TensorSpec spec{.name = fmt::format("t{}", t),
                                .shape = {static_cast<std::int64_t>(numels[t])},
                                .frozen = t == frozen};
       STRATA_ASSIGN_OR_RETURN(runtime::TensorId id, rt.register_tensor(std::move(spec)));
@@ -55,7 +56,8 @@ struct DpModel {
     const std::size_t per = samples / parts;
     for (std::size_t t = numels.size(); t-- > 0;) {
       if (t == frozen) continue;
-      STRATA_ASSIGN_OR_RETURN(runtime::Lease p, rt.acquire(ids[t], runtime::StateKind::kParam, runtime::Access::kRead));
+      STRATA_ASSIGN_OR_RETURN(runtime::Lease p,
+                              rt.acquire(ids[t], runtime::StateKind::kParam, runtime::Access::kRead));
       STRATA_ASSIGN_OR_RETURN(
           runtime::Lease g, rt.acquire(ids[t], runtime::StateKind::kGrad,
                                        accumulate ? runtime::Access::kAccumulate : runtime::Access::kWrite));
@@ -78,21 +80,25 @@ struct DpModel {
     return Status::Ok();
   }
 
-  //! One step on one rank of `parts`, with part `part` of the batch.
-  Status step_as_rank(runtime::Runtime& rt, std::size_t part, std::size_t parts) const {
-    STRATA_RETURN_IF_ERROR(backward(rt, part, parts, false));
-    return rt.step().status();
-  }
-
-  //! One step on one rank holding the whole batch as `parts` micro-batches in
-  //! rank order, averaged through the gradient scale (what W ranks compute).
-  Status step_whole_batch(runtime::Runtime& rt, std::size_t parts) const {
-    rt.set_grad_scale(1.0f / static_cast<float>(parts));
-    for (std::size_t part = 0; part < parts; ++part) {
-      STRATA_RETURN_IF_ERROR(rt.begin_micro_batch(part + 1 == parts));
-      STRATA_RETURN_IF_ERROR(backward(rt, part, parts, part > 0));
+  //! One step: as rank `rank` of `ranks` with its part of the batch, or with
+  //! rank < 0 as one rank holding the whole batch as `ranks` micro-batches in
+  //! rank order, averaged through the gradient scale (what the ranks compute).
+  //! `backward_s` (optional) gets the seconds spent before step() was called.
+  Result<runtime::StepStats> train_step(runtime::Runtime& rt, int rank, std::size_t ranks,
+                                        double* backward_s = nullptr) const {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (rank >= 0) {
+      STRATA_RETURN_IF_ERROR(backward(rt, static_cast<std::size_t>(rank), ranks, false));
+    } else {
+      rt.set_grad_scale(1.0f / static_cast<float>(ranks));
+      for (std::size_t part = 0; part < ranks; ++part) {
+        STRATA_RETURN_IF_ERROR(rt.begin_micro_batch(part + 1 == ranks));
+        STRATA_RETURN_IF_ERROR(backward(rt, part, ranks, part > 0));
+      }
     }
-    return rt.step().status();
+    if (backward_s != nullptr)
+      *backward_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return rt.step();
   }
 };
 

@@ -63,8 +63,7 @@ class NcclOp final : public PendingOp {
         ncclCommAbort(s_->comm);
         return s_->broken = unavailable(
                    "comm nccl rank {} of {}: {} did not complete within {} ms: a peer rank died or hangs; "
-                   "the "
-                   "communicator was aborted",
+                   "the communicator was aborted",
                    s_->rank, s_->size, what_, s_->options.timeout.count());
       }
       std::this_thread::sleep_for(std::chrono::microseconds(100));

@@ -64,11 +64,12 @@ std::string describe_config(const Core& core) {
   const RuntimeOptions& o = core.opt;
   const kernels::Hyper& h = o.hyper;
   std::string s = fmt::format(
-      "ranks {}\ncompute_dtype {}\nstate_dtype {}\noptimizer {} lr {} betas {} {} eps {} weight_decay {} momentum "
-      "{} nesterov {}\nclip_max_norm {}\nloss_scaling {}\nchunk_elems {}\nfamilies {}\ntensors {}\n",
+      "ranks {}\ncompute_dtype {}\nstate_dtype {}\noptimizer {} lr {} betas {} {} eps {} weight_decay {} "
+      "momentum {} nesterov {}\nclip_max_norm {}\nloss_scaling {}\nchunk_elems {}\nfamilies {}\ntensors {}\n",
       core.dp_ranks(), runtime::dtype_name(o.compute_dtype), kernels::dtype_name(o.state_dtype),
-      kernels::optimizer_name(h.optimizer), h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.momentum, h.nesterov,
-      o.clip_max_norm, o.loss_scaling, core.layout.chunk_elems, core.layout.families.size(), core.tensors.size());
+      kernels::optimizer_name(h.optimizer), h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.momentum,
+      h.nesterov, o.clip_max_norm, o.loss_scaling, core.layout.chunk_elems, core.layout.families.size(),
+      core.tensors.size());
   for (TensorId t = 0; t < core.tensors.size(); ++t) {
     const TensorSpec& spec = core.tensors[t].spec;
     s += fmt::format("tensor {} \"{}\" shape [{}] {}{}\n", t, spec.name, fmt::join(spec.shape, ", "),
@@ -149,8 +150,8 @@ Status Runtime::Impl::dp_check_config(std::unique_lock<std::mutex>& lock) {
   if (differs) {
     auto [here, there] = first_difference(mine, theirs);
     return failed_precondition(
-        "data parallel: rank {}'s model or options differ from rank 0's: here `{}`, on rank 0 `{}`; every rank "
-        "must register the same tensors with the same options",
+        "data parallel: rank {}'s model or options differ from rank 0's: here `{}`, on rank 0 `{}`; every "
+        "rank must register the same tensors with the same options",
         c.rank(), here, there);
   }
   std::string others;
@@ -188,17 +189,17 @@ Status Runtime::Impl::dp_reduce_gradients(std::unique_lock<std::mutex>& lock) {
         const TensorInfo& info = core.tensors[t];
         if (!info.spec.frozen && !info.grad_written) {
           return failed_precondition(
-              "data parallel: tensor \"{}\" got no gradient this step on rank {}; every rank must hand over every "
-              "trainable tensor's gradient each step (write zeros for an unused one), or the others would wait "
-              "for it",
+              "data parallel: tensor \"{}\" got no gradient this step on rank {}; every rank must hand over "
+              "every trainable tensor's gradient each step (write zeros for an unused one), or the others "
+              "would wait for it",
               info.spec.name, c.rank());
         }
       }
       STRATA_RETURN_IF_ERROR(residency.ensure_on_host(g));
       std::memcpy(send.data() + (f - first) * slice, g.host, g.bytes);
     }
-    STRATA_RETURN_IF_ERROR(
-        run_collective(lock, c.reduce_scatter(send.data(), recv.data(), slice / rounds.elem_bytes, rounds.dtype)));
+    STRATA_RETURN_IF_ERROR(run_collective(
+        lock, c.reduce_scatter(send.data(), recv.data(), slice / rounds.elem_bytes, rounds.dtype)));
     for (FamilyId f = first; f < rounds.end(first); ++f) {
       Chunk& g = core.chunk(f, StateKind::kGrad);
       if (g.bytes == 0) continue;
@@ -253,7 +254,8 @@ Status Runtime::Impl::dp_gather_params(std::unique_lock<std::mutex>& lock) {
     const FamilyId own = first + rounds.me;
     if (own < rounds.families && trainable(own)) {
       Chunk& p = core.chunk(own, StateKind::kParam);
-      STRATA_RETURN_IF_ERROR(with_host_copy(lock, p, false, [&](std::byte* h) { std::memcpy(mine, h, p.bytes); }));
+      STRATA_RETURN_IF_ERROR(
+          with_host_copy(lock, p, false, [&](std::byte* h) { std::memcpy(mine, h, p.bytes); }));
     }
     STRATA_RETURN_IF_ERROR(
         run_collective(lock, c.all_gather(mine, all.data(), slice / rounds.elem_bytes, rounds.dtype)));
@@ -261,7 +263,8 @@ Status Runtime::Impl::dp_gather_params(std::unique_lock<std::mutex>& lock) {
       if (f == own || !trainable(f)) continue;
       Chunk& p = core.chunk(f, StateKind::kParam);
       const std::byte* theirs = all.data() + (f - first) * slice;
-      STRATA_RETURN_IF_ERROR(with_host_copy(lock, p, true, [&](std::byte* h) { std::memcpy(h, theirs, p.bytes); }));
+      STRATA_RETURN_IF_ERROR(
+          with_host_copy(lock, p, true, [&](std::byte* h) { std::memcpy(h, theirs, p.bytes); }));
     }
   }
   return Status::Ok();

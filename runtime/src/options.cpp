@@ -207,8 +207,8 @@ Status validate_options(const RuntimeOptions& o) {
   if (o.comm != nullptr && o.comm->backend() == "nccl") {
     return invalid_argument(
         "comm: the sharded runtime moves gradient and param chunks through host memory (Note [Sharded "
-        "step]); "
-        "the nccl backend reduces device buffers and is not wired into it yet: use the mpi or local backend");
+        "step]); the nccl backend reduces device buffers and is not wired into it yet: use the mpi or local "
+        "backend");
   }
   if (!std::isfinite(o.clip_max_norm) || o.clip_max_norm < 0) {
     return invalid_argument("clip_max_norm = {} must be finite and >= 0 (0 = off)", o.clip_max_norm);

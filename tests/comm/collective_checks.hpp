@@ -31,12 +31,14 @@ inline std::vector<std::uint16_t> encode(const std::vector<float>& v, DType dtyp
 inline std::vector<std::byte> send_buffer(int rank, int w, std::size_t count, DType dtype) {
   std::vector<float> v(static_cast<std::size_t>(w) * count);
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = input_value(rank, i);
-  std::vector<std::byte> out(v.size() * dtype_size(dtype));
+  // One spare byte: never empty, so data() is never null (count 0 is a case).
+  std::vector<std::byte> out(v.size() * dtype_size(dtype) + 1);
+  if (v.empty()) return out;
   if (dtype == DType::kF32) {
-    std::memcpy(out.data(), v.data(), out.size());
+    std::memcpy(out.data(), v.data(), v.size() * 4);
   } else {
     const auto h = encode(v, dtype);
-    std::memcpy(out.data(), h.data(), out.size());
+    std::memcpy(out.data(), h.data(), h.size() * 2);
   }
   return out;
 }

@@ -71,7 +71,9 @@ TEST(LocalComm, ARankThatNeverArrivesFailsTheOthersWithinTheTimeout) {
   EXPECT_LT(s, 5.0);
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(got[static_cast<std::size_t>(r)], StatusCode::kUnavailable);
-    EXPECT_NE(got[static_cast<std::size_t>(r)].message().find("rank(s) 2 did not join"), std::string::npos)
+    // (On a loaded machine the other arriving rank may be late too: "rank(s) 1, 2".)
+    EXPECT_NE(got[static_cast<std::size_t>(r)].message().find("2 did not join it within 200 ms"),
+              std::string::npos)
         << got[static_cast<std::size_t>(r)];
   }
   // The group is failed: the late rank's call fails at once, with the first error.

@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,16 @@ inline RuntimeOptions dp_options(Tier tier, const std::string& nvme_dir, int ran
   return o;
 }
 
+//! Runtime::create one at a time: ranks as threads create their runtimes at
+//! once, and TSan reports a race inside the private jemalloc when two pinned
+//! host pools are created concurrently (memory/src/pinned_host_pool.cpp; not
+//! data parallelism's: reported with issue #14).
+inline Result<std::unique_ptr<Runtime>> create_runtime(memory::Device& device, RuntimeOptions options) {
+  static std::mutex mu;
+  std::lock_guard lock(mu);
+  return Runtime::create(device, std::move(options));
+}
+
 inline std::unique_ptr<memory::Device> dp_device() {
   memory::DeviceOptions o;
   o.kind = memory::DeviceChoice::kSim;
@@ -78,8 +89,9 @@ struct DpResult {
 inline DpResult dp_train(RuntimeOptions options, int rank, int ranks) {
   DpResult out;
   bench::DpModel model = dp_model();
+  const std::uint32_t state_count = kernels::optimizer_state_count(options.hyper);
   auto device = dp_device();
-  auto made = Runtime::create(*device, std::move(options));
+  auto made = create_runtime(*device, std::move(options));
   if (!made.ok()) {
     out.status = made.status();
     return out;
@@ -88,13 +100,8 @@ inline DpResult dp_train(RuntimeOptions options, int rank, int ranks) {
   auto run = [&]() -> Status {
     STRATA_RETURN_IF_ERROR(model.build(rt));
     for (int s = 0; s < kDpSteps; ++s) {
-      if (rank < 0) {
-        STRATA_RETURN_IF_ERROR(model.step_whole_batch(rt, static_cast<std::size_t>(ranks)));
-      } else {
-        STRATA_RETURN_IF_ERROR(model.backward(rt, static_cast<std::size_t>(rank), static_cast<std::size_t>(ranks), false));
-        STRATA_ASSIGN_OR_RETURN(StepStats st, rt.step());
-        out.bytes_comm += st.bytes_comm;
-      }
+      STRATA_ASSIGN_OR_RETURN(StepStats st, model.train_step(rt, rank, static_cast<std::size_t>(ranks)));
+      out.bytes_comm += st.bytes_comm;
     }
     const int me = rank < 0 ? 0 : rank;
     const int w = rank < 0 ? 1 : ranks;
@@ -106,18 +113,20 @@ inline DpResult dp_train(RuntimeOptions options, int rank, int ranks) {
       const FamilyId f = rt.layout().slots[id].family;
       std::vector<float> s0, s1;
       if (t != model.frozen && static_cast<int>(f % static_cast<FamilyId>(w)) == me) {
-        s0.resize(model.numels[t]);
-        s1.resize(model.numels[t]);
-        STRATA_RETURN_IF_ERROR(rt.read_tensor(id, StateKind::kState0, s0));
-        STRATA_RETURN_IF_ERROR(rt.read_tensor(id, StateKind::kState1, s1));
+        s0.resize(state_count > 0 ? model.numels[t] : 0);
+        s1.resize(state_count > 1 ? model.numels[t] : 0);
+        if (!s0.empty()) STRATA_RETURN_IF_ERROR(rt.read_tensor(id, StateKind::kState0, s0));
+        if (!s1.empty()) STRATA_RETURN_IF_ERROR(rt.read_tensor(id, StateKind::kState1, s1));
       }
       out.state0.push_back(std::move(s0));
       out.state1.push_back(std::move(s1));
     }
     for (FamilyId f = 0; f < rt.layout().families.size(); ++f) {
       bool trainable = false;
-      for (TensorId t : rt.layout().families[f].tensors) trainable = trainable || t != model.ids[model.frozen];
-      if (trainable && static_cast<int>(f % static_cast<FamilyId>(w)) == me) out.homes.push_back(rt.plan().families[f].optim_home);
+      for (TensorId t : rt.layout().families[f].tensors)
+        trainable = trainable || t != model.ids[model.frozen];
+      if (trainable && static_cast<int>(f % static_cast<FamilyId>(w)) == me)
+        out.homes.push_back(rt.plan().families[f].optim_home);
     }
     out.state_bytes = rt.state_bytes();
     return Status::Ok();
@@ -140,7 +149,7 @@ inline void expect_bit_identical(const DpResult& single, const DpResult& ranked,
     ++states_compared;
     EXPECT_EQ(0, std::memcmp(single.state0[t].data(), ranked.state0[t].data(), single.state0[t].size() * 4))
         << "rank " << rank << " tensor t" << t << " exp_avg differs";
-    EXPECT_EQ(0, std::memcmp(single.state1[t].data(), ranked.state1[t].data(), single.state1[t].size() * 4))
+    EXPECT_EQ(single.state1[t], ranked.state1[t])
         << "rank " << rank << " tensor t" << t << " exp_avg_sq differs";
   }
   EXPECT_GT(states_compared, 0u) << "rank " << rank << " holds no states to compare";

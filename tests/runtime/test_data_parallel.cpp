@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <thread>
 
@@ -37,7 +38,9 @@ ScratchDir scratch(const std::string& name) {
 }
 
 //! Runs rank r's part on its own thread for every rank of a local group.
-std::vector<DpResult> run_ranks(Tier tier, int w, comm::CommOptions copts = {}) {
+//! `edit` (optional) changes every rank's options alike.
+std::vector<DpResult> run_ranks(Tier tier, int w, const std::function<void(RuntimeOptions&)>& edit = {}) {
+  const comm::CommOptions copts;
   auto group = comm::make_local_group(w, copts);
   EXPECT_TRUE(group.ok()) << group.status();
   std::vector<DpResult> results(static_cast<std::size_t>(w));
@@ -46,6 +49,7 @@ std::vector<DpResult> run_ranks(Tier tier, int w, comm::CommOptions copts = {}) 
   std::vector<std::thread> threads;
   for (int r = 0; r < w; ++r) {
     RuntimeOptions o = testing::dp_options(tier, dirs[static_cast<std::size_t>(r)].path().string(), w);
+    if (edit) edit(o);
     o.comm = std::move((*group)[static_cast<std::size_t>(r)]);
     threads.emplace_back([&results, o = std::move(o), r, w]() mutable {
       results[static_cast<std::size_t>(r)] = testing::dp_train(std::move(o), r, w);
@@ -64,7 +68,8 @@ TEST_P(DataParallel, RanksWithAPartOfTheBatchMatchOneRankWithAllOfIt) {
   ASSERT_TRUE(single.status.ok()) << single.status;
   testing::expect_trained(single);
   // The options put states where this case says (the comparison covers that tier).
-  EXPECT_GT(std::count(single.homes.begin(), single.homes.end(), tier), 0) << "no family's states on " << tier_name(tier);
+  EXPECT_GT(std::count(single.homes.begin(), single.homes.end(), tier), 0)
+      << "no family's states on " << tier_name(tier);
 
   const std::vector<DpResult> ranked = run_ranks(tier, w);
   std::uint64_t shard_sum = 0, shard_max = 0;
@@ -81,7 +86,9 @@ TEST_P(DataParallel, RanksWithAPartOfTheBatchMatchOneRankWithAllOfIt) {
   // NVMe: a rank's shard is two or three families there, and staging one of
   // them (the oversized one) takes more host memory than keeping them all, so
   // the planner rightly keeps them on host whatever the host budget.
-  if (!(tier == Tier::kNvme && w > 2)) EXPECT_GT(ranked_on_tier, 0) << "no rank keeps states on " << tier_name(tier);
+  if (!(tier == Tier::kNvme && w > 2)) {
+    EXPECT_GT(ranked_on_tier, 0) << "no rank keeps states on " << tier_name(tier);
+  }
   // Each family's states live on exactly one rank: the shards add up to the whole.
   EXPECT_EQ(single.state_bytes, shard_sum);
   EXPECT_LT(shard_max, single.state_bytes);
@@ -107,7 +114,7 @@ struct BuiltRank {
     RuntimeOptions o = testing::dp_options(Tier::kHost, "");
     o.comm = std::move(c);
     if (change) change(o, model);
-    auto made = Runtime::create(*device, std::move(o));
+    auto made = testing::create_runtime(*device, std::move(o));
     EXPECT_TRUE(made.ok()) << made.status();
     rt = std::move(made).value();
     status = model.build(*rt);
@@ -152,7 +159,8 @@ TEST(DataParallelFaults, ARankThatHangsFailsTheOthersWithinTheTimeout) {
   BuiltRank r(std::move((*group)[0]), 0, false);  // the start-up check already needs rank 1
   EXPECT_LT(seconds_since(start), 5.0);
   EXPECT_EQ(r.status, StatusCode::kUnavailable);
-  EXPECT_NE(r.status.message().find("rank(s) 1 did not join it within 300 ms"), std::string::npos) << r.status;
+  EXPECT_NE(r.status.message().find("rank(s) 1 did not join it within 300 ms"), std::string::npos)
+      << r.status;
 }
 
 //! Both ranks build; rank 1 with `change` applied. Returns their statuses.
@@ -176,11 +184,13 @@ std::vector<Status> build_with(Change change) {
 TEST(DataParallelMismatch, AModelMismatchIsRefusedNamingTheTensor) {
   auto got = build_with([](RuntimeOptions&, bench::DpModel& m) { m.numels[2] = 5001; });
   EXPECT_EQ(got[1], StatusCode::kFailedPrecondition);
-  EXPECT_NE(got[1].message().find("here `tensor 2 \"t2\" shape [5001] fp32`, on rank 0 `tensor 2 \"t2\" shape [5000] fp32`"),
+  EXPECT_NE(got[1].message().find(
+                "here `tensor 2 \"t2\" shape [5001] fp32`, on rank 0 `tensor 2 \"t2\" shape [5000] fp32`"),
             std::string::npos)
       << got[1];
   EXPECT_EQ(got[0], StatusCode::kFailedPrecondition);
-  EXPECT_NE(got[0].message().find("rank(s) 1 have a model or options that differ"), std::string::npos) << got[0];
+  EXPECT_NE(got[0].message().find("rank(s) 1 have a model or options that differ"), std::string::npos)
+      << got[0];
 }
 
 TEST(DataParallelMismatch, AnOptionMismatchIsRefusedNamingTheOption) {
@@ -189,6 +199,128 @@ TEST(DataParallelMismatch, AnOptionMismatchIsRefusedNamingTheOption) {
   EXPECT_NE(got[1].message().find("lr 0.02"), std::string::npos) << got[1];
   EXPECT_NE(got[1].message().find("lr 0.01"), std::string::npos) << got[1];
   EXPECT_EQ(got[0], StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace strata::runtime
+
+namespace strata::runtime {
+namespace {
+
+//! A communicator that says it is nccl (the runtime must refuse it before using it).
+class NamedNccl final : public comm::Communicator {
+ public:
+  NamedNccl() : Communicator(0, 2, {}) {}
+  std::string_view backend() const override { return "nccl"; }
+  void abort(std::string_view) override {}
+
+ protected:
+  Result<std::unique_ptr<comm::PendingOp>> start_reduce_scatter(const void*, void*, std::size_t,
+                                                                comm::DType) override {
+    return unused();
+  }
+  Result<std::unique_ptr<comm::PendingOp>> start_all_gather(const void*, void*, std::size_t,
+                                                            comm::DType) override {
+    return unused();
+  }
+  Result<std::unique_ptr<comm::PendingOp>> start_all_reduce(std::span<double>, comm::ReduceOp) override {
+    return unused();
+  }
+  Result<std::unique_ptr<comm::PendingOp>> start_broadcast(void*, std::size_t, int) override {
+    return unused();
+  }
+
+ private:
+  static Status unused() { return internal_error("NamedNccl: the runtime should have refused this backend"); }
+};
+
+TEST(DataParallelOptions, TheNcclBackendIsRefusedWithTheReason) {
+  RuntimeOptions o = testing::dp_options(Tier::kHost, "");
+  o.comm = std::make_shared<NamedNccl>();
+  auto device = testing::dp_device();
+  auto rt = Runtime::create(*device, std::move(o));
+  ASSERT_FALSE(rt.ok());
+  EXPECT_EQ(rt.status(), StatusCode::kInvalidArgument);
+  EXPECT_NE(rt.status().message().find("nccl backend reduces device buffers"), std::string::npos)
+      << rt.status();
+}
+
+TEST(DataParallelAgreement, ClippingUsesTheNormOfEveryRank) {
+  // A max norm far below the gradients' norm: every step is clipped. Each rank
+  // clips its own families with the coefficient of the global norm (all-reduced),
+  // so the result is one rank's up to the order of the norm's sum.
+  // SGD: the update is proportional to the clip coefficient (Adam's is nearly
+  // invariant to it), so a rank clipping with its own norm would be caught.
+  auto sgd = [](RuntimeOptions& o) {
+    o.hyper.optimizer = kernels::Optimizer::kSgd;
+    o.hyper.momentum = 0.9f;
+    o.hyper.lr = 1.0f;  // updates well above the params' rounding
+    o.hyper.weight_decay = 0.0f;
+  };
+  auto clip = [&](RuntimeOptions& o) {
+    sgd(o);
+    o.clip_max_norm = 0.1;  // the gradients' norm is about 50
+  };
+  RuntimeOptions so = testing::dp_options(Tier::kHost, "");
+  sgd(so);
+  const DpResult unclipped = testing::dp_train(so, -1, 2);
+  clip(so);
+  const DpResult single = testing::dp_train(so, -1, 2);
+  ASSERT_TRUE(single.status.ok() && unclipped.status.ok());
+  EXPECT_NE(single.params[0], unclipped.params[0]) << "clipping did not change the update";
+  const std::vector<DpResult> ranked = run_ranks(Tier::kHost, 2, clip);
+  for (int r = 0; r < 2; ++r) {
+    const DpResult& res = ranked[static_cast<std::size_t>(r)];
+    ASSERT_TRUE(res.status.ok()) << res.status;
+    for (std::size_t t = 0; t < single.params.size(); ++t) {
+      for (std::size_t i = 0; i < single.params[t].size(); ++i) {
+        // Compare the updates (param - initial value): a rank clipping with its
+        // own norm would be off by tens of percent.
+        const float init = bench::DpModel::hash01(t, 999, i) - 0.5f;
+        const float a = single.params[t][i] - init, b = res.params[t][i] - init;
+        ASSERT_NEAR(a, b, 1e-7f + 1e-3f * std::fabs(a))
+            << "rank " << r << " tensor t" << t << " element " << i;
+      }
+    }
+  }
+}
+
+TEST(DataParallelAgreement, AnInfOnOneRankSkipsTheStepOnEveryRank) {
+  auto group = comm::make_local_group(2);
+  ASSERT_TRUE(group.ok());
+  std::vector<Status> status(2);
+  std::vector<int> applied(2, -1);
+  std::vector<float> first(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      BuiltRank b(std::move((*group)[static_cast<std::size_t>(r)]), 0, false,
+                  [](RuntimeOptions& o, bench::DpModel&) { o.loss_scaling = true; });
+      if (!b.status.ok()) {
+        status[static_cast<std::size_t>(r)] = b.status;
+        return;
+      }
+      // Rank 1's loss scale overflows its gradients to Inf; rank 0's are finite.
+      if (r == 1) b.rt->set_grad_scale(3e38f);
+      Status s = b.model.backward(*b.rt, static_cast<std::size_t>(r), 2, false);
+      auto st = s.ok() ? b.rt->step() : Result<StepStats>(s);
+      if (!st.ok()) {
+        status[static_cast<std::size_t>(r)] = st.status();
+        return;
+      }
+      applied[static_cast<std::size_t>(r)] = st->applied ? 1 : 0;
+      std::vector<float> p(b.model.numels[0]);
+      status[static_cast<std::size_t>(r)] = b.rt->read_tensor(b.model.ids[0], StateKind::kParam, p);
+      first[static_cast<std::size_t>(r)] = p[0];
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(status[static_cast<std::size_t>(r)].ok())
+        << "rank " << r << ": " << status[static_cast<std::size_t>(r)];
+    EXPECT_EQ(0, applied[static_cast<std::size_t>(r)]) << "rank " << r << " applied the step";
+    EXPECT_EQ(bench::DpModel::hash01(0, 999, 0) - 0.5f, first[static_cast<std::size_t>(r)]) << "rank " << r;
+  }
 }
 
 }  // namespace

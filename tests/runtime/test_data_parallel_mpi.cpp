@@ -39,17 +39,20 @@ TEST_P(DataParallelMpi, RanksMatchOneRankWithTheWholeBatch) {
   auto c = world();
   const int w = c->size();
   ScratchDir single_dir = scratch("single"), rank_dir = scratch("rank");
-  const testing::DpResult single = testing::dp_train(testing::dp_options(tier, single_dir.path().string()), -1, w);
+  const testing::DpResult single =
+      testing::dp_train(testing::dp_options(tier, single_dir.path().string()), -1, w);
   testing::expect_trained(single);
   RuntimeOptions o = testing::dp_options(tier, rank_dir.path().string(), w);
   o.comm = c;
   const testing::DpResult mine = testing::dp_train(std::move(o), c->rank(), w);
   testing::expect_bit_identical(single, mine, c->rank());
-  if (w > 1) EXPECT_LT(mine.state_bytes, single.state_bytes);
+  if (w > 1) {
+    EXPECT_LT(mine.state_bytes, single.state_bytes);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, DataParallelMpi, ::testing::Values(Tier::kGpu, Tier::kHost, Tier::kNvme),
-                         [](const auto& info) { return std::string(tier_name(info.param)); });
+                         [](const auto& p) { return std::string(tier_name(p.param)); });
 
 TEST(DataParallelMpiMismatch, AModelMismatchIsRefusedOnEveryRank) {
   auto c = world();
@@ -66,7 +69,8 @@ TEST(DataParallelMpiMismatch, AModelMismatchIsRefusedOnEveryRank) {
   if (c->rank() == c->size() - 1) {
     EXPECT_NE(s.message().find("shape [2001]"), std::string::npos) << s;
   } else {
-    EXPECT_NE(s.message().find(fmt::format("rank(s) {} have a model", c->size() - 1)), std::string::npos) << s;
+    EXPECT_NE(s.message().find(fmt::format("rank(s) {} have a model", c->size() - 1)), std::string::npos)
+        << s;
   }
 }
 

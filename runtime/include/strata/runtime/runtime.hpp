@@ -34,7 +34,10 @@
 // torch.optim, where p.grad is None). With loss scaling (set_grad_scale and
 // RuntimeOptions::loss_scaling), all gradients are checked for Inf/NaN first and
 // an Inf/NaN anywhere skips the whole step with every state unchanged: the
-// optimizer is *deferred* to step(), not rolled back.
+// optimizer is *deferred* to step(), not rolled back. With data parallelism
+// (RuntimeOptions::comm) every optimizer step is deferred to step() as well,
+// where the ranks reduce gradients and gather params (Note [Sharded step] in
+// runtime/src/data_parallel.cpp).
 
 #include <cstdint>
 #include <functional>
