@@ -23,6 +23,22 @@ void* strata_je_mallocx(size_t size, int flags);
 void strata_je_dallocx(void* ptr, int flags);
 size_t strata_je_nallocx(size_t size, int flags);
 int strata_je_mallctl(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t newlen);
+
+// Note [Exact extents]
+// By default jemalloc grows an arena geometrically ("retain": each time it asks its
+// hooks for the next page size class, 80, 96, 112 MiB ... for a 64 MiB buffer, and
+// keeps the rest) and keeps freed extents for seconds before giving them back
+// (decay). It also pads every large buffer by a page (cache_oblivious: a 64 MiB
+// buffer takes 64 MiB + 4 KiB), which this jemalloc (5.3) cannot turn off at run
+// time; that page is part of what Note [Host store arena] leaves room for. In a region sized to its budget
+// that is fatal: a 1 GiB host tier of 64 MiB chunks ran out of range at 896 MiB in use, jemalloc holding 1.22
+// GiB in leftovers too small for a chunk. So this private jemalloc (nobody else's
+// malloc; Note [Private jemalloc]) asks for exactly the extent a buffer needs, and
+// each arena (RegionArena::create) gives freed extents back at once, where the
+// free-range map coalesces them with their neighbours. jemalloc reads this symbol
+// (weak in its archive) once, at its initialisation.
+extern const char* strata_je_malloc_conf;
+const char* strata_je_malloc_conf = "retain:false";
 }
 
 namespace strata::memory {
@@ -96,6 +112,16 @@ Result<std::unique_ptr<RegionArena>> RegionArena::create(std::byte* base, std::s
   }
   arena->index_ = index;
   arena->created_ = true;
+  // Note [Exact extents]: freed extents go back to the region's map at once.
+  for (const char* setting : {"dirty_decay_ms", "muzzy_decay_ms"}) {
+    const std::string name = fmt::format("arena.{}.{}", index, setting);
+    ssize_t decay_ms = 0;
+    err = strata_je_mallctl(name.c_str(), nullptr, nullptr, &decay_ms, sizeof(decay_ms));
+    if (err != 0) {
+      return internal_error("pinned host arena: jemalloc {} = 0 failed: {} (errno {})", name,
+                            std::strerror(err), err);
+    }
+  }
   return arena;
 }
 

@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "strata/common/status.hpp"
 
@@ -45,6 +46,9 @@ class RegionArena {
   unsigned index() const { return index_; }
   //! Bytes of the range jemalloc holds now (extents, including its metadata).
   std::size_t extent_bytes() const;
+  //! One line for errors: the region's free ranges (count, largest, total) and the
+  //! bytes the backend holds, so a refusal says whether fragmentation or holding caused it.
+  std::string describe_free() const;
 
  private:
   struct Hooks;

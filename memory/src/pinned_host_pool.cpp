@@ -222,9 +222,9 @@ Result<PinnedBuffer> PinnedHostPool::allocate(std::size_t bytes, std::size_t ali
     arena_budget_.sub(charged);
     return out_of_budget(
         "pinned host arena: no free range of the arena's {} fits a {} buffer ({} in use; jemalloc keeps part "
-        "for its metadata and fragmentation leaves gaps); free buffers or raise pinned.arena_size",
+        "for its metadata and fragmentation leaves gaps: {}); free buffers or raise pinned.arena_size",
         format_bytes(arena_budget_.budget_bytes()), format_bytes(bytes),
-        format_bytes(arena_budget_.used_bytes()));
+        format_bytes(arena_budget_.used_bytes()), arena_->describe_free());
   }
   STRATA_CHECK(contains(data, bytes));
   return PinnedBuffer(this, static_cast<std::byte*>(data), bytes, charged);

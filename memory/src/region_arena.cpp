@@ -14,6 +14,32 @@ std::size_t RegionArena::extent_bytes() const {
   return extent_bytes_;
 }
 
+namespace {
+constexpr std::size_t kRangesListedMax = 8;  // an error message stays one readable line
+}  // namespace
+
+std::string RegionArena::describe_free() const {
+  std::lock_guard lock(mutex_);
+  std::size_t largest = 0, total = 0;
+  for (const auto& [begin, bytes] : free_) {
+    largest = std::max(largest, bytes);
+    total += bytes;
+  }
+  std::string ranges;
+  std::size_t listed = 0;
+  for (const auto& [begin, bytes] : free_) {
+    if (listed++ == kRangesListedMax) {
+      ranges += ", ...";
+      break;
+    }
+    if (!ranges.empty()) ranges += ", ";
+    ranges += fmt::format("+{}:{}", format_bytes(begin - reinterpret_cast<std::uintptr_t>(base_)),
+                          format_bytes(bytes));
+  }
+  return fmt::format("{} free in {} ranges, largest {}; the allocator holds {} [{}]", format_bytes(total),
+                     free_.size(), format_bytes(largest), format_bytes(extent_bytes_), ranges);
+}
+
 void* RegionArena::carve(void* wanted, std::size_t bytes, std::size_t alignment) {
   if (alignment == 0) alignment = 1;
   std::lock_guard lock(mutex_);

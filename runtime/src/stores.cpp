@@ -21,7 +21,9 @@ namespace {
 // the bytes the runtime asks for, because that is what the planner counts;
 // the region is made larger than the budget by what jemalloc needs on top
 // (its size classes round a large request up by at most 25%, and it keeps a
-// 2 MiB block of metadata), so the budget, not fragmentation, is the limit.
+// 2 MiB block of metadata), so the budget, not fragmentation, is the limit
+// (jemalloc asks for exact extents and frees them at once: Note [Exact extents]
+// in memory/src/jemalloc_arena.cpp).
 class PinnedHostStore final : public HostStore {
  public:
   PinnedHostStore(std::unique_ptr<memory::PinnedHostPool> pool, std::uint64_t budget_bytes)

@@ -138,6 +138,34 @@ TEST(PinnedHostPool, ArenaBudgetIsAHardLimit) {
   EXPECT_TRUE(pool->allocate(256 * kKiB).ok());
 }
 
+// Note [Exact extents]: an arena sized to its buffers plus jemalloc's metadata holds
+// them all, and freed buffers coalesce into room for larger ones. Before, jemalloc's
+// geometric growth and page padding left it holding leftovers too small for a buffer
+// (the 1 GiB host tier of 64 MiB chunks failed at 896 MiB in use).
+TEST(PinnedHostPool, ArenaSizedToItsBuffersHoldsThemAll) {
+  PinnedHostPoolOptions options;
+  options.arena_bytes = 72 * kMiB;  // 16 x 4 MiB + room for jemalloc's metadata
+  options.slot_bytes = 4096;
+  options.slot_count = 1;
+  options.budget_bytes = options.arena_bytes + options.slot_bytes;
+  auto pool = make_pool(options);
+  std::vector<PinnedBuffer> buffers;
+  for (int i = 0; i < 16; ++i) {
+    auto b = pool->allocate(4 * kMiB, 4096);
+    ASSERT_TRUE(b.ok()) << "buffer " << i << ": " << b.status();
+    buffers.push_back(std::move(b).value());
+  }
+  EXPECT_EQ(pool->arena_stats().used_bytes, 64 * kMiB);  // no padding charged
+  // Every other buffer freed, then all: the ranges coalesce into 32 MiB pieces.
+  for (std::size_t i = 0; i < buffers.size(); i += 2) buffers[i].reset();
+  buffers.clear();
+  for (int i = 0; i < 2; ++i) {
+    auto b = pool->allocate(32 * kMiB, 4096);
+    ASSERT_TRUE(b.ok()) << "32 MiB buffer " << i << ": " << b.status();
+    buffers.push_back(std::move(b).value());
+  }
+}
+
 TEST(PinnedHostPool, BadBuffersRequestsAreErrors) {
   auto pool = make_pool();
   auto zero = pool->allocate(0);
