@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "registry.hpp"
+#include "step_exact.hpp"
 #include "step_rates.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/common/log.hpp"
@@ -278,6 +279,16 @@ int run(const StepOptions& o) {
                  without->step_s);
     }
   }
+  // Note [Exactness in the step benchmark], in the same run.
+  auto exact = check_bit_identical({.layers = o.layers,
+                                    .params_per_layer = checked->per_layer,
+                                    .host_budget_bytes = checked->host,
+                                    .gpu_budget_bytes = checked->gpu},
+                                   dir->path());
+  if (!exact.ok()) {
+    fmt::print(stderr, "strata-bench step (exactness check): {}\n", exact.status().to_string());
+    return 1;
+  }
   const auto& st = last.stats;
   const std::uint64_t gpu = checked->gpu, host = checked->host;
   nlohmann::json j = {
@@ -305,6 +316,13 @@ int run(const StepOptions& o) {
       {"params_nvme_bytes", last.params_nvme_bytes},
       {"gpu_budget_bytes", gpu},
       {"host_budget_bytes", host},
+      {"bit_identical_to_host", exact->identical},
+      {"bit_identical_check",
+       {{"layers", exact->layers},
+        {"host_budget_bytes", exact->host_budget_bytes},
+        {"params_nvme_bytes", exact->params_nvme_bytes},
+        {"steps", exact->steps},
+        {"first_difference", exact->first_difference}}},
       {"busy_s", nlohmann::json::object()},
       {"runs", o.runs},
       {"per_run", per_run},
@@ -342,6 +360,11 @@ int run(const StepOptions& o) {
                fmt::format("{} / {}", format_bytes(st.gpu_high_water_bytes), format_bytes(gpu)));
     fmt::print("{:<28}{:>14}\n", "host high water / budget",
                fmt::format("{} / {}", format_bytes(st.host_high_water_bytes), format_bytes(host)));
+    fmt::print("{:<28}{:>14}\n", "bit-identical to host",
+               fmt::format("{} ({} layers, host_budget {}, {} params on NVMe, {} steps){}",
+                           exact->identical ? "yes" : "NO", exact->layers,
+                           format_bytes(exact->host_budget_bytes), format_bytes(exact->params_nvme_bytes),
+                           exact->steps, exact->identical ? "" : ": " + exact->first_difference));
     fmt::print(
         "\nlower bound per resource (last run; peaks measured before its steps; busy = its timeline):\n");
     fmt::print("  {:<14} {:>12} {:>7} {:>14} {:>9} {:>9}\n", "resource", "work", "unit", "peak /s", "bound s",
@@ -356,6 +379,11 @@ int run(const StepOptions& o) {
   const bool budgets_held = st.gpu_high_water_bytes <= gpu && st.host_high_water_bytes <= host;
   if (!budgets_held) {
     fmt::print(stderr, "strata-bench step: a budget was exceeded\n");
+    return 1;
+  }
+  if (!exact->identical) {
+    fmt::print(stderr, "strata-bench step: NVMe-homed training differs from all on host: {}\n",
+               exact->first_difference);
     return 1;
   }
   return 0;
