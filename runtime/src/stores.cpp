@@ -125,13 +125,25 @@ class SwapNvmeStore final : public NvmeStore {
 
 }  // namespace
 
+namespace {
+constexpr std::uint64_t kHostStoreSlotBytes = 4096;  // the smallest slab the pool allows; unused
+
+// Note [Host store arena]: room for jemalloc's rounding and metadata.
+std::uint64_t host_store_arena_bytes(std::uint64_t budget_bytes) {
+  return align_up(budget_bytes + budget_bytes / 4 + 8 * kMiB, 2 * kMiB);
+}
+}  // namespace
+
+std::uint64_t host_store_region_bytes(std::uint64_t budget_bytes) {
+  return host_store_arena_bytes(budget_bytes) + kHostStoreSlotBytes;
+}
+
 Result<std::unique_ptr<HostStore>> make_host_store(std::uint64_t budget_bytes, memory::Device* device) {
   memory::PinnedHostPoolOptions o;
-  // Note [Host store arena]: room for jemalloc's rounding and metadata.
-  o.arena_bytes = align_up(budget_bytes + budget_bytes / 4 + 8 * kMiB, 2 * kMiB);
-  o.slot_bytes = 4096;
+  o.arena_bytes = host_store_arena_bytes(budget_bytes);
+  o.slot_bytes = kHostStoreSlotBytes;
   o.slot_count = 1;
-  o.budget_bytes = o.arena_bytes + o.slot_bytes;
+  o.budget_bytes = host_store_region_bytes(budget_bytes);
   auto pool = memory::PinnedHostPool::create(o, device);
   if (!pool.ok()) {
     Status s = pool.status();

@@ -285,6 +285,7 @@ int run(const Settings& s) {
       vo.capacity.gpu_bytes = std::min<std::uint64_t>(cap.gpu_bytes, host->ram_bytes / 8);
     }
     vo.link_bytes_per_s = link;
+    vo.host_memory_bytes = host->ram_bytes;  // Note [Verify host memory]
     vo.steps = s.verify_steps;
     if (const char* scale = std::getenv("STRATA_PROBE_TEST_PREDICTION_SCALE"); scale != nullptr) {
       vo.prediction_scale = std::strtod(scale, nullptr);

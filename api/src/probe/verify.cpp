@@ -14,6 +14,7 @@
 #include "strata/common/log.hpp"
 #include "strata/memory/device_factory.hpp"
 #include "strata/runtime/runtime.hpp"
+#include "strata/runtime/stores.hpp"
 
 namespace strata::probe {
 namespace {
@@ -86,6 +87,55 @@ struct LayerScratch {
   std::vector<float> x, y, dy, dx, w, dw;
 };
 
+// Note [Verify host memory]
+// A verify run takes host memory the probe's capacities do not show: the runtime's
+// host budget is the probe's plus a 25 % reserve (Note [Verify budgets]), the host
+// tier maps a pinned region a quarter larger again (Note [Host store arena]), the
+// sim device's memory is host memory, and the products need their scratch. At
+// 1.3x the probe's maximum (--verify-params 3.2B on a 23.5 GiB machine) that came
+// to 27.6 GiB, and the run failed only when the pinned pool refused, after the
+// measurements; a smaller excess would have been OOM-killed. So the sum is checked
+// against the machine's RAM before anything is allocated, and a size that does
+// not fit is refused like one the planner refuses (too_large, which names the
+// largest verify model that fits both).
+struct HostFootprint {
+  std::uint64_t host_budget = 0, host_tier = 0, sim_gpu = 0, scratch = 0;
+  std::uint64_t total() const { return host_tier + sim_gpu + scratch; }
+};
+
+// The runtime's host budget for the probe's: Note [Verify budgets].
+std::uint64_t runtime_host_budget(std::uint64_t probe_host_bytes) {
+  return probe_host_bytes + align_up(probe_host_bytes / 4, kMiB);
+}
+
+// The sim device's budget for the probe's GPU budget (it is host memory).
+std::uint64_t sim_device_bytes(std::uint64_t probe_gpu_bytes) {
+  return probe_gpu_bytes + 64 * kMiB;
+}
+
+HostFootprint host_footprint(const runtime::Budgets& probe, std::uint64_t hidden, std::uint64_t tokens) {
+  HostFootprint f;
+  f.host_budget = runtime_host_budget(probe.host_bytes);
+  f.host_tier = runtime::host_store_region_bytes(f.host_budget);
+  f.sim_gpu = sim_device_bytes(probe.gpu_bytes);
+  // LayerScratch with its own weights (the compute-rate measurement always has them).
+  f.scratch = sizeof(float) * (2 * tokens * hidden + 2 * tokens * 12 * hidden + 2 * 12 * hidden * hidden);
+  return f;
+}
+
+Status fits_host_memory(const VerifyOptions& o, const TrainSpec& spec, std::uint64_t tokens) {
+  if (o.host_memory_bytes == 0) return Status::Ok();
+  STRATA_ASSIGN_OR_RETURN(runtime::Budgets b, tight_budgets(spec, o.placement, o.capacity, o.rates));
+  const HostFootprint f = host_footprint(b, spec.shape.hidden, tokens);
+  if (f.total() <= o.host_memory_bytes) return Status::Ok();
+  return out_of_budget(
+      "its run needs {} of host memory (a {} pinned host tier for host_budget {}, {} of sim GPU memory, {} "
+      "of "
+      "scratch), more than this machine's {} of RAM",
+      format_bytes(f.total()), format_bytes(f.host_tier), format_bytes(f.host_budget),
+      format_bytes(f.sim_gpu), format_bytes(f.scratch), format_bytes(o.host_memory_bytes));
+}
+
 // Note [Largest verify model]
 // When the asked size does not fit, the message gives the largest *verify* model
 // that does: the same 16 layers and vocabulary 12 * hidden, the hidden size
@@ -98,7 +148,8 @@ Status too_large(const VerifyOptions& o, const Status& why) {
   auto fits = [&](std::uint64_t hidden) {
     TrainSpec t = o.spec;
     t.shape = {.layers = 16, .hidden = hidden, .seq = seq, .batch = batch, .vocab = 12 * hidden};
-    return shape_params(t.shape).ok() && plan_fits(t, o.placement, o.capacity).ok();
+    return shape_params(t.shape).ok() && plan_fits(t, o.placement, o.capacity).ok() &&
+           fits_host_memory(o, t, 1).ok();
   };
   std::uint64_t lo = 0, hi = o.spec.shape.hidden / 64;  // in units of 64; hi does not fit
   while (hi - lo > 1) {
@@ -185,6 +236,8 @@ Result<VerifyResult> verify(const VerifyOptions& options) {
   o.spec.shape.seq = 1;  // the fewest activations: a size that does not fit then never will
   o.spec.shape.batch = 1;
   if (Status fits = plan_fits(o.spec, o.placement, o.capacity); !fits.ok()) return too_large(o, fits);
+  // Note [Verify host memory]: up front, before the products' scratch is allocated.
+  if (Status fits = fits_host_memory(o, o.spec, 1); !fits.ok()) return too_large(o, fits);
   constexpr std::uint64_t kProbeTokens = 16;
   STRATA_ASSIGN_OR_RETURN(double rate, measure_verify_compute(o.spec.shape.hidden, kProbeTokens));
   std::uint64_t tokens = o.tokens;
@@ -225,11 +278,12 @@ Result<VerifyResult> verify(const VerifyOptions& options) {
   r.predicted_s = predicted.cost.step_s * o.prediction_scale;
   r.predicted_cost = predicted.cost;
   r.bottleneck = predicted.cost.bottleneck;
+  if (Status fits = fits_host_memory(o, spec, tokens); !fits.ok()) return too_large(o, fits);
 
   memory::DeviceOptions dopt;
   dopt.kind = memory::DeviceChoice::kSim;
   STRATA_ASSIGN_OR_RETURN(std::uint64_t activations, activation_peak_bytes(spec));
-  dopt.budget_bytes = r.budgets.gpu_bytes + 64 * kMiB;
+  dopt.budget_bytes = sim_device_bytes(r.budgets.gpu_bytes);
   dopt.h2d_bytes_per_s = o.link_bytes_per_s;
   dopt.d2h_bytes_per_s = o.link_bytes_per_s;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<memory::Device> device, memory::make_device(dopt));
@@ -238,8 +292,8 @@ Result<VerifyResult> verify(const VerifyOptions& options) {
   ro.budgets = r.budgets;
   ro.budgets.gpu_bytes = r.budgets.gpu_bytes - activations;
   r.gpu_chunk_budget_bytes = ro.budgets.gpu_bytes;
-  ro.plan.host_reserve_bytes = align_up(r.budgets.host_bytes / 4, kMiB);
-  ro.budgets.host_bytes = r.budgets.host_bytes + ro.plan.host_reserve_bytes;
+  ro.budgets.host_bytes = runtime_host_budget(r.budgets.host_bytes);
+  ro.plan.host_reserve_bytes = ro.budgets.host_bytes - r.budgets.host_bytes;
   r.host_budget_bytes = ro.budgets.host_bytes;
   // The probe's least NVMe budget already counts whole slots and the
   // copy-on-write room (Note [Copy-on-write NVMe slots]): no extra headroom.

@@ -59,6 +59,9 @@ struct VerifyOptions {
   double prediction_scale = 1.0;
   //! Tokens a step of the verify model computes over (Note [Verify compute]); 0 = chosen by verify().
   std::uint64_t tokens = 0;
+  //! The machine's RAM: a run whose host memory would exceed it is refused before it
+  //! starts (Note [Verify host memory]). 0 = not checked.
+  std::uint64_t host_memory_bytes = 0;
 };
 
 //! What --verify found.

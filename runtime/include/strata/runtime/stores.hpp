@@ -56,6 +56,11 @@ class NvmeStore {
   virtual std::string describe() const = 0;
 };
 
+//! Bytes of the pinned region make_host_store maps for a host budget: the budget and
+//! what the arena needs on top (Note [Host store arena] in stores.cpp). What a caller
+//! must have in RAM to create the host tier.
+std::uint64_t host_store_region_bytes(std::uint64_t budget_bytes);
+
 //! Host store over a pinned host pool of `budget_bytes` (memory::PinnedHostPool, all
 //! of it a jemalloc arena carved from the pinned region). `device` (may be null)
 //! registers the region for fast copies (cudaHostRegister); else mlock or plain, logged.
