@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "registry.hpp"
@@ -279,16 +280,23 @@ int run(const StepOptions& o) {
                  without->step_s);
     }
   }
-  // Note [Exactness in the step benchmark], in the same run.
-  auto exact = check_bit_identical({.layers = o.layers,
-                                    .params_per_layer = checked->per_layer,
-                                    .host_budget_bytes = checked->host,
-                                    .gpu_budget_bytes = checked->gpu},
-                                   dir->path());
-  if (!exact.ok()) {
-    fmt::print(stderr, "strata-bench step (exactness check): {}\n", exact.status().to_string());
-    return 1;
+  // Note [Exactness in the step benchmark], in the same run: only when this model's
+  // params spill to NVMe (otherwise there is nothing NVMe-homed to compare).
+  std::optional<ExactResult> exact;
+  if (last.params_nvme_bytes > 0) {
+    auto checked_exact = check_bit_identical({.layers = o.layers,
+                                              .params_per_layer = checked->per_layer,
+                                              .host_budget_bytes = checked->host,
+                                              .gpu_budget_bytes = checked->gpu},
+                                             dir->path());
+    if (!checked_exact.ok()) {
+      fmt::print(stderr, "strata-bench step (exactness check): {}\n", checked_exact.status().to_string());
+      return 1;
+    }
+    exact = std::move(checked_exact).value();
   }
+  const std::string exact_skipped = fmt::format(
+      "not checked: every param fits in host_budget {}, none lives on NVMe", format_bytes(checked->host));
   const auto& st = last.stats;
   const std::uint64_t gpu = checked->gpu, host = checked->host;
   nlohmann::json j = {
@@ -316,13 +324,13 @@ int run(const StepOptions& o) {
       {"params_nvme_bytes", last.params_nvme_bytes},
       {"gpu_budget_bytes", gpu},
       {"host_budget_bytes", host},
-      {"bit_identical_to_host", exact->identical},
-      {"bit_identical_check",
-       {{"layers", exact->layers},
-        {"host_budget_bytes", exact->host_budget_bytes},
-        {"params_nvme_bytes", exact->params_nvme_bytes},
-        {"steps", exact->steps},
-        {"first_difference", exact->first_difference}}},
+      {"bit_identical_to_host", exact ? nlohmann::json(exact->identical) : nlohmann::json(nullptr)},
+      {"bit_identical_check", exact ? nlohmann::json{{"layers", exact->layers},
+                                                     {"host_budget_bytes", exact->host_budget_bytes},
+                                                     {"params_nvme_bytes", exact->params_nvme_bytes},
+                                                     {"steps", exact->steps},
+                                                     {"first_difference", exact->first_difference}}
+                                    : nlohmann::json{{"skipped", exact_skipped}}},
       {"busy_s", nlohmann::json::object()},
       {"runs", o.runs},
       {"per_run", per_run},
@@ -360,11 +368,13 @@ int run(const StepOptions& o) {
                fmt::format("{} / {}", format_bytes(st.gpu_high_water_bytes), format_bytes(gpu)));
     fmt::print("{:<28}{:>14}\n", "host high water / budget",
                fmt::format("{} / {}", format_bytes(st.host_high_water_bytes), format_bytes(host)));
-    fmt::print("{:<28}{:>14}\n", "bit-identical to host",
-               fmt::format("{} ({} layers, host_budget {}, {} params on NVMe, {} steps){}",
-                           exact->identical ? "yes" : "NO", exact->layers,
-                           format_bytes(exact->host_budget_bytes), format_bytes(exact->params_nvme_bytes),
-                           exact->steps, exact->identical ? "" : ": " + exact->first_difference));
+    fmt::print(
+        "{:<28}{:>14}\n", "bit-identical to host",
+        exact ? fmt::format("{} ({} layers, host_budget {}, {} params on NVMe, {} steps){}",
+                            exact->identical ? "yes" : "NO", exact->layers,
+                            format_bytes(exact->host_budget_bytes), format_bytes(exact->params_nvme_bytes),
+                            exact->steps, exact->identical ? "" : ": " + exact->first_difference)
+              : exact_skipped);
     fmt::print(
         "\nlower bound per resource (last run; peaks measured before its steps; busy = its timeline):\n");
     fmt::print("  {:<14} {:>12} {:>7} {:>14} {:>9} {:>9}\n", "resource", "work", "unit", "peak /s", "bound s",
@@ -381,7 +391,7 @@ int run(const StepOptions& o) {
     fmt::print(stderr, "strata-bench step: a budget was exceeded\n");
     return 1;
   }
-  if (!exact->identical) {
+  if (exact && !exact->identical) {
     fmt::print(stderr, "strata-bench step: NVMe-homed training differs from all on host: {}\n",
                exact->first_difference);
     return 1;
