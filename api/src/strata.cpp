@@ -100,6 +100,18 @@ Status Runtime::save_checkpoint(const std::string& dir) {
   return core_->save_checkpoint(dir);
 }
 
+Status Runtime::begin_checkpoint(const std::string& dir) {
+  return core_->begin_checkpoint(dir);
+}
+
+Status Runtime::finish_checkpoint() {
+  return core_->finish_checkpoint();
+}
+
+Result<bool> Runtime::checkpoint_in_flight() {
+  return core_->checkpoint_in_flight();
+}
+
 Status Runtime::load_checkpoint(const std::string& dir) {
   return core_->load_checkpoint(dir);
 }

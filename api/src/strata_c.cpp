@@ -300,6 +300,26 @@ strata_status strata_save_checkpoint(strata_runtime* runtime, const char* dir) {
   return guarded([&] { return from(runtime->rt->save_checkpoint(dir)); });
 }
 
+strata_status strata_begin_checkpoint(strata_runtime* runtime, const char* dir) {
+  if (runtime == nullptr || dir == nullptr) return null_argument("runtime and dir");
+  return guarded([&] { return from(runtime->rt->begin_checkpoint(dir)); });
+}
+
+strata_status strata_finish_checkpoint(strata_runtime* runtime) {
+  if (runtime == nullptr) return null_argument("runtime");
+  return guarded([&] { return from(runtime->rt->finish_checkpoint()); });
+}
+
+strata_status strata_checkpoint_in_flight(strata_runtime* runtime, int* in_flight) {
+  if (runtime == nullptr || in_flight == nullptr) return null_argument("runtime and in_flight");
+  return guarded([&] {
+    auto r = runtime->rt->checkpoint_in_flight();
+    if (!r.ok()) return from(r.status());
+    *in_flight = *r ? 1 : 0;
+    return STRATA_OK;
+  });
+}
+
 strata_status strata_load_checkpoint(strata_runtime* runtime, const char* dir) {
   if (runtime == nullptr || dir == nullptr) return null_argument("runtime and dir");
   return guarded([&] { return from(runtime->rt->load_checkpoint(dir)); });

@@ -266,6 +266,23 @@ class Engine {
     py::gil_scoped_release release;
     throw_if(rt_->save_checkpoint(dir));
   }
+  //! Runtime::begin_checkpoint / finish_checkpoint (Note [Overlapped save]).
+  void begin_checkpoint(const std::string& dir) {
+    check_open();
+    py::gil_scoped_release release;
+    throw_if(rt_->begin_checkpoint(dir));
+  }
+  void finish_checkpoint() {
+    check_open();
+    py::gil_scoped_release release;
+    throw_if(rt_->finish_checkpoint());
+  }
+  bool checkpoint_in_flight() {
+    check_open();
+    auto r = rt_->checkpoint_in_flight();
+    throw_if(r.status());
+    return *r;
+  }
   void load_checkpoint(const std::string& dir) {
     check_open();
     py::gil_scoped_release release;
@@ -411,6 +428,9 @@ PYBIND11_MODULE(_C, m) {
       .def("flush", &Engine::flush)
       .def("save_checkpoint", &Engine::save_checkpoint)
       .def("load_checkpoint", &Engine::load_checkpoint)
+      .def("begin_checkpoint", &Engine::begin_checkpoint)
+      .def("finish_checkpoint", &Engine::finish_checkpoint)
+      .def("checkpoint_in_flight", &Engine::checkpoint_in_flight)
       .def("describe", &Engine::describe)
       .def("device_kind", &Engine::device_kind)
       .def("separate_master", &Engine::separate_master)

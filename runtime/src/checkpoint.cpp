@@ -66,6 +66,9 @@ constexpr std::uint64_t kStripeBytes = 1u << 20;
 constexpr std::size_t kWritersOpenMax = 256;
 //! Threads that fsync a save's files, or verify a load's, at once.
 constexpr std::size_t kIoThreads = 8;
+//! The save's buffers (outside the host store) hold at most host budget / this, or one
+//! family when that is larger (Note [Overlapped save]).
+constexpr std::uint64_t kSaveRoomDivisor = 4;
 constexpr const char* kManifestName = "manifest.json";
 constexpr const char* kFormatName = "strata-checkpoint";
 
@@ -470,10 +473,404 @@ std::vector<StateKind> family_kinds(Core& core, FamilyId f) {
 
 }  // namespace
 
-Status Runtime::save_checkpoint(const std::string& dir) {
+// Note [Overlapped save]
+// begin_checkpoint captures the state as of the call and returns; a background
+// thread (CheckpointSave::run) writes it while training goes on. Forward and
+// backward only read params, so only an optimizer update changes what the save
+// must write: family f's update does not start until f is captured
+// (Runtime::Impl::checkpoint_allows_update, asked by the scheduler before every
+// launch). Capturing f takes, under the lock:
+//   - a chunk whose value is on NVMe: its slots, pinned (Note [Pinned NVMe slots]
+//     in core.hpp). The copy-on-write write-back of f's update goes to fresh
+//     slots and the old ones are released only when the save has read them, so
+//     NVMe states stream from their slots and never pass through the device;
+//   - any other chunk: a copy into a host buffer of the host store (the budget).
+// The training thread captures f itself when the buffers fit in the save's room
+// (what the host budget has left over the runtime's high-water mark at the call);
+// else f's update is held back and the save thread launches it once it has
+// captured f, and step() waits for such held-back launches only. The save thread
+// writes one family at a time, captured ones first, then the others in reverse
+// family order (the order backward completes them). Metadata (step counters,
+// groups, the step index) is taken at the call. Files are published as Note
+// [Checkpoint publish] says; an error ends the save, releases every held update
+// and surfaces in finish_checkpoint / checkpoint_in_flight, and the published
+// checkpoint is untouched. write_tensor, init_tensor and load_checkpoint wait
+// until every family is captured; a second begin_checkpoint waits for the first.
+
+struct CheckpointSave {
+  //! One captured chunk: a host copy (buf) or the pinned NVMe slots it lives in.
+  struct Piece {
+    StateKind kind = StateKind::kParam;
+    std::uint64_t bytes = 0;
+    std::byte* buf = nullptr;
+    std::vector<std::uint32_t> slots;
+  };
+  enum class Stage : std::uint8_t { kPending, kCaptured, kWritten };
+
+  fs::path root;
+  std::int64_t generation = 0;
+  json tensors_meta;  //!< per tensor: name, shape, frozen, steps, group, file (taken at the call)
+  json groups = json::array();
+  std::int64_t step_index = 0;
+  double t0 = 0;
+  std::shared_ptr<NvmeStore> nvme;
+  std::vector<std::vector<StateKind>> kinds;  //!< per family
+  std::vector<Stage> stage;
+  std::vector<bool> held;  //!< the family's update waits for its capture
+  std::vector<std::vector<Piece>> pieces;
+  std::uint64_t room = 0;        //!< host bytes the training thread may capture into
+  std::uint64_t held_bytes = 0;  //!< bytes of the save's buffers
+  std::uint64_t high_water = 0;  //!< the most held_bytes
+  std::size_t held_count = 0;
+  std::size_t uncaptured = 0;
+  bool done = false;
+  Status status = Status::Ok();
+  std::thread thread;
+};
+
+namespace {
+
+//! A buffer of the save (Note [Overlapped save]): ordinary memory, 4096-aligned as
+//! NVMe reads need, never the host store's (the plan gave all of it to training).
+//! Within the save's room, or past it with `force` (the save thread, one family at a
+//! time); null otherwise.
+std::byte* save_allocate(CheckpointSave& s, std::uint64_t bytes, bool force) {
+  if (!force && s.held_bytes + bytes > s.room) return nullptr;
+  auto* p = static_cast<std::byte*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
+  if (p == nullptr) return nullptr;
+  s.held_bytes += bytes;
+  s.high_water = std::max(s.high_water, s.held_bytes);
+  return p;
+}
+
+void save_free(CheckpointSave& s, std::byte* p, std::uint64_t bytes) {
+  std::free(p);
+  s.held_bytes -= bytes;
+}
+
+void release_pieces(Core& core, std::vector<CheckpointSave::Piece>& pieces, CheckpointSave& s) {
+  for (CheckpointSave::Piece& p : pieces) {
+    if (p.buf != nullptr) save_free(s, p.buf, p.bytes);
+    for (std::uint32_t slot : p.slots) core.unpin_nvme_slot(slot);
+  }
+  pieces.clear();
+}
+
+}  // namespace
+
+//! Captures family f (Note [Overlapped save]). `force` (the save thread): past the
+//! save's room, in ordinary memory; else false when the copies do not fit the room.
+static Result<bool> capture_family(Runtime::Impl& m, CheckpointSave& s, FamilyId f, bool force) {
+  Core& core = m.core;
+  std::uint64_t need = 0;
+  for (StateKind k : s.kinds[f]) {
+    const Chunk& c = core.chunk(f, k);
+    if (c.value != ChunkValue::kNvme) need += c.bytes;
+  }
+  if (!force && s.held_bytes + need > s.room) return false;
+  std::vector<CheckpointSave::Piece> pieces;
+  Status st = Status::Ok();
+  for (StateKind k : s.kinds[f]) {
+    Chunk& c = core.chunk(f, k);
+    CheckpointSave::Piece p{.kind = k, .bytes = c.bytes};
+    if (c.value == ChunkValue::kNvme) {
+      p.slots = c.nvme_slots;
+      for (std::uint32_t slot : p.slots) core.pin_nvme_slot(slot);
+      pieces.push_back(std::move(p));
+      continue;
+    }
+    p.buf = save_allocate(s, c.bytes, force);
+    if (p.buf == nullptr) {
+      st = out_of_budget("checkpoint save: no room for a copy of family {} {}", f, state_kind_name(k));
+      break;
+    }
+    pieces.push_back(p);
+    // Copied without changing where the chunk lives: the plan's host room is training's.
+    switch (c.value) {
+      case ChunkValue::kHost:
+        std::memcpy(p.buf, c.host, c.bytes);
+        break;
+      case ChunkValue::kAbsent:  // optimizer states start as zeros
+        std::memset(p.buf, 0, c.bytes);
+        break;
+      case ChunkValue::kDevice: {  // the device copy is the only one: copy it, as a write-back would
+        DeviceSlot& slot = m.residency.slot_of(c);
+        st = core.device.wait(core.d2h, slot.fence);
+        if (st.ok())
+          st = core.device.copy_async(core.d2h, p.buf, slot.ptr, c.bytes, memory::CopyKind::kDeviceToHost);
+        if (st.ok()) st = core.device.record(slot.fence, core.d2h);
+        if (st.ok()) st = core.device.synchronize(core.d2h);
+        break;
+      }
+      default:
+        st = internal_error("checkpoint save: family {} {} is in the optimizer pipeline's staging", f,
+                            state_kind_name(k));
+    }
+    if (!st.ok()) break;
+  }
+  if (!st.ok()) {
+    release_pieces(core, pieces, s);
+    if (!force && st.code() == StatusCode::kOutOfBudget) return false;
+    return st;
+  }
+  s.pieces[f] = std::move(pieces);
+  s.stage[f] = CheckpointSave::Stage::kCaptured;
+  --s.uncaptured;
+  if (s.held[f]) {
+    s.held[f] = false;
+    --s.held_count;
+    m.pipeline.launch_optimizer(f);
+  }
+  core.cv.notify_all();
+  return true;
+}
+
+//! Ends the save's hold on every update (after an error): they launch now.
+static void release_all_holds(Runtime::Impl& m, CheckpointSave& s) {
+  for (FamilyId f = 0; f < s.stage.size(); ++f) {
+    if (s.stage[f] == CheckpointSave::Stage::kPending) {
+      s.stage[f] = CheckpointSave::Stage::kWritten;
+      --s.uncaptured;
+    }
+    release_pieces(m.core, s.pieces[f], s);
+    if (s.held[f]) {
+      s.held[f] = false;
+      --s.held_count;
+      m.pipeline.launch_optimizer(f);
+    }
+  }
+  m.core.cv.notify_all();
+}
+
+//! Appends family f's captured pieces to its file; entries get each state's dtype and offset.
+static Status write_family(Core& core, CheckpointSave& s, FamilyId f, StripedWriter& w,
+                           std::vector<json>& entries) {
+  const FamilyLayout& fam = core.layout.families[f];
+  for (CheckpointSave::Piece& p : s.pieces[f]) {
+    const DType dtype = core.kind_dtype(p.kind);
+    const std::uint64_t esize = dtype_bytes(dtype);
+    std::byte* base = p.buf;
+    std::byte* read_buf = nullptr;
+    if (base == nullptr) {  // pinned NVMe slots: read them into a buffer of the save
+      {
+        std::lock_guard lock(core.mu);
+        read_buf = save_allocate(s, p.bytes, true);
+      }
+      const std::uint64_t piece = s.nvme->slot_bytes();
+      struct Latch {
+        std::mutex mu;
+        std::condition_variable cv;
+        std::size_t pending = 0;
+        Status status;
+      } latch;
+      latch.pending = p.slots.size();
+      for (std::size_t i = 0; i < p.slots.size(); ++i) {
+        const std::uint64_t begin = i * piece;
+        std::span<std::byte> part(read_buf + begin, std::min<std::uint64_t>(piece, p.bytes - begin));
+        auto done = [&latch](Status st) {
+          std::lock_guard g(latch.mu);
+          if (!st.ok() && latch.status.ok()) latch.status = std::move(st);
+          if (--latch.pending == 0) latch.cv.notify_all();
+        };
+        Status st = s.nvme->read(p.slots[i], part, done);
+        if (!st.ok()) done(st);
+      }
+      Status read;
+      {
+        std::unique_lock g(latch.mu);
+        latch.cv.wait(g, [&] { return latch.pending == 0; });
+        read = latch.status;
+      }
+      if (read.ok()) base = read_buf;
+      if (!read.ok()) {
+        std::lock_guard lock(core.mu);
+        save_free(s, read_buf, p.bytes);
+        return read;
+      }
+    }
+    for (std::size_t i = 0; i < fam.tensors.size(); ++i) {
+      const TensorSlot& ts = core.layout.slots[fam.tensors[i]];
+      entries[i]["states"][std::string(state_kind_name(p.kind))] = {
+          {"dtype", std::string(runtime::dtype_name(dtype))}, {"offset", w.size()}};
+      w.append(base + ts.offset_elems * esize, ts.numel * esize);
+    }
+    if (read_buf != nullptr) {
+      std::lock_guard lock(core.mu);
+      save_free(s, read_buf, p.bytes);
+    }
+  }
+  return Status::Ok();
+}
+
+//! The save thread: captures and writes every family, then publishes (Note [Overlapped save]).
+static Status run_save(Runtime::Impl& m, CheckpointSave& s) {
+  Core& core = m.core;
+  const std::size_t families = s.stage.size();
+  json files = json::array();
+  std::vector<json> file_entries(families);
+  std::vector<json> tensor_entries(core.tensors.size());
+  std::uint64_t total = 0;
+  StripeSink sink;                     // its jobs keep their files open until written
+  std::vector<StripedWriter> writers;  // fsynced together once all are written
+  std::vector<json> files_by_family(families);
+  for (std::size_t written = 0; written < families; ++written) {
+    FamilyId f = 0;
+    {
+      std::unique_lock lock(core.mu);
+      // Captured ones first; then a held-back one; then in backward order.
+      std::optional<FamilyId> pick;
+      for (FamilyId g = 0; g < families && !pick; ++g) {
+        if (s.stage[g] == CheckpointSave::Stage::kCaptured) pick = g;
+      }
+      for (FamilyId g = 0; g < families && !pick; ++g) {
+        if (s.held[g]) pick = g;
+      }
+      for (FamilyId g = families; g-- > 0 && !pick;) {
+        if (s.stage[g] == CheckpointSave::Stage::kPending) pick = g;
+      }
+      STRATA_CHECK(pick.has_value());
+      f = *pick;
+      if (s.stage[f] == CheckpointSave::Stage::kPending) {
+        STRATA_ASSIGN_OR_RETURN(const bool captured, capture_family(m, s, f, /*force=*/true));
+        STRATA_CHECK(captured);
+      }
+    }
+    const std::string name = fmt::format("family-{}.g{}.bin", f, s.generation);
+    STRATA_ASSIGN_OR_RETURN(StripedWriter w, StripedWriter::open(s.root / name, sink));
+    const FamilyLayout& fam = core.layout.families[f];
+    std::vector<json> entries(fam.tensors.size());
+    STRATA_RETURN_IF_ERROR(write_family(core, s, f, w, entries));
+    {
+      std::unique_lock lock(core.mu);
+      release_pieces(core, s.pieces[f], s);
+      s.stage[f] = CheckpointSave::Stage::kWritten;
+      // Room freed: held-back updates whose copies fit now are captured and launched.
+      for (FamilyId g = 0; g < families; ++g) {
+        if (s.held[g] && s.stage[g] == CheckpointSave::Stage::kPending) {
+          STRATA_ASSIGN_OR_RETURN(const bool captured, capture_family(m, s, g, /*force=*/false));
+          if (!captured) break;
+        }
+      }
+      core.cv.notify_all();
+    }
+    const std::uint64_t bytes = w.size();
+    w.finish();
+    total += bytes;
+    files_by_family[f] = {{"name", name}, {"bytes", bytes}, {"crc32c", w.crcs()}};
+    writers.push_back(std::move(w));
+    if (writers.size() == kWritersOpenMax) STRATA_RETURN_IF_ERROR(publish_all(sink, writers));
+    for (std::size_t i = 0; i < fam.tensors.size(); ++i) {
+      json e = s.tensors_meta[fam.tensors[i]];
+      e["states"] = std::move(entries[i]["states"]);
+      tensor_entries[fam.tensors[i]] = std::move(e);
+    }
+  }
+  STRATA_RETURN_IF_ERROR(publish_all(sink, writers));
+  for (json& f : files_by_family) files.push_back(std::move(f));
+  json tensors = json::array();
+  // In family order, as a blocking save wrote them (the manifest is the same whatever the capture order).
+  for (const FamilyLayout& fam : core.layout.families) {
+    for (TensorId id : fam.tensors) tensors.push_back(std::move(tensor_entries[id]));
+  }
+  const json manifest = {{"format", kFormatName},
+                         {"version", kFormatVersion},
+                         {"generation", s.generation},
+                         {"step", s.step_index},
+                         {"stripe_bytes", kStripeBytes},
+                         {"compute_dtype", std::string(runtime::dtype_name(core.opt.compute_dtype))},
+                         {"state_dtype", std::string(runtime::dtype_name(core.opt.state_dtype))},
+                         {"state_count", core.state_count},
+                         {"optimizer", std::string(kernels::optimizer_name(core.opt.hyper.optimizer))},
+                         {"files", std::move(files)},
+                         {"tensors", std::move(tensors)},
+                         {"groups", s.groups}};
+  STRATA_RETURN_IF_ERROR(fsync_dir(s.root));
+  {
+    const std::string text = manifest.dump(1);
+    STRATA_ASSIGN_OR_RETURN(StripedWriter w, StripedWriter::open(s.root / kManifestName, sink));
+    w.append(reinterpret_cast<const std::byte*>(text.data()), text.size());
+    w.finish();
+    std::vector<StripedWriter> one;
+    one.push_back(std::move(w));
+    STRATA_RETURN_IF_ERROR(publish_all(sink, one));
+  }
+  STRATA_RETURN_IF_ERROR(fsync_dir(s.root));
+
+  // Published: remove what no manifest names (older generations, a crashed save's temporaries).
+  const std::string suffix = fmt::format(".g{}.bin", s.generation);
+  std::size_t removed = 0;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(s.root, ec)) {
+    const std::string fname = entry.path().filename().string();
+    const bool ours = fname.starts_with("family-") || fname == std::string(kManifestName) + ".tmp";
+    const bool current = fname.starts_with("family-") && fname.ends_with(suffix);
+    if (ours && !current && fs::remove(entry.path(), ec)) ++removed;
+  }
+  STRATA_LOG_DEBUG(
+      "checkpoint: {} generation {} ({} bytes, {} files) in {:.3f} s; {} stale files removed; buffers held "
+      "at most {} bytes",
+      s.root.string(), s.generation, total, families, (core.timeline.now_us() - s.t0) * 1e-6, removed,
+      s.high_water);
+  return Status::Ok();
+}
+
+bool Runtime::Impl::checkpoint_allows_update(FamilyId f) {
+  CheckpointSave* s = checkpoint.get();
+  if (s == nullptr || s->done || s->stage[f] == CheckpointSave::Stage::kCaptured ||
+      s->stage[f] == CheckpointSave::Stage::kWritten)
+    return true;
+  if (s->held[f]) return false;
+  auto captured = capture_family(*this, *s, f, /*force=*/false);
+  if (captured.ok() && *captured) return true;
+  if (!captured.ok()) {
+    // The save thread captures it again (and reports the error if it persists).
+    STRATA_LOG_DEBUG("checkpoint: capturing family {} on the training thread: {}", f,
+                     captured.status().to_string());
+  }
+  s->held[f] = true;
+  ++s->held_count;
+  core.cv.notify_all();
+  return false;
+}
+
+Status Runtime::Impl::checkpoint_capture_for_update(std::unique_lock<std::mutex>& lock, FamilyId f) {
+  std::shared_ptr<CheckpointSave> s = checkpoint;
+  if (s == nullptr) return Status::Ok();
+  bool updates = false;
+  for (TensorId t : core.layout.families[f].tensors)
+    updates = updates || (core.tensors[t].grad_written && !core.tensors[t].spec.frozen);
+  if (!updates) return Status::Ok();
+  while (!s->done && s->stage[f] == CheckpointSave::Stage::kPending) {
+    auto captured = capture_family(*this, *s, f, /*force=*/false);
+    if (!captured.ok() || *captured) return captured.status();
+    core.cv.wait(lock);  // the save thread frees room as it writes
+  }
+  return Status::Ok();
+}
+
+Status Runtime::Impl::checkpoint_wait_captured(std::unique_lock<std::mutex>& lock, bool every_family) {
+  std::shared_ptr<CheckpointSave> s = checkpoint;
+  if (s == nullptr) return Status::Ok();
+  core.cv.wait(lock,
+               [&] { return s->done || (s->held_count == 0 && (!every_family || s->uncaptured == 0)); });
+  return Status::Ok();
+}
+
+Status Runtime::Impl::checkpoint_finish(std::unique_lock<std::mutex>& lock) {
+  std::shared_ptr<CheckpointSave> s = checkpoint;  // kept while it runs: its holds stay in force
+  if (s == nullptr) return Status::Ok();
+  lock.unlock();
+  if (s->thread.joinable()) s->thread.join();
+  lock.lock();
+  if (checkpoint == s) checkpoint.reset();
+  return s->status;
+}
+
+Status Runtime::begin_checkpoint(const std::string& dir) {
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);
   InvariantCheck check(m, &lock);
+  STRATA_RETURN_IF_ERROR(m.checkpoint_finish(lock));
   STRATA_ASSIGN_OR_RETURN(const fs::path root, checkpoint_dir(m.core, dir, "save_checkpoint"));
   if (m.leases_out > 0)
     return failed_precondition("save_checkpoint({}) while leases are held", root.string());
@@ -485,107 +882,99 @@ Status Runtime::save_checkpoint(const std::string& dir) {
   }
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
   STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
+  STRATA_RETURN_IF_ERROR(m.core.background_error);
 
+  auto s = std::make_shared<CheckpointSave>();
+  s->root = root;
+  s->t0 = m.core.timeline.now_us();
   // Note [Checkpoint publish]: the new files carry the next generation, so the
   // published manifest's files are never written.
   // Past every generation in the directory too: a manifest this build cannot read (a
   // newer format) still has its files kept.
-  std::int64_t generation = 1;
-  if (auto prev = read_manifest(root); prev.ok()) generation = prev->value("generation", std::int64_t{0}) + 1;
+  s->generation = 1;
+  if (auto prev = read_manifest(root); prev.ok())
+    s->generation = prev->value("generation", std::int64_t{0}) + 1;
   for (const auto& entry : fs::directory_iterator(root, ec)) {
     const std::string fname = entry.path().filename().string();
     const auto g = fname.find(".g");
     if (!fname.starts_with("family-") || g == std::string::npos) continue;
-    generation = std::max<std::int64_t>(generation, std::atoll(fname.c_str() + g + 2) + 1);
+    s->generation = std::max<std::int64_t>(s->generation, std::atoll(fname.c_str() + g + 2) + 1);
   }
-
-  const double t0 = m.core.timeline.now_us();
-  json files = json::array();
-  json tensors = json::array();
-  std::uint64_t total = 0;
-  StripeSink sink;                     // its jobs keep their files open until written
-  std::vector<StripedWriter> writers;  // fsynced together once all are written
-  for (FamilyId f = 0; f < m.core.layout.families.size(); ++f) {
-    const std::string name = fmt::format("family-{}.g{}.bin", f, generation);
-    STRATA_ASSIGN_OR_RETURN(StripedWriter w, StripedWriter::open(root / name, sink));
-    const FamilyLayout& fam = m.core.layout.families[f];
-    std::vector<json> entries(fam.tensors.size());
-    for (StateKind k : family_kinds(m.core, f)) {
-      const DType dtype = m.core.kind_dtype(k);
-      const std::uint64_t esize = dtype_bytes(dtype);
-      STRATA_RETURN_IF_ERROR(m.with_host_copy(lock, m.core.chunk(f, k), false, [&](std::byte* base) {
-        for (std::size_t i = 0; i < fam.tensors.size(); ++i) {
-          const TensorSlot& ts = m.core.layout.slots[fam.tensors[i]];
-          entries[i]["states"][std::string(state_kind_name(k))] = {
-              {"dtype", std::string(runtime::dtype_name(dtype))}, {"offset", w.size()}};
-          w.append(base + ts.offset_elems * esize, ts.numel * esize);
-        }
-      }));
-    }
-    const std::uint64_t bytes = w.size();
-    w.finish();
-    total += bytes;
-    files.push_back({{"name", name}, {"bytes", bytes}, {"crc32c", w.crcs()}});
-    writers.push_back(std::move(w));
-    if (writers.size() == kWritersOpenMax) STRATA_RETURN_IF_ERROR(publish_all(sink, writers));
-    for (std::size_t i = 0; i < fam.tensors.size(); ++i) {
-      const TensorInfo& info = m.core.tensors[fam.tensors[i]];
-      json& e = entries[i];
-      e["name"] = info.spec.name;
-      e["shape"] = info.spec.shape;
-      e["frozen"] = info.spec.frozen;
-      e["steps"] = info.updates;
-      e["group"] = info.group;
-      e["file"] = f;
-      tensors.push_back(std::move(e));
+  // A file that cannot be created fails here, at once (a read-only directory).
+  {
+    const fs::path probe = root / fmt::format("family-0.g{}.bin.tmp", s->generation);
+    Fd fd(::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (fd.get() < 0) {
+      return errno_status(errno, fmt::format("save_checkpoint: creating {} (the checkpoint directory must be "
+                                             "writable by this process)",
+                                             probe.string()));
     }
   }
-  STRATA_RETURN_IF_ERROR(publish_all(sink, writers));
-  json groups = json::array();
+  const std::size_t families = m.core.layout.families.size();
+  s->nvme = m.core.nvme;
+  s->stage.assign(families, CheckpointSave::Stage::kPending);
+  s->held.assign(families, false);
+  s->pieces.resize(families);
+  s->uncaptured = families;
+  for (FamilyId f = 0; f < families; ++f) s->kinds.push_back(family_kinds(m.core, f));
+  s->tensors_meta = json::array();
+  std::vector<FamilyId> family_of(m.core.tensors.size(), 0);
+  for (FamilyId f = 0; f < families; ++f) {
+    for (TensorId id : m.core.layout.families[f].tensors) family_of[id] = f;
+  }
+  for (TensorId id = 0; id < m.core.tensors.size(); ++id) {
+    const TensorInfo& info = m.core.tensors[id];
+    s->tensors_meta.push_back({{"name", info.spec.name},
+                               {"shape", info.spec.shape},
+                               {"frozen", info.spec.frozen},
+                               {"steps", info.updates},
+                               {"group", info.group},
+                               {"file", family_of[id]}});
+  }
   for (std::size_t g = 0; g < m.core.groups.size(); ++g) {
     if (m.core.groups[g].set) {
-      groups.push_back(
+      s->groups.push_back(
           {{"group", g}, {"lr", m.core.groups[g].lr}, {"weight_decay", m.core.groups[g].weight_decay}});
     }
   }
-  const json manifest = {{"format", kFormatName},
-                         {"version", kFormatVersion},
-                         {"generation", generation},
-                         {"step", m.tracker.step_index()},
-                         {"stripe_bytes", kStripeBytes},
-                         {"compute_dtype", std::string(runtime::dtype_name(m.core.opt.compute_dtype))},
-                         {"state_dtype", std::string(runtime::dtype_name(m.core.opt.state_dtype))},
-                         {"state_count", m.core.state_count},
-                         {"optimizer", std::string(kernels::optimizer_name(m.core.opt.hyper.optimizer))},
-                         {"files", std::move(files)},
-                         {"tensors", std::move(tensors)},
-                         {"groups", std::move(groups)}};
-  STRATA_RETURN_IF_ERROR(fsync_dir(root));
-  {
-    const std::string text = manifest.dump(1);
-    STRATA_ASSIGN_OR_RETURN(StripedWriter w, StripedWriter::open(root / kManifestName, sink));
-    w.append(reinterpret_cast<const std::byte*>(text.data()), text.size());
-    w.finish();
-    std::vector<StripedWriter> one;
-    one.push_back(std::move(w));
-    STRATA_RETURN_IF_ERROR(publish_all(sink, one));
-  }
-  STRATA_RETURN_IF_ERROR(fsync_dir(root));
-
-  // Published: remove what no manifest names (older generations, a crashed save's temporaries).
-  const std::string suffix = fmt::format(".g{}.bin", generation);
-  std::size_t removed = 0;
-  for (const auto& entry : fs::directory_iterator(root, ec)) {
-    const std::string fname = entry.path().filename().string();
-    const bool ours = fname.starts_with("family-") || fname == std::string(kManifestName) + ".tmp";
-    const bool current = fname.starts_with("family-") && fname.ends_with(suffix);
-    if (ours && !current && fs::remove(entry.path(), ec)) ++removed;
-  }
-  STRATA_LOG_DEBUG(
-      "save_checkpoint: {} generation {} ({} bytes, {} files) in {:.3f} s; {} stale files removed",
-      root.string(), generation, total, m.core.layout.families.size(), (m.core.timeline.now_us() - t0) * 1e-6,
-      removed);
+  s->step_index = static_cast<std::int64_t>(m.tracker.step_index());
+  s->room = m.core.host->budget_bytes() / kSaveRoomDivisor;
+  m.checkpoint = s;
+  s->thread = std::thread([&m, s = s.get()] {
+    Status st = run_save(m, *s);
+    std::lock_guard guard(m.core.mu);
+    if (!st.ok()) {
+      STRATA_LOG_WARN("checkpoint: the save into {} failed (the published checkpoint is untouched): {}",
+                      s->root.string(), st.to_string());
+      release_all_holds(m, *s);
+    }
+    for (auto& pieces : s->pieces) release_pieces(m.core, pieces, *s);
+    s->status = std::move(st);
+    s->done = true;
+    m.core.cv.notify_all();
+  });
   return Status::Ok();
+}
+
+Status Runtime::finish_checkpoint() {
+  Impl& m = *impl_;
+  std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
+  return m.checkpoint_finish(lock);
+}
+
+Result<bool> Runtime::checkpoint_in_flight() {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.core.mu);
+  if (m.checkpoint == nullptr) return false;
+  if (!m.checkpoint->done) return true;
+  STRATA_RETURN_IF_ERROR(m.checkpoint->status);
+  return false;
+}
+
+Status Runtime::save_checkpoint(const std::string& dir) {
+  STRATA_RETURN_IF_ERROR(begin_checkpoint(dir));
+  return finish_checkpoint();
 }
 
 Status Runtime::load_checkpoint(const std::string& dir) {
@@ -597,6 +986,7 @@ Status Runtime::load_checkpoint(const std::string& dir) {
     return failed_precondition("load_checkpoint({}) while leases are held", root.string());
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
   STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
+  STRATA_RETURN_IF_ERROR(m.checkpoint_wait_captured(lock, /*every_family=*/true));
   STRATA_ASSIGN_OR_RETURN(const json manifest, read_manifest(root));
   const std::string mpath = (root / kManifestName).string();
 

@@ -64,6 +64,23 @@ Status Core::ensure_nvme_store() {
   return Status::Ok();
 }
 
+void Core::free_nvme_slot(std::uint32_t slot) {
+  auto it = nvme_pins.find(slot);
+  if (it != nvme_pins.end()) {
+    it->second = true;
+    return;
+  }
+  nvme->free_slot(slot);
+}
+
+void Core::unpin_nvme_slot(std::uint32_t slot) {
+  auto it = nvme_pins.find(slot);
+  if (it == nvme_pins.end()) return;
+  const bool freed = it->second;
+  nvme_pins.erase(it);
+  if (freed) nvme->free_slot(slot);
+}
+
 Status Core::nvme_transfer(std::unique_lock<std::mutex>& lock, bool write, std::span<std::byte> data,
                            std::vector<std::uint32_t>& slots_io) {
   STRATA_RETURN_IF_ERROR(ensure_nvme_store());
@@ -108,7 +125,7 @@ Status Core::nvme_transfer(std::unique_lock<std::mutex>& lock, bool write, std::
     return latch.status;
   }
   if (write) {
-    for (std::uint32_t old : slots_io) nvme->free_slot(old);
+    for (std::uint32_t old : slots_io) free_nvme_slot(old);
     slots_io = std::move(fresh);
   }
   return Status::Ok();

@@ -96,6 +96,14 @@ struct Core {
   Result<std::byte*> host_buffer(Chunk& c);
   //! Creates the NVMe store on first use (its slot fits the largest optimizer chunk).
   Status ensure_nvme_store();
+  //! Note [Pinned NVMe slots] (checkpoint.cpp): a slot an asynchronous checkpoint
+  //! still has to read. free_nvme_slot of a pinned slot defers the release to
+  //! unpin_nvme_slot, so the copy-on-write write-back never hands it out while the
+  //! save reads it. Every release of a chunk's slots goes through free_nvme_slot.
+  void pin_nvme_slot(std::uint32_t slot) { nvme_pins.emplace(slot, false); }
+  void unpin_nvme_slot(std::uint32_t slot);
+  void free_nvme_slot(std::uint32_t slot);
+  std::unordered_map<std::uint32_t, bool> nvme_pins;  //!< pinned slot -> freed while pinned
   //! Synchronous NVMe transfer of a whole chunk (unlocks while waiting). A write
   //! goes to fresh slots that replace `slots_io` only when every piece succeeded.
   Status nvme_transfer(std::unique_lock<std::mutex>& lock, bool write, std::span<std::byte> data,

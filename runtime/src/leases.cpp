@@ -158,8 +158,8 @@ Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, W
 
 Released Runtime::release(Lease& lease) {
   Impl& m = *impl_;
-  std::lock_guard lock(m.core.mu);
-  InvariantCheck check(m);
+  std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
   Chunk& c = m.core.chunks[lease.chunk_];
   if (lease.where_ == Where::kDevice && c.device_slot >= 0) {
     Status st = m.core.device.record(m.residency.slot_of(c).fence, m.core.compute);
@@ -185,6 +185,8 @@ Released Runtime::release(Lease& lease) {
   // Note [Gradient completion]: the family's optimizer starts once its gradients
   // are complete and nobody holds them or its param.
   if (lease.kind_ != StateKind::kGrad && lease.kind_ != StateKind::kParam) return Released::kUnpinned;
+  if (!m.core.deferred() && m.pipeline.gradients_complete(c.family))
+    m.checkpoint_capture_for_update(lock, c.family).ignore();  // (a failed capture: the save holds it)
   const std::uint64_t launches = m.pipeline.launches();
   m.schedule(SchedulerEvent::kGradientsHandedOver, c.family).ignore();  // (never fails)
   return m.pipeline.launches() != launches ? Released::kOptimizerStarted : Released::kUnpinned;

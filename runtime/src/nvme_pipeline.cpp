@@ -185,7 +185,7 @@ void OptimizerPipeline::write_back(FamilyId f, std::unique_lock<std::mutex>& loc
       auto slot = core_.nvme->allocate_slot();
       if (!slot.ok()) {
         for (auto& list : new_slots) {
-          for (std::uint32_t s : list) core_.nvme->free_slot(s);
+          for (std::uint32_t s : list) core_.free_nvme_slot(s);
         }
         Status st = slot.status();
         st.with_context(fmt::format("NVMe write of family {}'s optimizer states", f));
@@ -254,7 +254,7 @@ void OptimizerPipeline::writeback_done(FamilyId f, Status status, double enqueue
     if (c.kind == StateKind::kParam) {
       // An NVMe-homed param: its updated host copy (committed in write_back) goes
       // once its new slots hold it; after a failed write it stays the value.
-      for (std::uint32_t s : wb.status.ok() ? c.nvme_slots : wb.new_slots[k]) core_.nvme->free_slot(s);
+      for (std::uint32_t s : wb.status.ok() ? c.nvme_slots : wb.new_slots[k]) core_.free_nvme_slot(s);
       if (wb.status.ok()) {
         c.nvme_slots = std::move(wb.new_slots[k]);
         if (Status st = residency_.wait_host_reads(c); !st.ok()) core_.fail(st);  // a load may read it
@@ -262,21 +262,21 @@ void OptimizerPipeline::writeback_done(FamilyId f, Status status, double enqueue
         c.host = nullptr;
         c.move_value(ChunkValue::kNvme);
       } else {
-        for (std::uint32_t old : c.nvme_slots) core_.nvme->free_slot(old);
+        for (std::uint32_t old : c.nvme_slots) core_.free_nvme_slot(old);
         c.nvme_slots.clear();
       }
       continue;
     }
     if (wb.status.ok()) {
       // The new slots replace the old (Note [Copy-on-write NVMe slots]).
-      for (std::uint32_t old : c.nvme_slots) core_.nvme->free_slot(old);
+      for (std::uint32_t old : c.nvme_slots) core_.free_nvme_slot(old);
       c.nvme_slots = std::move(wb.new_slots[k]);
       c.move_value(ChunkValue::kNvme);
       core_.host->free(wb.staging[k], c.bytes);
     } else {
       // The updated states stay in host memory as the authoritative copy.
-      for (std::uint32_t s : wb.new_slots[k]) core_.nvme->free_slot(s);
-      for (std::uint32_t old : c.nvme_slots) core_.nvme->free_slot(old);
+      for (std::uint32_t s : wb.new_slots[k]) core_.free_nvme_slot(s);
+      for (std::uint32_t old : c.nvme_slots) core_.free_nvme_slot(old);
       c.nvme_slots.clear();
       c.move_value(ChunkValue::kHost);
       if (c.host != nullptr) core_.host->free(c.host, c.bytes);

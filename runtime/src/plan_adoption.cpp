@@ -91,7 +91,7 @@ Status Runtime::Impl::migrate_homes(std::unique_lock<std::mutex>& lock, const Pl
         if (c.value == ChunkValue::kNvme) {
           STRATA_ASSIGN_OR_RETURN(std::byte * buffer, core.host_buffer(c));
           STRATA_RETURN_IF_ERROR(core.nvme_transfer(lock, false, {buffer, c.bytes}, c.nvme_slots));
-          for (std::uint32_t s : c.nvme_slots) core.nvme->free_slot(s);
+          for (std::uint32_t s : c.nvme_slots) core.free_nvme_slot(s);
           c.nvme_slots.clear();
           c.move_value(ChunkValue::kHost);
         } else if (param && c.absent()) {

@@ -103,6 +103,7 @@ Runtime::~Runtime() {
   Impl& m = *impl_;
   {
     std::unique_lock lock(m.core.mu);
+    m.checkpoint_finish(lock).ignore();  // a save in flight ends first (its error was for finish_checkpoint)
     m.pipeline.wait_all(lock).ignore();
     m.residency.wait_staging_reads(lock);
   }
@@ -111,7 +112,7 @@ Runtime::~Runtime() {
   for (Chunk& c : m.core.chunks) {
     if (c.host != nullptr) m.core.host->free(c.host, c.bytes);
     if (m.core.nvme != nullptr) {
-      for (std::uint32_t s : c.nvme_slots) m.core.nvme->free_slot(s);
+      for (std::uint32_t s : c.nvme_slots) m.core.free_nvme_slot(s);
     }
   }
   m.residency.clear();

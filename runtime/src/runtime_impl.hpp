@@ -41,6 +41,8 @@ namespace strata::runtime {
 //! The moments at which the training thread starts background work (Note [Scheduler]).
 enum class SchedulerEvent : std::uint8_t { kUseBegins, kUsePlaced, kGradientsHandedOver, kStepEnds };
 
+struct CheckpointSave;  // checkpoint.cpp
+
 struct Runtime::Impl {
   Impl(memory::Device& dev, RuntimeOptions options)
       : core(dev, std::move(options)),
@@ -53,6 +55,8 @@ struct Runtime::Impl {
   Residency residency;
   OptimizerPipeline pipeline;
   int leases_out = 0;
+  //! The asynchronous save in flight or finished and not yet collected (Note [Overlapped save]).
+  std::shared_ptr<CheckpointSave> checkpoint;
 
   //! The one scheduler entry point (Note [Scheduler], scheduler.cpp): starts what
   //! `event` allows; `family` is the one whose lease was released
@@ -89,6 +93,19 @@ struct Runtime::Impl {
   //! first: fn gets zeros. Blocks.
   Status with_host_copy(std::unique_lock<std::mutex>& lock, Chunk& c, bool write,
                         const std::function<void(std::byte*)>& fn, bool whole = false);
+  // Note [Overlapped save] (checkpoint.cpp).
+  //! True when family f's optimizer update may start now: no save is in flight or
+  //! it has captured f. Otherwise the save launches it once it has. Caller holds mu.
+  bool checkpoint_allows_update(FamilyId f);
+  //! Captures family f for the save in flight before an update of f starts, waiting
+  //! (unlocked) while the save's room is full; a no-op when f has nothing to update.
+  Status checkpoint_capture_for_update(std::unique_lock<std::mutex>& lock, FamilyId f);
+  //! Waits until the save in flight has launched the updates it held back (before a
+  //! step waits for its updates); with every_family, until it has captured every
+  //! family too (before a host write or a load changes values).
+  Status checkpoint_wait_captured(std::unique_lock<std::mutex>& lock, bool every_family = false);
+  //! Waits for the save in flight to end; its outcome (collected: cleared).
+  Status checkpoint_finish(std::unique_lock<std::mutex>& lock);
   //! The checks of Note [Chunk state machine] and Note [Pipeline places]; aborts
   //! on a violation. Caller holds mu.
   void check_invariants() const;

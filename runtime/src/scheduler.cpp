@@ -31,10 +31,13 @@ Status Runtime::Impl::schedule(SchedulerEvent event, FamilyId family) {
     case SchedulerEvent::kUsePlaced:
       return residency.prefetch();
     case SchedulerEvent::kGradientsHandedOver:
-      if (!core.deferred() && pipeline.gradients_complete(family)) pipeline.launch_optimizer(family);
+      if (!core.deferred() && pipeline.gradients_complete(family) && checkpoint_allows_update(family))
+        pipeline.launch_optimizer(family);
       return Status::Ok();
     case SchedulerEvent::kStepEnds:
-      for (FamilyId f = 0; f < core.layout.families.size(); ++f) pipeline.launch_optimizer(f);
+      for (FamilyId f = 0; f < core.layout.families.size(); ++f) {
+        if (checkpoint_allows_update(f)) pipeline.launch_optimizer(f);
+      }
       pipeline.stop_read_ahead();
       pipeline.pump();
       return Status::Ok();

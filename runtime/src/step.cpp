@@ -106,7 +106,11 @@ Result<StepStats> Runtime::step() {
         m.tracker.step_index() + 1);
     m.discard_gradients();  // nothing is launched: no gradient is left
   }
-  m.schedule(SchedulerEvent::kStepEnds).ignore();  // (never fails)
+  for (FamilyId f = 0; f < m.core.layout.families.size(); ++f) {
+    STRATA_RETURN_IF_ERROR(m.checkpoint_capture_for_update(lock, f));  // Note [Overlapped save]
+  }
+  m.schedule(SchedulerEvent::kStepEnds).ignore();            // (never fails)
+  STRATA_RETURN_IF_ERROR(m.checkpoint_wait_captured(lock));  // updates a save held back
   // NVMe write-backs go on past step() (Note [Write-back after step]).
   Status waited = m.pipeline.wait_step_work(lock);
   if (!waited.ok()) return waited;

@@ -57,6 +57,7 @@ Status Runtime::init_tensor(TensorId tensor, std::span<const float> values) {
   STRATA_RETURN_IF_ERROR(check_state_call(m, tensor, values.size(), "init_tensor"));
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
   STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
+  STRATA_RETURN_IF_ERROR(m.checkpoint_wait_captured(lock, true));  // a save in flight reads the old values
   const TensorSlot& ts = m.core.layout.slots[tensor];
   const DType cdt = m.core.opt.compute_dtype;
   auto write_param = [&](std::byte* base) {
@@ -115,6 +116,7 @@ Status Runtime::write_tensor(TensorId tensor, StateKind kind, std::span<const fl
   }
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
   STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
+  STRATA_RETURN_IF_ERROR(m.checkpoint_wait_captured(lock, true));  // a save in flight reads the old values
   const TensorSlot& ts = m.core.layout.slots[tensor];
   if (kind == StateKind::kMaster && !m.core.separate_master) {
     // fp32 compute: the param is the master.

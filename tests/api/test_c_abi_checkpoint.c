@@ -1,4 +1,4 @@
-/* strata_save_checkpoint / strata_load_checkpoint from C: a run saved at step 2
+/* strata_save_checkpoint / strata_begin_checkpoint / strata_load_checkpoint from C: a run saved at step 2
  * and loaded into a fresh runtime with another chunk size continues bit for bit
  * like the straight run; a missing manifest and a NULL directory are refused.
  * Exit 0 on success; prints the failing check otherwise. */
@@ -77,9 +77,25 @@ static void read_all(strata_runtime* rt, float* out /* 2 tensors x 3 states x N 
   }
 }
 
+/* Loads `dir` into a fresh runtime with both tensors in one chunk (8192 elements), trains two
+ * steps and checks that it equals `straight` (the 4-step straight run) bit for bit. */
+static void check_resume(const char* dir, const float* straight, const char* what) {
+  static float resumed[6 * N];
+  int64_t steps[2];
+  strata_runtime* rt = make_runtime("8192");
+  CHECK(strata_load_checkpoint(rt, dir) == STRATA_OK, "load %s", what);
+  train_step(rt);
+  train_step(rt);
+  read_all(rt, resumed, steps);
+  CHECK(memcmp(resumed, straight, sizeof resumed) == 0, "resumed from %s: bit-identical to the straight run",
+        what);
+  CHECK(steps[0] == 4 && steps[1] == 4, "step counters %lld %lld", (long long)steps[0], (long long)steps[1]);
+  strata_runtime_free(rt);
+}
+
 int main(void) {
-  static float straight[6 * N], resumed[6 * N];
-  int64_t steps_straight[2], steps_resumed[2];
+  static float straight[6 * N];
+  int64_t steps_straight[2];
   char dir[] = "/tmp/strata-c-ckpt-XXXXXX";
   if (mkdtemp(dir) == NULL) return 1;
 
@@ -93,17 +109,34 @@ int main(void) {
   read_all(a, straight, steps_straight);
   strata_runtime_free(a);
 
-  /* Both tensors in one chunk here (8192 elements), one each in the saving runtime. */
-  strata_runtime* b = make_runtime("8192");
-  CHECK(strata_load_checkpoint(b, dir) == STRATA_OK, "load");
-  train_step(b);
-  train_step(b);
-  read_all(b, resumed, steps_resumed);
-  CHECK(memcmp(resumed, straight, sizeof straight) == 0,
-        "the resumed run is bit-identical to the straight run");
-  CHECK(steps_resumed[0] == 4 && steps_resumed[1] == 4, "step counters %lld %lld",
-        (long long)steps_resumed[0], (long long)steps_resumed[1]);
+  /* Both tensors in one chunk there (8192 elements), one each in the saving runtime. */
+  check_resume(dir, straight, "the blocking save");
 
+  /* The overlapped save: begun at step 2, two steps run while it is in flight; it
+   * holds the state at step 2 and the training it overlaps is unchanged. */
+  char dir2[] = "/tmp/strata-c-ckpt2-XXXXXX";
+  if (mkdtemp(dir2) == NULL) return 1;
+  static float overlapped[6 * N];
+  int64_t steps_overlapped[2];
+  strata_runtime* c = make_runtime("4096");
+  train_step(c);
+  train_step(c);
+  CHECK(strata_begin_checkpoint(c, dir2) == STRATA_OK, "begin_checkpoint");
+  train_step(c);
+  train_step(c);
+  CHECK(strata_finish_checkpoint(c) == STRATA_OK, "finish_checkpoint");
+  int in_flight = 1;
+  CHECK(strata_checkpoint_in_flight(c, &in_flight) == STRATA_OK && in_flight == 0, "nothing in flight");
+  CHECK(strata_checkpoint_in_flight(c, NULL) == STRATA_INVALID_ARGUMENT, "NULL in_flight refused");
+  read_all(c, overlapped, steps_overlapped);
+  CHECK(memcmp(overlapped, straight, sizeof straight) == 0, "the save does not change the training");
+  strata_runtime_free(c);
+  check_resume(dir2, straight, "the overlapped save");
+  char cmd2[sizeof dir2 + 16];
+  snprintf(cmd2, sizeof cmd2, "rm -rf %s", dir2);
+  if (system(cmd2) != 0) fprintf(stderr, "test_c_abi_checkpoint: could not remove %s\n", dir2);
+
+  strata_runtime* b = make_runtime("8192");
   char manifest[sizeof dir + 32];
   snprintf(manifest, sizeof manifest, "%s/manifest.json", dir);
   CHECK(unlink(manifest) == 0, "unlink manifest");

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "mlp.hpp"
@@ -149,6 +150,86 @@ TEST(Checkpoint, ResumesBitExactInEveryPlacementPair) {
     EXPECT_TRUE(read_state(*b.rt) == straight) << "a resumed run differs from the straight run";
     EXPECT_EQ(*b.rt->tensor_steps(0), 5);
   }
+}
+
+//! Every file of a checkpoint directory, by name (the manifest without its generation).
+std::map<std::string, std::string> checkpoint_bytes(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::ifstream in(e.path(), std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (e.path().filename() == "manifest.json") {
+      nlohmann::json m = nlohmann::json::parse(bytes);
+      m.erase("generation");
+      bytes = m.dump();
+    }
+    std::string name = e.path().filename().string();
+    const auto g = name.find(".g");
+    if (g != std::string::npos) name = name.substr(0, g);  // family-<f>
+    out[name] = std::move(bytes);
+  }
+  return out;
+}
+
+// Note [Overlapped save]: a save begun before step k, with training going on while
+// it runs, writes exactly what a blocking save at the same point writes, and the
+// training it overlaps is unchanged by it.
+TEST(Checkpoint, AnOverlappedSaveEqualsABlockingSaveAtTheSamePoint) {
+  for (Placement placement : {Placement::kResident, Placement::kNvme, Placement::kBigChunks}) {
+    SCOPED_TRACE(fmt::format("placement {}", static_cast<int>(placement)));
+    Dirs dirs;
+    TempDir blocking_dir("strata-ckpt-blocking");
+    Trainer a(placement, dirs.nvme_a.path());
+    Trainer b(placement, dirs.nvme_b.path());
+    a.train(2);
+    b.train(2);
+    ASSERT_TRUE(b.rt->save_checkpoint(blocking_dir.path().string()).ok());
+    Status begun = a.rt->begin_checkpoint(dirs.ckpt.path().string());
+    ASSERT_TRUE(begun.ok()) << begun;
+    a.train(3);  // steps 3-5 run while the save is in flight (their updates wait for its captures)
+    Status finished = a.rt->finish_checkpoint();
+    ASSERT_TRUE(finished.ok()) << finished;
+    auto in_flight = a.rt->checkpoint_in_flight();
+    ASSERT_TRUE(in_flight.ok() && !*in_flight);
+    b.train(3);
+    EXPECT_TRUE(read_state(*a.rt) == read_state(*b.rt)) << "the overlapped save changed the training";
+    const auto overlapped = checkpoint_bytes(dirs.ckpt.path());
+    const auto blocking = checkpoint_bytes(blocking_dir.path());
+    ASSERT_EQ(overlapped.size(), a.rt->layout().families.size() + 1);
+    EXPECT_TRUE(overlapped == blocking) << "the overlapped checkpoint differs from a blocking save's";
+    // And it loads into the state at step 2.
+    TempDir nvme_c("strata-ckpt-nvme-c"), nvme_d("strata-ckpt-nvme-d");
+    Trainer c(Placement::kResident, nvme_c.path());
+    ASSERT_TRUE(c.rt->load_checkpoint(dirs.ckpt.path().string()).ok());
+    Trainer d(placement, nvme_d.path());
+    ASSERT_TRUE(d.rt->load_checkpoint(blocking_dir.path().string()).ok());
+    EXPECT_TRUE(read_state(*c.rt) == read_state(*d.rt));
+  }
+}
+
+TEST(Checkpoint, AnOverlappedSaveFailsInFinishAndKeepsThePreviousCheckpoint) {
+  Dirs dirs;
+  Trainer a(Placement::kNvme, dirs.nvme_a.path());
+  a.train(1);
+  ASSERT_TRUE(a.rt->save_checkpoint(dirs.ckpt.path().string()).ok());
+  const auto first = checkpoint_bytes(dirs.ckpt.path());
+  // A second begin while one is in flight waits for the first; a failing save (its
+  // directory is replaced by a file under it) reports in finish, nothing else changes.
+  a.train(1);
+  const fs::path gone = dirs.ckpt.path() / "sub";
+  ASSERT_TRUE(a.rt->begin_checkpoint(gone.string()).ok());
+  fs::remove_all(gone);
+  std::ofstream(gone) << "not a directory";
+  a.train(1);
+  Status st = a.rt->finish_checkpoint();
+  // The save may have finished before the directory went away; then it succeeded.
+  if (!st.ok()) {
+    EXPECT_NE(st.message().find(gone.string()), std::string::npos) << st;
+  }
+  EXPECT_TRUE(a.rt->finish_checkpoint().ok()) << "finish collects the outcome once";
+  fs::remove(gone);
+  EXPECT_TRUE(checkpoint_bytes(dirs.ckpt.path()) == first);
+  a.train(1);  // training goes on after a failed save
 }
 
 TEST(Checkpoint, SecondSaveReplacesTheFirstAndLeavesNoStaleFiles) {

@@ -119,3 +119,33 @@ def test_strata_checkpoint_loads_into_plain_torch_and_back(tmp_path):
         sgd.step()
         losses.append(loss.detach().clone())
     assert_identical(reference, (losses, fresh.state_dict()))
+
+
+def test_a_non_blocking_save_equals_a_blocking_one_and_leaves_training_unchanged(tmp_path):
+    # opt.save_checkpoint(dir, blocking=False): begun after step 2, steps 3-4 run while it is
+    # written; its files equal a blocking save's at step 2, and the training equals a run without it.
+    runs = []
+    for name, blocking in (("a", False), ("b", True)):
+        (tmp_path / f"n{name}").mkdir()
+        model, kind = make("mlp")
+        model = st.wrap(model, config(model, tmp_path / f"n{name}"))
+        opt = st.AdamW(model.parameters(), lr=1e-2)
+        for step in range(4):
+            if step == 2:
+                opt.save_checkpoint(tmp_path / f"ckpt{name}", blocking=blocking)
+            opt.zero_grad()
+            x, y = inputs(model, kind, step)
+            loss_of(model, x, y).backward()
+            opt.step()
+        opt.wait_checkpoint()
+        assert not opt.checkpoint_in_flight()
+        runs.append({k: v.clone() for k, v in model.state_dict().items()})
+        model.strata.close()
+    for k in runs[0]:
+        assert torch.equal(runs[0][k], runs[1][k]), k
+    files_a = sorted(p.name for p in (tmp_path / "ckpta").iterdir())
+    files_b = sorted(p.name for p in (tmp_path / "ckptb").iterdir())
+    assert files_a == files_b and len(files_a) > 1
+    for f in files_a:
+        if f.startswith("family-"):
+            assert (tmp_path / "ckpta" / f).read_bytes() == (tmp_path / "ckptb" / f).read_bytes(), f

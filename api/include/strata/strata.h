@@ -161,6 +161,17 @@ strata_status strata_set_tensor_steps(strata_runtime* runtime, uint32_t tensor, 
  * counter into directory `dir` (created when missing; not inside an NVMe swap directory). A crash
  * or error at any point leaves the previous checkpoint there loadable. Between steps; blocks. */
 strata_status strata_save_checkpoint(strata_runtime* runtime, const char* dir);
+/** Starts a checkpoint of the state as of this call into `dir` and returns at once; training goes
+ * on while it is written (a family's optimizer update waits only until the save has captured that
+ * family). Between steps; waits for a save still in flight first (returning its error). Errors of
+ * the background save surface in strata_finish_checkpoint / strata_checkpoint_in_flight and leave
+ * the previously published checkpoint untouched. */
+strata_status strata_begin_checkpoint(strata_runtime* runtime, const char* dir);
+/** Waits for the save begun by strata_begin_checkpoint; its outcome (STRATA_OK when none). */
+strata_status strata_finish_checkpoint(strata_runtime* runtime);
+/** Polls the save begun by strata_begin_checkpoint: *in_flight is 1 while it runs, else 0; returns
+ * its error when it failed (strata_finish_checkpoint collects it). */
+strata_status strata_checkpoint_in_flight(strata_runtime* runtime, int* in_flight);
 /** Loads the checkpoint published in `dir` (chunk size, budgets and placement may differ from the
  * saving runtime's). A checkpoint of another model, a newer format, a flipped byte, a truncated
  * file or a missing manifest is refused whole, naming the file. Between steps; blocks. */

@@ -186,6 +186,12 @@ class Runtime {
   //! Writes a crash-safe checkpoint of every state into `dir`
   //! (runtime::Runtime::save_checkpoint). Between steps. Blocks.
   Status save_checkpoint(const std::string& dir);
+  //! Starts an overlapped save (runtime::Runtime::begin_checkpoint); returns at once.
+  Status begin_checkpoint(const std::string& dir);
+  //! Waits for the save begun by begin_checkpoint; its outcome.
+  Status finish_checkpoint();
+  //! True while the save begun by begin_checkpoint runs; its error when it failed.
+  Result<bool> checkpoint_in_flight();
   //! Loads the checkpoint published in `dir`, refusing a bad one whole
   //! (runtime::Runtime::load_checkpoint). Between steps. Blocks.
   Status load_checkpoint(const std::string& dir);

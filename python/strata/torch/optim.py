@@ -180,14 +180,29 @@ class _StrataOptimizer(torch.optim.Optimizer):
             groups.append(entry)
         return {"state": state, "param_groups": groups}
 
-    def save_checkpoint(self, directory):
+    def save_checkpoint(self, directory, blocking=True):
         """Writes strata's own checkpoint of the model and this optimizer (params, fp32 masters,
         optimizer states and step counters, from whichever tier holds them) into `directory`:
         one file per chunk family and a manifest, CRC32C-checked, published atomically, so a
         crash leaves the previous checkpoint there loadable (docs/checkpoint.md). Between steps.
-        The param groups' hyperparameters are the optimizer's constructor arguments: they are
-        not restored by load_checkpoint."""
-        self._wrapped.engine.save_checkpoint(os.fspath(directory))
+        With blocking=False it returns at once and training goes on while the state as of the
+        call is written (an update waits only until the save has captured its family);
+        wait_checkpoint() waits for it and raises its error. The param groups'
+        hyperparameters are the optimizer's constructor arguments: they are not restored by
+        load_checkpoint."""
+        if blocking:
+            self._wrapped.engine.save_checkpoint(os.fspath(directory))
+        else:
+            self._wrapped.engine.begin_checkpoint(os.fspath(directory))
+
+    def wait_checkpoint(self):
+        """Waits for a save_checkpoint(..., blocking=False) in flight (a no-op when none) and
+        raises strata.torch.StrataError when it failed; the previous checkpoint is then intact."""
+        self._wrapped.engine.finish_checkpoint()
+
+    def checkpoint_in_flight(self):
+        """True while a save_checkpoint(..., blocking=False) runs; raises its error if it failed."""
+        return self._wrapped.engine.checkpoint_in_flight()
 
     def load_checkpoint(self, directory):
         """Loads a checkpoint written by save_checkpoint (possibly with other budgets, chunk size or

@@ -224,6 +224,21 @@ class Runtime {
   //! (`dir` is inside an NVMe swap directory), FailedPrecondition (leases held),
   //! PermissionDenied / NoSpace / IoError naming the file.
   Status save_checkpoint(const std::string& dir);
+  //! Starts a checkpoint of the state as of this call into `dir` and returns at once
+  //! (Note [Overlapped save] in runtime/src/checkpoint.cpp): training goes on while a
+  //! background thread writes it; a family's optimizer update waits only until that
+  //! family's pre-update values are captured. Valid between steps (waits for the
+  //! previous step's NVMe write-backs, and for a save still in flight, returning its
+  //! error). Fails at once as save_checkpoint does for a bad `dir` or held leases;
+  //! later errors surface in finish_checkpoint / checkpoint_in_flight, and never touch
+  //! the previously published checkpoint.
+  Status begin_checkpoint(const std::string& dir);
+  //! Waits for the save begun by begin_checkpoint and returns its outcome (Ok when
+  //! none is in flight or it was published). Blocks.
+  Status finish_checkpoint();
+  //! Polls the save begun by begin_checkpoint: true while it runs, false when none
+  //! runs or it was published; its error when it failed (finish_checkpoint clears it).
+  Result<bool> checkpoint_in_flight();
   //! Loads the checkpoint published in `dir` into this runtime, whose chunk size,
   //! budgets and placement may differ from the saving one's (the format is per
   //! tensor). Every file's CRC32C stripes, the names, shapes, optimizer and
