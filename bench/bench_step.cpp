@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "registry.hpp"
+#include "step_checkpoint.hpp"
 #include "step_exact.hpp"
 #include "step_rates.hpp"
 #include "strata/common/bytes.hpp"
@@ -158,7 +159,7 @@ Result<Checked> check(const StepOptions& o) {
 }
 
 Result<RunResult> run_once(const StepOptions& o, const Checked& c, const ScratchDir& dir, bool prefetch,
-                           const std::string& trace_path) {
+                           const std::string& trace_path, CheckpointOverlap* overlap = nullptr) {
   const std::uint64_t states = c.states, gpu = c.gpu, host = c.host, link = c.link;
   const std::uint64_t per_layer = c.per_layer;
 
@@ -196,7 +197,7 @@ Result<RunResult> run_once(const StepOptions& o, const Checked& c, const Scratch
   auto sleep_for = [](double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); };
 
   std::vector<runtime::StepStats> steady;
-  for (int s = 0; s < o.steps + 2; ++s) {
+  auto train_step = [&]() -> Status {
     for (runtime::TensorId id : ids) {
       STRATA_ASSIGN_OR_RETURN(runtime::Lease p,
                               rt->acquire(id, runtime::StateKind::kParam, runtime::Access::kRead));
@@ -216,8 +217,19 @@ Result<RunResult> run_once(const StepOptions& o, const Checked& c, const Scratch
         std::this_thread::sleep_until(t0 + std::chrono::duration<double>(2 * fwd_s));
       }));
     }
+    return Status::Ok();
+  };
+  for (int s = 0; s < o.steps + 2; ++s) {
+    STRATA_RETURN_IF_ERROR(train_step());
     STRATA_ASSIGN_OR_RETURN(runtime::StepStats st, rt->step());
     if (s >= 2) steady.push_back(st);  // step 1 traces, step 2 adopts the plan
+  }
+  // Note [Checkpoint overlap in the step benchmark]: after the steady steps.
+  for (int i = 0; overlap != nullptr && i < 2 * o.steps; ++i) {
+    STRATA_RETURN_IF_ERROR(overlap->before_step(*rt, i));
+    STRATA_RETURN_IF_ERROR(train_step());
+    STRATA_RETURN_IF_ERROR(rt->step().status());
+    STRATA_RETURN_IF_ERROR(overlap->after_step(*rt, i));
   }
   if (!trace_path.empty()) STRATA_RETURN_IF_ERROR(rt->write_chrome_trace(trace_path));
 
@@ -253,8 +265,14 @@ int run(const StepOptions& o) {
   std::vector<double> step_s, bound_s, ratio, no_prefetch_s;
   nlohmann::json per_run = nlohmann::json::array();
   RunResult last;
+  auto overlap = CheckpointOverlap::create();
+  if (!overlap.ok()) {
+    fmt::print(stderr, "strata-bench step: {}\n", overlap.status().to_string());
+    return 1;
+  }
   for (int i = 0; i < o.runs; ++i) {
-    auto with = run_once(o, *checked, *dir, true, i == 0 ? o.trace : "");
+    // The first run also measures checkpoint_overlap_slowdown, after its steady steps.
+    auto with = run_once(o, *checked, *dir, true, i == 0 ? o.trace : "", i == 0 ? overlap->get() : nullptr);
     if (!with.ok()) {
       fmt::print(stderr, "strata-bench step: {}\n", with.status().to_string());
       return 1;
@@ -313,6 +331,16 @@ int run(const StepOptions& o) {
       {"timeline_busiest_s", last.timeline_busiest_s},
       {"no_prefetch_step_s", median(no_prefetch_s)},
       {"prefetch_speedup", median(no_prefetch_s) / median(step_s)},
+      {"checkpoint_overlap_slowdown", (*overlap)->slowdown()},
+      {"checkpoint_overlap",
+       {{"step_with_save_s", (*overlap)->with_save_s()},
+        {"step_without_save_s", (*overlap)->without_save_s()},
+        {"save_s", (*overlap)->save_s()},
+        {"checkpoint_bytes", (*overlap)->checkpoint_bytes()},
+        {"steps_each", o.steps},
+        {"how",
+         "first run, after its steady steps: steps alternate with and without an overlapped save begun just "
+         "before (begin_checkpoint counted), median over median"}}},
       {"bytes_h2d", st.bytes_h2d},
       {"bytes_d2h", st.bytes_d2h},
       {"bytes_disk_read", st.bytes_disk_read},
@@ -360,6 +388,9 @@ int run(const StepOptions& o) {
                fmt::format("{:.3f} s ({})", median(bound_s), last.bottleneck));
     fmt::print("{:<28}{:>14}\n", "ratio", fmt::format("{:.3f}", median(ratio)));
     fmt::print("{:<28}{:>14}\n", "without prefetch", fmt::format("{:.3f} s", median(no_prefetch_s)));
+    fmt::print("{:<28}{:>14}\n", "save in flight slowdown",
+               fmt::format("{:.3f} ({:.3f} / {:.3f} s)", (*overlap)->slowdown(), (*overlap)->with_save_s(),
+                           (*overlap)->without_save_s()));
     fmt::print("{:<28}{:>14}\n", "bytes h2d / d2h",
                fmt::format("{} / {}", format_bytes(st.bytes_h2d), format_bytes(st.bytes_d2h)));
     fmt::print("{:<28}{:>14}\n", "bytes disk read / write",
