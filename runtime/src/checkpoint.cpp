@@ -29,6 +29,7 @@
 // device), so a save needs one chunk of host room beyond what the runtime holds, plus one stripe buffer.
 #include <fcntl.h>
 #include <fmt/ranges.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -69,6 +70,8 @@ constexpr std::size_t kIoThreads = 8;
 //! The save's buffers (outside the host store) hold at most host budget / this, or one
 //! family when that is larger (Note [Overlapped save]).
 constexpr std::uint64_t kSaveRoomDivisor = 4;
+//! The nice value of the save's threads (Note [Overlapped save]).
+constexpr int kSaveNice = 10;
 constexpr const char* kManifestName = "manifest.json";
 constexpr const char* kFormatName = "strata-checkpoint";
 
@@ -485,12 +488,15 @@ std::vector<StateKind> family_kinds(Core& core, FamilyId f) {
 //     slots and the old ones are released only when the save has read them, so
 //     NVMe states stream from their slots and never pass through the device;
 //   - any other chunk: a copy into a host buffer of the host store (the budget).
-// The training thread captures f itself when the buffers fit in the save's room
-// (what the host budget has left over the runtime's high-water mark at the call);
-// else f's update is held back and the save thread launches it once it has
-// captured f, and step() waits for such held-back launches only. The save thread
-// writes one family at a time, captured ones first, then the others in reverse
-// family order (the order backward completes them). Metadata (step counters,
+// The save thread captures ahead, in reverse family order (the order backward
+// completes them), as much as its room holds (a quarter of the host budget, in
+// ordinary memory: the plan gives the host store to training), and writes one
+// family at a time, captured ones first. The training thread captures a family
+// not yet captured itself before launching its update (release, step()), waiting
+// while the room is full until the writer frees some; a family it could not
+// capture (an error) is held back and launched by the save thread once captured,
+// and step() waits for such held-back launches. The save's threads run at nice
+// kSaveNice. Metadata (step counters,
 // groups, the step index) is taken at the call. Files are published as Note
 // [Checkpoint publish] says; an error ends the save, releases every held update
 // and surfaces in finish_checkpoint / checkpoint_in_flight, and the published
@@ -714,6 +720,14 @@ static Status run_save(Runtime::Impl& m, CheckpointSave& s) {
   std::vector<StripedWriter> writers;  // fsynced together once all are written
   std::vector<json> files_by_family(families);
   for (std::size_t written = 0; written < families; ++written) {
+    // Captures ahead, in backward order, what the room holds (one family per lock hold),
+    // so the training thread finds its families captured and copies nothing itself.
+    for (FamilyId g = families; g-- > 0;) {
+      std::unique_lock lock(core.mu);
+      if (s.stage[g] != CheckpointSave::Stage::kPending) continue;
+      STRATA_ASSIGN_OR_RETURN(const bool captured, capture_family(m, s, g, /*force=*/false));
+      if (!captured) break;
+    }
     FamilyId f = 0;
     {
       std::unique_lock lock(core.mu);
@@ -941,6 +955,10 @@ Status Runtime::begin_checkpoint(const std::string& dir) {
   s->room = m.core.host->budget_bytes() / kSaveRoomDivisor;
   m.checkpoint = s;
   s->thread = std::thread([&m, s = s.get()] {
+    // Background work: the save (and its writer thread, which inherits this) yields the
+    // CPU to training's optimizer and copies (Linux nice is per thread).
+    if (::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kSaveNice) != 0)
+      STRATA_LOG_DEBUG("checkpoint: setpriority of the save thread: {}", std::strerror(errno));
     Status st = run_save(m, *s);
     std::lock_guard guard(m.core.mu);
     if (!st.ok()) {
