@@ -7,7 +7,8 @@
 // (tests/runtime/mlp.hpp) on the sim device, AdamW, its optimizer states on host
 // and NVMe, that checkpoints every --every steps and marks in shared memory
 // which phase it is in: a step() (optimizer, bookkeeping), a forward/backward with
-// the previous step's NVMe write-backs in flight, or a save_checkpoint. For each
+// the previous step's NVMe write-backs in flight, or an overlapped save
+// (begin_checkpoint, the next training step, finish_checkpoint). For each
 // run the parent picks a phase (round robin) and a step, waits until the trainer
 // is there, waits a random few hundred microseconds more and sends SIGKILL, then
 // restarts the trainer, which resumes from the last published checkpoint, until
@@ -168,6 +169,11 @@ void write_file(const fs::path& p, const std::string& data) {
   }
   sh->loaded = step;
   sh->step = step;
+  auto train_one = [&] {
+    if (Status st = tr.mlp.train_step(*tr.rt); !st.ok()) child_fail(22, st, "train_step");
+    if (auto st = tr.rt->step(); !st.ok()) child_fail(23, st.status(), "step");
+    ++step;
+  };
   while (step < s.steps) {
     sh->phase = kWriteBack;  // the last step's NVMe write-backs overlap this forward/backward
     if (Status st = tr.mlp.train_step(*tr.rt); !st.ok()) child_fail(22, st, "train_step");
@@ -175,9 +181,16 @@ void write_file(const fs::path& p, const std::string& data) {
     if (auto st = tr.rt->step(); !st.ok()) child_fail(23, st.status(), "step");
     sh->step = ++step;
     if (step % s.every == 0) {
+      // An overlapped save (Note [Overlapped save]): the next step trains while it is
+      // written; it is published once finish_checkpoint returns.
       sh->phase = kSave;
-      if (Status st = tr.rt->save_checkpoint(ckpt.string()); !st.ok()) child_fail(24, st, "save_checkpoint");
-      sh->published = step;
+      const int saved = step;
+      if (Status st = tr.rt->begin_checkpoint(ckpt.string()); !st.ok())
+        child_fail(24, st, "begin_checkpoint");
+      if (step < s.steps) train_one();
+      if (Status st = tr.rt->finish_checkpoint(); !st.ok()) child_fail(24, st, "finish_checkpoint");
+      sh->published = saved;
+      sh->step = step;
     }
   }
   sh->phase = kIdle;
