@@ -394,8 +394,10 @@ Result<json> read_manifest(const fs::path& dir) {
 
 //! Checks that every data file the manifest names has its size and every stripe's CRC32C.
 //! Checks one data file the manifest names: its size and every stripe's CRC32C.
+//! `*opened` is the descriptor it verified (the load reads that file, not whatever
+//! has the name later) and `*verified` its stat (the load checks it did not change).
 Status verify_file(const fs::path& dir, const json& f, std::uint64_t stripe_bytes,
-                   std::vector<std::byte>& buf) {
+                   std::vector<std::byte>& buf, Fd* opened, struct stat* verified) {
   const fs::path path = dir / f.at("name").get<std::string>();
   const auto want = f.at("bytes").get<std::uint64_t>();
   const auto& crcs = f.at("crc32c");
@@ -406,6 +408,7 @@ Status verify_file(const fs::path& dir, const json& f, std::uint64_t stripe_byte
   }
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return errno_status(errno, fmt::format("stat of {}", path.string()));
+  *verified = st;
   if (static_cast<std::uint64_t>(st.st_size) != want) {
     return corrupt("load_checkpoint: {} is {} bytes, the manifest says {} (truncated or overwritten)",
                    path.string(), st.st_size, want);
@@ -426,17 +429,21 @@ Status verify_file(const fs::path& dir, const json& f, std::uint64_t stripe_byte
                      path.string(), off, off + n, crc, crcs[i].get<std::uint32_t>());
     }
   }
+  *opened = std::move(fd);
   return Status::Ok();
 }
 
 //! Checks every data file the manifest names, kIoThreads at once (the disk serves
 //! several sequential readers better than one); the first failure in file order.
-Status verify_files(const fs::path& dir, const json& files, std::uint64_t stripe_bytes) {
+Status verify_files(const fs::path& dir, const json& files, std::uint64_t stripe_bytes, std::vector<Fd>* fds,
+                    std::vector<struct stat>* stats) {
   std::vector<Status> checked(files.size(), Status::Ok());
+  fds->resize(files.size());
+  stats->resize(files.size());
   std::vector<std::vector<std::byte>> bufs(kIoThreads);
   parallel_for(files.size(), [&](std::size_t i, std::size_t thread) {
     try {
-      checked[i] = verify_file(dir, files[i], stripe_bytes, bufs[thread]);
+      checked[i] = verify_file(dir, files[i], stripe_bytes, bufs[thread], &(*fds)[i], &(*stats)[i]);
     } catch (const json::exception& e) {
       checked[i] = corrupt("load_checkpoint: {} is malformed: {}", (dir / kManifestName).string(), e.what());
     }
@@ -502,6 +509,12 @@ std::vector<StateKind> family_kinds(Core& core, FamilyId f) {
 // and surfaces in finish_checkpoint / checkpoint_in_flight, and the published
 // checkpoint is untouched. write_tensor, init_tensor and load_checkpoint wait
 // until every family is captured; a second begin_checkpoint waits for the first.
+
+//! Test hook: runs in load_checkpoint between the CRC32C pass and the apply pass
+//! (tests/runtime/test_checkpoint.cpp writes a file there). Not thread-safe; tests only.
+namespace checkpoint_testing {
+extern std::function<void(const std::string& dir)> after_verify;
+}  // namespace checkpoint_testing
 
 struct CheckpointSave {
   //! One captured chunk: a host copy (buf) or the pinned NVMe slots it lives in.
@@ -995,6 +1008,10 @@ Status Runtime::save_checkpoint(const std::string& dir) {
   return finish_checkpoint();
 }
 
+namespace checkpoint_testing {
+std::function<void(const std::string&)> after_verify;
+}  // namespace checkpoint_testing
+
 Status Runtime::load_checkpoint(const std::string& dir) {
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);
@@ -1022,6 +1039,8 @@ Status Runtime::load_checkpoint(const std::string& dir) {
   std::vector<fs::path> file_paths;
   std::vector<std::uint64_t> file_bytes;
   std::vector<std::pair<std::uint32_t, GroupHyper>> groups;
+  std::vector<Fd> fds;                // the verified files, read by the apply pass
+  std::vector<struct stat> verified;  // as they were when verified
   try {
     const auto stripe = manifest.at("stripe_bytes").get<std::uint64_t>();
     if (stripe == 0) return corrupt("load_checkpoint: {} has stripe_bytes 0", mpath);
@@ -1114,7 +1133,7 @@ Status Runtime::load_checkpoint(const std::string& dir) {
         return corrupt("load_checkpoint: {}: group {} has a bad id, lr or weight decay", mpath, group);
       groups.emplace_back(group, h);
     }
-    STRATA_RETURN_IF_ERROR(verify_files(root, manifest.at("files"), stripe));
+    STRATA_RETURN_IF_ERROR(verify_files(root, manifest.at("files"), stripe, &fds, &verified));
   } catch (const json::exception& e) {
     return corrupt("load_checkpoint: {} is malformed: {}", mpath, e.what());
   }
@@ -1122,11 +1141,20 @@ Status Runtime::load_checkpoint(const std::string& dir) {
   // Apply: chunk by chunk, each tensor's bytes read from its file (converted when the
   // dtypes differ). Every tensor of the chunk is written (padding stays zero), so an
   // NVMe chunk's old value is not read first.
-  std::vector<Fd> fds;
-  for (const fs::path& p : file_paths) {
-    fds.emplace_back(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
-    if (fds.back().get() < 0)
-      return errno_status(errno, fmt::format("load_checkpoint: opening {}", p.string()));
+  if (checkpoint_testing::after_verify) checkpoint_testing::after_verify(root.string());
+  // The files read are the ones verified (their descriptors); one written since
+  // (its size or modification time moved) is refused before anything is applied.
+  for (std::size_t i = 0; i < fds.size(); ++i) {
+    struct stat now {};
+    if (::fstat(fds[i].get(), &now) != 0)
+      return errno_status(errno, fmt::format("load_checkpoint: stat of {}", file_paths[i].string()));
+    if (now.st_size != verified[i].st_size || now.st_mtim.tv_sec != verified[i].st_mtim.tv_sec ||
+        now.st_mtim.tv_nsec != verified[i].st_mtim.tv_nsec) {
+      return corrupt(
+          "load_checkpoint: {} was written while it was being loaded (after its CRC32C check); "
+          "nothing was loaded: load it again once the writer is done",
+          file_paths[i].string());
+    }
   }
   std::vector<std::byte> staging;
   for (FamilyId f = 0; f < m.core.layout.families.size(); ++f) {

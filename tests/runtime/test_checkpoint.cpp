@@ -1,6 +1,7 @@
 // Runtime::save_checkpoint / load_checkpoint: bit-exact resume from every tier,
 // loading into another chunk size and placement, and each bad input refused whole
 // with an error naming the file (Note [Checkpoint format], Note [Checkpoint publish]).
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/stat.h>
@@ -19,6 +20,9 @@
 #include "strata/runtime/runtime.hpp"
 
 namespace strata::runtime {
+namespace checkpoint_testing {
+extern std::function<void(const std::string& dir)> after_verify;  // runtime/src/checkpoint.cpp
+}  // namespace checkpoint_testing
 namespace {
 
 namespace fs = std::filesystem;
@@ -320,6 +324,25 @@ TEST(Checkpoint, RefusesATruncatedFile) {
 TEST(Checkpoint, RefusesAMissingManifest) {
   expect_refused([](const fs::path& dir) { fs::remove(dir / "manifest.json"); }, StatusCode::kNotFound,
                  "manifest.json does not exist");
+}
+
+TEST(Checkpoint, RefusesAFileWrittenBetweenItsCheckAndItsLoad) {
+  // The apply pass reads the descriptors the CRC32C pass verified, and refuses one
+  // whose file was written in between (size or mtime moved), before applying anything.
+  struct Reset {
+    ~Reset() { checkpoint_testing::after_verify = nullptr; }
+  } reset;
+  checkpoint_testing::after_verify = [](const std::string& dir) {
+    std::fstream f(family_file(dir, 2), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.write("x", 1);
+    f.close();
+    // A coarse clock may give the write the check's mtime: make it differ.
+    const struct timespec times[2] = {{0, UTIME_OMIT}, {1, 0}};
+    ::utimensat(AT_FDCWD, family_file(dir, 2).c_str(), times, 0);
+  };
+  expect_refused([](const fs::path&) {}, StatusCode::kCorrupt,
+                 "family-2.g1.bin was written while it was being loaded");
 }
 
 TEST(Checkpoint, RefusesANewerFormatVersion) {
