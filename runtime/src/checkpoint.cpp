@@ -502,8 +502,9 @@ std::vector<StateKind> family_kinds(Core& core, FamilyId f) {
 // not yet captured itself before launching its update (release, step()), waiting
 // while the room is full until the writer frees some; a family it could not
 // capture (an error) is held back and launched by the save thread once captured,
-// and step() waits for such held-back launches. The save's threads run at nice
-// kSaveNice. Metadata (step counters,
+// and step() waits for such held-back launches. The threads of a save begun by
+// begin_checkpoint run at nice kSaveNice (save_checkpoint's, which nothing runs
+// beside, do not). Metadata (step counters,
 // groups, the step index) is taken at the call. Files are published as Note
 // [Checkpoint publish] says; an error ends the save, releases every held update
 // and surfaces in finish_checkpoint / checkpoint_in_flight, and the published
@@ -893,8 +894,9 @@ Status Runtime::Impl::checkpoint_finish(std::unique_lock<std::mutex>& lock) {
   return s->status;
 }
 
-Status Runtime::begin_checkpoint(const std::string& dir) {
-  Impl& m = *impl_;
+//! Starts a save (Note [Overlapped save]); `background`: its threads run at kSaveNice
+//! (begin_checkpoint: training runs beside it), not for save_checkpoint, which waits.
+static Status begin_save(Runtime::Impl& m, const std::string& dir, bool background) {
   std::unique_lock lock(m.core.mu);
   InvariantCheck check(m, &lock);
   STRATA_RETURN_IF_ERROR(m.checkpoint_finish(lock));
@@ -967,10 +969,10 @@ Status Runtime::begin_checkpoint(const std::string& dir) {
   s->step_index = static_cast<std::int64_t>(m.tracker.step_index());
   s->room = m.core.host->budget_bytes() / kSaveRoomDivisor;
   m.checkpoint = s;
-  s->thread = std::thread([&m, s = s.get()] {
+  s->thread = std::thread([&m, s = s.get(), background] {
     // Background work: the save (and its writer thread, which inherits this) yields the
     // CPU to training's optimizer and copies (Linux nice is per thread).
-    if (::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kSaveNice) != 0)
+    if (background && ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kSaveNice) != 0)
       STRATA_LOG_DEBUG("checkpoint: setpriority of the save thread: {}", std::strerror(errno));
     Status st = run_save(m, *s);
     std::lock_guard guard(m.core.mu);
@@ -985,6 +987,10 @@ Status Runtime::begin_checkpoint(const std::string& dir) {
     m.core.cv.notify_all();
   });
   return Status::Ok();
+}
+
+Status Runtime::begin_checkpoint(const std::string& dir) {
+  return begin_save(*impl_, dir, /*background=*/true);
 }
 
 Status Runtime::finish_checkpoint() {
@@ -1004,7 +1010,7 @@ Result<bool> Runtime::checkpoint_in_flight() {
 }
 
 Status Runtime::save_checkpoint(const std::string& dir) {
-  STRATA_RETURN_IF_ERROR(begin_checkpoint(dir));
+  STRATA_RETURN_IF_ERROR(begin_save(*impl_, dir, /*background=*/false));
   return finish_checkpoint();
 }
 
