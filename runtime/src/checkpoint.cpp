@@ -903,6 +903,14 @@ static Status begin_save(Runtime::Impl& m, const std::string& dir, bool backgrou
   STRATA_ASSIGN_OR_RETURN(const fs::path root, checkpoint_dir(m.core, dir, "save_checkpoint"));
   if (m.leases_out > 0)
     return failed_precondition("save_checkpoint({}) while leases are held", root.string());
+  if (m.core.dp_ranks() > 1) {
+    // Each rank holds only its own families' masters and states (Note [Sharded step]).
+    return failed_precondition(
+        "save_checkpoint({}): this runtime is rank {} of {} (data parallelism) and holds the optimizer "
+        "states "
+        "of its own families only; per-shard checkpoints are not implemented yet, so nothing was written",
+        root.string(), m.core.dp_rank(), m.core.dp_ranks());
+  }
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) {
