@@ -72,6 +72,8 @@ constexpr std::size_t kIoThreads = 8;
 constexpr std::uint64_t kSaveRoomDivisor = 4;
 //! The nice value of the save's threads (Note [Overlapped save]).
 constexpr int kSaveNice = 10;
+//! Freed save buffers kept for reuse.
+constexpr std::size_t kSaveSpares = 4;
 constexpr const char* kManifestName = "manifest.json";
 constexpr const char* kFormatName = "strata-checkpoint";
 
@@ -523,6 +525,7 @@ struct CheckpointSave {
     StateKind kind = StateKind::kParam;
     std::uint64_t bytes = 0;
     std::byte* buf = nullptr;
+    bool borrowed = false;  //!< buf is the chunk's own host copy (a blocking save)
     std::vector<std::uint32_t> slots;
   };
   enum class Stage : std::uint8_t { kPending, kCaptured, kWritten };
@@ -541,6 +544,13 @@ struct CheckpointSave {
   std::uint64_t room = 0;        //!< host bytes the training thread may capture into
   std::uint64_t held_bytes = 0;  //!< bytes of the save's buffers
   std::uint64_t high_water = 0;  //!< the most held_bytes
+  std::vector<std::pair<std::uint64_t, std::byte*>> spares;  //!< freed buffers kept for reuse (in held_bytes)
+  //! save_checkpoint: nothing runs beside it, so host copies are written in place
+  //! (borrowed) and nothing is captured ahead.
+  bool blocking = false;
+  ~CheckpointSave() {
+    for (auto& [bytes, p] : spares) std::free(p);
+  }
   std::size_t held_count = 0;
   std::size_t uncaptured = 0;
   bool done = false;
@@ -556,7 +566,18 @@ namespace {
 //! time); null otherwise.
 std::byte* save_allocate(CheckpointSave& s, std::uint64_t bytes, bool force) {
   if (!force && s.held_bytes + bytes > s.room) return nullptr;
-  auto* p = static_cast<std::byte*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
+  std::byte* p = nullptr;
+  // A spare of the same size first: chunks are mostly one size, and a fresh buffer
+  // costs a page fault per 4 KiB.
+  for (auto it = s.spares.begin(); it != s.spares.end(); ++it) {
+    if (it->first == bytes) {
+      p = it->second;
+      s.spares.erase(it);
+      s.held_bytes -= bytes;  // (counted again below)
+      break;
+    }
+  }
+  if (p == nullptr) p = static_cast<std::byte*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
   if (p == nullptr) return nullptr;
   s.held_bytes += bytes;
   s.high_water = std::max(s.high_water, s.held_bytes);
@@ -564,13 +585,18 @@ std::byte* save_allocate(CheckpointSave& s, std::uint64_t bytes, bool force) {
 }
 
 void save_free(CheckpointSave& s, std::byte* p, std::uint64_t bytes) {
-  std::free(p);
   s.held_bytes -= bytes;
+  if (s.spares.size() < kSaveSpares && s.held_bytes + bytes <= s.room) {
+    s.spares.emplace_back(bytes, p);
+    s.held_bytes += bytes;  // a spare counts in the room
+    return;
+  }
+  std::free(p);
 }
 
 void release_pieces(Core& core, std::vector<CheckpointSave::Piece>& pieces, CheckpointSave& s) {
   for (CheckpointSave::Piece& p : pieces) {
-    if (p.buf != nullptr) save_free(s, p.buf, p.bytes);
+    if (p.buf != nullptr && !p.borrowed) save_free(s, p.buf, p.bytes);
     for (std::uint32_t slot : p.slots) core.unpin_nvme_slot(slot);
   }
   pieces.clear();
@@ -597,6 +623,12 @@ static Result<bool> capture_family(Runtime::Impl& m, CheckpointSave& s, FamilyId
       p.slots = c.nvme_slots;
       for (std::uint32_t slot : p.slots) core.pin_nvme_slot(slot);
       pieces.push_back(std::move(p));
+      continue;
+    }
+    if (s.blocking && c.value == ChunkValue::kHost) {
+      p.buf = c.host;
+      p.borrowed = true;
+      pieces.push_back(p);
       continue;
     }
     p.buf = save_allocate(s, c.bytes, force);
@@ -736,7 +768,7 @@ static Status run_save(Runtime::Impl& m, CheckpointSave& s) {
   for (std::size_t written = 0; written < families; ++written) {
     // Captures ahead, in backward order, what the room holds (one family per lock hold),
     // so the training thread finds its families captured and copies nothing itself.
-    for (FamilyId g = families; g-- > 0;) {
+    for (FamilyId g = families; g-- > 0 && !s.blocking;) {
       std::unique_lock lock(core.mu);
       if (s.stage[g] != CheckpointSave::Stage::kPending) continue;
       STRATA_ASSIGN_OR_RETURN(const bool captured, capture_family(m, s, g, /*force=*/false));
@@ -976,6 +1008,7 @@ static Status begin_save(Runtime::Impl& m, const std::string& dir, bool backgrou
   }
   s->step_index = static_cast<std::int64_t>(m.tracker.step_index());
   s->room = m.core.host->budget_bytes() / kSaveRoomDivisor;
+  s->blocking = !background;
   m.checkpoint = s;
   s->thread = std::thread([&m, s = s.get(), background] {
     // Background work: the save (and its writer thread, which inherits this) yields the
