@@ -51,6 +51,7 @@ struct RankRun {
   std::vector<double> step_s;  // steady steps: backward + step()
   double backward_s = 0, step_call_s = 0, comm_s = 0;
   std::uint64_t bytes_comm = 0;  // steady steps, summed
+  std::uint64_t bytes_d2h = 0;   // steady steps, summed
   std::uint64_t state_bytes = 0;
   std::vector<float> params, states;  // every tensor's param; states of this run's own tensors (else zeros)
   std::vector<bool> owned;            // per tensor: its states are this run's
@@ -104,6 +105,7 @@ RankRun train(const DpOptions& o, std::shared_ptr<comm::Communicator> c, int ran
       out.step_call_s += t2 - t0 - backward_s;
       out.comm_s += st.comm_s;
       out.bytes_comm += st.bytes_comm;
+      out.bytes_d2h += st.bytes_d2h;
     }
     const int me = rank < 0 ? 0 : rank;
     const auto w = static_cast<runtime::FamilyId>(rank < 0 ? 1 : ranks);
@@ -197,6 +199,8 @@ Status run_rank(const DpOptions& o, std::shared_ptr<comm::Communicator> c, nlohm
       {"comm_bytes_per_step_per_rank", comm_per_step},
       {"comm_bytes_theory", theory},
       {"comm_bytes_ratio_to_theory", w > 1 ? comm_per_step / theory : 0.0},
+      {"d2h_bytes_per_step_per_rank", static_cast<double>(mine.bytes_d2h) / steps},
+      {"single_rank_d2h_bytes_per_step", static_cast<double>(single.bytes_d2h) / steps},
       {"step_s", median(mine.step_s)},
       {"single_rank_step_s", median(single.step_s)},
       {"where_time_goes_rank0_per_step_s",

@@ -14,26 +14,44 @@
 // rank, so LAMB/LARS trust ratios need no extra reduction; the price is balance
 // when the family count is not a multiple of W, and oversized families.
 //
-// Data parallelism defers every optimizer step to step() (Core::deferred), where
-//   1. dp_reduce_gradients: per round, the W gradient chunks (each brought to
-//      host memory, padded to the round's largest) are one reduce-scatter; the
-//      owner's slice is the sum over ranks, in rank order in deterministic mode
-//      (Note [Deterministic reduction] in comm/), written back into its grad
-//      chunk (and its device copy); the other families' gradients are dropped.
-//   2. deferred_prepass: the owners' gradients give local norm² and Inf/NaN,
+// Data parallelism defers every optimizer step to step() (Core::deferred). The
+// gradients are reduced as backward goes:
+//   1. dp_post_complete_rounds (on every gradient hand-over, Note [Gradient
+//      completion]): once every family of a round has its gradient complete,
+//      the round's W gradient chunks are packed and one reduce-scatter starts,
+//      asynchronously; backward goes on. The owner's slice is the sum over
+//      ranks, in rank order in deterministic mode (Note [Deterministic
+//      reduction] in comm/). A gradient on the device is read straight from its
+//      slot (on the sim device the slot is host memory the communicator reads;
+//      on CUDA the mpi/local backends need it copied down first), so the other
+//      families' gradients are dropped without a d2h copy: only the owner's sum
+//      comes down, at step() — d2h bytes per rank fall by W
+//      (DataParallelTraffic.OnlyTheOwnerCopiesAGradientDown). A complete
+//      gradient whose round has not started is evicted last
+//      (Chunk::awaiting_reduction).
+//      Order: every rank must issue collectives in the same order. Rounds start
+//      in one fixed order, last round first (backward goes in reverse
+//      registration order), and round k only after round k + 1 (a reorder
+//      window of the rounds completed early): the order is the same on every
+//      rank whatever order its families complete in; a model whose backward is
+//      not reverse-registration order only delays rounds to step().
+//   2. dp_reduce_gradients (step()): starts the rounds not started yet (a
+//      tensor without a gradient is refused by name), then waits for each round
+//      in issue order and writes the owner's sum where its gradient is (device
+//      slot or host). step() only waits.
+//   3. deferred_prepass: the owners' gradients give local norm² and Inf/NaN,
 //      which dp_agree all-reduces (sum, max), so clipping and the Inf/NaN skip
 //      agree on every rank. The 1/W averaging folds into the gradient scale.
-//   3. the optimizer runs on each rank's own families (as without comm);
-//   4. dp_gather_params: per round, the owners' updated param chunks are one
+//   4. the optimizer runs on each rank's own families (as without comm);
+//   5. dp_gather_params: per round, the owners' updated param chunks are one
 //      all-gather; every rank writes the others' into its param chunks, which
 //      the next forward loads as any updated param (the plan's prefetch).
 // Bytes sent per step: (W - 1)/W of the gradient and of the param chunks, the
 // theory's 2 (W - 1)/W, plus the round padding and a few scalars.
 //
-// What this is not yet: the reduce-scatter runs at step(), after the gradients
-// reached host memory, not as each gradient chunk completes on the GPU (so it
-// does not cut PCIe traffic by W), and it moves host buffers, so the nccl
-// backend is refused here (options.cpp). Rounds go one after the other.
+// What this is not yet: on CUDA the reduction still needs host buffers (the
+// nccl backend, which could reduce device memory, is refused here: options.cpp);
+// the all-gather runs at the end of step(), not inside the next step's prefetch.
 //
 // With one rank holding the whole batch as W micro-batches accumulated in rank
 // order, and set_grad_scale(1/W), a step is bit-identical to W ranks in
@@ -164,6 +182,7 @@ Status Runtime::Impl::dp_check_config(std::unique_lock<std::mutex>& lock) {
         "difference); every rank must register the same tensors with the same options",
         others);
   }
+  dp_stats_mark = c.stats();  // the start-up check is no step's traffic
   STRATA_LOG_INFO("runtime: data parallel rank {} of {} ({} backend): {} of {} families are this rank's",
                   c.rank(), c.size(), c.backend(),
                   (core.layout.families.size() + static_cast<std::size_t>(c.size() - c.rank() - 1)) /
@@ -172,56 +191,129 @@ Status Runtime::Impl::dp_check_config(std::unique_lock<std::mutex>& lock) {
   return Status::Ok();
 }
 
-Status Runtime::Impl::dp_reduce_gradients(std::unique_lock<std::mutex>& lock) {
-  if (core.dp_ranks() == 1) return Status::Ok();
+namespace {
+
+//! The communicator may read and write device slots directly: on the sim device
+//! they are host memory. On CUDA the mpi/local backends need host buffers, so a
+//! gradient is copied down first (the nccl backend, which could reduce device
+//! buffers, is refused by options.cpp).
+bool comm_reads_device(const Core& core) {
+  return core.device.kind() == memory::DeviceKind::kSim;
+}
+
+std::size_t round_count(const Core& core) {
+  const std::size_t w = static_cast<std::size_t>(core.dp_ranks());
+  return (core.layout.families.size() + w - 1) / w;
+}
+
+}  // namespace
+
+Status Runtime::Impl::dp_post_round(bool at_step) {
   comm::Communicator& c = *core.opt.comm;
   const Rounds rounds(core);
-  std::vector<std::byte> send, recv;
-  for (FamilyId first = 0; first < rounds.families; first += rounds.w) {
-    const std::uint64_t slice = rounds.slice(core, first, StateKind::kGrad, [](FamilyId) { return true; });
-    if (slice == 0) continue;
-    send.assign(slice * rounds.w, std::byte{0});
-    recv.resize(slice);
-    for (FamilyId f = first; f < rounds.end(first); ++f) {
-      Chunk& g = core.chunk(f, StateKind::kGrad);
-      if (g.bytes == 0) continue;
-      for (TensorId t : core.layout.families[f].tensors) {
-        const TensorInfo& info = core.tensors[t];
-        if (!info.spec.frozen && !info.grad_written) {
-          return failed_precondition(
-              "data parallel: tensor \"{}\" got no gradient this step on rank {}; every rank must hand over "
-              "every trainable tensor's gradient each step (write zeros for an unused one), or the others "
-              "would wait for it",
-              info.spec.name, c.rank());
-        }
+  const FamilyId first = static_cast<FamilyId>(round_count(core) - 1 - dp_rounds_posted) * rounds.w;
+  ++dp_rounds_posted;
+  const std::uint64_t slice = rounds.slice(core, first, StateKind::kGrad, [](FamilyId) { return true; });
+  if (slice == 0) return Status::Ok();
+  DpRound round;
+  round.first = first;
+  round.slice = slice;
+  round.send.assign(slice * rounds.w, std::byte{0});
+  round.recv.resize(slice);
+  for (FamilyId f = first; f < rounds.end(first); ++f) {
+    Chunk& g = core.chunk(f, StateKind::kGrad);
+    if (g.bytes == 0) continue;
+    g.awaiting_reduction = false;
+    for (TensorId t : core.layout.families[f].tensors) {
+      const TensorInfo& info = core.tensors[t];
+      if (at_step && !info.spec.frozen && !info.grad_written) {
+        return failed_precondition(
+            "data parallel: tensor \"{}\" got no gradient this step on rank {}; every rank must hand over "
+            "every trainable tensor's gradient each step (write zeros for an unused one), or the others "
+            "would wait for it",
+            info.spec.name, c.rank());
       }
-      STRATA_RETURN_IF_ERROR(residency.ensure_on_host(g));
-      std::memcpy(send.data() + (f - first) * slice, g.host, g.bytes);
     }
-    STRATA_RETURN_IF_ERROR(run_collective(
-        lock, c.reduce_scatter(send.data(), recv.data(), slice / rounds.elem_bytes, rounds.dtype)));
+    std::byte* dst = round.send.data() + (f - first) * slice;
+    if (g.dirty() && comm_reads_device(core)) {
+      // Straight from the device slot, once the compute that wrote it is done:
+      // no d2h copy (only the owner's sum comes down, at step()).
+      DeviceSlot& slot = residency.slot_of(g);
+      STRATA_RETURN_IF_ERROR(core.device.synchronize(slot.fence));
+      std::memcpy(dst, slot.ptr, g.bytes);
+    } else {
+      STRATA_RETURN_IF_ERROR(residency.ensure_on_host(g));
+      std::memcpy(dst, g.host, g.bytes);
+    }
+    if (f - first == rounds.me) continue;  // the sum replaces it at step()
+    // Another rank's family: its gradient went there; nothing to keep here.
+    if (g.host != nullptr) {
+      STRATA_RETURN_IF_ERROR(residency.wait_host_reads(g));
+      core.host->free(g.host, g.bytes);
+    }
+    g.host = nullptr;
+    g.move_value(ChunkValue::kAbsent);
+    residency.drop_device_copy(g);
+    for (TensorId t : core.layout.families[f].tensors) core.tensors[t].grad_written = false;
+  }
+  STRATA_ASSIGN_OR_RETURN(round.handle, c.reduce_scatter(round.send.data(), round.recv.data(),
+                                                         slice / rounds.elem_bytes, rounds.dtype));
+  dp_inflight.push_back(std::move(round));
+  return Status::Ok();
+}
+
+Status Runtime::Impl::dp_post_complete_rounds() {
+  if (core.dp_ranks() == 1 || !pipeline.last_micro_batch) return Status::Ok();
+  const Rounds rounds(core);
+  const std::size_t total = round_count(core);
+  while (dp_rounds_posted < total) {
+    const FamilyId first = static_cast<FamilyId>(total - 1 - dp_rounds_posted) * rounds.w;
+    bool complete = true;
     for (FamilyId f = first; f < rounds.end(first); ++f) {
-      Chunk& g = core.chunk(f, StateKind::kGrad);
-      if (g.bytes == 0) continue;
-      if (f - first == rounds.me) {
-        // The sum over ranks replaces this rank's gradient, on host and on the device.
-        STRATA_RETURN_IF_ERROR(residency.wait_host_reads(g));
-        std::memcpy(g.host, recv.data(), g.bytes);
-        if (g.device_copy) {
-          STRATA_RETURN_IF_ERROR(residency.load_to_slot(g, residency.slot_of(g)));
-          STRATA_RETURN_IF_ERROR(core.device.synchronize(core.h2d));
-        }
-        continue;
-      }
-      // Another rank's family: its gradient went there; nothing to update here.
-      if (g.host != nullptr) {
-        STRATA_RETURN_IF_ERROR(residency.wait_host_reads(g));
-        core.host->free(g.host, g.bytes);
-      }
-      g.host = nullptr;
-      g.move_value(ChunkValue::kAbsent);
-      residency.drop_device_copy(g);
-      for (TensorId t : core.layout.families[f].tensors) core.tensors[t].grad_written = false;
+      complete = complete && (core.chunk(f, StateKind::kGrad).bytes == 0 || pipeline.gradients_complete(f));
+    }
+    if (!complete) break;
+    STRATA_RETURN_IF_ERROR(dp_post_round(false));
+  }
+  // Complete gradients of rounds not started (a later round, in the fixed order,
+  // is incomplete) stay on the device for their reduction.
+  for (FamilyId f = 0; f < static_cast<FamilyId>(total - dp_rounds_posted) * rounds.w && f < rounds.families;
+       ++f) {
+    Chunk& g = core.chunk(f, StateKind::kGrad);
+    g.awaiting_reduction = g.bytes > 0 && pipeline.gradients_complete(f);
+  }
+  return Status::Ok();
+}
+
+Status Runtime::Impl::dp_reduce_gradients(std::unique_lock<std::mutex>& lock) {
+  if (core.dp_ranks() == 1) return Status::Ok();
+  while (dp_rounds_posted < round_count(core)) STRATA_RETURN_IF_ERROR(dp_post_round(true));
+  const Rounds rounds(core);
+  std::vector<DpRound> inflight = std::move(dp_inflight);
+  dp_inflight.clear();
+  dp_rounds_posted = 0;
+  for (DpRound& round : inflight) {
+    lock.unlock();
+    Status st = round.handle.wait();
+    lock.lock();
+    STRATA_RETURN_IF_ERROR(st);
+    const FamilyId own = round.first + rounds.me;
+    if (own >= rounds.end(round.first)) continue;
+    Chunk& g = core.chunk(own, StateKind::kGrad);
+    if (g.bytes == 0) continue;
+    // The sum over ranks replaces this rank's gradient where it is now.
+    if (g.dirty() && comm_reads_device(core)) {
+      DeviceSlot& slot = residency.slot_of(g);
+      STRATA_RETURN_IF_ERROR(core.device.synchronize(slot.fence));
+      std::memcpy(slot.ptr, round.recv.data(), g.bytes);
+      continue;
+    }
+    STRATA_RETURN_IF_ERROR(residency.ensure_on_host(g));
+    STRATA_RETURN_IF_ERROR(residency.wait_host_reads(g));
+    std::memcpy(g.host, round.recv.data(), g.bytes);
+    if (g.device_copy) {
+      STRATA_RETURN_IF_ERROR(residency.load_to_slot(g, residency.slot_of(g)));
+      STRATA_RETURN_IF_ERROR(core.device.synchronize(core.h2d));
     }
   }
   return Status::Ok();

@@ -76,9 +76,28 @@ struct Runtime::Impl {
   //! Compares this rank's tensors and options with rank 0's; FailedPrecondition
   //! naming the first difference. Blocks until every rank arrived (or the timeout).
   Status dp_check_config(std::unique_lock<std::mutex>& lock);
-  //! Reduce-scatters the gradients: this rank's families get the sum over ranks,
-  //! the others' are dropped. Unlocks while waiting for the other ranks.
+  //! Starts the reduce-scatter of every round whose gradients are all complete,
+  //! in the fixed round order (Note [Sharded step]); called as gradients are
+  //! handed over. Does not wait. Caller holds mu.
+  Status dp_post_complete_rounds();
+  //! At step(): starts the rounds not started yet (every trainable tensor must
+  //! have its gradient), then waits for every round in order and writes the sum
+  //! into this rank's gradients. Unlocks while waiting for the other ranks.
   Status dp_reduce_gradients(std::unique_lock<std::mutex>& lock);
+  //! Starts one round's reduce-scatter (rounds go last to first); at_step: a
+  //! family without a gradient is an error (not just incomplete).
+  Status dp_post_round(bool at_step);
+  //! A round's reduce-scatter in flight: its buffers live until it is waited for.
+  struct DpRound {
+    FamilyId first = 0;
+    std::uint64_t slice = 0;
+    std::vector<std::byte> send, recv;
+    comm::Handle handle;
+  };
+  std::vector<DpRound> dp_inflight;  //!< started this step, in issue order
+  std::size_t dp_rounds_posted = 0;  //!< rounds started this step (from the last round down)
+  //! The communicator's counters when the last step ended (StepStats::bytes_comm, comm_s).
+  comm::CommStats dp_stats_mark;
   //! Agrees on the step's grad norm² (sum) and Inf/NaN (max) over ranks.
   Status dp_agree(std::unique_lock<std::mutex>& lock, bool* finite, double* sum_squares);
   //! All-gathers the updated params of every rank's families. Unlocks while waiting.

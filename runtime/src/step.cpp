@@ -93,8 +93,6 @@ Result<StepStats> Runtime::step() {
   STRATA_RETURN_IF_ERROR(m.core.device.synchronize(m.core.compute));
   lock.lock();
 
-  const comm::CommStats comm_before =
-      m.core.opt.comm != nullptr ? m.core.opt.comm->stats() : comm::CommStats{};
   StepStats stats;
   stats.followed_plan = m.tracker.following() && !m.tracker.deviated() && m.tracker.warm();
   bool skip = false;
@@ -112,9 +110,11 @@ Result<StepStats> Runtime::step() {
   if (!waited.ok()) return waited;
   if (!skip) STRATA_RETURN_IF_ERROR(m.dp_gather_params(lock));  // (skip agrees on every rank)
   if (m.core.opt.comm != nullptr) {
+    // Since the last step ended: the reductions started during backward count.
     const comm::CommStats now = m.core.opt.comm->stats();
-    stats.bytes_comm = now.total_bytes() - comm_before.total_bytes();
-    stats.comm_s = now.wait_s - comm_before.wait_s;
+    stats.bytes_comm = now.total_bytes() - m.dp_stats_mark.total_bytes();
+    stats.comm_s = now.wait_s - m.dp_stats_mark.wait_s;
+    m.dp_stats_mark = now;
   }
   stats.applied = !skip && m.pipeline.all_applied();
   stats.grad_check_host_bytes = m.pipeline.take_host_check_bytes();

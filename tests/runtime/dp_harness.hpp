@@ -82,6 +82,7 @@ struct DpResult {
   std::uint64_t state_bytes = 0;
   std::vector<Tier> homes;  //!< optimizer home of each family this rank owns (trainable)
   std::uint64_t bytes_comm = 0;
+  std::uint64_t bytes_d2h = 0;  //!< device -> host bytes over the steps after the first
 };
 
 //! Trains kDpSteps steps: with `rank` < 0 on one rank with the whole batch as
@@ -102,6 +103,7 @@ inline DpResult dp_train(RuntimeOptions options, int rank, int ranks) {
     for (int s = 0; s < kDpSteps; ++s) {
       STRATA_ASSIGN_OR_RETURN(StepStats st, model.train_step(rt, rank, static_cast<std::size_t>(ranks)));
       out.bytes_comm += st.bytes_comm;
+      if (s > 0) out.bytes_d2h += st.bytes_d2h;  // the first step traces, then plans
     }
     const int me = rank < 0 ? 0 : rank;
     const int w = rank < 0 ? 1 : ranks;

@@ -139,9 +139,10 @@ TEST(DataParallelFaults, ARankThatDiesMidStepFailsTheOthersAtOnce) {
     waited_s = seconds_since(start);
   });
   std::thread t1([&] {
-    BuiltRank r(std::move((*group)[1]), 1, true);
+    BuiltRank r(std::move((*group)[1]), 1, false);
     ASSERT_TRUE(r.status.ok()) << r.status;
-    // Dies mid-step: its runtime (and its end of the group) goes away before step().
+    // Dies mid-step: its runtime (and its end of the group) goes away before its
+    // backward, so the reductions rank 0 starts during its backward never complete.
   });
   t0.join();
   t1.join();
@@ -243,6 +244,25 @@ TEST(DataParallelOptions, TheNcclBackendIsRefusedWithTheReason) {
   EXPECT_EQ(rt.status(), StatusCode::kInvalidArgument);
   EXPECT_NE(rt.status().message().find("nccl backend reduces device buffers"), std::string::npos)
       << rt.status();
+}
+
+// #14: a gradient is reduced from its device slot as soon as it is complete,
+// so only its owner copies the sum down: d2h bytes per rank fall by W.
+TEST(DataParallelTraffic, OnlyTheOwnerCopiesAGradientDown) {
+  for (const int w : {2, 4}) {
+    ScratchDir dir = scratch("d2h");
+    const DpResult single = testing::dp_train(testing::dp_options(Tier::kHost, dir.path().string()), -1, w);
+    ASSERT_TRUE(single.status.ok()) << single.status;
+    ASSERT_GT(single.bytes_d2h, 0u);
+    const std::vector<DpResult> ranked = run_ranks(Tier::kHost, w);
+    for (int r = 0; r < w; ++r) {
+      const DpResult& res = ranked[static_cast<std::size_t>(r)];
+      ASSERT_TRUE(res.status.ok()) << res.status;
+      fmt::print("W {} rank {}: d2h {} B vs one rank's {} B\n", w, r, res.bytes_d2h, single.bytes_d2h);
+      EXPECT_LE(res.bytes_d2h * static_cast<std::uint64_t>(w), single.bytes_d2h)
+          << "W " << w << " rank " << r;
+    }
+  }
 }
 
 TEST(DataParallelAgreement, ClippingUsesTheNormOfEveryRank) {
