@@ -50,6 +50,7 @@ struct RankRun {
   Status status;
   std::vector<double> step_s;  // steady steps: backward + step()
   double backward_s = 0, step_call_s = 0, comm_s = 0;
+  double backward_comm_s = 0;    // blocked in collectives before step() (a param's gather)
   std::uint64_t bytes_comm = 0;  // steady steps, summed
   std::uint64_t bytes_d2h = 0;   // steady steps, summed
   std::uint64_t state_bytes = 0;
@@ -84,7 +85,7 @@ RankRun train(const DpOptions& o, std::shared_ptr<comm::Communicator> c, int ran
     return out;
   }
   runtime::RuntimeOptions ro = dp_runtime_options(o, rank < 0 ? 1 : ranks);
-  ro.comm = rank < 0 ? nullptr : std::move(c);
+  ro.comm = rank < 0 ? nullptr : c;
   auto made = Runtime::create(**device, std::move(ro));
   if (!made.ok()) {
     out.status = made.status();
@@ -95,15 +96,27 @@ RankRun train(const DpOptions& o, std::shared_ptr<comm::Communicator> c, int ran
     STRATA_RETURN_IF_ERROR(model.build(rt));
     for (int s = 0; s <= o.steps; ++s) {  // step 0: the warm-up step (traced, then planned)
       const double t0 = now_s();
+      const double w0 = c != nullptr && rank >= 0 ? c->stats().wait_s : 0.0;
       double backward_s = 0;
-      STRATA_ASSIGN_OR_RETURN(runtime::StepStats st,
-                              model.train_step(rt, rank, static_cast<std::size_t>(ranks), &backward_s));
+      // The communicator's wait time at the end of backward (before step()).
+      double w1 = w0;
+      runtime::StepStats st;
+      if (rank >= 0) {
+        STRATA_RETURN_IF_ERROR(
+            model.backward(rt, static_cast<std::size_t>(rank), static_cast<std::size_t>(ranks), false));
+        backward_s = now_s() - t0;
+        w1 = c->stats().wait_s;
+        STRATA_ASSIGN_OR_RETURN(st, rt.step());
+      } else {
+        STRATA_ASSIGN_OR_RETURN(st, model.train_step(rt, rank, static_cast<std::size_t>(ranks), &backward_s));
+      }
       const double t2 = now_s();
       if (s == 0) continue;
       out.step_s.push_back(t2 - t0);
       out.backward_s += backward_s;
       out.step_call_s += t2 - t0 - backward_s;
-      out.comm_s += st.comm_s;
+      out.backward_comm_s += w1 - w0;
+      out.comm_s += st.comm_s - (w1 - w0);  // blocked inside step()
       out.bytes_comm += st.bytes_comm;
       out.bytes_d2h += st.bytes_d2h;
     }
@@ -205,6 +218,7 @@ Status run_rank(const DpOptions& o, std::shared_ptr<comm::Communicator> c, nlohm
       {"single_rank_step_s", median(single.step_s)},
       {"where_time_goes_rank0_per_step_s",
        {{"backward_enqueue", mine.backward_s / steps},
+        {"backward_blocked_in_collectives", mine.backward_comm_s / steps},
         {"step_call", mine.step_call_s / steps},
         {"of_which_blocked_in_collectives", mine.comm_s / steps},
         {"of_which_optimizer_copies_and_compute_drain", (mine.step_call_s - mine.comm_s) / steps}}},

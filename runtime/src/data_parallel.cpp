@@ -43,21 +43,31 @@
 //      which dp_agree all-reduces (sum, max), so clipping and the Inf/NaN skip
 //      agree on every rank. The 1/W averaging folds into the gradient scale.
 //   4. the optimizer runs on each rank's own families (as without comm);
-//   5. dp_gather_params: per round, the owners' updated param chunks are one
-//      all-gather; every rank writes the others' into its param chunks, which
-//      the next forward loads as any updated param (the plan's prefetch).
+//   5. dp_gather_params (the end of step(), once every optimizer step ran):
+//      per round, the owner's updated param chunk starts one all-gather,
+//      asynchronously; the other ranks' params of the round are marked
+//      awaiting_gather (their copies are stale, their device copies dropped)
+//      and step() returns. The next step's first use of such a family waits for
+//      its round and writes the others' params into its param chunks
+//      (dp_finish_gather, from acquire and any host access): the planned
+//      prefetch (dp_gather_ahead, before Residency::prefetch) finishes the
+//      rounds of the params it is about to load, and prefetch skips a param
+//      still awaiting its gather. A rank's step() thus never waits for a slower
+//      rank's update (DataParallelGather.StepDoesNotWaitForAnotherRanksUpdate);
+//      step() finishes gathers the last step did not use before its own.
 // Bytes sent per step: (W - 1)/W of the gradient and of the param chunks, the
 // theory's 2 (W - 1)/W, plus the round padding and a few scalars.
 //
 // What this is not yet: on CUDA the reduction still needs host buffers (the
-// nccl backend, which could reduce device memory, is refused here: options.cpp);
-// the all-gather runs at the end of step(), not inside the next step's prefetch.
+// nccl backend, which could reduce device memory, is refused here: options.cpp),
+// and the all-gather fills host param chunks (the first use loads them h2d).
 //
 // With one rank holding the whole batch as W micro-batches accumulated in rank
 // order, and set_grad_scale(1/W), a step is bit-identical to W ranks in
 // deterministic mode, for params and states (tests/runtime/test_data_parallel.cpp),
 // except with clipping: the norm² is then summed per rank first, a different
 // order (agreeing across ranks, close to but not bit-equal with one rank).
+#include <algorithm>
 #include <cstring>
 
 #include "runtime_impl.hpp"
@@ -333,31 +343,74 @@ Status Runtime::Impl::dp_agree(std::unique_lock<std::mutex>& lock, bool* finite,
 
 Status Runtime::Impl::dp_gather_params(std::unique_lock<std::mutex>& lock) {
   if (core.dp_ranks() == 1) return Status::Ok();
+  STRATA_RETURN_IF_ERROR(dp_finish_all_gathers(lock));  // (none left: step() finished them)
   comm::Communicator& c = *core.opt.comm;
   const Rounds rounds(core);
   // Only families with trainable tensors change (those with a gradient chunk).
   auto trainable = [&](FamilyId f) { return core.chunk(f, StateKind::kGrad).bytes > 0; };
-  std::vector<std::byte> all;
   for (FamilyId first = 0; first < rounds.families; first += rounds.w) {
     const std::uint64_t slice = rounds.slice(core, first, StateKind::kParam, trainable);
     if (slice == 0) continue;
-    all.assign(slice * rounds.w, std::byte{0});
-    std::byte* mine = all.data() + rounds.me * slice;
+    DpGather g;
+    g.first = first;
+    g.slice = slice;
+    g.all.assign(slice * rounds.w, std::byte{0});
+    std::byte* mine = g.all.data() + rounds.me * slice;
     const FamilyId own = first + rounds.me;
     if (own < rounds.families && trainable(own)) {
       Chunk& p = core.chunk(own, StateKind::kParam);
       STRATA_RETURN_IF_ERROR(
           with_host_copy(lock, p, false, [&](std::byte* h) { std::memcpy(mine, h, p.bytes); }));
     }
-    STRATA_RETURN_IF_ERROR(
-        run_collective(lock, c.all_gather(mine, all.data(), slice / rounds.elem_bytes, rounds.dtype)));
+    STRATA_ASSIGN_OR_RETURN(g.handle,
+                            c.all_gather(mine, g.all.data(), slice / rounds.elem_bytes, rounds.dtype));
     for (FamilyId f = first; f < rounds.end(first); ++f) {
       if (f == own || !trainable(f)) continue;
       Chunk& p = core.chunk(f, StateKind::kParam);
-      const std::byte* theirs = all.data() + (f - first) * slice;
-      STRATA_RETURN_IF_ERROR(
-          with_host_copy(lock, p, true, [&](std::byte* h) { std::memcpy(h, theirs, p.bytes); }));
+      p.awaiting_gather = true;
+      if (p.device_copy && p.readers == 0) residency.drop_device_copy(p);  // stale
     }
+    dp_gathers.push_back(std::move(g));
+  }
+  return Status::Ok();
+}
+
+Status Runtime::Impl::dp_finish_gather(std::unique_lock<std::mutex>& lock, FamilyId f) {
+  if (!core.chunk(f, StateKind::kParam).awaiting_gather) return Status::Ok();
+  const Rounds rounds(core);
+  const FamilyId first = f / rounds.w * rounds.w;
+  auto it =
+      std::find_if(dp_gathers.begin(), dp_gathers.end(), [&](const DpGather& g) { return g.first == first; });
+  STRATA_CHECK(it != dp_gathers.end());
+  DpGather g = std::move(*it);
+  dp_gathers.erase(it);
+  for (FamilyId q = first; q < rounds.end(first); ++q)
+    core.chunk(q, StateKind::kParam).awaiting_gather = false;
+  lock.unlock();
+  Status st = g.handle.wait();
+  lock.lock();
+  STRATA_RETURN_IF_ERROR(st);
+  for (FamilyId q = first; q < rounds.end(first); ++q) {
+    if (q - first == rounds.me || core.chunk(q, StateKind::kGrad).bytes == 0) continue;
+    Chunk& p = core.chunk(q, StateKind::kParam);
+    const std::byte* theirs = g.all.data() + (q - first) * g.slice;
+    STRATA_RETURN_IF_ERROR(
+        with_host_copy(lock, p, true, [&](std::byte* h) { std::memcpy(h, theirs, p.bytes); }));
+  }
+  return Status::Ok();
+}
+
+Status Runtime::Impl::dp_finish_all_gathers(std::unique_lock<std::mutex>& lock) {
+  while (!dp_gathers.empty()) STRATA_RETURN_IF_ERROR(dp_finish_gather(lock, dp_gathers.front().first));
+  return Status::Ok();
+}
+
+Status Runtime::Impl::dp_gather_ahead(std::unique_lock<std::mutex>& lock) {
+  if (dp_gathers.empty() || !tracker.following() || !core.opt.plan.prefetch) return Status::Ok();
+  const auto& uses = tracker.plan_trace().uses;
+  const std::size_t start = tracker.next_position();
+  for (std::size_t q = start; q < uses.size() && q < start + core.plan.prefetch_depth; ++q) {
+    STRATA_RETURN_IF_ERROR(dp_finish_gather(lock, uses[q].family));
   }
   return Status::Ok();
 }

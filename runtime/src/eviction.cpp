@@ -95,7 +95,7 @@ Status Residency::prefetch() {
   for (std::size_t q = start; q < uses.size() && q < start + plan.prefetch_depth; ++q) {
     const FamilyId f = uses[q].family;
     Chunk& c = core_.chunk(f, StateKind::kParam);
-    if (c.device_copy || c.bytes == 0) continue;
+    if (c.device_copy || c.bytes == 0 || c.awaiting_gather) continue;            // (Note [Sharded step])
     if (needs_staging(c) ? !staged(c) : c.value != ChunkValue::kHost) continue;  // (not read yet)
     if (pipeline_.updating(f)) continue;
     if (c.device_slot >= 0 && device_slots_[static_cast<std::size_t>(c.device_slot)].dedicated) {

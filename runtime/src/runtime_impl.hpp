@@ -100,8 +100,25 @@ struct Runtime::Impl {
   comm::CommStats dp_stats_mark;
   //! Agrees on the step's grad norm² (sum) and Inf/NaN (max) over ranks.
   Status dp_agree(std::unique_lock<std::mutex>& lock, bool* finite, double* sum_squares);
-  //! All-gathers the updated params of every rank's families. Unlocks while waiting.
+  //! Starts the all-gather of each round's updated params (after the step's
+  //! optimizer work); the other ranks' params are marked awaiting_gather.
   Status dp_gather_params(std::unique_lock<std::mutex>& lock);
+  //! Waits (unlocking) for the all-gather of family f's round, if one is still
+  //! pending, and writes the other ranks' params of that round.
+  Status dp_finish_gather(std::unique_lock<std::mutex>& lock, FamilyId f);
+  //! dp_finish_gather for every pending round (in issue order).
+  Status dp_finish_all_gathers(std::unique_lock<std::mutex>& lock);
+  //! Finishes the gathers of the families the next `depth` traced uses load (the
+  //! planned prefetch), so prefetch can load their updated params.
+  Status dp_gather_ahead(std::unique_lock<std::mutex>& lock);
+  //! A round's all-gather in flight.
+  struct DpGather {
+    FamilyId first = 0;
+    std::uint64_t slice = 0;
+    std::vector<std::byte> all;
+    comm::Handle handle;
+  };
+  std::vector<DpGather> dp_gathers;  //!< started at the last step's end, in issue order
   //! Runs fn on a host copy of chunk c (reading NVMe into a temporary when it lives
   //! there); with write, the change is stored back to c's home. With whole (and
   //! write), fn overwrites every byte of the chunk, so an NVMe copy is not read

@@ -89,6 +89,8 @@ Result<StepStats> Runtime::step() {
   }
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
   if (!m.core.background_error.ok()) return m.core.background_error;
+  // Last step's gathers of params this step did not use (Note [Sharded step]).
+  STRATA_RETURN_IF_ERROR(m.dp_finish_all_gathers(lock));
   lock.unlock();
   STRATA_RETURN_IF_ERROR(m.core.device.synchronize(m.core.compute));
   lock.lock();
@@ -108,7 +110,8 @@ Result<StepStats> Runtime::step() {
   // NVMe write-backs go on past step() (Note [Write-back after step]).
   Status waited = m.pipeline.wait_step_work(lock);
   if (!waited.ok()) return waited;
-  if (!skip) STRATA_RETURN_IF_ERROR(m.dp_gather_params(lock));  // (skip agrees on every rank)
+  // Starts the all-gathers; the next step's uses wait for them (skip agrees on every rank).
+  if (!skip) STRATA_RETURN_IF_ERROR(m.dp_gather_params(lock));
   if (m.core.opt.comm != nullptr) {
     // Since the last step ended: the reductions started during backward count.
     const comm::CommStats now = m.core.opt.comm->stats();

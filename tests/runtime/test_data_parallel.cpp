@@ -265,6 +265,86 @@ TEST(DataParallelTraffic, OnlyTheOwnerCopiesAGradientDown) {
   }
 }
 
+//! A communicator that forwards to `inner`, issuing each all-gather `delay` late
+//! (a rank whose optimizer finishes late).
+class LateGather : public comm::Communicator {
+ public:
+  LateGather(std::unique_ptr<comm::Communicator> inner, std::chrono::milliseconds delay)
+      : Communicator(inner->rank(), inner->size(), inner->options()),
+        inner_(std::move(inner)),
+        delay_(delay) {}
+  std::string_view backend() const override { return "late-gather"; }
+  void abort(std::string_view reason) override { inner_->abort(reason); }
+
+ private:
+  struct Op : comm::PendingOp {
+    explicit Op(comm::Handle h) : handle(std::move(h)) {}
+    Status wait() override { return handle.wait(); }
+    comm::Handle handle;
+  };
+  static Result<std::unique_ptr<comm::PendingOp>> wrap(Result<comm::Handle> h) {
+    if (!h.ok()) return h.status();
+    return std::unique_ptr<comm::PendingOp>(std::make_unique<Op>(std::move(h).value()));
+  }
+  Result<std::unique_ptr<comm::PendingOp>> start_reduce_scatter(const void* send, void* recv,
+                                                                std::size_t count,
+                                                                comm::DType dtype) override {
+    return wrap(inner_->reduce_scatter(send, recv, count, dtype));
+  }
+  Result<std::unique_ptr<comm::PendingOp>> start_all_gather(const void* send, void* recv, std::size_t count,
+                                                            comm::DType dtype) override {
+    std::this_thread::sleep_for(delay_);
+    return wrap(inner_->all_gather(send, recv, count, dtype));
+  }
+  Result<std::unique_ptr<comm::PendingOp>> start_all_reduce(std::span<double> values,
+                                                            comm::ReduceOp op) override {
+    return wrap(inner_->all_reduce(values, op));
+  }
+  Result<std::unique_ptr<comm::PendingOp>> start_broadcast(void* data, std::size_t bytes, int root) override {
+    return wrap(inner_->broadcast(data, bytes, root));
+  }
+  std::unique_ptr<comm::Communicator> inner_;
+  std::chrono::milliseconds delay_;
+};
+
+// #14: the all-gather of updated params is started by step() and waited for by
+// the next step's first use of each family (its planned prefetch), so a rank's
+// step() does not wait for another rank's late update.
+TEST(DataParallelGather, StepDoesNotWaitForAnotherRanksUpdate) {
+  constexpr auto kLate = std::chrono::milliseconds(400);
+  auto group = comm::make_local_group(2, {.timeout = std::chrono::milliseconds(60000)});
+  ASSERT_TRUE(group.ok());
+  std::vector<std::vector<std::vector<float>>> params(2);
+  double rank0_step_s = 1e9;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    std::unique_ptr<comm::Communicator> c = std::move((*group)[static_cast<std::size_t>(r)]);
+    if (r == 1) c = std::make_unique<LateGather>(std::move(c), kLate);
+    threads.emplace_back([&, r, c = std::move(c)]() mutable {
+      BuiltRank rank(std::move(c), static_cast<std::size_t>(r), true);
+      ASSERT_TRUE(rank.status.ok()) << rank.status;
+      for (int s = 0; s < 2; ++s) {
+        if (s > 0) ASSERT_TRUE(rank.model.backward(*rank.rt, static_cast<std::size_t>(r), 2, false).ok());
+        const auto t0 = std::chrono::steady_clock::now();
+        auto st = rank.rt->step();
+        ASSERT_TRUE(st.ok()) << st.status();
+        if (r == 0) rank0_step_s = std::min(rank0_step_s, seconds_since(t0));
+      }
+      for (TensorId id : rank.model.ids) {
+        std::vector<float> p(rank.rt->layout().slots[id].numel);
+        ASSERT_TRUE(rank.rt->read_tensor(id, StateKind::kParam, p).ok());
+        params[static_cast<std::size_t>(r)].push_back(std::move(p));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  // Rank 1 issues each of its rounds' all-gathers 400 ms late; rank 0's
+  // step() returned without waiting for them (a blocking gather would take > 2 s).
+  EXPECT_LT(rank0_step_s, 0.3);
+  ASSERT_EQ(params[0].size(), params[1].size());
+  for (std::size_t t = 0; t < params[0].size(); ++t) EXPECT_EQ(params[0][t], params[1][t]) << "tensor t" << t;
+}
+
 TEST(DataParallelAgreement, ClippingUsesTheNormOfEveryRank) {
   // A max norm far below the gradients' norm: every step is clipped. Each rank
   // clips its own families with the coefficient of the global norm (all-reduced),
