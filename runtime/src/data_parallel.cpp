@@ -14,6 +14,14 @@
 // rank, so LAMB/LARS trust ratios need no extra reduction; the price is balance
 // when the family count is not a multiple of W, and oversized families.
 //
+// At start-up (finalize) every rank compares its model and options with rank
+// 0's (dp_check_config). At a rank's first acquire, host read or step(), every
+// param takes rank 0's value by broadcast (dp_broadcast_initial), so ranks need
+// not initialise alike (DataParallelStart.RanksTakeRankZerosInitialParams);
+// with bf16/fp16 compute a rank whose values differ is refused by name, since
+// its fp32 masters came from its own values and rank 0 holds none to send.
+// init_tensor after that first use changes this rank only.
+//
 // Data parallelism defers every optimizer step to step() (Core::deferred). The
 // gradients are reduced as backward goes:
 //   1. dp_post_complete_rounds (on every gradient hand-over, Note [Gradient
@@ -411,6 +419,43 @@ Status Runtime::Impl::dp_gather_ahead(std::unique_lock<std::mutex>& lock) {
   const std::size_t start = tracker.next_position();
   for (std::size_t q = start; q < uses.size() && q < start + core.plan.prefetch_depth; ++q) {
     STRATA_RETURN_IF_ERROR(dp_finish_gather(lock, uses[q].family));
+  }
+  return Status::Ok();
+}
+
+Status Runtime::Impl::dp_broadcast_initial(std::unique_lock<std::mutex>& lock) {
+  if (core.dp_ranks() == 1 || dp_initial_sent) return Status::Ok();
+  dp_initial_sent = true;
+  comm::Communicator& c = *core.opt.comm;
+  std::vector<std::byte> buf, mine;
+  std::size_t changed = 0;
+  for (FamilyId f = 0; f < core.layout.families.size(); ++f) {
+    Chunk& p = core.chunk(f, StateKind::kParam);
+    if (p.bytes == 0) continue;
+    buf.assign(p.bytes, std::byte{0});
+    STRATA_RETURN_IF_ERROR(
+        with_host_copy(lock, p, false, [&](std::byte* h) { std::memcpy(buf.data(), h, p.bytes); }));
+    mine = buf;
+    STRATA_RETURN_IF_ERROR(run_collective(lock, c.broadcast(buf.data(), buf.size(), 0)));
+    if (buf == mine) continue;
+    // A separate fp32 master (bf16/fp16 compute) was initialised from this
+    // rank's values, and rank 0 keeps no fp32 master of this family to send.
+    if (core.chunk(f, StateKind::kMaster).bytes > 0) {
+      return failed_precondition(
+          "data parallel: rank {} initialised family {}'s params differently from rank 0, and with {} "
+          "compute "
+          "its fp32 master was initialised from this rank's values; rank 0 holds no fp32 master of this "
+          "family to broadcast. Initialise every rank alike (the same init_tensor values), or use fp32 "
+          "compute",
+          c.rank(), f, runtime::dtype_name(core.opt.compute_dtype));
+    }
+    ++changed;
+    STRATA_RETURN_IF_ERROR(with_host_copy(
+        lock, p, true, [&](std::byte* h) { std::memcpy(h, buf.data(), p.bytes); }, true));
+  }
+  if (changed > 0) {
+    STRATA_LOG_INFO("runtime: data parallel rank {}: {} families' params took rank 0's initial values",
+                    c.rank(), changed);
   }
   return Status::Ok();
 }

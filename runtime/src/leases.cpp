@@ -131,6 +131,7 @@ Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, W
   if (kind == StateKind::kGrad) m.tracker.set_in_backward(true);
   m.tracker.note_use(ts.family, m.tracker.in_backward() ? Phase::kBackward : Phase::kForward,
                      kind == StateKind::kGrad && access != Access::kRead);
+  STRATA_RETURN_IF_ERROR(m.dp_broadcast_initial(lock));  // (Note [Sharded step])
   // Another rank's updated param still arriving: its first use waits for it (Note [Sharded step]).
   if (kind == StateKind::kParam) STRATA_RETURN_IF_ERROR(m.dp_finish_gather(lock, ts.family));
   // A family whose optimizer is running is waited for (only an unplanned access can meet one).

@@ -111,6 +111,10 @@ struct Runtime::Impl {
   //! Finishes the gathers of the families the next `depth` traced uses load (the
   //! planned prefetch), so prefetch can load their updated params.
   Status dp_gather_ahead(std::unique_lock<std::mutex>& lock);
+  //! Once, at a rank's first acquire, host read or step() after start-up: every
+  //! param takes rank 0's value (broadcast), so ranks need not initialise alike.
+  Status dp_broadcast_initial(std::unique_lock<std::mutex>& lock);
+  bool dp_initial_sent = false;
   //! A round's all-gather in flight.
   struct DpGather {
     FamilyId first = 0;

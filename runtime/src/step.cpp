@@ -89,6 +89,7 @@ Result<StepStats> Runtime::step() {
   }
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
   if (!m.core.background_error.ok()) return m.core.background_error;
+  STRATA_RETURN_IF_ERROR(m.dp_broadcast_initial(lock));  // (a step without uses)
   // Last step's gathers of params this step did not use (Note [Sharded step]).
   STRATA_RETURN_IF_ERROR(m.dp_finish_all_gathers(lock));
   lock.unlock();

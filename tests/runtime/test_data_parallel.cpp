@@ -141,6 +141,8 @@ TEST(DataParallelFaults, ARankThatDiesMidStepFailsTheOthersAtOnce) {
   std::thread t1([&] {
     BuiltRank r(std::move((*group)[1]), 1, false);
     ASSERT_TRUE(r.status.ok()) << r.status;
+    std::vector<float> p(r.model.numels[0]);  // its first read joins the start-up broadcast
+    ASSERT_TRUE(r.rt->read_tensor(r.model.ids[0], StateKind::kParam, p).ok());
     // Dies mid-step: its runtime (and its end of the group) goes away before its
     // backward, so the reductions rank 0 starts during its backward never complete.
   });
@@ -343,6 +345,54 @@ TEST(DataParallelGather, StepDoesNotWaitForAnotherRanksUpdate) {
   EXPECT_LT(rank0_step_s, 0.3);
   ASSERT_EQ(params[0].size(), params[1].size());
   for (std::size_t t = 0; t < params[0].size(); ++t) EXPECT_EQ(params[0][t], params[1][t]) << "tensor t" << t;
+}
+
+// #14: params are broadcast from rank 0 at the start, so ranks need not
+// initialise alike: rank 1 initialises every tensor to 7 and still ends
+// bit-identical to one rank trained from rank 0's values.
+TEST(DataParallelStart, RanksTakeRankZerosInitialParams) {
+  const DpResult single = testing::dp_train(testing::dp_options(Tier::kHost, ""), -1, 2);
+  ASSERT_TRUE(single.status.ok()) << single.status;
+  auto group = comm::make_local_group(2, {.timeout = std::chrono::milliseconds(60000)});
+  ASSERT_TRUE(group.ok());
+  std::vector<std::vector<std::vector<float>>> first(2), last(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      BuiltRank rank(std::move((*group)[static_cast<std::size_t>(r)]), 0, false);
+      ASSERT_TRUE(rank.status.ok()) << rank.status;
+      Runtime& rt = *rank.rt;
+      auto read_all = [&](std::vector<std::vector<float>>& out) {
+        for (TensorId id : rank.model.ids) {
+          std::vector<float> p(rt.layout().slots[id].numel);
+          ASSERT_TRUE(rt.read_tensor(id, StateKind::kParam, p).ok());
+          out.push_back(std::move(p));
+        }
+      };
+      if (r == 1) {
+        for (std::size_t t = 0; t < rank.model.ids.size(); ++t) {
+          const std::vector<float> sevens(rank.model.numels[t], 7.0f);
+          ASSERT_TRUE(rt.init_tensor(rank.model.ids[t], sevens).ok());
+        }
+      }
+      read_all(first[static_cast<std::size_t>(r)]);  // the first read takes rank 0's values
+      for (int s = 0; s < testing::kDpSteps; ++s) {
+        auto st = rank.model.train_step(rt, r, 2);
+        ASSERT_TRUE(st.ok()) << st.status();
+      }
+      read_all(last[static_cast<std::size_t>(r)]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(first[0].size(), first[1].size());
+  for (std::size_t t = 0; t < first[0].size(); ++t) {
+    EXPECT_EQ(first[0][t], first[1][t]) << "tensor t" << t << ": rank 1 kept its own initial values";
+    EXPECT_EQ(first[1][t][0], bench::DpModel::hash01(t, 999, 0) - 0.5f) << "tensor t" << t;
+    for (int r = 0; r < 2; ++r)
+      EXPECT_EQ(0, std::memcmp(single.params[t].data(), last[static_cast<std::size_t>(r)][t].data(),
+                               single.params[t].size() * 4))
+          << "rank " << r << " tensor t" << t << " differs from one rank's";
+  }
 }
 
 TEST(DataParallelAgreement, ClippingUsesTheNormOfEveryRank) {
