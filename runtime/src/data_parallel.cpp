@@ -73,8 +73,8 @@
 // With one rank holding the whole batch as W micro-batches accumulated in rank
 // order, and set_grad_scale(1/W), a step is bit-identical to W ranks in
 // deterministic mode, for params and states (tests/runtime/test_data_parallel.cpp),
-// except with clipping: the norm² is then summed per rank first, a different
-// order (agreeing across ranks, close to but not bit-equal with one rank).
+// with clipping too: dp_agree hands every rank every family's per-span sums, so
+// the norm² is summed in one rank's order (DataParallelAgreement.ClippedRuns…).
 #include <algorithm>
 #include <cstring>
 
@@ -337,15 +337,32 @@ Status Runtime::Impl::dp_reduce_gradients(std::unique_lock<std::mutex>& lock) {
   return Status::Ok();
 }
 
-Status Runtime::Impl::dp_agree(std::unique_lock<std::mutex>& lock, bool* finite, double* sum_squares) {
+Status Runtime::Impl::dp_agree(std::unique_lock<std::mutex>& lock, const std::vector<FamilyId>& checked,
+                               bool* finite, double* sum_squares) {
   if (core.dp_ranks() == 1) return Status::Ok();
   comm::Communicator& c = *core.opt.comm;
   std::vector<double> bad{*finite ? 0.0 : 1.0};
   STRATA_RETURN_IF_ERROR(run_collective(lock, c.all_reduce(bad, comm::ReduceOp::kMax)));
   *finite = bad[0] == 0.0;
-  std::vector<double> norm{*sum_squares};
-  STRATA_RETURN_IF_ERROR(run_collective(lock, c.all_reduce(norm, comm::ReduceOp::kSum)));
-  *sum_squares = norm[0];
+  // Every family's per-span sums of squares reach every rank: each element is
+  // non-zero on its owner only, so the rank-ordered sum adds exact zeros and
+  // gives the owner's value bit for bit. The norm² then sums them in family,
+  // then span order: exactly one rank's sum (Note [Sharded step]).
+  const std::size_t families = core.layout.families.size();
+  std::vector<double> counts(families, 0.0);
+  for (FamilyId f : checked) counts[f] = static_cast<double>(pipeline.grad_check(f).span_sq.size());
+  STRATA_RETURN_IF_ERROR(run_collective(lock, c.all_reduce(counts, comm::ReduceOp::kSum)));
+  std::vector<std::size_t> offset(families + 1, 0);
+  for (std::size_t f = 0; f < families; ++f) offset[f + 1] = offset[f] + static_cast<std::size_t>(counts[f]);
+  std::vector<double> spans(offset[families], 0.0);
+  for (FamilyId f : checked) {
+    const std::vector<double>& sq = pipeline.grad_check(f).span_sq;
+    std::copy(sq.begin(), sq.end(), spans.begin() + static_cast<std::ptrdiff_t>(offset[f]));
+  }
+  STRATA_RETURN_IF_ERROR(run_collective(lock, c.all_reduce(spans, comm::ReduceOp::kSum)));
+  double sum = 0.0;
+  for (double v : spans) sum += v;
+  *sum_squares = sum;
   return Status::Ok();
 }
 

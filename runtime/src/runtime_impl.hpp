@@ -98,8 +98,10 @@ struct Runtime::Impl {
   std::size_t dp_rounds_posted = 0;  //!< rounds started this step (from the last round down)
   //! The communicator's counters when the last step ended (StepStats::bytes_comm, comm_s).
   comm::CommStats dp_stats_mark;
-  //! Agrees on the step's grad norm² (sum) and Inf/NaN (max) over ranks.
-  Status dp_agree(std::unique_lock<std::mutex>& lock, bool* finite, double* sum_squares);
+  //! Agrees on the step's Inf/NaN (max) and grad norm² over ranks: the norm² of
+  //! every rank's `checked` families' per-span sums, summed in one rank's order.
+  Status dp_agree(std::unique_lock<std::mutex>& lock, const std::vector<FamilyId>& checked, bool* finite,
+                  double* sum_squares);
   //! Starts the all-gather of each round's updated params (after the step's
   //! optimizer work); the other ranks' params are marked awaiting_gather.
   Status dp_gather_params(std::unique_lock<std::mutex>& lock);

@@ -54,7 +54,7 @@ Status Runtime::Impl::deferred_prepass(std::unique_lock<std::mutex>& lock, bool*
     for (double s : c.span_sq) sum_squares += s;
     finite = finite && c.finite;
   }
-  STRATA_RETURN_IF_ERROR(dp_agree(lock, &finite, &sum_squares));  // every rank decides alike
+  STRATA_RETURN_IF_ERROR(dp_agree(lock, checked, &finite, &sum_squares));  // every rank decides alike
   if (!finite || !std::isfinite(sum_squares)) {
     *skip = true;
     return Status::Ok();
