@@ -30,7 +30,6 @@ namespace strata::bench {
 namespace {
 
 using runtime::Runtime;
-using runtime::StateKind;
 
 struct DpOptions {
   std::size_t tensors = 24;              // one chunk family each
@@ -120,21 +119,17 @@ RankRun train(const DpOptions& o, std::shared_ptr<comm::Communicator> c, int ran
       out.bytes_comm += st.bytes_comm;
       out.bytes_d2h += st.bytes_d2h;
     }
-    const int me = rank < 0 ? 0 : rank;
-    const auto w = static_cast<runtime::FamilyId>(rank < 0 ? 1 : ranks);
-    for (runtime::TensorId id : model.ids) {
-      std::vector<float> p(o.tensor_elems), s0(o.tensor_elems, 0.0f), s1(o.tensor_elems, 0.0f);
-      STRATA_RETURN_IF_ERROR(rt.read_tensor(id, StateKind::kParam, p));
-      out.owned.push_back(rt.layout().slots[id].family % w == static_cast<runtime::FamilyId>(me));
-      if (out.owned.back()) {
-        STRATA_RETURN_IF_ERROR(rt.read_tensor(id, StateKind::kState0, s0));
-        STRATA_RETURN_IF_ERROR(rt.read_tensor(id, StateKind::kState1, s1));
-      }
-      out.params.insert(out.params.end(), p.begin(), p.end());
+    STRATA_ASSIGN_OR_RETURN(DpModel::Outcome got, model.collect(rt, rank, ranks, 2));  // AdamW: two states
+    for (std::size_t t = 0; t < model.ids.size(); ++t) {
+      const std::vector<float> zeros(o.tensor_elems, 0.0f);
+      const std::vector<float>& s0 = got.owned[t] ? got.state0[t] : zeros;
+      const std::vector<float>& s1 = got.owned[t] ? got.state1[t] : zeros;
+      out.owned.push_back(got.owned[t]);
+      out.params.insert(out.params.end(), got.params[t].begin(), got.params[t].end());
       out.states.insert(out.states.end(), s0.begin(), s0.end());
       out.states.insert(out.states.end(), s1.begin(), s1.end());
     }
-    out.state_bytes = rt.state_bytes();
+    out.state_bytes = got.state_bytes;
     return Status::Ok();
   };
   out.status = run();

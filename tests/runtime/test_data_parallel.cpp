@@ -326,7 +326,9 @@ TEST(DataParallelGather, StepDoesNotWaitForAnotherRanksUpdate) {
       BuiltRank rank(std::move(c), static_cast<std::size_t>(r), true);
       ASSERT_TRUE(rank.status.ok()) << rank.status;
       for (int s = 0; s < 2; ++s) {
-        if (s > 0) ASSERT_TRUE(rank.model.backward(*rank.rt, static_cast<std::size_t>(r), 2, false).ok());
+        if (s > 0) {
+          ASSERT_TRUE(rank.model.backward(*rank.rt, static_cast<std::size_t>(r), 2, false).ok());
+        }
         const auto t0 = std::chrono::steady_clock::now();
         auto st = rank.rt->step();
         ASSERT_TRUE(st.ok()) << st.status();
