@@ -26,8 +26,11 @@
 // gradients are reduced as backward goes:
 //   1. dp_post_complete_rounds (on every gradient hand-over, Note [Gradient
 //      completion]): once every family of a round has its gradient complete,
-//      the round's W gradient chunks are packed and one reduce-scatter starts,
-//      asynchronously; backward goes on. The owner's slice is the sum over
+//      the round's W gradient chunks are packed into one send buffer (from a
+//      device slot: a host function on the compute stream after the backward
+//      that wrote it, so the training thread does not wait) and its
+//      reduce-scatter starts once the pack is done (dp_start_packed, checked at
+//      every hand-over, rounds in issue order); backward goes on. The owner's slice is the sum over
 //      ranks, in rank order in deterministic mode (Note [Deterministic
 //      reduction] in comm/). A gradient on the device is read straight from its
 //      slot (on the sim device the slot is host memory the communicator reads;
@@ -254,11 +257,21 @@ Status Runtime::Impl::dp_post_round(bool at_step) {
     }
     std::byte* dst = round.send.data() + (f - first) * slice;
     if (g.dirty() && comm_reads_device(core)) {
-      // Straight from the device slot, once the compute that wrote it is done:
-      // no d2h copy (only the owner's sum comes down, at step()).
+      // Straight from the device slot, in compute order after the backward that
+      // wrote it, without blocking this thread; no d2h copy (only the owner's
+      // sum comes down, at step()). The slot's fence covers the pack, so the
+      // slot's next writer (or a write-back) waits for it.
       DeviceSlot& slot = residency.slot_of(g);
-      STRATA_RETURN_IF_ERROR(core.device.synchronize(slot.fence));
-      std::memcpy(dst, slot.ptr, g.bytes);
+      const std::byte* src = slot.ptr;
+      const std::uint64_t bytes = g.bytes;
+      STRATA_RETURN_IF_ERROR(core.device.wait(core.compute, slot.fence));
+      STRATA_RETURN_IF_ERROR(
+          core.device.launch_host(core.compute, [dst, src, bytes] { std::memcpy(dst, src, bytes); }));
+      STRATA_RETURN_IF_ERROR(core.device.record(slot.fence, core.compute));
+      if (!round.packed) {
+        STRATA_ASSIGN_OR_RETURN(memory::Event e, core.device.create_event());
+        round.packed.emplace(std::move(e));
+      }
     } else {
       STRATA_RETURN_IF_ERROR(residency.ensure_on_host(g));
       std::memcpy(dst, g.host, g.bytes);
@@ -274,9 +287,28 @@ Status Runtime::Impl::dp_post_round(bool at_step) {
     residency.drop_device_copy(g);
     for (TensorId t : core.layout.families[f].tensors) core.tensors[t].grad_written = false;
   }
-  STRATA_ASSIGN_OR_RETURN(round.handle, c.reduce_scatter(round.send.data(), round.recv.data(),
-                                                         slice / rounds.elem_bytes, rounds.dtype));
+  if (round.packed) STRATA_RETURN_IF_ERROR(core.device.record(*round.packed, core.compute));
   dp_inflight.push_back(std::move(round));
+  return dp_start_packed(false);
+}
+
+Status Runtime::Impl::dp_start_packed(bool block) {
+  comm::Communicator& c = *core.opt.comm;
+  const Rounds rounds(core);
+  for (DpRound& round : dp_inflight) {
+    if (round.started) continue;
+    if (round.packed) {
+      if (block) {
+        STRATA_RETURN_IF_ERROR(core.device.synchronize(*round.packed));
+      } else {
+        STRATA_ASSIGN_OR_RETURN(bool done, core.device.query(*round.packed));
+        if (!done) return Status::Ok();  // later rounds start after it: the same order on every rank
+      }
+    }
+    STRATA_ASSIGN_OR_RETURN(round.handle, c.reduce_scatter(round.send.data(), round.recv.data(),
+                                                           round.slice / rounds.elem_bytes, rounds.dtype));
+    round.started = true;
+  }
   return Status::Ok();
 }
 
@@ -293,6 +325,7 @@ Status Runtime::Impl::dp_post_complete_rounds() {
     if (!complete) break;
     STRATA_RETURN_IF_ERROR(dp_post_round(false));
   }
+  STRATA_RETURN_IF_ERROR(dp_start_packed(false));  // rounds whose packs ended since
   // Complete gradients of rounds not started (a later round, in the fixed order,
   // is incomplete) stay on the device for their reduction.
   for (FamilyId f = 0; f < static_cast<FamilyId>(total - dp_rounds_posted) * rounds.w && f < rounds.families;
@@ -306,6 +339,7 @@ Status Runtime::Impl::dp_post_complete_rounds() {
 Status Runtime::Impl::dp_reduce_gradients(std::unique_lock<std::mutex>& lock) {
   if (core.dp_ranks() == 1) return Status::Ok();
   while (dp_rounds_posted < round_count(core)) STRATA_RETURN_IF_ERROR(dp_post_round(true));
+  STRATA_RETURN_IF_ERROR(dp_start_packed(true));
   const Rounds rounds(core);
   std::vector<DpRound> inflight = std::move(dp_inflight);
   dp_inflight.clear();

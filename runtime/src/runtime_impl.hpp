@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "core.hpp"
 #include "optimizer_pipeline.hpp"
@@ -93,7 +94,14 @@ struct Runtime::Impl {
     std::uint64_t slice = 0;
     std::vector<std::byte> send, recv;
     comm::Handle handle;
+    //! The device-side pack of `send` (compute stream) is done when it completes;
+    //! the reduce-scatter starts after it (started).
+    std::optional<memory::Event> packed;
+    bool started = false;
   };
+  //! Starts, in issue order, the reduce-scatters whose packs are done (with
+  //! block, waits for each pack). Caller holds mu.
+  Status dp_start_packed(bool block);
   std::vector<DpRound> dp_inflight;  //!< started this step, in issue order
   std::size_t dp_rounds_posted = 0;  //!< rounds started this step (from the last round down)
   //! The communicator's counters when the last step ended (StepStats::bytes_comm, comm_s).
