@@ -59,6 +59,8 @@ inline void run_tail(const Op& op, const Span& s, std::size_t at, std::size_t co
 // streams the same way, so it stays an upper bound for the kernel. The scalar
 // path does not prefetch (it is compute-bound).
 
+namespace {  // each ISA's translation unit its own copy (Note [ISA translation units])
+
 //! The streams a pass reads, as (base, bytes per element), for prefetching.
 //! Unread or absent streams repeat a read one, so the loop prefetches without
 //! branches (GCC 12 dropped a __builtin_prefetch guarded by a null test here).
@@ -80,8 +82,9 @@ struct PrefetchStreams {
   }
   //! The streams `pass` reads with hyper-parameters h (ops.hpp, ops_dispatch.hpp).
   static PrefetchStreams of(Pass pass, const Hyper& h, const Span& s) {
-    const std::size_t states = optimizer_state_count(h);
     const bool lars = h.optimizer == Optimizer::kLars;
+    // LARS reads its buffer only with momentum (ops_dispatch.hpp), as SGD does.
+    const std::size_t states = lars ? (h.momentum != 0.0f ? 1 : 0) : optimizer_state_count(h);
     switch (pass) {
       case Pass::kGradStats:
         return {s, true, false, 0};
@@ -95,6 +98,8 @@ struct PrefetchStreams {
     return {s, true, true, states};
   }
 };
+
+}  // namespace
 
 template <typename T>
 inline void prefetch_streams(const PrefetchStreams& p, std::size_t i) {
