@@ -30,7 +30,6 @@ namespace strata::bench {
 namespace {
 
 using runtime::Runtime;
-using runtime::StateKind;
 
 struct DpOptions {
   std::size_t tensors = 24;              // one chunk family each
@@ -50,7 +49,9 @@ struct RankRun {
   Status status;
   std::vector<double> step_s;  // steady steps: backward + step()
   double backward_s = 0, step_call_s = 0, comm_s = 0;
+  double backward_comm_s = 0;    // blocked in collectives before step() (a param's gather)
   std::uint64_t bytes_comm = 0;  // steady steps, summed
+  std::uint64_t bytes_d2h = 0;   // steady steps, summed
   std::uint64_t state_bytes = 0;
   std::vector<float> params, states;  // every tensor's param; states of this run's own tensors (else zeros)
   std::vector<bool> owned;            // per tensor: its states are this run's
@@ -83,7 +84,7 @@ RankRun train(const DpOptions& o, std::shared_ptr<comm::Communicator> c, int ran
     return out;
   }
   runtime::RuntimeOptions ro = dp_runtime_options(o, rank < 0 ? 1 : ranks);
-  ro.comm = rank < 0 ? nullptr : std::move(c);
+  ro.comm = rank < 0 ? nullptr : c;
   auto made = Runtime::create(**device, std::move(ro));
   if (!made.ok()) {
     out.status = made.status();
@@ -94,32 +95,41 @@ RankRun train(const DpOptions& o, std::shared_ptr<comm::Communicator> c, int ran
     STRATA_RETURN_IF_ERROR(model.build(rt));
     for (int s = 0; s <= o.steps; ++s) {  // step 0: the warm-up step (traced, then planned)
       const double t0 = now_s();
+      const double w0 = c != nullptr && rank >= 0 ? c->stats().wait_s : 0.0;
       double backward_s = 0;
-      STRATA_ASSIGN_OR_RETURN(runtime::StepStats st,
-                              model.train_step(rt, rank, static_cast<std::size_t>(ranks), &backward_s));
+      // The communicator's wait time at the end of backward (before step()).
+      double w1 = w0;
+      runtime::StepStats st;
+      if (rank >= 0) {
+        STRATA_RETURN_IF_ERROR(
+            model.backward(rt, static_cast<std::size_t>(rank), static_cast<std::size_t>(ranks), false));
+        backward_s = now_s() - t0;
+        w1 = c->stats().wait_s;
+        STRATA_ASSIGN_OR_RETURN(st, rt.step());
+      } else {
+        STRATA_ASSIGN_OR_RETURN(st, model.train_step(rt, rank, static_cast<std::size_t>(ranks), &backward_s));
+      }
       const double t2 = now_s();
       if (s == 0) continue;
       out.step_s.push_back(t2 - t0);
       out.backward_s += backward_s;
       out.step_call_s += t2 - t0 - backward_s;
-      out.comm_s += st.comm_s;
+      out.backward_comm_s += w1 - w0;
+      out.comm_s += st.comm_s - (w1 - w0);  // blocked inside step()
       out.bytes_comm += st.bytes_comm;
+      out.bytes_d2h += st.bytes_d2h;
     }
-    const int me = rank < 0 ? 0 : rank;
-    const auto w = static_cast<runtime::FamilyId>(rank < 0 ? 1 : ranks);
-    for (runtime::TensorId id : model.ids) {
-      std::vector<float> p(o.tensor_elems), s0(o.tensor_elems, 0.0f), s1(o.tensor_elems, 0.0f);
-      STRATA_RETURN_IF_ERROR(rt.read_tensor(id, StateKind::kParam, p));
-      out.owned.push_back(rt.layout().slots[id].family % w == static_cast<runtime::FamilyId>(me));
-      if (out.owned.back()) {
-        STRATA_RETURN_IF_ERROR(rt.read_tensor(id, StateKind::kState0, s0));
-        STRATA_RETURN_IF_ERROR(rt.read_tensor(id, StateKind::kState1, s1));
-      }
-      out.params.insert(out.params.end(), p.begin(), p.end());
+    STRATA_ASSIGN_OR_RETURN(DpModel::Outcome got, model.collect(rt, rank, ranks, 2));  // AdamW: two states
+    for (std::size_t t = 0; t < model.ids.size(); ++t) {
+      const std::vector<float> zeros(o.tensor_elems, 0.0f);
+      const std::vector<float>& s0 = got.owned[t] ? got.state0[t] : zeros;
+      const std::vector<float>& s1 = got.owned[t] ? got.state1[t] : zeros;
+      out.owned.push_back(got.owned[t]);
+      out.params.insert(out.params.end(), got.params[t].begin(), got.params[t].end());
       out.states.insert(out.states.end(), s0.begin(), s0.end());
       out.states.insert(out.states.end(), s1.begin(), s1.end());
     }
-    out.state_bytes = rt.state_bytes();
+    out.state_bytes = got.state_bytes;
     return Status::Ok();
   };
   out.status = run();
@@ -197,10 +207,13 @@ Status run_rank(const DpOptions& o, std::shared_ptr<comm::Communicator> c, nlohm
       {"comm_bytes_per_step_per_rank", comm_per_step},
       {"comm_bytes_theory", theory},
       {"comm_bytes_ratio_to_theory", w > 1 ? comm_per_step / theory : 0.0},
+      {"d2h_bytes_per_step_per_rank", static_cast<double>(mine.bytes_d2h) / steps},
+      {"single_rank_d2h_bytes_per_step", static_cast<double>(single.bytes_d2h) / steps},
       {"step_s", median(mine.step_s)},
       {"single_rank_step_s", median(single.step_s)},
       {"where_time_goes_rank0_per_step_s",
        {{"backward_enqueue", mine.backward_s / steps},
+        {"backward_blocked_in_collectives", mine.backward_comm_s / steps},
         {"step_call", mine.step_call_s / steps},
         {"of_which_blocked_in_collectives", mine.comm_s / steps},
         {"of_which_optimizer_copies_and_compute_drain", (mine.step_call_s - mine.comm_s) / steps}}},

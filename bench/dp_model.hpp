@@ -80,6 +80,41 @@ struct DpModel {
     return Status::Ok();
   }
 
+  //! What a run ends with: every tensor's param, and the optimizer states of the
+  //! tensors this run holds (empty for another rank's tensor and the frozen one).
+  struct Outcome {
+    std::vector<std::vector<float>> params, state0, state1;
+    std::vector<bool> owned;  //!< per tensor: its states are this run's
+    std::uint64_t state_bytes = 0;
+  };
+
+  //! Reads the outcome of a run as rank `rank` of `ranks` (rank < 0: one rank
+  //! with everything): family f's states are on rank f % ranks (Note [Sharded
+  //! step]); `state_count` is the optimizer's (kernels::optimizer_state_count).
+  Result<Outcome> collect(runtime::Runtime& rt, int rank, int ranks, std::uint32_t state_count) const {
+    Outcome out;
+    const auto me = static_cast<runtime::FamilyId>(rank < 0 ? 0 : rank);
+    const auto w = static_cast<runtime::FamilyId>(rank < 0 ? 1 : ranks);
+    for (std::size_t t = 0; t < ids.size(); ++t) {
+      std::vector<float> p(numels[t]);
+      STRATA_RETURN_IF_ERROR(rt.read_tensor(ids[t], runtime::StateKind::kParam, p));
+      out.params.push_back(std::move(p));
+      const bool owned = t != frozen && rt.layout().slots[ids[t]].family % w == me;
+      std::vector<float> s0, s1;
+      if (owned) {
+        s0.resize(state_count > 0 ? numels[t] : 0);
+        s1.resize(state_count > 1 ? numels[t] : 0);
+        if (!s0.empty()) STRATA_RETURN_IF_ERROR(rt.read_tensor(ids[t], runtime::StateKind::kState0, s0));
+        if (!s1.empty()) STRATA_RETURN_IF_ERROR(rt.read_tensor(ids[t], runtime::StateKind::kState1, s1));
+      }
+      out.owned.push_back(owned);
+      out.state0.push_back(std::move(s0));
+      out.state1.push_back(std::move(s1));
+    }
+    out.state_bytes = rt.state_bytes();
+    return out;
+  }
+
   //! One step: as rank `rank` of `ranks` with its part of the batch, or with
   //! rank < 0 as one rank holding the whole batch as `ranks` micro-batches in
   //! rank order, averaged through the gradient scale (what the ranks compute).

@@ -14,32 +14,71 @@
 // rank, so LAMB/LARS trust ratios need no extra reduction; the price is balance
 // when the family count is not a multiple of W, and oversized families.
 //
-// Data parallelism defers every optimizer step to step() (Core::deferred), where
-//   1. dp_reduce_gradients: per round, the W gradient chunks (each brought to
-//      host memory, padded to the round's largest) are one reduce-scatter; the
-//      owner's slice is the sum over ranks, in rank order in deterministic mode
-//      (Note [Deterministic reduction] in comm/), written back into its grad
-//      chunk (and its device copy); the other families' gradients are dropped.
-//   2. deferred_prepass: the owners' gradients give local norm² and Inf/NaN,
+// At start-up (finalize) every rank compares its model and options with rank
+// 0's (dp_check_config). At a rank's first acquire, host read or step(), every
+// param takes rank 0's value by broadcast (dp_broadcast_initial), so ranks need
+// not initialise alike (DataParallelStart.RanksTakeRankZerosInitialParams);
+// with bf16/fp16 compute a rank whose values differ is refused by name, since
+// its fp32 masters came from its own values and rank 0 holds none to send.
+// init_tensor after that first use changes this rank only.
+//
+// Data parallelism defers every optimizer step to step() (Core::deferred). The
+// gradients are reduced as backward goes:
+//   1. dp_post_complete_rounds (on every gradient hand-over, Note [Gradient
+//      completion]): once every family of a round has its gradient complete,
+//      the round's W gradient chunks are packed into one send buffer (from a
+//      device slot: a host function on the compute stream after the backward
+//      that wrote it, so the training thread does not wait) and its
+//      reduce-scatter starts once the pack is done (dp_start_packed, checked at
+//      every hand-over, rounds in issue order); backward goes on. The owner's slice is the sum over
+//      ranks, in rank order in deterministic mode (Note [Deterministic
+//      reduction] in comm/). A gradient on the device is read straight from its
+//      slot (on the sim device the slot is host memory the communicator reads;
+//      on CUDA the mpi/local backends need it copied down first), so the other
+//      families' gradients are dropped without a d2h copy: only the owner's sum
+//      comes down, at step() — d2h bytes per rank fall by W
+//      (DataParallelTraffic.OnlyTheOwnerCopiesAGradientDown). A complete
+//      gradient whose round has not started is evicted last
+//      (Chunk::awaiting_reduction).
+//      Order: every rank must issue collectives in the same order. Rounds start
+//      in one fixed order, last round first (backward goes in reverse
+//      registration order), and round k only after round k + 1 (a reorder
+//      window of the rounds completed early): the order is the same on every
+//      rank whatever order its families complete in; a model whose backward is
+//      not reverse-registration order only delays rounds to step().
+//   2. dp_reduce_gradients (step()): starts the rounds not started yet (a
+//      tensor without a gradient is refused by name), then waits for each round
+//      in issue order and writes the owner's sum where its gradient is (device
+//      slot or host). step() only waits.
+//   3. deferred_prepass: the owners' gradients give local norm² and Inf/NaN,
 //      which dp_agree all-reduces (sum, max), so clipping and the Inf/NaN skip
 //      agree on every rank. The 1/W averaging folds into the gradient scale.
-//   3. the optimizer runs on each rank's own families (as without comm);
-//   4. dp_gather_params: per round, the owners' updated param chunks are one
-//      all-gather; every rank writes the others' into its param chunks, which
-//      the next forward loads as any updated param (the plan's prefetch).
+//   4. the optimizer runs on each rank's own families (as without comm);
+//   5. dp_gather_params (the end of step(), once every optimizer step ran):
+//      per round, the owner's updated param chunk starts one all-gather,
+//      asynchronously; the other ranks' params of the round are marked
+//      awaiting_gather (their copies are stale, their device copies dropped)
+//      and step() returns. The next step's first use of such a family waits for
+//      its round and writes the others' params into its param chunks
+//      (dp_finish_gather, from acquire and any host access): the planned
+//      prefetch (dp_gather_ahead, before Residency::prefetch) finishes the
+//      rounds of the params it is about to load, and prefetch skips a param
+//      still awaiting its gather. A rank's step() thus never waits for a slower
+//      rank's update (DataParallelGather.StepDoesNotWaitForAnotherRanksUpdate);
+//      step() finishes gathers the last step did not use before its own.
 // Bytes sent per step: (W - 1)/W of the gradient and of the param chunks, the
 // theory's 2 (W - 1)/W, plus the round padding and a few scalars.
 //
-// What this is not yet: the reduce-scatter runs at step(), after the gradients
-// reached host memory, not as each gradient chunk completes on the GPU (so it
-// does not cut PCIe traffic by W), and it moves host buffers, so the nccl
-// backend is refused here (options.cpp). Rounds go one after the other.
+// What this is not yet: on CUDA the reduction still needs host buffers (the
+// nccl backend, which could reduce device memory, is refused here: options.cpp),
+// and the all-gather fills host param chunks (the first use loads them h2d).
 //
 // With one rank holding the whole batch as W micro-batches accumulated in rank
 // order, and set_grad_scale(1/W), a step is bit-identical to W ranks in
 // deterministic mode, for params and states (tests/runtime/test_data_parallel.cpp),
-// except with clipping: the norm² is then summed per rank first, a different
-// order (agreeing across ranks, close to but not bit-equal with one rank).
+// with clipping too: dp_agree hands every rank every family's per-span sums, so
+// the norm² is summed in one rank's order (DataParallelAgreement.ClippedRuns…).
+#include <algorithm>
 #include <cstring>
 
 #include "runtime_impl.hpp"
@@ -164,6 +203,7 @@ Status Runtime::Impl::dp_check_config(std::unique_lock<std::mutex>& lock) {
         "difference); every rank must register the same tensors with the same options",
         others);
   }
+  dp_stats_mark = c.stats();  // the start-up check is no step's traffic
   STRATA_LOG_INFO("runtime: data parallel rank {} of {} ({} backend): {} of {} families are this rank's",
                   c.rank(), c.size(), c.backend(),
                   (core.layout.families.size() + static_cast<std::size_t>(c.size() - c.rank() - 1)) /
@@ -172,100 +212,301 @@ Status Runtime::Impl::dp_check_config(std::unique_lock<std::mutex>& lock) {
   return Status::Ok();
 }
 
-Status Runtime::Impl::dp_reduce_gradients(std::unique_lock<std::mutex>& lock) {
-  if (core.dp_ranks() == 1) return Status::Ok();
+namespace {
+
+//! The communicator may read and write device slots directly: on the sim device
+//! they are host memory. On CUDA the mpi/local backends need host buffers, so a
+//! gradient is copied down first (the nccl backend, which could reduce device
+//! buffers, is refused by options.cpp).
+bool comm_reads_device(const Core& core) {
+  return core.device.kind() == memory::DeviceKind::kSim;
+}
+
+std::size_t round_count(const Core& core) {
+  const std::size_t w = static_cast<std::size_t>(core.dp_ranks());
+  return (core.layout.families.size() + w - 1) / w;
+}
+
+}  // namespace
+
+Status Runtime::Impl::dp_post_round(bool at_step) {
   comm::Communicator& c = *core.opt.comm;
   const Rounds rounds(core);
-  std::vector<std::byte> send, recv;
-  for (FamilyId first = 0; first < rounds.families; first += rounds.w) {
-    const std::uint64_t slice = rounds.slice(core, first, StateKind::kGrad, [](FamilyId) { return true; });
-    if (slice == 0) continue;
-    send.assign(slice * rounds.w, std::byte{0});
-    recv.resize(slice);
-    for (FamilyId f = first; f < rounds.end(first); ++f) {
-      Chunk& g = core.chunk(f, StateKind::kGrad);
-      if (g.bytes == 0) continue;
-      for (TensorId t : core.layout.families[f].tensors) {
-        const TensorInfo& info = core.tensors[t];
-        if (!info.spec.frozen && !info.grad_written) {
-          return failed_precondition(
-              "data parallel: tensor \"{}\" got no gradient this step on rank {}; every rank must hand over "
-              "every trainable tensor's gradient each step (write zeros for an unused one), or the others "
-              "would wait for it",
-              info.spec.name, c.rank());
-        }
+  const FamilyId first = static_cast<FamilyId>(round_count(core) - 1 - dp_rounds_posted) * rounds.w;
+  ++dp_rounds_posted;
+  const std::uint64_t slice = rounds.slice(core, first, StateKind::kGrad, [](FamilyId) { return true; });
+  if (slice == 0) return Status::Ok();
+  DpRound round;
+  round.first = first;
+  round.slice = slice;
+  round.send.assign(slice * rounds.w, std::byte{0});
+  round.recv.resize(slice);
+  for (FamilyId f = first; f < rounds.end(first); ++f) {
+    Chunk& g = core.chunk(f, StateKind::kGrad);
+    if (g.bytes == 0) continue;
+    g.awaiting_reduction = false;
+    for (TensorId t : core.layout.families[f].tensors) {
+      const TensorInfo& info = core.tensors[t];
+      if (at_step && !info.spec.frozen && !info.grad_written) {
+        return failed_precondition(
+            "data parallel: tensor \"{}\" got no gradient this step on rank {}; every rank must hand over "
+            "every trainable tensor's gradient each step (write zeros for an unused one), or the others "
+            "would wait for it",
+            info.spec.name, c.rank());
       }
-      STRATA_RETURN_IF_ERROR(residency.ensure_on_host(g));
-      std::memcpy(send.data() + (f - first) * slice, g.host, g.bytes);
     }
-    STRATA_RETURN_IF_ERROR(run_collective(
-        lock, c.reduce_scatter(send.data(), recv.data(), slice / rounds.elem_bytes, rounds.dtype)));
+    std::byte* dst = round.send.data() + (f - first) * slice;
+    if (g.dirty() && comm_reads_device(core)) {
+      // Straight from the device slot, in compute order after the backward that
+      // wrote it, without blocking this thread; no d2h copy (only the owner's
+      // sum comes down, at step()). The slot's fence covers the pack, so the
+      // slot's next writer (or a write-back) waits for it.
+      DeviceSlot& slot = residency.slot_of(g);
+      const std::byte* src = slot.ptr;
+      const std::uint64_t bytes = g.bytes;
+      STRATA_RETURN_IF_ERROR(core.device.wait(core.compute, slot.fence));
+      STRATA_RETURN_IF_ERROR(
+          core.device.launch_host(core.compute, [dst, src, bytes] { std::memcpy(dst, src, bytes); }));
+      STRATA_RETURN_IF_ERROR(core.device.record(slot.fence, core.compute));
+      if (!round.packed) {
+        STRATA_ASSIGN_OR_RETURN(memory::Event e, core.device.create_event());
+        round.packed.emplace(std::move(e));
+      }
+    } else {
+      STRATA_RETURN_IF_ERROR(residency.ensure_on_host(g));
+      std::memcpy(dst, g.host, g.bytes);
+    }
+    if (f - first == rounds.me) continue;  // the sum replaces it at step()
+    // Another rank's family: its gradient went there; nothing to keep here.
+    if (g.host != nullptr) {
+      STRATA_RETURN_IF_ERROR(residency.wait_host_reads(g));
+      core.host->free(g.host, g.bytes);
+    }
+    g.host = nullptr;
+    g.move_value(ChunkValue::kAbsent);
+    residency.drop_device_copy(g);
+    for (TensorId t : core.layout.families[f].tensors) core.tensors[t].grad_written = false;
+  }
+  if (round.packed) STRATA_RETURN_IF_ERROR(core.device.record(*round.packed, core.compute));
+  dp_inflight.push_back(std::move(round));
+  return dp_start_packed(false);
+}
+
+Status Runtime::Impl::dp_start_packed(bool block) {
+  comm::Communicator& c = *core.opt.comm;
+  const Rounds rounds(core);
+  for (DpRound& round : dp_inflight) {
+    if (round.started) continue;
+    if (round.packed) {
+      if (block) {
+        STRATA_RETURN_IF_ERROR(core.device.synchronize(*round.packed));
+      } else {
+        STRATA_ASSIGN_OR_RETURN(bool done, core.device.query(*round.packed));
+        if (!done) return Status::Ok();  // later rounds start after it: the same order on every rank
+      }
+    }
+    STRATA_ASSIGN_OR_RETURN(round.handle, c.reduce_scatter(round.send.data(), round.recv.data(),
+                                                           round.slice / rounds.elem_bytes, rounds.dtype));
+    round.started = true;
+  }
+  return Status::Ok();
+}
+
+Status Runtime::Impl::dp_post_complete_rounds() {
+  if (core.dp_ranks() == 1 || !pipeline.last_micro_batch) return Status::Ok();
+  const Rounds rounds(core);
+  const std::size_t total = round_count(core);
+  while (dp_rounds_posted < total) {
+    const FamilyId first = static_cast<FamilyId>(total - 1 - dp_rounds_posted) * rounds.w;
+    bool complete = true;
     for (FamilyId f = first; f < rounds.end(first); ++f) {
-      Chunk& g = core.chunk(f, StateKind::kGrad);
-      if (g.bytes == 0) continue;
-      if (f - first == rounds.me) {
-        // The sum over ranks replaces this rank's gradient, on host and on the device.
-        STRATA_RETURN_IF_ERROR(residency.wait_host_reads(g));
-        std::memcpy(g.host, recv.data(), g.bytes);
-        if (g.device_copy) {
-          STRATA_RETURN_IF_ERROR(residency.load_to_slot(g, residency.slot_of(g)));
-          STRATA_RETURN_IF_ERROR(core.device.synchronize(core.h2d));
-        }
-        continue;
-      }
-      // Another rank's family: its gradient went there; nothing to update here.
-      if (g.host != nullptr) {
-        STRATA_RETURN_IF_ERROR(residency.wait_host_reads(g));
-        core.host->free(g.host, g.bytes);
-      }
-      g.host = nullptr;
-      g.move_value(ChunkValue::kAbsent);
-      residency.drop_device_copy(g);
-      for (TensorId t : core.layout.families[f].tensors) core.tensors[t].grad_written = false;
+      complete = complete && (core.chunk(f, StateKind::kGrad).bytes == 0 || pipeline.gradients_complete(f));
+    }
+    if (!complete) break;
+    STRATA_RETURN_IF_ERROR(dp_post_round(false));
+  }
+  STRATA_RETURN_IF_ERROR(dp_start_packed(false));  // rounds whose packs ended since
+  // Complete gradients of rounds not started (a later round, in the fixed order,
+  // is incomplete) stay on the device for their reduction.
+  for (FamilyId f = 0; f < static_cast<FamilyId>(total - dp_rounds_posted) * rounds.w && f < rounds.families;
+       ++f) {
+    Chunk& g = core.chunk(f, StateKind::kGrad);
+    g.awaiting_reduction = g.bytes > 0 && pipeline.gradients_complete(f);
+  }
+  return Status::Ok();
+}
+
+Status Runtime::Impl::dp_reduce_gradients(std::unique_lock<std::mutex>& lock) {
+  if (core.dp_ranks() == 1) return Status::Ok();
+  while (dp_rounds_posted < round_count(core)) STRATA_RETURN_IF_ERROR(dp_post_round(true));
+  STRATA_RETURN_IF_ERROR(dp_start_packed(true));
+  const Rounds rounds(core);
+  std::vector<DpRound> inflight = std::move(dp_inflight);
+  dp_inflight.clear();
+  dp_rounds_posted = 0;
+  for (DpRound& round : inflight) {
+    lock.unlock();
+    Status st = round.handle.wait();
+    lock.lock();
+    STRATA_RETURN_IF_ERROR(st);
+    const FamilyId own = round.first + rounds.me;
+    if (own >= rounds.end(round.first)) continue;
+    Chunk& g = core.chunk(own, StateKind::kGrad);
+    if (g.bytes == 0) continue;
+    // The sum over ranks replaces this rank's gradient where it is now.
+    if (g.dirty() && comm_reads_device(core)) {
+      DeviceSlot& slot = residency.slot_of(g);
+      STRATA_RETURN_IF_ERROR(core.device.synchronize(slot.fence));
+      std::memcpy(slot.ptr, round.recv.data(), g.bytes);
+      continue;
+    }
+    STRATA_RETURN_IF_ERROR(residency.ensure_on_host(g));
+    STRATA_RETURN_IF_ERROR(residency.wait_host_reads(g));
+    std::memcpy(g.host, round.recv.data(), g.bytes);
+    if (g.device_copy) {
+      STRATA_RETURN_IF_ERROR(residency.load_to_slot(g, residency.slot_of(g)));
+      STRATA_RETURN_IF_ERROR(core.device.synchronize(core.h2d));
     }
   }
   return Status::Ok();
 }
 
-Status Runtime::Impl::dp_agree(std::unique_lock<std::mutex>& lock, bool* finite, double* sum_squares) {
+Status Runtime::Impl::dp_agree(std::unique_lock<std::mutex>& lock, const std::vector<FamilyId>& checked,
+                               bool* finite, double* sum_squares) {
   if (core.dp_ranks() == 1) return Status::Ok();
   comm::Communicator& c = *core.opt.comm;
   std::vector<double> bad{*finite ? 0.0 : 1.0};
   STRATA_RETURN_IF_ERROR(run_collective(lock, c.all_reduce(bad, comm::ReduceOp::kMax)));
   *finite = bad[0] == 0.0;
-  std::vector<double> norm{*sum_squares};
-  STRATA_RETURN_IF_ERROR(run_collective(lock, c.all_reduce(norm, comm::ReduceOp::kSum)));
-  *sum_squares = norm[0];
+  // Every family's per-span sums of squares reach every rank: each element is
+  // non-zero on its owner only, so the rank-ordered sum adds exact zeros and
+  // gives the owner's value bit for bit. The norm² then sums them in family,
+  // then span order: exactly one rank's sum (Note [Sharded step]).
+  const std::size_t families = core.layout.families.size();
+  std::vector<double> counts(families, 0.0);
+  for (FamilyId f : checked) counts[f] = static_cast<double>(pipeline.grad_check(f).span_sq.size());
+  STRATA_RETURN_IF_ERROR(run_collective(lock, c.all_reduce(counts, comm::ReduceOp::kSum)));
+  std::vector<std::size_t> offset(families + 1, 0);
+  for (std::size_t f = 0; f < families; ++f) offset[f + 1] = offset[f] + static_cast<std::size_t>(counts[f]);
+  std::vector<double> spans(offset[families], 0.0);
+  for (FamilyId f : checked) {
+    const std::vector<double>& sq = pipeline.grad_check(f).span_sq;
+    std::copy(sq.begin(), sq.end(), spans.begin() + static_cast<std::ptrdiff_t>(offset[f]));
+  }
+  STRATA_RETURN_IF_ERROR(run_collective(lock, c.all_reduce(spans, comm::ReduceOp::kSum)));
+  double sum = 0.0;
+  for (double v : spans) sum += v;
+  *sum_squares = sum;
   return Status::Ok();
 }
 
 Status Runtime::Impl::dp_gather_params(std::unique_lock<std::mutex>& lock) {
   if (core.dp_ranks() == 1) return Status::Ok();
+  STRATA_RETURN_IF_ERROR(dp_finish_all_gathers(lock));  // (none left: step() finished them)
   comm::Communicator& c = *core.opt.comm;
   const Rounds rounds(core);
   // Only families with trainable tensors change (those with a gradient chunk).
   auto trainable = [&](FamilyId f) { return core.chunk(f, StateKind::kGrad).bytes > 0; };
-  std::vector<std::byte> all;
   for (FamilyId first = 0; first < rounds.families; first += rounds.w) {
     const std::uint64_t slice = rounds.slice(core, first, StateKind::kParam, trainable);
     if (slice == 0) continue;
-    all.assign(slice * rounds.w, std::byte{0});
-    std::byte* mine = all.data() + rounds.me * slice;
+    DpGather g;
+    g.first = first;
+    g.slice = slice;
+    g.all.assign(slice * rounds.w, std::byte{0});
+    std::byte* mine = g.all.data() + rounds.me * slice;
     const FamilyId own = first + rounds.me;
     if (own < rounds.families && trainable(own)) {
       Chunk& p = core.chunk(own, StateKind::kParam);
       STRATA_RETURN_IF_ERROR(
           with_host_copy(lock, p, false, [&](std::byte* h) { std::memcpy(mine, h, p.bytes); }));
     }
-    STRATA_RETURN_IF_ERROR(
-        run_collective(lock, c.all_gather(mine, all.data(), slice / rounds.elem_bytes, rounds.dtype)));
+    STRATA_ASSIGN_OR_RETURN(g.handle,
+                            c.all_gather(mine, g.all.data(), slice / rounds.elem_bytes, rounds.dtype));
     for (FamilyId f = first; f < rounds.end(first); ++f) {
       if (f == own || !trainable(f)) continue;
       Chunk& p = core.chunk(f, StateKind::kParam);
-      const std::byte* theirs = all.data() + (f - first) * slice;
-      STRATA_RETURN_IF_ERROR(
-          with_host_copy(lock, p, true, [&](std::byte* h) { std::memcpy(h, theirs, p.bytes); }));
+      p.awaiting_gather = true;
+      if (p.device_copy && p.readers == 0) residency.drop_device_copy(p);  // stale
     }
+    dp_gathers.push_back(std::move(g));
+  }
+  return Status::Ok();
+}
+
+Status Runtime::Impl::dp_finish_gather(std::unique_lock<std::mutex>& lock, FamilyId f) {
+  if (!core.chunk(f, StateKind::kParam).awaiting_gather) return Status::Ok();
+  const Rounds rounds(core);
+  const FamilyId first = f / rounds.w * rounds.w;
+  auto it =
+      std::find_if(dp_gathers.begin(), dp_gathers.end(), [&](const DpGather& g) { return g.first == first; });
+  STRATA_CHECK(it != dp_gathers.end());
+  DpGather g = std::move(*it);
+  dp_gathers.erase(it);
+  for (FamilyId q = first; q < rounds.end(first); ++q)
+    core.chunk(q, StateKind::kParam).awaiting_gather = false;
+  lock.unlock();
+  Status st = g.handle.wait();
+  lock.lock();
+  STRATA_RETURN_IF_ERROR(st);
+  for (FamilyId q = first; q < rounds.end(first); ++q) {
+    if (q - first == rounds.me || core.chunk(q, StateKind::kGrad).bytes == 0) continue;
+    Chunk& p = core.chunk(q, StateKind::kParam);
+    const std::byte* theirs = g.all.data() + (q - first) * g.slice;
+    STRATA_RETURN_IF_ERROR(
+        with_host_copy(lock, p, true, [&](std::byte* h) { std::memcpy(h, theirs, p.bytes); }));
+  }
+  return Status::Ok();
+}
+
+Status Runtime::Impl::dp_finish_all_gathers(std::unique_lock<std::mutex>& lock) {
+  while (!dp_gathers.empty()) STRATA_RETURN_IF_ERROR(dp_finish_gather(lock, dp_gathers.front().first));
+  return Status::Ok();
+}
+
+Status Runtime::Impl::dp_gather_ahead(std::unique_lock<std::mutex>& lock) {
+  if (dp_gathers.empty() || !tracker.following() || !core.opt.plan.prefetch) return Status::Ok();
+  const auto& uses = tracker.plan_trace().uses;
+  const std::size_t start = tracker.next_position();
+  for (std::size_t q = start; q < uses.size() && q < start + core.plan.prefetch_depth; ++q) {
+    STRATA_RETURN_IF_ERROR(dp_finish_gather(lock, uses[q].family));
+  }
+  return Status::Ok();
+}
+
+Status Runtime::Impl::dp_broadcast_initial(std::unique_lock<std::mutex>& lock) {
+  if (core.dp_ranks() == 1 || dp_initial_sent) return Status::Ok();
+  dp_initial_sent = true;
+  comm::Communicator& c = *core.opt.comm;
+  std::vector<std::byte> buf, mine;
+  std::size_t changed = 0;
+  for (FamilyId f = 0; f < core.layout.families.size(); ++f) {
+    Chunk& p = core.chunk(f, StateKind::kParam);
+    if (p.bytes == 0) continue;
+    buf.assign(p.bytes, std::byte{0});
+    STRATA_RETURN_IF_ERROR(
+        with_host_copy(lock, p, false, [&](std::byte* h) { std::memcpy(buf.data(), h, p.bytes); }));
+    mine = buf;
+    STRATA_RETURN_IF_ERROR(run_collective(lock, c.broadcast(buf.data(), buf.size(), 0)));
+    if (buf == mine) continue;
+    // A separate fp32 master (bf16/fp16 compute) was initialised from this
+    // rank's values, and rank 0 keeps no fp32 master of this family to send.
+    if (core.chunk(f, StateKind::kMaster).bytes > 0) {
+      return failed_precondition(
+          "data parallel: rank {} initialised family {}'s params differently from rank 0, and with {} "
+          "compute "
+          "its fp32 master was initialised from this rank's values; rank 0 holds no fp32 master of this "
+          "family to broadcast. Initialise every rank alike (the same init_tensor values), or use fp32 "
+          "compute",
+          c.rank(), f, runtime::dtype_name(core.opt.compute_dtype));
+    }
+    ++changed;
+    STRATA_RETURN_IF_ERROR(with_host_copy(
+        lock, p, true, [&](std::byte* h) { std::memcpy(h, buf.data(), p.bytes); }, true));
+  }
+  if (changed > 0) {
+    STRATA_LOG_INFO("runtime: data parallel rank {}: {} families' params took rank 0's initial values",
+                    c.rank(), changed);
   }
   return Status::Ok();
 }

@@ -48,15 +48,17 @@ std::int64_t Residency::pick_slot(FamilyId for_family, std::uint64_t farther_tha
   const std::size_t here = tracker_.here();
   std::int64_t best = -1;
   std::uint64_t best_key = 0;
-  int best_rank = -1;
+  int best_rank = -5;
   for (std::size_t s = 0; s < cache_slots_; ++s) {
     if (!movable(device_slots_[s])) continue;
     const bool free = device_slots_[s].chunk < 0;
     std::uint64_t key = 0;
-    bool soon = false;  // needed within the prefetch window: loaded for that use
+    bool soon = false;     // needed within the prefetch window: loaded for that use
+    bool waiting = false;  // a gradient waiting for its round's reduction (Note [Sharded step])
     if (!free) {
       const Chunk& c = core_.chunks[static_cast<std::size_t>(device_slots_[s].chunk)];
       if (c.family == for_family && c.kind != StateKind::kGrad) continue;
+      waiting = c.awaiting_reduction;
       // A gradient still being accumulated is used again at the family's next backward use.
       const std::uint64_t d = planned ? tracker_.next_use().distance(c.family, here) : 0;
       if (farther_than > 0 && (c.dirty() || d <= farther_than)) continue;
@@ -70,7 +72,9 @@ std::int64_t Residency::pick_slot(FamilyId for_family, std::uint64_t farther_tha
     }
     auto done = core_.device.query(device_slots_[s].fence);
     const bool idle = done.ok() && *done && !soon;
-    const int rank = (idle ? 2 : 0) + (free ? 1 : 0);
+    // Last of all: a gradient waiting for its round's reduction, which reads it
+    // from the device soon (evicting it would copy it down for nothing).
+    const int rank = (idle ? 2 : 0) + (free ? 1 : 0) - (waiting ? 4 : 0);
     if (rank > best_rank || (rank == best_rank && key > best_key)) {
       best = static_cast<std::int64_t>(s);
       best_key = key;
@@ -91,7 +95,7 @@ Status Residency::prefetch() {
   for (std::size_t q = start; q < uses.size() && q < start + plan.prefetch_depth; ++q) {
     const FamilyId f = uses[q].family;
     Chunk& c = core_.chunk(f, StateKind::kParam);
-    if (c.device_copy || c.bytes == 0) continue;
+    if (c.device_copy || c.bytes == 0 || c.awaiting_gather) continue;            // (Note [Sharded step])
     if (needs_staging(c) ? !staged(c) : c.value != ChunkValue::kHost) continue;  // (not read yet)
     if (pipeline_.updating(f)) continue;
     if (c.device_slot >= 0 && device_slots_[static_cast<std::size_t>(c.device_slot)].dedicated) {

@@ -131,6 +131,9 @@ Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, W
   if (kind == StateKind::kGrad) m.tracker.set_in_backward(true);
   m.tracker.note_use(ts.family, m.tracker.in_backward() ? Phase::kBackward : Phase::kForward,
                      kind == StateKind::kGrad && access != Access::kRead);
+  STRATA_RETURN_IF_ERROR(m.dp_broadcast_initial(lock));  // (Note [Sharded step])
+  // Another rank's updated param still arriving: its first use waits for it (Note [Sharded step]).
+  if (kind == StateKind::kParam) STRATA_RETURN_IF_ERROR(m.dp_finish_gather(lock, ts.family));
   // A family whose optimizer is running is waited for (only an unplanned access can meet one).
   if (m.pipeline.updating(ts.family)) {
     const double t0 = m.core.timeline.now_us();
@@ -141,6 +144,8 @@ Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, W
   STRATA_ASSIGN_OR_RETURN(std::byte * base, pin(m, lock, c, info, access, where));
   if (access != Access::kRead) ++info.write_leases;
   ++m.leases_out;
+  // The gathers of the params the prefetch is about to load end first (Note [Sharded step]).
+  if (Status st = m.dp_gather_ahead(lock); !st.ok()) m.core.fail(st);
   // A failed prefetch is the background error from now on: the next call returns it.
   m.schedule(SchedulerEvent::kUsePlaced).ignore();
 

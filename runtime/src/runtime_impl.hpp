@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "core.hpp"
 #include "optimizer_pipeline.hpp"
@@ -76,13 +77,62 @@ struct Runtime::Impl {
   //! Compares this rank's tensors and options with rank 0's; FailedPrecondition
   //! naming the first difference. Blocks until every rank arrived (or the timeout).
   Status dp_check_config(std::unique_lock<std::mutex>& lock);
-  //! Reduce-scatters the gradients: this rank's families get the sum over ranks,
-  //! the others' are dropped. Unlocks while waiting for the other ranks.
+  //! Starts the reduce-scatter of every round whose gradients are all complete,
+  //! in the fixed round order (Note [Sharded step]); called as gradients are
+  //! handed over. Does not wait. Caller holds mu.
+  Status dp_post_complete_rounds();
+  //! At step(): starts the rounds not started yet (every trainable tensor must
+  //! have its gradient), then waits for every round in order and writes the sum
+  //! into this rank's gradients. Unlocks while waiting for the other ranks.
   Status dp_reduce_gradients(std::unique_lock<std::mutex>& lock);
-  //! Agrees on the step's grad norm² (sum) and Inf/NaN (max) over ranks.
-  Status dp_agree(std::unique_lock<std::mutex>& lock, bool* finite, double* sum_squares);
-  //! All-gathers the updated params of every rank's families. Unlocks while waiting.
+  //! Starts one round's reduce-scatter (rounds go last to first); at_step: a
+  //! family without a gradient is an error (not just incomplete).
+  Status dp_post_round(bool at_step);
+  //! A round's reduce-scatter in flight: its buffers live until it is waited for.
+  struct DpRound {
+    FamilyId first = 0;
+    std::uint64_t slice = 0;
+    std::vector<std::byte> send, recv;
+    comm::Handle handle;
+    //! The device-side pack of `send` (compute stream) is done when it completes;
+    //! the reduce-scatter starts after it (started).
+    std::optional<memory::Event> packed;
+    bool started = false;
+  };
+  //! Starts, in issue order, the reduce-scatters whose packs are done (with
+  //! block, waits for each pack). Caller holds mu.
+  Status dp_start_packed(bool block);
+  std::vector<DpRound> dp_inflight;  //!< started this step, in issue order
+  std::size_t dp_rounds_posted = 0;  //!< rounds started this step (from the last round down)
+  //! The communicator's counters when the last step ended (StepStats::bytes_comm, comm_s).
+  comm::CommStats dp_stats_mark;
+  //! Agrees on the step's Inf/NaN (max) and grad norm² over ranks: the norm² of
+  //! every rank's `checked` families' per-span sums, summed in one rank's order.
+  Status dp_agree(std::unique_lock<std::mutex>& lock, const std::vector<FamilyId>& checked, bool* finite,
+                  double* sum_squares);
+  //! Starts the all-gather of each round's updated params (after the step's
+  //! optimizer work); the other ranks' params are marked awaiting_gather.
   Status dp_gather_params(std::unique_lock<std::mutex>& lock);
+  //! Waits (unlocking) for the all-gather of family f's round, if one is still
+  //! pending, and writes the other ranks' params of that round.
+  Status dp_finish_gather(std::unique_lock<std::mutex>& lock, FamilyId f);
+  //! dp_finish_gather for every pending round (in issue order).
+  Status dp_finish_all_gathers(std::unique_lock<std::mutex>& lock);
+  //! Finishes the gathers of the families the next `depth` traced uses load (the
+  //! planned prefetch), so prefetch can load their updated params.
+  Status dp_gather_ahead(std::unique_lock<std::mutex>& lock);
+  //! Once, at a rank's first acquire, host read or step() after start-up: every
+  //! param takes rank 0's value (broadcast), so ranks need not initialise alike.
+  Status dp_broadcast_initial(std::unique_lock<std::mutex>& lock);
+  bool dp_initial_sent = false;
+  //! A round's all-gather in flight.
+  struct DpGather {
+    FamilyId first = 0;
+    std::uint64_t slice = 0;
+    std::vector<std::byte> all;
+    comm::Handle handle;
+  };
+  std::vector<DpGather> dp_gathers;  //!< started at the last step's end, in issue order
   //! Runs fn on a host copy of chunk c (reading NVMe into a temporary when it lives
   //! there); with write, the change is stored back to c's home. With whole (and
   //! write), fn overwrites every byte of the chunk, so an NVMe copy is not read

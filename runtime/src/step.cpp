@@ -54,7 +54,7 @@ Status Runtime::Impl::deferred_prepass(std::unique_lock<std::mutex>& lock, bool*
     for (double s : c.span_sq) sum_squares += s;
     finite = finite && c.finite;
   }
-  STRATA_RETURN_IF_ERROR(dp_agree(lock, &finite, &sum_squares));  // every rank decides alike
+  STRATA_RETURN_IF_ERROR(dp_agree(lock, checked, &finite, &sum_squares));  // every rank decides alike
   if (!finite || !std::isfinite(sum_squares)) {
     *skip = true;
     return Status::Ok();
@@ -89,12 +89,13 @@ Result<StepStats> Runtime::step() {
   }
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
   if (!m.core.background_error.ok()) return m.core.background_error;
+  STRATA_RETURN_IF_ERROR(m.dp_broadcast_initial(lock));  // (a step without uses)
+  // Last step's gathers of params this step did not use (Note [Sharded step]).
+  STRATA_RETURN_IF_ERROR(m.dp_finish_all_gathers(lock));
   lock.unlock();
   STRATA_RETURN_IF_ERROR(m.core.device.synchronize(m.core.compute));
   lock.lock();
 
-  const comm::CommStats comm_before =
-      m.core.opt.comm != nullptr ? m.core.opt.comm->stats() : comm::CommStats{};
   StepStats stats;
   stats.followed_plan = m.tracker.following() && !m.tracker.deviated() && m.tracker.warm();
   bool skip = false;
@@ -110,11 +111,14 @@ Result<StepStats> Runtime::step() {
   // NVMe write-backs go on past step() (Note [Write-back after step]).
   Status waited = m.pipeline.wait_step_work(lock);
   if (!waited.ok()) return waited;
-  if (!skip) STRATA_RETURN_IF_ERROR(m.dp_gather_params(lock));  // (skip agrees on every rank)
+  // Starts the all-gathers; the next step's uses wait for them (skip agrees on every rank).
+  if (!skip) STRATA_RETURN_IF_ERROR(m.dp_gather_params(lock));
   if (m.core.opt.comm != nullptr) {
+    // Since the last step ended: the reductions started during backward count.
     const comm::CommStats now = m.core.opt.comm->stats();
-    stats.bytes_comm = now.total_bytes() - comm_before.total_bytes();
-    stats.comm_s = now.wait_s - comm_before.wait_s;
+    stats.bytes_comm = now.total_bytes() - m.dp_stats_mark.total_bytes();
+    stats.comm_s = now.wait_s - m.dp_stats_mark.wait_s;
+    m.dp_stats_mark = now;
   }
   stats.applied = !skip && m.pipeline.all_applied();
   stats.grad_check_host_bytes = m.pipeline.take_host_check_bytes();

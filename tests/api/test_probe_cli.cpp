@@ -265,4 +265,24 @@ TEST_F(ProbeCli, TextReportAgreesWithItsCapacities) {
   EXPECT_TRUE(dir_empty());
 }
 
+// #14: --ranks W plans one rank's share of the states; --ranks-per-node K
+// ranks share this node's host RAM; the JSON has the per-rank bytes.
+TEST_F(ProbeCli, RanksGivePerRankBytes) {
+  ProbeRun one = probe("--json --optimizer-params 2M", false);
+  ProbeRun four = probe("--json --optimizer-params 2M --ranks 4 --ranks-per-node 2", false);
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  ASSERT_EQ(four.exit_code, 0) << four.out;
+  const auto a = nlohmann::json::parse(one.out), b = nlohmann::json::parse(four.out);
+  const auto& dp = b["data_parallel"];
+  EXPECT_EQ(dp["ranks"], 4);
+  EXPECT_EQ(dp["ranks_per_node"], 2);
+  EXPECT_EQ(dp["host_bytes_per_rank"].get<std::uint64_t>(), dp["node_host_bytes"].get<std::uint64_t>() / 2);
+  EXPECT_EQ(b["capacity"]["host_bytes"], dp["host_bytes_per_rank"]);
+  EXPECT_EQ(dp["state_bytes_single_rank"], a["data_parallel"]["state_bytes_per_rank"]);
+  EXPECT_LT(dp["state_bytes_per_rank"].get<double>(), 0.35 * dp["state_bytes_single_rank"].get<double>());
+  ProbeRun bad = probe("--ranks 4 --ranks-per-node 8 --optimizer-params 2M");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("--ranks-per-node = 8 is more than --ranks = 4"), std::string::npos) << bad.out;
+}
+
 }  // namespace

@@ -225,6 +225,34 @@ TEST(ProbeVerify, TooLargeSuggestsAVerifySizeThatFits) {
   EXPECT_TRUE(plan_fits(fits, o.placement, o.capacity).ok()) << message;
 }
 
+// #14: with --ranks W a rank plans 1/W of the masters and optimizer states, and
+// K ranks on one node share its host RAM and NVMe.
+TEST(ProbeDataParallel, PerRankStateBytesAndSharedHost) {
+  TrainSpec spec = spec_for(1'300'000'000);
+  const std::uint64_t single = rank_state_bytes(spec).value();
+  spec.ranks = 4;
+  const std::uint64_t rank0 = rank_state_bytes(spec).value();
+  // Rank 0 holds ceil(F/4) of F families (the embedding and every 4th layer).
+  EXPECT_LT(rank0, single / 4 + single / 8);
+  EXPECT_GE(rank0, single / 5);
+  const Capacity node{.gpu_bytes = 16 * kGiB, .host_bytes = 64 * kGiB, .nvme_bytes = 1024 * kGiB};
+  const Capacity each = per_rank_capacity(node, 4);
+  EXPECT_EQ(each.gpu_bytes, node.gpu_bytes);  // one GPU each
+  EXPECT_EQ(each.host_bytes, 16 * kGiB);
+  EXPECT_EQ(each.nvme_bytes, 256 * kGiB);
+  runtime::Rates rates;
+  // Optimizer states on host: 4 ranks on 4 nodes (each its whole host) train a
+  // larger model than one rank; 4 on one node share it and hold less than that.
+  TrainSpec one = spec;
+  one.ranks = 1;
+  const Estimate alone = estimate(one, Placement::kParamsOptimHost, node, rates);
+  const Estimate spread = estimate(spec, Placement::kParamsOptimHost, node, rates);
+  const Estimate shared = estimate(spec, Placement::kParamsOptimHost, each, rates);
+  ASSERT_TRUE(alone.feasible && spread.feasible && shared.feasible) << alone.why << spread.why << shared.why;
+  EXPECT_GT(spread.max_params, alone.max_params * 2);
+  EXPECT_LT(shared.max_params, spread.max_params);
+}
+
 }  // namespace
 }  // namespace strata::probe
 

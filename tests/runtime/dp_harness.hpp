@@ -82,6 +82,7 @@ struct DpResult {
   std::uint64_t state_bytes = 0;
   std::vector<Tier> homes;  //!< optimizer home of each family this rank owns (trainable)
   std::uint64_t bytes_comm = 0;
+  std::uint64_t bytes_d2h = 0;  //!< device -> host bytes over the steps after the first
 };
 
 //! Trains kDpSteps steps: with `rank` < 0 on one rank with the whole batch as
@@ -102,25 +103,14 @@ inline DpResult dp_train(RuntimeOptions options, int rank, int ranks) {
     for (int s = 0; s < kDpSteps; ++s) {
       STRATA_ASSIGN_OR_RETURN(StepStats st, model.train_step(rt, rank, static_cast<std::size_t>(ranks)));
       out.bytes_comm += st.bytes_comm;
+      if (s > 0) out.bytes_d2h += st.bytes_d2h;  // the first step traces, then plans
     }
+    STRATA_ASSIGN_OR_RETURN(bench::DpModel::Outcome got, model.collect(rt, rank, ranks, state_count));
+    out.params = std::move(got.params);
+    out.state0 = std::move(got.state0);
+    out.state1 = std::move(got.state1);
     const int me = rank < 0 ? 0 : rank;
     const int w = rank < 0 ? 1 : ranks;
-    for (std::size_t t = 0; t < model.ids.size(); ++t) {
-      const TensorId id = model.ids[t];
-      std::vector<float> p(model.numels[t]);
-      STRATA_RETURN_IF_ERROR(rt.read_tensor(id, StateKind::kParam, p));
-      out.params.push_back(std::move(p));
-      const FamilyId f = rt.layout().slots[id].family;
-      std::vector<float> s0, s1;
-      if (t != model.frozen && static_cast<int>(f % static_cast<FamilyId>(w)) == me) {
-        s0.resize(state_count > 0 ? model.numels[t] : 0);
-        s1.resize(state_count > 1 ? model.numels[t] : 0);
-        if (!s0.empty()) STRATA_RETURN_IF_ERROR(rt.read_tensor(id, StateKind::kState0, s0));
-        if (!s1.empty()) STRATA_RETURN_IF_ERROR(rt.read_tensor(id, StateKind::kState1, s1));
-      }
-      out.state0.push_back(std::move(s0));
-      out.state1.push_back(std::move(s1));
-    }
     for (FamilyId f = 0; f < rt.layout().families.size(); ++f) {
       bool trainable = false;
       for (TensorId t : rt.layout().families[f].tensors)
@@ -128,7 +118,7 @@ inline DpResult dp_train(RuntimeOptions options, int rank, int ranks) {
       if (trainable && static_cast<int>(f % static_cast<FamilyId>(w)) == me)
         out.homes.push_back(rt.plan().families[f].optim_home);
     }
-    out.state_bytes = rt.state_bytes();
+    out.state_bytes = got.state_bytes;
     return Status::Ok();
   };
   out.status = run();

@@ -139,9 +139,12 @@ TEST(DataParallelFaults, ARankThatDiesMidStepFailsTheOthersAtOnce) {
     waited_s = seconds_since(start);
   });
   std::thread t1([&] {
-    BuiltRank r(std::move((*group)[1]), 1, true);
+    BuiltRank r(std::move((*group)[1]), 1, false);
     ASSERT_TRUE(r.status.ok()) << r.status;
-    // Dies mid-step: its runtime (and its end of the group) goes away before step().
+    std::vector<float> p(r.model.numels[0]);  // its first read joins the start-up broadcast
+    ASSERT_TRUE(r.rt->read_tensor(r.model.ids[0], StateKind::kParam, p).ok());
+    // Dies mid-step: its runtime (and its end of the group) goes away before its
+    // backward, so the reductions rank 0 starts during its backward never complete.
   });
   t0.join();
   t1.join();
@@ -245,10 +248,160 @@ TEST(DataParallelOptions, TheNcclBackendIsRefusedWithTheReason) {
       << rt.status();
 }
 
-TEST(DataParallelAgreement, ClippingUsesTheNormOfEveryRank) {
-  // A max norm far below the gradients' norm: every step is clipped. Each rank
-  // clips its own families with the coefficient of the global norm (all-reduced),
-  // so the result is one rank's up to the order of the norm's sum.
+// #14: a gradient is reduced from its device slot as soon as it is complete,
+// so only its owner copies the sum down: d2h bytes per rank fall by W.
+TEST(DataParallelTraffic, OnlyTheOwnerCopiesAGradientDown) {
+  for (const int w : {2, 4}) {
+    ScratchDir dir = scratch("d2h");
+    const DpResult single = testing::dp_train(testing::dp_options(Tier::kHost, dir.path().string()), -1, w);
+    ASSERT_TRUE(single.status.ok()) << single.status;
+    ASSERT_GT(single.bytes_d2h, 0u);
+    const std::vector<DpResult> ranked = run_ranks(Tier::kHost, w);
+    for (int r = 0; r < w; ++r) {
+      const DpResult& res = ranked[static_cast<std::size_t>(r)];
+      ASSERT_TRUE(res.status.ok()) << res.status;
+      fmt::print("W {} rank {}: d2h {} B vs one rank's {} B\n", w, r, res.bytes_d2h, single.bytes_d2h);
+      EXPECT_LE(res.bytes_d2h * static_cast<std::uint64_t>(w), single.bytes_d2h)
+          << "W " << w << " rank " << r;
+    }
+  }
+}
+
+//! A communicator that forwards to `inner`, issuing each all-gather `delay` late
+//! (a rank whose optimizer finishes late).
+class LateGather : public comm::Communicator {
+ public:
+  LateGather(std::unique_ptr<comm::Communicator> inner, std::chrono::milliseconds delay)
+      : Communicator(inner->rank(), inner->size(), inner->options()),
+        inner_(std::move(inner)),
+        delay_(delay) {}
+  std::string_view backend() const override { return "late-gather"; }
+  void abort(std::string_view reason) override { inner_->abort(reason); }
+
+ private:
+  struct Op : comm::PendingOp {
+    explicit Op(comm::Handle h) : handle(std::move(h)) {}
+    Status wait() override { return handle.wait(); }
+    comm::Handle handle;
+  };
+  static Result<std::unique_ptr<comm::PendingOp>> wrap(Result<comm::Handle> h) {
+    if (!h.ok()) return h.status();
+    return std::unique_ptr<comm::PendingOp>(std::make_unique<Op>(std::move(h).value()));
+  }
+  Result<std::unique_ptr<comm::PendingOp>> start_reduce_scatter(const void* send, void* recv,
+                                                                std::size_t count,
+                                                                comm::DType dtype) override {
+    return wrap(inner_->reduce_scatter(send, recv, count, dtype));
+  }
+  Result<std::unique_ptr<comm::PendingOp>> start_all_gather(const void* send, void* recv, std::size_t count,
+                                                            comm::DType dtype) override {
+    std::this_thread::sleep_for(delay_);
+    return wrap(inner_->all_gather(send, recv, count, dtype));
+  }
+  Result<std::unique_ptr<comm::PendingOp>> start_all_reduce(std::span<double> values,
+                                                            comm::ReduceOp op) override {
+    return wrap(inner_->all_reduce(values, op));
+  }
+  Result<std::unique_ptr<comm::PendingOp>> start_broadcast(void* data, std::size_t bytes, int root) override {
+    return wrap(inner_->broadcast(data, bytes, root));
+  }
+  std::unique_ptr<comm::Communicator> inner_;
+  std::chrono::milliseconds delay_;
+};
+
+// #14: the all-gather of updated params is started by step() and waited for by
+// the next step's first use of each family (its planned prefetch), so a rank's
+// step() does not wait for another rank's late update.
+TEST(DataParallelGather, StepDoesNotWaitForAnotherRanksUpdate) {
+  constexpr auto kLate = std::chrono::milliseconds(500);
+  auto group = comm::make_local_group(2, {.timeout = std::chrono::milliseconds(60000)});
+  ASSERT_TRUE(group.ok());
+  std::vector<std::vector<std::vector<float>>> params(2);
+  double rank0_step_s = 1e9;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    std::unique_ptr<comm::Communicator> c = std::move((*group)[static_cast<std::size_t>(r)]);
+    if (r == 1) c = std::make_unique<LateGather>(std::move(c), kLate);
+    threads.emplace_back([&, r, c = std::move(c)]() mutable {
+      BuiltRank rank(std::move(c), static_cast<std::size_t>(r), true);
+      ASSERT_TRUE(rank.status.ok()) << rank.status;
+      for (int s = 0; s < 2; ++s) {
+        if (s > 0) {
+          ASSERT_TRUE(rank.model.backward(*rank.rt, static_cast<std::size_t>(r), 2, false).ok());
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        auto st = rank.rt->step();
+        ASSERT_TRUE(st.ok()) << st.status();
+        if (r == 0) rank0_step_s = std::min(rank0_step_s, seconds_since(t0));
+      }
+      for (TensorId id : rank.model.ids) {
+        std::vector<float> p(rank.rt->layout().slots[id].numel);
+        ASSERT_TRUE(rank.rt->read_tensor(id, StateKind::kParam, p).ok());
+        params[static_cast<std::size_t>(r)].push_back(std::move(p));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  // Rank 1 issues each of its rounds' all-gathers 500 ms late; rank 0's
+  // step() returned without waiting for them (a blocking gather would take > 0.5 s for the first round
+  // alone).
+  EXPECT_LT(rank0_step_s, 0.4);
+  ASSERT_EQ(params[0].size(), params[1].size());
+  for (std::size_t t = 0; t < params[0].size(); ++t) EXPECT_EQ(params[0][t], params[1][t]) << "tensor t" << t;
+}
+
+// #14: params are broadcast from rank 0 at the start, so ranks need not
+// initialise alike: rank 1 initialises every tensor to 7 and still ends
+// bit-identical to one rank trained from rank 0's values.
+TEST(DataParallelStart, RanksTakeRankZerosInitialParams) {
+  const DpResult single = testing::dp_train(testing::dp_options(Tier::kHost, ""), -1, 2);
+  ASSERT_TRUE(single.status.ok()) << single.status;
+  auto group = comm::make_local_group(2, {.timeout = std::chrono::milliseconds(60000)});
+  ASSERT_TRUE(group.ok());
+  std::vector<std::vector<std::vector<float>>> first(2), last(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      BuiltRank rank(std::move((*group)[static_cast<std::size_t>(r)]), 0, false);
+      ASSERT_TRUE(rank.status.ok()) << rank.status;
+      Runtime& rt = *rank.rt;
+      auto read_all = [&](std::vector<std::vector<float>>& out) {
+        for (TensorId id : rank.model.ids) {
+          std::vector<float> p(rt.layout().slots[id].numel);
+          ASSERT_TRUE(rt.read_tensor(id, StateKind::kParam, p).ok());
+          out.push_back(std::move(p));
+        }
+      };
+      if (r == 1) {
+        for (std::size_t t = 0; t < rank.model.ids.size(); ++t) {
+          const std::vector<float> sevens(rank.model.numels[t], 7.0f);
+          ASSERT_TRUE(rt.init_tensor(rank.model.ids[t], sevens).ok());
+        }
+      }
+      read_all(first[static_cast<std::size_t>(r)]);  // the first read takes rank 0's values
+      for (int s = 0; s < testing::kDpSteps; ++s) {
+        auto st = rank.model.train_step(rt, r, 2);
+        ASSERT_TRUE(st.ok()) << st.status();
+      }
+      read_all(last[static_cast<std::size_t>(r)]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(first[0].size(), first[1].size());
+  for (std::size_t t = 0; t < first[0].size(); ++t) {
+    EXPECT_EQ(first[0][t], first[1][t]) << "tensor t" << t << ": rank 1 kept its own initial values";
+    EXPECT_EQ(first[1][t][0], bench::DpModel::hash01(t, 999, 0) - 0.5f) << "tensor t" << t;
+    for (int r = 0; r < 2; ++r)
+      EXPECT_EQ(0, std::memcmp(single.params[t].data(), last[static_cast<std::size_t>(r)][t].data(),
+                               single.params[t].size() * 4))
+          << "rank " << r << " tensor t" << t << " differs from one rank's";
+  }
+}
+
+TEST(DataParallelAgreement, ClippedRunsAreBitIdenticalToOneRank) {
+  // A max norm far below the gradients' norm: every step is clipped. Every rank
+  // gets every family's per-span sums of squares and sums them in one rank's
+  // order, so the clip coefficient, and so the run, is one rank's bit for bit.
   // SGD: the update is proportional to the clip coefficient (Adam's is nearly
   // invariant to it), so a rank clipping with its own norm would be caught.
   auto sgd = [](RuntimeOptions& o) {
@@ -261,27 +414,16 @@ TEST(DataParallelAgreement, ClippingUsesTheNormOfEveryRank) {
     sgd(o);
     o.clip_max_norm = 0.1;  // the gradients' norm is about 50
   };
-  RuntimeOptions so = testing::dp_options(Tier::kHost, "");
-  sgd(so);
-  const DpResult unclipped = testing::dp_train(so, -1, 2);
-  clip(so);
-  const DpResult single = testing::dp_train(so, -1, 2);
-  ASSERT_TRUE(single.status.ok() && unclipped.status.ok());
-  EXPECT_NE(single.params[0], unclipped.params[0]) << "clipping did not change the update";
-  const std::vector<DpResult> ranked = run_ranks(Tier::kHost, 2, clip);
-  for (int r = 0; r < 2; ++r) {
-    const DpResult& res = ranked[static_cast<std::size_t>(r)];
-    ASSERT_TRUE(res.status.ok()) << res.status;
-    for (std::size_t t = 0; t < single.params.size(); ++t) {
-      for (std::size_t i = 0; i < single.params[t].size(); ++i) {
-        // Compare the updates (param - initial value): a rank clipping with its
-        // own norm would be off by tens of percent.
-        const float init = bench::DpModel::hash01(t, 999, i) - 0.5f;
-        const float a = single.params[t][i] - init, b = res.params[t][i] - init;
-        ASSERT_NEAR(a, b, 1e-7f + 1e-3f * std::fabs(a))
-            << "rank " << r << " tensor t" << t << " element " << i;
-      }
-    }
+  for (const int w : {2, 4}) {
+    RuntimeOptions so = testing::dp_options(Tier::kHost, "");
+    sgd(so);
+    const DpResult unclipped = testing::dp_train(so, -1, w);
+    clip(so);
+    const DpResult single = testing::dp_train(so, -1, w);
+    ASSERT_TRUE(single.status.ok() && unclipped.status.ok());
+    EXPECT_NE(single.params[0], unclipped.params[0]) << "clipping did not change the update";
+    const std::vector<DpResult> ranked = run_ranks(Tier::kHost, w, clip);
+    for (int r = 0; r < w; ++r) testing::expect_bit_identical(single, ranked[static_cast<std::size_t>(r)], r);
   }
 }
 

@@ -56,6 +56,8 @@ struct Settings {
   int verify_steps = 3;
   bool needs = false;
   bool verbose = false;
+  std::uint32_t ranks = 1;           // data-parallel ranks (Note [Sharded step])
+  std::uint32_t ranks_per_node = 0;  // ranks sharing this machine's host RAM and NVMe (0: all of them)
 };
 
 // A one-line bar on stderr, only when stderr is a terminal.
@@ -97,6 +99,7 @@ Result<TrainSpec> model_spec(const Settings& s) {
   spec.state_dtype = *states;
   if (!(s.tflops >= 1 && s.tflops <= 1e6)) return invalid_argument("--tflops = {}: use 1 .. 1e6", s.tflops);
   spec.device_flops_per_s = s.tflops * 1e12;
+  spec.ranks = s.ranks;
   const bool shape_given = s.layers_given || s.hidden_given;
   if (shape_given && !s.params.empty()) {
     return invalid_argument("give either --params or a shape (--layers and --hidden), not both");
@@ -155,6 +158,17 @@ Result<Flags> check_flags(const Settings& s) {
   STRATA_ASSIGN_OR_RETURN(f.nvme_seconds, parse_seconds(s.nvme_seconds, "--nvme-seconds"));
   if (!(f.nvme_seconds >= 0.01 && f.nvme_seconds <= 600))
     return invalid_argument("--nvme-seconds = {}: use 10ms .. 600s", s.nvme_seconds);
+  if (s.ranks < 1 || s.ranks > 65536) return invalid_argument("--ranks = {}: use 1 .. 65536", s.ranks);
+  if (s.ranks_per_node > s.ranks) {
+    return invalid_argument("--ranks-per-node = {} is more than --ranks = {}: give at most the ranks",
+                            s.ranks_per_node, s.ranks);
+  }
+  if (s.verify && s.ranks > 1) {
+    return invalid_argument(
+        "--verify with --ranks {}: the verify run trains one process; drop --ranks (or --verify) to check a "
+        "data-parallel plan",
+        s.ranks);
+  }
   if (s.verify_steps < 1 || s.verify_steps > kVerifyStepsMax)
     return invalid_argument("--verify-steps = {}: use 1 .. {}", s.verify_steps, kVerifyStepsMax);
   if (!s.verify_placement.empty()) {
@@ -214,6 +228,16 @@ int run(const Settings& s) {
   cap.host_bytes = host->ram_bytes / 4 * 3;
   if (flags->host_budget) cap.host_bytes = *flags->host_budget;
   if (nvme) cap.nvme_bytes = nvme->free_bytes / 10 * 9;
+  // Data parallelism: the ranks on this node share its host RAM and NVMe; each
+  // plans 1/ranks of the optimizer states (TrainSpec::ranks).
+  const std::uint32_t ranks_per_node = s.ranks_per_node == 0 ? s.ranks : s.ranks_per_node;
+  const Capacity node_cap = cap;
+  cap = per_rank_capacity(node_cap, ranks_per_node);
+  TrainSpec one_rank = *spec;
+  one_rank.ranks = 1;
+  // (the shape was checked by model_spec: these cannot fail)
+  const std::uint64_t rank_bytes = rank_state_bytes(*spec).value(),
+                      single_bytes = rank_state_bytes(one_rank).value();
   const bool sim = device->kind == "sim";
   // The all-gpu row only where the runtime runs optimizer steps on this device.
   spec->gpu_optimizer = runtime::gpu_optimizer_supported(
@@ -356,6 +380,22 @@ int run(const Settings& s) {
                 {"state_bytes_per_param", state_bytes_per_param(*spec)}};
   j["capacity"] = {
       {"gpu_bytes", cap.gpu_bytes}, {"host_bytes", cap.host_bytes}, {"nvme_bytes", cap.nvme_bytes}};
+  {
+    j["data_parallel"] = {
+        {"ranks", s.ranks},
+        {"ranks_per_node", ranks_per_node},
+        {"node_host_bytes", node_cap.host_bytes},
+        {"node_nvme_bytes", node_cap.nvme_bytes},
+        {"host_bytes_per_rank", cap.host_bytes},
+        {"nvme_bytes_per_rank", cap.nvme_bytes},
+        {"gpu_bytes_per_rank", cap.gpu_bytes},
+        {"state_bytes_per_rank", rank_bytes},
+        {"state_bytes_single_rank", single_bytes},
+        {"note",
+         "capacity and placements are per rank (rank 0, which holds the most families): each rank keeps the "
+         "masters and optimizer states of every ranks-th family and whole params and gradients; the "
+         "ranks_per_node ranks share this node's host RAM and NVMe, each has its own GPU"}};
+  }
   j["placements"] = nlohmann::json::array();
   for (const Estimate& e : rows) {
     nlohmann::json row = {
@@ -432,7 +472,7 @@ int run(const Settings& s) {
     fmt::print("strata-probe — this machine\n");
     fmt::print(
         "  host      {}; memlock {}\n",
-        host_line(*host, cap.host_bytes,
+        host_line(*host, node_cap.host_bytes,
                   flags->host_budget ? HostCapacitySource::kHostBudget : HostCapacitySource::kRamShare),
         host->memlock_bytes == UINT64_MAX ? "unlimited" : format_bytes(host->memlock_bytes));
     if (sim) {
@@ -469,6 +509,13 @@ int run(const Settings& s) {
     fmt::print("Your model: {} params ({} layers). Capacity: gpu {}, host {}, nvme {}\n\n",
                format_count(model_params), spec->shape.layers, format_bytes(cap.gpu_bytes),
                format_bytes(cap.host_bytes), cap.nvme_bytes ? format_bytes(cap.nvme_bytes) : "none");
+    if (s.ranks > 1) {
+      fmt::print(
+          "Data parallel: {} ranks, {} on this node sharing its host and NVMe: capacity and placements are "
+          "per "
+          "rank; rank 0 keeps {} of masters and optimizer states (one rank alone: {})\n\n",
+          s.ranks, ranks_per_node, format_bytes(rank_bytes), format_bytes(single_bytes));
+    }
     fmt::print("{:<20}{:>12}{:>9}{:>14}  {:<14}{}\n", "placement", "max params", "layers", "step (pred.)",
                "bottleneck", "fits your model");
     for (const Estimate& e : rows) {
@@ -592,6 +639,10 @@ int main(int argc, char** argv) {
                  "placement to verify (default optim-nvme with --nvme)");
   app.add_option("--verify-params", s.verify_params, "size to verify (default: recommended, at most 64M)");
   app.add_option("--verify-steps", s.verify_steps, "timed steps")->capture_default_str();
+  app.add_option("--ranks", s.ranks, "data-parallel ranks: plan one rank's share of the states")
+      ->capture_default_str();
+  app.add_option("--ranks-per-node", s.ranks_per_node,
+                 "ranks sharing this machine's host RAM and NVMe (default: all --ranks)");
   app.add_flag("--verbose", s.verbose, "also print each placement's plan (or the planner's full reason)");
   app.add_flag("--needs", s.needs,
                "also print the least gpu/host/nvme budgets your model needs per placement");

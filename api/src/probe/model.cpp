@@ -267,6 +267,14 @@ Result<runtime::PlanInput> plan_input(const TrainSpec& spec, std::uint64_t layer
       f.param_nvme_bytes = runtime::nvme_chunk_bytes(f.param_bytes, slot);
     }
   }
+  // Data parallelism: rank 0 keeps the master and states of every ranks-th
+  // family only, and runs no optimizer on the others (Note [Sharded step]).
+  for (std::size_t f = 0; f < in.families.size(); ++f) {
+    if (spec.ranks > 1 && f % spec.ranks != 0) {
+      in.families[f].optim_bytes = in.families[f].optim_nvme_bytes = 0;
+      in.families[f].numel = 0;
+    }
+  }
   auto fwd_s = [&](std::uint64_t numel) {
     return runtime::forward_flops(static_cast<double>(numel), tokens) / spec.device_flops_per_s;
   };
@@ -286,6 +294,19 @@ Result<runtime::PlanInput> plan_input(const TrainSpec& spec, std::uint64_t layer
     in.budgets.nvme_bytes = capacity.nvme_bytes;
   }
   return in;
+}
+
+Capacity per_rank_capacity(Capacity node, std::uint32_t ranks_per_node) {
+  const std::uint64_t k = std::max<std::uint32_t>(ranks_per_node, 1);
+  return {.gpu_bytes = node.gpu_bytes, .host_bytes = node.host_bytes / k, .nvme_bytes = node.nvme_bytes / k};
+}
+
+Result<std::uint64_t> rank_state_bytes(const TrainSpec& spec) {
+  STRATA_ASSIGN_OR_RETURN(runtime::PlanInput in,
+                          plan_input(spec, spec.shape.layers, Placement::kParamsOptimHost, Capacity{}));
+  std::uint64_t bytes = 0;
+  for (const runtime::FamilyBytes& f : in.families) bytes += f.optim_bytes;
+  return bytes;
 }
 
 Result<std::uint64_t> activation_peak_bytes(const TrainSpec& spec) {

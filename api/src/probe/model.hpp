@@ -86,6 +86,11 @@ struct TrainSpec {
   //! The runtime runs optimizer steps on the device (runtime::gpu_optimizer_supported):
   //! without it the all-gpu placement is not offered.
   bool gpu_optimizer = true;
+  //! Data-parallel ranks (Note [Sharded step] in runtime/src/data_parallel.cpp):
+  //! family f's master and optimizer states live on rank f % ranks only. The
+  //! probe plans rank 0, which holds the most families (params and gradients are
+  //! whole on every rank).
+  std::uint32_t ranks = 1;
 };
 
 //! The runtime settings a run of `spec` gets: compute and state dtypes, the
@@ -108,6 +113,14 @@ struct Capacity {
   std::uint64_t host_bytes = 0;
   std::uint64_t nvme_bytes = 0;
 };
+
+//! Host and NVMe capacity of one of `ranks_per_node` ranks sharing one node's
+//! (each rank has its own GPU).
+Capacity per_rank_capacity(Capacity node, std::uint32_t ranks_per_node);
+
+//! Bytes of masters and optimizer states rank 0 of spec.ranks holds at the
+//! spec's own layer count (the planner's optim bytes of its families).
+Result<std::uint64_t> rank_state_bytes(const TrainSpec& spec);
 
 //! See Note [Probe placements].
 enum class Placement : std::uint8_t { kAllGpu, kOptimHost, kParamsOptimHost, kOptimNvme, kAllNvme };
