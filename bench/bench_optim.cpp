@@ -38,6 +38,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -166,10 +167,26 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Note [Thread CPU time]
+// On a shared machine (load 5-13 on 2 cores while these figures were taken) a
+// 1-thread run spends much of its wall time descheduled, at random moments, so
+// wall-clock best-of-N fractions spread 0.66-1.32 run to run. The calling
+// thread's CPU time (CLOCK_THREAD_CPUTIME_ID) counts only the time it ran, so
+// `roofline_fraction_thread_cpu` compares the kernel and the roofline on what
+// they cost while running. It is reported only when one thread did all the work
+// (--threads 1): with more, other threads' time is not in it.
+double thread_cpu_seconds() {
+  timespec t{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
 //! Best-of timings of one configuration, in seconds (0: not measured).
 struct Measured {
-  double kernel_s = 0;        //!< kernels::step, kCallerChecked (or grad_stats for the grad_norm row)
-  double roofline_s = 0;      //!< memory-only kernel, same streams (CPU only)
+  double kernel_s = 0;      //!< kernels::step, kCallerChecked (or grad_stats for the grad_norm row)
+  double roofline_s = 0;    //!< memory-only kernel, same streams (CPU only)
+  double kernel_cpu_s = 0;  //!< the same two, the calling thread's CPU time (Note [Thread CPU time])
+  double roofline_cpu_s = 0;
   double runtime_s = 0;       //!< Note [Runtime path], without clipping
   double runtime_clip_s = 0;  //!< Note [Runtime path], with clipping
   double runtime_host_s = 0;  //!< Note [Runtime path], a gradient checked on the host
@@ -232,7 +249,7 @@ Measured measure(const Config& c, std::size_t n, const OptimOptions& o, ThreadPo
   }
   const GradStats checked{.sum_squares = 1.0, .finite = true};
   StepArgs args{.hyper = hyper, .spans = {&s, 1}, .pool = pool, .isa = isa};
-  std::vector<double> kernel, roof, rt, rt_clip, rt_host, tri;
+  std::vector<double> kernel, roof, rt, rt_clip, rt_host, tri, kernel_cpu, roof_cpu;
   // What the device's check hands the runtime (Note [Runtime path]); untimed.
   GradStats device_checked = checked;
   if (!cuda && !c.grad_norm_only) {
@@ -252,6 +269,7 @@ Measured measure(const Config& c, std::size_t n, const OptimOptions& o, ThreadPo
   for (int r = 0; r <= o.repeats; ++r) {
     const bool keep = r > 0;  // r == 0 warms up
     args.step = r + 1;
+    const double kernel_cpu0 = thread_cpu_seconds();
     Status st = timed(kernel, keep, [&]() -> Status {
       if (c.grad_norm_only) {
         return cuda ? cuda_grad_stats(args.spans, 1.0f).status()
@@ -262,10 +280,13 @@ Measured measure(const Config& c, std::size_t n, const OptimOptions& o, ThreadPo
       a.checked = &checked;
       return cuda ? cuda_step(a).status() : step(a).status();
     });
+    if (st.ok() && keep) kernel_cpu.push_back(thread_cpu_seconds() - kernel_cpu0);
     if (st.ok() && !cuda) {
+      const double roof_cpu0 = thread_cpu_seconds();
       Result<MemTiming> m = run_mem_passes(passes, pool, isa);
       st = m.status();
       if (m.ok() && keep) {
+        roof_cpu.push_back(thread_cpu_seconds() - roof_cpu0);
         roof.push_back(m->seconds);
         out.threads_used = std::max(out.threads_used, m->threads_used);
       }
@@ -302,6 +323,8 @@ Measured measure(const Config& c, std::size_t n, const OptimOptions& o, ThreadPo
   }
   out.kernel_s = best(kernel);
   out.roofline_s = best(roof);
+  out.kernel_cpu_s = best(kernel_cpu);
+  out.roofline_cpu_s = best(roof_cpu);
   out.runtime_s = best(rt);
   out.runtime_clip_s = best(rt_clip);
   out.runtime_host_s = best(rt_host);
@@ -465,6 +488,10 @@ int run_optim(const OptimOptions& o) {
          roof_mps.is_number() ? nlohmann::json(roof_mps.get<double>() * bpp / 1e3) : nullptr},
         {"roofline_fraction", roof_mps.is_number() ? nlohmann::json(kernel_mps / roof_mps.get<double>())
                                                    : nlohmann::json(nullptr)},
+        {"roofline_fraction_thread_cpu",
+         !cuda && m.threads_used == 1 && m.kernel_cpu_s > 0 && m.roofline_cpu_s > 0
+             ? nlohmann::json(m.roofline_cpu_s / m.kernel_cpu_s)
+             : nlohmann::json(nullptr)},
         {"runtime_path_mparams_per_s", rt_mps},
         {"runtime_path_fraction", over_kernel(rt_mps)},
         {"runtime_path_clip_mparams_per_s", rt_clip_mps},

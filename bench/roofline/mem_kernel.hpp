@@ -66,6 +66,17 @@ typename P::V mem_loop(const MemPass& m, std::size_t begin, std::size_t end, typ
   using V = typename P::V;
   V sink = P::zero();
   for (std::size_t i = begin; i + P::kWidth <= end; i += P::kWidth) {
+    // The kernels' prefetch (Note [Software prefetch]): the same streams, distance and rate.
+    if constexpr (P::kWidth >= 8) {
+      if (P::kWidth >= 16 || i % 16 == 0) {
+        const std::size_t at = i + kernels::kPrefetchElems;
+        if constexpr (S.grad != 0) __builtin_prefetch(static_cast<const char*>(m.grad.data) + at * S.grad);
+        if constexpr (S.master != 0) __builtin_prefetch(static_cast<const char*>(m.master.data) + at * 4);
+        for (int k = 0; k < S.states; ++k) {
+          __builtin_prefetch(static_cast<const char*>(m.state[k].data) + at * S.state);
+        }
+      }
+    }
     const V g = load_n<P, S.grad>(m.grad.data, i);
     const V p = S.master ? load_n<P, 4>(m.master.data, i) : P::zero();
     V s[2] = {P::zero(), P::zero()};

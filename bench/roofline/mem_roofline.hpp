@@ -20,6 +20,9 @@
 //   the flags the kernels' own per-ISA files carry (bench/CMakeLists.txt copies
 //   them from kernels/CMakeLists.txt), chosen by the Isa the kernels run with
 //   (kernels::default_isa(), i.e. CPUID, or the forced one).
+// - Same prefetch: the read streams are prefetched kernels::kPrefetchElems ahead,
+//   one prefetch per 16 elements, as the SIMD kernels do (Note [Software
+//   prefetch]); without it the kernels beat this "bound" on the bf16 rows.
 // - Same pool and split: pieces of kernels::kPieceElems at fixed offsets, run by
 //   ThreadPool::parallel_for with the pool's default parts, as kernels::step does.
 

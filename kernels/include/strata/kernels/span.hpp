@@ -14,6 +14,9 @@ namespace strata::kernels {
 inline constexpr std::size_t kPieceElems = std::size_t{64} * 1024;
 //! Elements per block of in-width partial sums.
 inline constexpr std::size_t kBlockElems = 1024;
+//! How far ahead, in elements, the SIMD CPU kernels prefetch their read streams
+//! (Note [Software prefetch] in kernels/src/cpu/driver.hpp).
+inline constexpr std::size_t kPrefetchElems = 512;
 
 //! One slice of a tensor family: all pointers cover the same n elements.
 //! Non-owning; the caller keeps the memory alive and unshared for the call.
