@@ -88,7 +88,7 @@ Result<StepStats> Runtime::step() {
                                m.leases_out);
   }
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
-  if (!m.core.background_error.ok()) return m.core.background_error;
+  STRATA_RETURN_IF_ERROR(m.core.take_error());  // (a failed prefetch: once; nothing done)
   lock.unlock();
   STRATA_RETURN_IF_ERROR(m.core.device.synchronize(m.core.compute));
   lock.lock();
@@ -143,7 +143,8 @@ Status Runtime::flush() {
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);
   InvariantCheck check(m, &lock);
-  return m.pipeline.wait_all(lock);
+  STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
+  return m.core.take_prefetch_error();
 }
 
 }  // namespace strata::runtime
