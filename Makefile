@@ -9,11 +9,13 @@
 #   make format        format every tracked source with clang-format 14 (.clang-format)
 #   make format-check  fail, naming the files, when any tracked source drifts from it
 #                      (make test runs it first, so CI fails on drift)
+#   make function-length-check  fail on a function over 80 lines in runtime/ or api/
+#                      without a reason comment (scripts/check-function-length; make test runs it)
 
 JOBS ?= $(shell nproc)
 PRESETS := release debug asan tsan
 
-.PHONY: demo test deps bench-deps $(PRESETS) clean format format-check gpu-check
+.PHONY: demo test deps bench-deps $(PRESETS) clean format format-check function-length-check gpu-check
 
 # clang-format's output changes between major versions: the check pins 14.
 CLANG_FORMAT ?= $(shell command -v clang-format-14 || command -v clang-format)
@@ -32,13 +34,16 @@ $(PRESETS):
 demo: deps release
 	scripts/demo build/release
 
-test: deps format-check
+test: deps format-check function-length-check
 	$(MAKE) release
 	ctest --preset release
 	$(MAKE) asan
 	ctest --preset asan
 	$(MAKE) tsan
 	ctest --preset tsan
+
+function-length-check:
+	scripts/check-function-length
 
 gpu-check:
 	scripts/gpu-check

@@ -145,6 +145,7 @@ Result<StepStats> Runtime::step() {
   stats_.gpu_high_water_bytes = std::max(stats_.gpu_high_water_bytes, st.gpu_high_water_bytes);
   stats_.host_high_water_bytes = std::max(stats_.host_high_water_bytes, st.host_high_water_bytes);
   stats_.nvme_bytes = std::max(stats_.nvme_bytes, st.nvme_bytes);
+  stats_.prefetch_errors += st.prefetch_errors;
   return st;
 }
 

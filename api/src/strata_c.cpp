@@ -228,7 +228,8 @@ strata_status strata_step(strata_runtime* runtime, strata_step_stats* out) {
                                st->bytes_disk_write,
                                st->gpu_high_water_bytes,
                                st->host_high_water_bytes,
-                               st->nvme_bytes};
+                               st->nvme_bytes,
+                               st->prefetch_errors};
     }
     return ok();
   });

@@ -8,7 +8,7 @@
 
 namespace strata::comm {
 
-// (kernels/ has the same names and conversions; comm/ uses common/ only, so it keeps its own.)
+// (kernels/ has the same dtype names; the conversions are common/half.hpp's, shared with it.)
 std::string_view dtype_name(DType dtype) {
   switch (dtype) {
     case DType::kF32:
@@ -19,35 +19,6 @@ std::string_view dtype_name(DType dtype) {
       return "f16";
   }
   return "?";
-}
-
-std::uint16_t to_bf16(float x) {
-  std::uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
-
-float from_bf16(std::uint16_t h) {
-  const std::uint32_t u = std::uint32_t{h} << 16;
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-
-// _Float16 (GCC >= 12 on x86-64) converts with round-to-nearest-even.
-std::uint16_t to_f16(float x) {
-  const _Float16 h = static_cast<_Float16>(x);
-  std::uint16_t u;
-  std::memcpy(&u, &h, 2);
-  return u;
-}
-
-float from_f16(std::uint16_t u) {
-  _Float16 h;
-  std::memcpy(&h, &u, 2);
-  return static_cast<float>(h);
 }
 
 namespace {

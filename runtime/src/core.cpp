@@ -37,6 +37,17 @@ void Core::fail(Status status) {
   }
 }
 
+void Core::prefetch_failed(Status status) {
+  STRATA_LOG_WARN("runtime: {} (not fatal: the use reads it again)", status.to_string());
+  if (prefetch_errors++ == 0) first_prefetch_error = status.to_string();
+  if (prefetch_error.ok()) prefetch_error = std::move(status);
+}
+
+Status Core::take_error() {
+  if (!background_error.ok()) return background_error;
+  return take_prefetch_error();
+}
+
 Result<std::byte*> Core::host_buffer(Chunk& c) {
   if (c.host != nullptr) return c.host;
   auto buffer = host->allocate(c.bytes);

@@ -24,6 +24,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "chunk.hpp"
@@ -47,6 +48,10 @@ struct Core {
   std::mutex mu;
   std::condition_variable cv;
   Status background_error;  //!< the first error of background work; fail() sets it
+  // Note [Prefetch errors] in eviction.cpp: a failed read ahead of use is not sticky.
+  Status prefetch_error;              //!< a failed prefetch no public call has returned yet
+  std::uint64_t prefetch_errors = 0;  //!< failed prefetches since the last step() (StepStats)
+  std::string first_prefetch_error;   //!< the first of them
 
   // Registration and layout (fixed from the first acquire/init/step on).
   std::vector<TensorInfo> tensors;
@@ -91,6 +96,14 @@ struct Core {
 
   //! Records the first background error (and logs it); later ones are dropped.
   void fail(Status status);
+  //! Records a failed prefetch (Note [Prefetch errors]): logged, counted for
+  //! StepStats, and kept for the next public call to return once.
+  void prefetch_failed(Status status);
+  //! What a public call returns before it does anything: the background error,
+  //! else take_prefetch_error().
+  Status take_error();
+  //! A failed prefetch not returned yet, then forgotten (returned once); else Ok.
+  Status take_prefetch_error() { return std::exchange(prefetch_error, Status::Ok()); }
   //! The host copy's buffer of `c`, allocated on first use. Fails with the host
   //! store's OutOfBudget, naming the chunk.
   Result<std::byte*> host_buffer(Chunk& c);

@@ -11,8 +11,25 @@
 namespace strata::runtime {
 namespace {
 
-// A prefetch error is recorded as the runtime's background error (the next
-// call returns it) before it is returned; see Residency::prefetch.
+// Note [Prefetch errors]
+// A prefetch is work done ahead of a use the trace predicts; what happens to its
+// error depends on whether the runtime can go on without it.
+//  - Reading an NVMe-homed param ahead into a staging buffer (read_params_ahead;
+//    Note [NVMe-homed params]) can fail without harm: the param's NVMe slots are
+//    its home copy and are untouched, the failed buffer is dropped (bad bytes
+//    never reach the device), and the use that needed it reads the param again
+//    itself (Residency::wait_staged) — and fails the runtime then if the fault
+//    persists. Such an error goes to Core::prefetch_failed: it is logged, counted
+//    in StepStats::prefetch_errors (with the first message), and the next of
+//    acquire, step, flush, init_tensor and begin_micro_batch returns it once,
+//    having done nothing (the caller may call again). The message names the
+//    family, the tier and, from the I/O engine, the file and the offset.
+//  - Moving a chunk to a device slot (evict_slot, load_to_slot) fails only when
+//    the device or a store is broken, and leaves the slot's state half-changed:
+//    that error is sticky (Core::fail; every later call returns it).
+//  - The optimizer pipeline's NVMe read-ahead of optimizer states
+//    (nvme_pipeline.cpp) stays sticky: its family's update waits on it, and it
+//    has no second reader to fall back on.
 Status failed(Core& core, Status st) {
   if (!st.ok()) core.fail(st);
   return st;
@@ -89,7 +106,12 @@ Status Residency::prefetch() {
   if (!tracker_.following() || !core_.opt.plan.prefetch || plan.all_gpu || plan.prefetch_depth == 0)
     return Status::Ok();
   // NVMe-homed params of the next uses are read into staging first (Note [NVMe-homed params]).
-  if (staging_max_ > 0) STRATA_RETURN_IF_ERROR(failed(core_, read_params_ahead()));
+  if (staging_max_ > 0) {
+    if (Status st = read_params_ahead(); !st.ok()) {
+      core_.prefetch_failed(st);  // nothing changed: not fatal (Note [Prefetch errors])
+      return st;
+    }
+  }
   const auto& uses = tracker_.plan_trace().uses;
   const std::size_t start = tracker_.next_position();
   for (std::size_t q = start; q < uses.size() && q < start + plan.prefetch_depth; ++q) {

@@ -116,7 +116,7 @@ Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, W
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);
   InvariantCheck check(m, &lock);
-  if (!m.core.background_error.ok()) return m.core.background_error;
+  STRATA_RETURN_IF_ERROR(m.core.take_error());  // (a failed prefetch: once; nothing done)
   if (tensor >= m.core.tensors.size()) {
     return invalid_argument("acquire: tensor id {} is not registered ({} tensors)", tensor,
                             m.core.tensors.size());
@@ -146,7 +146,8 @@ Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, W
   ++m.leases_out;
   // The gathers of the params the prefetch is about to load end first (Note [Sharded step]).
   if (Status st = m.dp_gather_ahead(lock); !st.ok()) m.core.fail(st);
-  // A failed prefetch is the background error from now on: the next call returns it.
+  // A failed prefetch is the next call's error (Note [Prefetch errors]); a failed
+  // load of a prefetched param the background error.
   m.schedule(SchedulerEvent::kUsePlaced).ignore();
 
   Lease lease;
@@ -206,6 +207,7 @@ Status Runtime::launch(std::function<void()> fn) {
   std::size_t use = 0;
   {
     std::lock_guard lock(m.core.mu);
+    InvariantCheck check(m);
     use = m.tracker.current_use();
   }
   const double enqueued = m.core.timeline.now_us();
@@ -237,6 +239,7 @@ Status Runtime::begin_micro_batch(bool last) {
     return failed_precondition("begin_micro_batch: {} leases are still held; release them first",
                                m.leases_out);
   }
+  STRATA_RETURN_IF_ERROR(m.core.take_prefetch_error());  // (once; nothing done)
   m.pipeline.begin_micro_batch(last);
   m.tracker.set_in_backward(false);  // a new forward begins
   for (TensorInfo& t : m.core.tensors) t.written_in_micro_batch = false;

@@ -64,7 +64,7 @@ void Residency::free_staging(FamilyId f) {
   staged_.erase(std::find(staged_.begin(), staged_.end(), f));
 }
 
-Status Residency::start_staging(Chunk& c, std::size_t window, bool* started) {
+Status Residency::start_staging(Chunk& c, std::size_t window, bool ahead, bool* started) {
   *started = false;
   const FamilyId f = c.family;
   if (staging_[f].state != Staging::kNone) {
@@ -101,6 +101,7 @@ Status Residency::start_staging(Chunk& c, std::size_t window, bool* started) {
     return Status::Ok();
   }
   st.state = Staging::kReading;
+  st.ahead = ahead;
   std::vector<std::pair<std::uint32_t, std::span<std::byte>>> pieces;
   const std::uint64_t piece = core_.nvme->slot_bytes();
   for (std::size_t i = 0; i < c.nvme_slots.size(); ++i) {
@@ -113,12 +114,12 @@ Status Residency::start_staging(Chunk& c, std::size_t window, bool* started) {
   // Submitted from a pool thread, without the lock: a store may call back on
   // the submitting thread (as the pipeline's reads are, nvme_pipeline.cpp).
   const double enqueued = core_.timeline.now_us();
-  core_.pool->post([this, f, enqueued, pieces = std::move(pieces)] {
+  core_.pool->post([this, f, ahead, enqueued, pieces = std::move(pieces)] {
     for (auto& [slot, data] : pieces) {
       auto done = [this, f, enqueued, n = data.size()](Status s) {
         staging_read_done(f, std::move(s), enqueued, n);
       };
-      Status s = core_.nvme->read(slot, data, done);
+      Status s = ahead ? core_.nvme->read_ahead(slot, data, done) : core_.nvme->read(slot, data, done);
       if (!s.ok()) done(s);  // no callback will come for this piece
     }
   });
@@ -135,12 +136,21 @@ void Residency::staging_read_done(FamilyId f, Status status, double enqueued_us,
   if (st.status.ok()) {
     st.state = Staging::kReady;
   } else {
-    // Bad bytes never reach the device: the buffer is dropped and the runtime fails.
+    // Bad bytes never reach the device: the buffer is dropped. A read ahead of use
+    // leaves the runtime going (its use reads the param again, and fails then if
+    // the fault persists); a read a use waits for fails the runtime (Note
+    // [Prefetch errors] in eviction.cpp).
     Status s = std::move(st.status);
-    s.with_context(fmt::format("NVMe read of family {}'s param into a staging buffer", f));
+    const bool ahead = st.ahead;
+    s.with_context(fmt::format("{}NVMe read of family {}'s param into a staging buffer",
+                               ahead ? "prefetch (a read ahead of use): " : "", f));
     st.state = Staging::kReady;
     free_staging(f);
-    core_.fail(std::move(s));
+    if (ahead) {
+      core_.prefetch_failed(std::move(s));
+    } else {
+      core_.fail(std::move(s));
+    }
   }
   core_.cv.notify_all();
 }
@@ -150,7 +160,7 @@ Status Residency::wait_staged(std::unique_lock<std::mutex>& lock, Chunk& c) {
   while (needs_staging(c) && !staged(c)) {
     if (!core_.background_error.ok()) return core_.background_error;
     bool started = false;
-    STRATA_RETURN_IF_ERROR(start_staging(c, /*window=*/0, &started));
+    STRATA_RETURN_IF_ERROR(start_staging(c, /*window=*/0, /*ahead=*/false, &started));
     if (staged(c)) break;
     if (started || staging_reads_ > 0) {
       core_.cv.wait(lock);  // its read, or one that frees a victim, ends (staging_read_done)
@@ -189,7 +199,7 @@ Status Residency::read_params_ahead() {
     Chunk& c = core_.chunk(uses[q].family, StateKind::kParam);
     if (c.device_copy || !needs_staging(c) || pipeline_.updating(c.family)) continue;
     bool started = false;
-    STRATA_RETURN_IF_ERROR(start_staging(c, staging_max_, &started));
+    STRATA_RETURN_IF_ERROR(start_staging(c, staging_max_, /*ahead=*/true, &started));
     if (!started) break;  // no buffer free: the next placed use tries again
   }
   return Status::Ok();

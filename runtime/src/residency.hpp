@@ -67,8 +67,10 @@ class Residency {
   //! at once (its next writer waits on its fence), a dedicated one stays c's.
   void drop_device_copy(Chunk& c);
   //! Loads the params of the next uses of the adopted trace into free or clean
-  //! slots. Returns the first error (after recording it with Core::fail): a
-  //! prefetch that fails is the next call's error, never silently dropped.
+  //! slots. Returns the first error after recording it: a failed read ahead
+  //! (NVMe into staging) with Core::prefetch_failed (counted, the next call's
+  //! error once, the runtime goes on), a failed slot move with Core::fail
+  //! (sticky). Never silently dropped (Note [Prefetch errors] in eviction.cpp).
   Status prefetch();
 
   // --- NVMe-homed params (Note [NVMe-homed params]) ---
@@ -115,8 +117,9 @@ class Residency {
   void note_gpu_use();
   //! Starts reading `c` into a free staging buffer, taking back the oldest one
   //! not used within `window` uses; *started says whether it did or had (false:
-  //! no buffer free now). Fails when the host store refuses the buffer.
-  Status start_staging(Chunk& c, std::size_t window, bool* started);
+  //! no buffer free now). `ahead`: a prefetch, whose failed read is not fatal
+  //! (Note [Prefetch errors]). Fails when the host store refuses the buffer.
+  Status start_staging(Chunk& c, std::size_t window, bool ahead, bool* started);
   //! A staging buffer whose family is not used in the next `window` uses and
   //! whose loads are done; -1 when none.
   std::int64_t staging_victim(std::size_t window) const;
@@ -129,6 +132,7 @@ class Residency {
   struct ParamStaging {
     Staging state = Staging::kNone;
     int io_pending = 0;
+    bool ahead = false;  //!< started by read_params_ahead (a prefetch), not by a use
     Status status;
   };
 

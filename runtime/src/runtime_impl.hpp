@@ -62,7 +62,8 @@ struct Runtime::Impl {
   //! The one scheduler entry point (Note [Scheduler], scheduler.cpp): starts what
   //! `event` allows; `family` is the one whose lease was released
   //! (kGradientsHandedOver). Returns a failed prefetch's error (kUsePlaced), which
-  //! is also recorded as the background error. Caller holds mu.
+  //! is also recorded: as the next call's error when the prefetch was a read ahead
+  //! of use, else as the background error (Note [Prefetch errors]). Caller holds mu.
   Status schedule(SchedulerEvent event, FamilyId family = 0);
   //! Packs the registered tensors into chunk families and adopts the first plan
   //! (once, at the first acquire/init/step). Caller holds `lock`.

@@ -7,8 +7,9 @@
 //                planned step starts reading NVMe states ahead (Note [Pipeline
 //                places]);
 //   kUsePlaced   (acquire, after): params of the next traced uses are
-//                prefetched (Note [Idle victims first]); a failed prefetch is the
-//                runtime's error from then on (the next call returns it);
+//                prefetched (Note [Idle victims first]); a failed read ahead is
+//                counted and the next call's error, once; a failed slot move the
+//                runtime's error from then on (Note [Prefetch errors]);
 //   kGradientsHandedOver (release of a grad or param lease): a family whose
 //                gradients are complete and unleased starts its optimizer step
 //                at once (Note [Gradient completion] promises it), so releasing

@@ -88,7 +88,7 @@ Result<StepStats> Runtime::step() {
                                m.leases_out);
   }
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
-  if (!m.core.background_error.ok()) return m.core.background_error;
+  STRATA_RETURN_IF_ERROR(m.core.take_error());  // (a failed prefetch: once; nothing done)
   STRATA_RETURN_IF_ERROR(m.dp_broadcast_initial(lock));  // (a step without uses)
   // Last step's gathers of params this step did not use (Note [Sharded step]).
   STRATA_RETURN_IF_ERROR(m.dp_finish_all_gathers(lock));
@@ -151,7 +151,8 @@ Status Runtime::flush() {
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);
   InvariantCheck check(m, &lock);
-  return m.pipeline.wait_all(lock);
+  STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
+  return m.core.take_prefetch_error();
 }
 
 }  // namespace strata::runtime

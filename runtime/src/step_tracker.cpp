@@ -89,6 +89,8 @@ void StepTracker::finish_stats(StepStats& stats, std::uint64_t gpu_high_water) {
   stats.gpu_high_water_bytes = gpu_high_water;
   stats.host_high_water_bytes = core_.host->high_water_bytes();
   stats.nvme_bytes = core_.nvme != nullptr ? core_.nvme->used_bytes() : 0;
+  stats.prefetch_errors = std::exchange(core_.prefetch_errors, 0);
+  stats.first_prefetch_error = std::exchange(core_.first_prefetch_error, {});
 }
 
 }  // namespace strata::runtime

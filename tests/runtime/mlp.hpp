@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "strata/runtime/runtime.hpp"
@@ -21,6 +23,29 @@ struct Mlp {
   std::vector<std::vector<float>> acts;   // activations per layer boundary
   std::vector<std::vector<float>> grads;  // d loss / d activation
   float loss = 0.0f;
+  //! When set, a call that returns a failed prefetch's error (which did nothing:
+  //! Note [Prefetch errors] in runtime/src/eviction.cpp) is kept here and made again.
+  std::vector<Status>* prefetch_errors = nullptr;
+
+  static bool is_prefetch_error(const Status& s) {
+    return s.message().find("prefetch (a read ahead of use)") != std::string::npos;
+  }
+  //! Makes the runtime call `f` (returning Status or Result), again after a failed
+  //! prefetch's error when prefetch_errors is set (at most 100 times).
+  template <class F>
+  auto call(F&& f) -> decltype(f()) {
+    for (int tries = 0;; ++tries) {
+      auto r = f();
+      Status s;
+      if constexpr (std::is_same_v<decltype(r), Status>) {
+        s = r;
+      } else {
+        s = r.status();
+      }
+      if (prefetch_errors == nullptr || s.ok() || !is_prefetch_error(s) || tries == 100) return r;
+      prefetch_errors->push_back(std::move(s));
+    }
+  }
 
   //! Registers the tensors; `frozen_layer` (if < layers) gets a frozen bias.
   Status build(Runtime& rt, std::size_t frozen = ~std::size_t{0}) {
@@ -62,9 +87,9 @@ struct Mlp {
         if (Status s = rt.launch([this, l] { acts[l + 1] = acts[l]; }); !s.ok()) return s;
         continue;
       }
-      auto wl = rt.acquire(w[l], StateKind::kParam, Access::kRead);
+      auto wl = call([&] { return rt.acquire(w[l], StateKind::kParam, Access::kRead); });
       if (!wl.ok()) return wl.status();
-      auto bl = rt.acquire(b[l], StateKind::kParam, Access::kRead);
+      auto bl = call([&] { return rt.acquire(b[l], StateKind::kParam, Access::kRead); });
       if (!bl.ok()) return bl.status();
       const float* W = wl->as<float>();
       const float* B = bl->as<float>();
@@ -77,14 +102,14 @@ struct Mlp {
         if (Status s = rt.launch([this, l] { grads[l] = grads[l + 1]; }); !s.ok()) return s;
         continue;
       }
-      auto wl = rt.acquire(w[l], StateKind::kParam, Access::kRead);
+      auto wl = call([&] { return rt.acquire(w[l], StateKind::kParam, Access::kRead); });
       if (!wl.ok()) return wl.status();
-      auto gw = rt.acquire(w[l], StateKind::kGrad, Access::kWrite);
+      auto gw = call([&] { return rt.acquire(w[l], StateKind::kGrad, Access::kWrite); });
       if (!gw.ok()) return gw.status();
       float* GB = nullptr;
       Lease gb;
       if (!frozen_bias(rt, l)) {
-        auto g = rt.acquire(b[l], StateKind::kGrad, Access::kWrite);
+        auto g = call([&] { return rt.acquire(b[l], StateKind::kGrad, Access::kWrite); });
         if (!g.ok()) return g.status();
         gb = std::move(g).value();
         GB = gb.as<float>();

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -40,6 +41,37 @@ struct TempDir {
   }
 };
 
+//! Settings of the I/O faults an engine-level filter injects (NvmeStoreOptions::io_result_filter):
+//! the real engine turns them into its errors, which name the file and the offset.
+struct IoFaults {
+  std::atomic<bool> eio_reads{false};
+  std::atomic<bool> eio_writes{false};
+  std::atomic<bool> enospc_writes{false};
+  std::atomic<int> injected{0};
+
+  //! Reads at file `offset` fail with EIO the next `times` times (-1: always).
+  void fail_reads_at(std::uint64_t offset, int times) {
+    std::lock_guard lock(mu);
+    bad_reads[offset] = times;
+  }
+  //! Whether a read at `offset` is to fail now (counts it down).
+  bool take_bad_read(std::uint64_t offset) {
+    std::lock_guard lock(mu);
+    auto it = bad_reads.find(offset);
+    if (it == bad_reads.end() || it->second == 0) return false;
+    if (it->second > 0) --it->second;
+    return true;
+  }
+  void clear_bad_reads() {
+    std::lock_guard lock(mu);
+    bad_reads.clear();
+  }
+
+ private:
+  std::mutex mu;
+  std::map<std::uint64_t, int> bad_reads;  //!< file offset -> reads left to fail (-1: all)
+};
+
 // An NVMe store that fails on command: EIO on a chosen write, or a full disk.
 class FaultyNvme final : public NvmeStore {
  public:
@@ -61,6 +93,18 @@ class FaultyNvme final : public NvmeStore {
     if (corrupt_next_read_.exchange(false)) corrupt_slot(s);
     return inner_->read(s, d, std::move(done));
   }
+  //! The fault-injection point of prefetches (Note [Prefetch errors] in
+  //! runtime/src/eviction.cpp): the next `fail_read_aheads_` reads ahead of use
+  //! fail with the engine's EIO (naming the file and offset) through `faults_`
+  //! (the inner store's engine filter; one directory). With `persistent_` their
+  //! slots fail every later read too (a bad sector), else only that read.
+  Status read_ahead(std::uint32_t s, std::span<std::byte> d, IoDone done) override {
+    ++read_aheads_;
+    if (faults_ != nullptr && fail_read_aheads_.fetch_sub(1) > 0) {
+      faults_->fail_reads_at(4096 + std::uint64_t{s} * slot_bytes(), persistent_ ? -1 : 1);
+    }
+    return inner_->read(s, d, std::move(done));
+  }
   std::uint64_t used_bytes() const override { return inner_->used_bytes(); }
   std::string describe() const override { return "faulty(" + inner_->describe() + ")"; }
   std::atomic<bool> fail_writes_{false};
@@ -70,6 +114,10 @@ class FaultyNvme final : public NvmeStore {
   std::atomic<bool> corrupt_next_read_{false};
   fs::path swap_dir_;
   std::atomic<std::int64_t> corrupted_offset_{-1};
+  IoFaults* faults_ = nullptr;
+  std::atomic<int> fail_read_aheads_{0};
+  std::atomic<bool> persistent_{false};
+  std::atomic<int> read_aheads_{0};
 
  private:
   void corrupt_slot(std::uint32_t slot) {
@@ -153,15 +201,6 @@ inline void start_mlp(MlpRun& run, RuntimeOptions options, std::size_t layers, s
   ASSERT_TRUE(run.mlp.build(*run.rt).ok());
 }
 
-//! Settings of the I/O faults an engine-level filter injects (NvmeStoreOptions::io_result_filter):
-//! the real engine turns them into its errors, which name the file and the offset.
-struct IoFaults {
-  std::atomic<bool> eio_reads{false};
-  std::atomic<bool> eio_writes{false};
-  std::atomic<bool> enospc_writes{false};
-  std::atomic<int> injected{0};
-};
-
 //! An NVMe store over `dir` with `engine` ("posix" or "uring") whose I/O results
 //! go through `faults` (may be null). Null (with the reason in *why) when the
 //! engine cannot be created here.
@@ -171,9 +210,9 @@ inline std::unique_ptr<NvmeStore> store_with_engine(const fs::path& dir, const s
   NvmeStoreOptions o{
       .dirs = {dir.string()}, .slot_bytes = slot_bytes, .capacity_bytes = 32 * kMiB, .engine = engine};
   if (faults != nullptr) {
-    o.io_result_filter = [faults](bool write, std::uint64_t, std::int64_t result) -> std::int64_t {
+    o.io_result_filter = [faults](bool write, std::uint64_t offset, std::int64_t result) -> std::int64_t {
       if (result <= 0) return result;
-      if (!write && faults->eio_reads) return ++faults->injected, -EIO;
+      if (!write && (faults->eio_reads || faults->take_bad_read(offset))) return ++faults->injected, -EIO;
       if (write && faults->eio_writes) return ++faults->injected, -EIO;
       if (write && faults->enospc_writes) return ++faults->injected, -ENOSPC;
       return result;

@@ -370,5 +370,114 @@ TEST(NvmeParamsFaults, CorruptedSlotIsCaughtByItsChecksumAndNamed) {
   fault_run(Fault::kCorruptSlot);
 }
 
+// --- prefetch faults (Note [Prefetch errors] in runtime/src/eviction.cpp) ---
+
+struct PrefetchFaultRun {
+  State state;
+  std::vector<StepStats> stats;
+  std::vector<Status> reported;  // failed prefetches the calls returned (each made again)
+  Status fatal;                  // the first error that was not a failed prefetch
+  int read_aheads_before = 0;    // reads ahead of use in the 3 clean steps
+  int injected = 0;
+  std::string dir;  // the swap directory the errors must name
+};
+
+// Trains 6 steps with read-ahead on; before step 4 the next read ahead of use
+// fails with EIO, once (`persistent` false) or on every later read of its slot.
+// A call that returns a failed prefetch is made again (Mlp::call).
+PrefetchFaultRun prefetch_fault_run(bool persistent) {
+  PrefetchFaultRun out;
+  TempDir dir;
+  out.dir = dir.path.string();
+  IoFaults faults;
+  std::string why;
+  auto inner = testing::store_with_engine(dir.path, "posix", kChunkBytes, &faults, &why);
+  EXPECT_NE(inner, nullptr) << why;
+  if (inner == nullptr) return out;
+  auto faulty = std::make_shared<FaultyNvme>(std::move(inner));
+  faulty->faults_ = &faults;
+  faulty->persistent_ = persistent;
+  RuntimeOptions o = nvme_params(dir.path, 0);
+  o.nvme_store = faulty;
+  MlpRun run;
+  start(run, o);
+  if (run.rt == nullptr) return out;
+  run.mlp.prefetch_errors = &out.reported;
+  for (int s = 0; s < 6 && out.fatal.ok(); ++s) {
+    if (s == 3) {
+      out.read_aheads_before = faulty->read_aheads_;
+      faulty->fail_read_aheads_ = 1;
+    }
+    out.fatal = run.mlp.train_step(*run.rt);
+    if (!out.fatal.ok()) break;
+    auto stats = run.mlp.call([&] { return run.rt->step(); });
+    if (!stats.ok()) {
+      out.fatal = stats.status();
+      break;
+    }
+    out.stats.push_back(*stats);
+  }
+  if (out.fatal.ok()) out.fatal = run.rt->flush();
+  faults.clear_bad_reads();
+  out.injected = faults.injected;
+  if (out.fatal.ok()) out.state = read_state(*run.rt, run.mlp);
+  if (!out.fatal.ok()) {
+    EXPECT_FALSE(run.rt->step().ok()) << "a failed use must stay the runtime's error";
+  }
+  return out;
+}
+
+void expect_names_the_read(const Status& s, const std::string& dir) {
+  EXPECT_EQ(s.code(), StatusCode::kIoError) << s;
+  EXPECT_NE(s.message().find("NVMe read of family "), std::string::npos) << s;
+  EXPECT_NE(s.message().find("s param into a staging buffer"), std::string::npos) << s;
+  EXPECT_NE(s.message().find(dir), std::string::npos) << "names no file: " << s;
+  EXPECT_NE(s.message().find("offset"), std::string::npos) << s;
+}
+
+TEST(NvmeParamsFaults, FailedPrefetchIsTheNextCallsErrorOnceCountedAndChangesNothing) {
+  const PrefetchFaultRun run = prefetch_fault_run(/*persistent=*/false);
+  const std::string& dir = run.dir;
+  ASSERT_TRUE(run.fatal.ok()) << "a failed read ahead of use stopped training: " << run.fatal;
+  ASSERT_GT(run.read_aheads_before, 0) << "no read ahead of use in the clean steps: nothing was tested";
+  ASSERT_EQ(run.injected, 1);
+  // Returned once, by one call, saying what failed.
+  ASSERT_EQ(run.reported.size(), 1u);
+  const Status& r = run.reported[0];
+  EXPECT_NE(r.message().find("prefetch (a read ahead of use): "), std::string::npos) << r;
+  expect_names_the_read(r, dir);
+  // Counted in the stats of the step it happened in (the 4th), with its message.
+  ASSERT_EQ(run.stats.size(), 6u);
+  std::uint64_t counted = 0;
+  for (std::size_t s = 0; s < run.stats.size(); ++s) {
+    counted += run.stats[s].prefetch_errors;
+    EXPECT_EQ(run.stats[s].first_prefetch_error.empty(), run.stats[s].prefetch_errors == 0) << "step " << s;
+  }
+  EXPECT_EQ(counted, 1u);
+  EXPECT_EQ(run.stats[3].prefetch_errors, 1u);
+  EXPECT_EQ(run.stats[3].first_prefetch_error, r.to_string());
+  // The use read the param itself: the run is bit-identical to one without the fault.
+  TempDir clean;
+  const Trained expected = train(nvme_params(clean.path, 0), 6);
+  EXPECT_TRUE(run.state == expected.state) << "a failed prefetch changed the training";
+}
+
+TEST(NvmeParamsFaults, PersistentFaultAfterAFailedPrefetchFailsTheUseClearly) {
+  const PrefetchFaultRun run = prefetch_fault_run(/*persistent=*/true);
+  const std::string& dir = run.dir;
+  ASSERT_GT(run.read_aheads_before, 0) << "no read ahead of use in the clean steps: nothing was tested";
+  ASSERT_FALSE(run.fatal.ok()) << "a slot that fails every read went unnoticed";
+  // The bad slot was read twice: ahead of use (not fatal; a call returns it only
+  // if one comes before the use) and by the use itself, whose failure stops the
+  // runtime and names the read.
+  EXPECT_GE(run.injected, 2) << "the use did not read the param again after its prefetch failed";
+  for (const Status& r : run.reported) {
+    EXPECT_NE(r.message().find("prefetch (a read ahead of use): "), std::string::npos) << r;
+    expect_names_the_read(r, dir);
+  }
+  EXPECT_EQ(run.fatal.message().find("prefetch"), std::string::npos) << run.fatal;
+  expect_names_the_read(run.fatal, dir);
+}
+
 }  // namespace
 }  // namespace strata::runtime

@@ -83,6 +83,7 @@ typedef struct strata_step_stats {
   double stall_s;
   uint64_t bytes_h2d, bytes_d2h, bytes_disk_read, bytes_disk_write;
   uint64_t gpu_high_water_bytes, host_high_water_bytes, nvme_bytes;
+  uint64_t prefetch_errors; /**< failed reads ahead of use this step (not fatal; see strata::StepStats) */
 } strata_step_stats;
 
 /** The message of this thread's last failed call ("" when none). Valid until the next call on this thread. */

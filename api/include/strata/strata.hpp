@@ -128,6 +128,7 @@ struct Stats {
   double stall_s = 0.0;  //!< host time blocked inside acquire()
   double step_s = 0.0;   //!< wall time in steps
   std::uint64_t gpu_high_water_bytes = 0, host_high_water_bytes = 0, nvme_bytes = 0;
+  std::uint64_t prefetch_errors = 0;  //!< failed reads ahead of use (not fatal: StepStats)
 };
 
 //! The runtime facade. Not copyable or movable (held by unique_ptr). One training

@@ -43,6 +43,7 @@
 #include <string>
 #include <string_view>
 
+#include "strata/common/half.hpp"
 #include "strata/common/status.hpp"
 
 namespace strata::comm {
@@ -183,10 +184,11 @@ class Communicator {
 //! `out` may alias none of the sources except the first.
 void sum_in_rank_order(std::span<const void* const> sources, void* out, std::size_t count, DType dtype);
 
-//! fp32 <-> bf16 / fp16 with round-to-nearest-even (NaN stays NaN).
-std::uint16_t to_bf16(float x);
-float from_bf16(std::uint16_t h);
-std::uint16_t to_f16(float x);
-float from_f16(std::uint16_t h);
+//! fp32 <-> bf16 / fp16 with round-to-nearest-even (NaN stays NaN): the scalar
+//! conversions of common/half.hpp, which kernels/ uses too.
+inline constexpr std::uint16_t (*to_bf16)(float) = &strata::float_to_bf16;
+inline constexpr float (*from_bf16)(std::uint16_t) = &strata::bf16_to_float;
+inline constexpr std::uint16_t (*to_f16)(float) = &strata::float_to_f16;
+inline constexpr float (*from_f16)(std::uint16_t) = &strata::f16_to_float;
 
 }  // namespace strata::comm

@@ -1,42 +1,21 @@
 #pragma once
 // Host/device portability for the update rules: STRATA_HD, bit casts and the
-// few scalar math helpers the rules use. This header is the one place where the
-// CUDA/host split is spelled out; every rule header includes it and stays free
-// of #ifdef (STYLE.md habit 2).
+// few scalar math helpers the rules use. This header (with common/half.hpp, which
+// holds STRATA_HD and the casts) is where the CUDA/host split is spelled out;
+// every rule header includes it and stays free of #ifdef (STYLE.md habit 2).
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define STRATA_HD __host__ __device__
-#else
-#define STRATA_HD
-#endif
+#include "strata/common/half.hpp"  // STRATA_HD, float_bits, bits_float
 
 namespace strata::kernels {
 
-//! The bits of a float. Pure; usable on host and device.
-STRATA_HD inline std::uint32_t float_bits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-#endif
-}
-
-//! The float with these bits. Pure; usable on host and device.
-STRATA_HD inline float bits_float(std::uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-#endif
-}
+// The float <-> bits casts (common/half.hpp): lane types overload other names
+// here, so these are declared in this namespace too.
+using strata::bits_float;
+using strata::float_bits;
 
 // Scalar versions of the operations the rules are written in. SIMD lane types
 // (kernels/src/cpu) overload the same names, so one rule body serves scalar,

@@ -167,6 +167,12 @@ struct StepStats {
   std::uint64_t grad_check_host_bytes = 0;
   std::uint64_t bytes_comm = 0;  //!< sent to other ranks (data parallelism; 0 for one rank)
   double comm_s = 0.0;           //!< blocked in collectives (data parallelism)
+  //! Prefetches (reads of a param ahead of its use) that failed since the last
+  //! step(), and the first one's error. Not fatal: the use read the param itself;
+  //! the next public call returned the error once (Note [Prefetch errors] in
+  //! runtime/src/eviction.cpp).
+  std::uint64_t prefetch_errors = 0;
+  std::string first_prefetch_error;
 };
 
 //! Whether the runtime runs optimizer `o`'s steps on a device of `kind` (so a plan

@@ -52,6 +52,12 @@ class NvmeStore {
   //! Reads back what was last written to `slot` into `data`, verifying its checksum
   //! (Corrupt names the chunk, file and offset). Reading a never-written slot is an error.
   virtual Status read(std::uint32_t slot, std::span<std::byte> data, IoDone done) = 0;
+  //! A read ahead of use (a prefetch): read() by default. Its failure is not
+  //! fatal (the use reads the slot again), so a store may treat it apart; the
+  //! tests inject faults into these reads alone.
+  virtual Status read_ahead(std::uint32_t slot, std::span<std::byte> data, IoDone done) {
+    return read(slot, data, std::move(done));
+  }
   virtual std::uint64_t used_bytes() const = 0;
   virtual std::string describe() const = 0;
 };
