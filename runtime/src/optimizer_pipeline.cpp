@@ -33,6 +33,8 @@ void OptimizerPipeline::init(std::size_t family_count) {
   trainable.assign(family_count, 0);
   grads_written_.assign(family_count, 0);
   checks_.assign(family_count, GradCheckResult{});
+  calls_.clear();
+  calls_.resize(family_count);
   cuda_scratch_.clear();
   cuda_scratch_.resize(family_count);
 }
@@ -91,7 +93,7 @@ void OptimizerPipeline::end_step() {
   launch_fifo_.clear();
   grad_queue_.clear();
   read_ahead_cursor_ = 0;
-  for (FamilyRun& run : runs_) run = FamilyRun{};
+  for (FamilyRun& run : runs_) run.reset();
   for (GradCheckResult& check : checks_) check.valid = false;  // span_sq keeps its capacity
   ++steps_done_;
 }
@@ -200,7 +202,7 @@ void OptimizerPipeline::land_gradient(FamilyId f) {
     if (st.ok() && checks_on_device()) st = check_on_device(f, slot.ptr, step_scale);
     if (st.ok())
       st = core_.timed_copy(core_.d2h, Track::kD2H, run.grad_host, slot.ptr, g.bytes,
-                            memory::CopyKind::kDeviceToHost, fmt::format("d2h f{} grad", f));
+                            memory::CopyKind::kDeviceToHost, SpanName{"d2h", f, "grad"});
     if (st.ok()) st = core_.device.record(slot.fence, core_.d2h);
     if (st.ok()) {
       st = core_.device.launch_host(core_.d2h, [this, f] {
