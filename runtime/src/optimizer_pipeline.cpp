@@ -32,6 +32,10 @@ void OptimizerPipeline::init(std::size_t family_count) {
   writebacks_.assign(family_count, WriteBack{});
   trainable.assign(family_count, 0);
   grads_written_.assign(family_count, 0);
+  grad_queue_.clear();
+  grad_queue_.reserve(family_count);  // a steady step allocates nothing
+  launch_fifo_.clear();
+  launch_fifo_.reserve(family_count);
   checks_.assign(family_count, GradCheckResult{});
   calls_.clear();
   calls_.resize(family_count);
@@ -174,10 +178,11 @@ void OptimizerPipeline::pump() {
       take_nvme_place(f);
     }
   }
-  // 2. Gradient slots, first come first served.
+  // 2. Gradient slots, first come first served. (A vector reserved for every
+  // family: a deque's blocks came and went as the queue moved.)
   while (!grad_queue_.empty() && grad_staging_used_ < grad_staging_max_) {
-    FamilyId f = grad_queue_.front();
-    grad_queue_.pop_front();
+    const FamilyId f = grad_queue_.front();
+    grad_queue_.erase(grad_queue_.begin());
     if (runs_[f].running()) land_gradient(f);
   }
 }

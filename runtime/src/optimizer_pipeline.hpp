@@ -11,7 +11,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <mutex>
 #include <vector>
 
@@ -268,7 +267,8 @@ class OptimizerPipeline {
   std::vector<std::uint32_t> grads_written_;  //!< per family: trainable tensors written this micro-batch
   int tasks_in_flight_ = 0;
   std::uint64_t launches_ = 0;
-  std::deque<FamilyId> grad_queue_;    //!< launched families waiting for a grad staging buffer
+  std::vector<FamilyId>
+      grad_queue_;  //!< launched families waiting for a grad staging buffer, in launch order
   std::vector<FamilyId> launch_fifo_;  //!< launched this step, in order
   std::vector<FamilyId> nvme_order_;   //!< NVMe families by traced gradient completion
   std::size_t read_ahead_cursor_ = 0;
