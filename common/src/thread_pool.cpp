@@ -1,7 +1,10 @@
 #include "strata/common/thread_pool.hpp"
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
+#include <new>
+#include <utility>
 
 #include "strata/common/assert.hpp"
 
@@ -10,6 +13,47 @@ namespace {
 // The pool whose worker the current thread is (null outside any pool).
 thread_local const ThreadPool* t_worker_of = nullptr;
 }  // namespace
+
+HandlerMemory::HandlerMemory() {
+  for (std::size_t i = 0; i < kReservedBlocks; ++i) free_ = new (::operator new(kBlockBytes)) Block{free_};
+}
+
+HandlerMemory::~HandlerMemory() {
+  while (free_ != nullptr) ::operator delete(std::exchange(free_, free_->next));
+}
+
+void* HandlerMemory::allocate(std::size_t bytes) {
+  {
+    std::lock_guard g(mu_);
+    if (bytes > kBlockBytes) {
+      ++oversized_;
+    } else if (free_ != nullptr) {
+      return std::exchange(free_, free_->next);
+    } else {
+      ++created_;
+    }
+  }
+  return ::operator new(std::max(bytes, kBlockBytes));
+}
+
+void HandlerMemory::deallocate(void* p, std::size_t bytes) {
+  if (bytes > kBlockBytes) {
+    ::operator delete(p);
+    return;
+  }
+  std::lock_guard g(mu_);
+  free_ = new (p) Block{free_};
+}
+
+std::uint64_t HandlerMemory::blocks_created() const {
+  std::lock_guard g(mu_);
+  return created_;
+}
+
+std::uint64_t HandlerMemory::oversized() const {
+  std::lock_guard g(mu_);
+  return oversized_;
+}
 
 // The asio pool is created with zero threads of its own; our workers attach()
 // to it after running the caller's start hook, so the hook runs on every worker.
@@ -73,7 +117,8 @@ void ThreadPool::parallel_for(std::size_t count, std::size_t parts,
     std::mutex mutex;
     std::condition_variable cv;
   };
-  auto shared = std::make_shared<Shared>();
+  // From the pool's handler memory, like the helpers' operations (Note [Handler memory]).
+  auto shared = std::allocate_shared<Shared>(HandlerAllocator<Shared>(&handler_memory_));
 
   // Claims ranges until none are left; returns how many it ran.
   auto run = [shared, count, parts, &fn]() {

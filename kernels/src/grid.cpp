@@ -37,7 +37,7 @@ namespace detail {
 PassOutcome combine_grid_partials(std::span<const GridBlock> table, std::span<const GridPartial> partials,
                                   std::size_t span_count) {
   PassOutcome out;
-  out.per_span.resize(span_count);
+  out.per_span = per_span_scratch(span_count);
   for (std::size_t k = 0; k < table.size(); ++k) {
     out.per_span[table[k].span].param_sq += partials[k].a;
     out.per_span[table[k].span].other_sq += partials[k].b;

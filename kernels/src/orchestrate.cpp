@@ -23,12 +23,20 @@ bool is_trust_optimizer(Optimizer o) {
 //! Runs the gradient check the caller asked for. Returns true when gradients are finite.
 Result<bool> grads_finite(const PassRunner& run, const StepArgs& a) {
   if (a.check == GradCheck::kCallerChecked) return a.checked->finite;
-  std::vector<double> per_span(a.spans.size());
+  thread_local std::vector<double> t_per_span;  // reused: no allocation once warm
+  t_per_span.assign(a.spans.size(), 0.0);
+  std::span<double> per_span(t_per_span);
   STRATA_ASSIGN_OR_RETURN(GradStats stats, run_grad_stats(run, a.spans, a.grad_scale, per_span));
   return stats.finite;
 }
 
 }  // namespace
+
+std::span<TrustPartial> per_span_scratch(std::size_t n) {
+  thread_local std::vector<TrustPartial> t_scratch;
+  t_scratch.assign(n, TrustPartial{});
+  return t_scratch;
+}
 
 PassArgs pass_args(const StepArgs& a) {
   PassArgs pa;

@@ -16,9 +16,16 @@ namespace strata::kernels::detail {
 
 //! Result of one pass: per-span sums (combined in a fixed order) and the Inf/NaN flag.
 struct PassOutcome {
-  std::vector<TrustPartial> per_span;  //!< param_sq <- sum a, other_sq <- sum b
+  //! param_sq <- sum a, other_sq <- sum b. Storage of the thread that ran the
+  //! pass (per_span_scratch), valid until its next pass: read it at once.
+  std::span<TrustPartial> per_span;
   bool nonfinite = false;
 };
+
+//! `n` zeroed per-span partials in the calling thread's scratch, reused by its
+//! next call: a pass allocates nothing once its thread has seen as many spans
+//! (Note [Allocation-free hot paths] in runtime/src/leases.cpp).
+std::span<TrustPartial> per_span_scratch(std::size_t n);
 
 //! Runs one pass; trust is empty or one value per span. Blocks until done.
 using PassRunner = std::function<Result<PassOutcome>(Pass pass, const Hyper& h, std::span<const Span> spans,

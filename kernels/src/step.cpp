@@ -19,19 +19,36 @@ struct Piece {
 
 detail::PassOutcome run_pieces(cpu::PieceFn fn, Pass pass, const Hyper& h, std::span<const Span> spans,
                                const PassArgs& base, std::span<const float> trust, ThreadPool* pool) {
-  std::vector<Piece> pieces;
+  // The calling thread's scratch, reused (a pass never runs inside another on
+  // one thread): no allocation once it has seen as many pieces.
+  thread_local std::vector<Piece> t_pieces;
+  thread_local std::vector<cpu::PieceResult> t_results;
+  std::vector<Piece>& pieces = t_pieces;
+  pieces.clear();
   for (std::size_t si = 0; si < spans.size(); ++si) {
     for (std::size_t b = 0; b < spans[si].n; b += kPieceElems) {
       pieces.push_back({si, b, std::min(spans[si].n, b + kPieceElems)});
     }
   }
-  std::vector<cpu::PieceResult> results(pieces.size());
-  auto body = [&](std::size_t /*part*/, std::size_t begin, std::size_t end) {
+  std::vector<cpu::PieceResult>& results = t_results;
+  results.assign(pieces.size(), cpu::PieceResult{});
+  struct Context {
+    cpu::PieceFn fn;
+    Pass pass;
+    const Hyper& h;
+    std::span<const Span> spans;
+    const PassArgs& base;
+    std::span<const float> trust;
+    std::vector<Piece>& pieces;
+    std::vector<cpu::PieceResult>& results;
+  } ctx{fn, pass, h, spans, base, trust, pieces, results};
+  // One pointer captured: std::function keeps it in place.
+  auto body = [c = &ctx](std::size_t /*part*/, std::size_t begin, std::size_t end) {
     for (std::size_t k = begin; k < end; ++k) {
-      const Piece& pc = pieces[k];
-      PassArgs pa = base;
-      if (!trust.empty()) pa.trust = trust[pc.span];
-      results[k] = fn(pass, h, spans[pc.span], pc.begin, pc.end, pa);
+      const Piece& pc = c->pieces[k];
+      PassArgs pa = c->base;
+      if (!c->trust.empty()) pa.trust = c->trust[pc.span];
+      c->results[k] = c->fn(c->pass, c->h, c->spans[pc.span], pc.begin, pc.end, pa);
     }
   };
   if (pool == nullptr || pieces.size() < 2) {
@@ -40,7 +57,7 @@ detail::PassOutcome run_pieces(cpu::PieceFn fn, Pass pass, const Hyper& h, std::
     pool->parallel_for(pieces.size(), 0, body);
   }
   detail::PassOutcome out;
-  out.per_span.resize(spans.size());
+  out.per_span = detail::per_span_scratch(spans.size());
   for (std::size_t k = 0; k < pieces.size(); ++k) {  // fixed order: span, then offset
     out.per_span[pieces[k].span].param_sq += results[k].a;
     out.per_span[pieces[k].span].other_sq += results[k].b;

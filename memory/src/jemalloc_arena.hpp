@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "strata/common/status.hpp"
 
@@ -62,7 +63,13 @@ class RegionArena {
   unsigned index_ = 0;
   bool created_ = false;
   mutable std::mutex mutex_;
-  std::map<std::uintptr_t, std::size_t> free_;  // begin -> bytes, coalesced
+  using FreeMap = std::map<std::uintptr_t, std::size_t>;
+  FreeMap free_;  // begin -> bytes, coalesced
+  // Nodes of free_ kept for reuse: a steady carve/give_back cycle allocates
+  // nothing (Note [Allocation-free hot paths] in runtime/src/leases.cpp).
+  std::vector<FreeMap::node_type> spare_nodes_;
+  void insert_free(std::uintptr_t begin, std::size_t bytes);  // mutex_ held
+  void erase_free(FreeMap::iterator it);                      // mutex_ held
   std::size_t extent_bytes_ = 0;
   std::map<std::uintptr_t, std::size_t> used_;  // first-fit backend: buffer begin -> bytes carved
 };

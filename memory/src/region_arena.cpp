@@ -40,6 +40,22 @@ std::string RegionArena::describe_free() const {
                      free_.size(), format_bytes(largest), format_bytes(extent_bytes_), ranges);
 }
 
+void RegionArena::insert_free(std::uintptr_t begin, std::size_t bytes) {
+  if (spare_nodes_.empty()) {
+    free_.emplace(begin, bytes);
+    return;
+  }
+  FreeMap::node_type node = std::move(spare_nodes_.back());
+  spare_nodes_.pop_back();
+  node.key() = begin;
+  node.mapped() = bytes;
+  free_.insert(std::move(node));
+}
+
+void RegionArena::erase_free(FreeMap::iterator it) {
+  spare_nodes_.push_back(free_.extract(it));
+}
+
 void* RegionArena::carve(void* wanted, std::size_t bytes, std::size_t alignment) {
   if (alignment == 0) alignment = 1;
   std::lock_guard lock(mutex_);
@@ -49,9 +65,9 @@ void* RegionArena::carve(void* wanted, std::size_t bytes, std::size_t alignment)
     const std::uintptr_t take =
         wanted != nullptr ? reinterpret_cast<std::uintptr_t>(wanted) : align_up(begin, alignment);
     if (take < begin || take + bytes > end || take + bytes < take) continue;
-    free_.erase(it);
-    if (take > begin) free_.emplace(begin, take - begin);
-    if (take + bytes < end) free_.emplace(take + bytes, end - take - bytes);
+    erase_free(it);
+    if (take > begin) insert_free(begin, take - begin);
+    if (take + bytes < end) insert_free(take + bytes, end - take - bytes);
     extent_bytes_ += bytes;
     return reinterpret_cast<void*>(take);
   }
@@ -67,7 +83,9 @@ void RegionArena::give_back(void* data, std::size_t bytes) {
   auto next = free_.lower_bound(begin);
   if (next != free_.end() && begin + bytes == next->first) {  // merge with the range after
     bytes += next->second;
-    next = free_.erase(next);
+    auto after = std::next(next);
+    erase_free(next);
+    next = after;
   }
   if (next != free_.begin()) {  // merge with the range before
     auto prev = std::prev(next);
@@ -76,7 +94,7 @@ void RegionArena::give_back(void* data, std::size_t bytes) {
       return;
     }
   }
-  free_.emplace(begin, bytes);
+  insert_free(begin, bytes);
 }
 
 }  // namespace strata::memory

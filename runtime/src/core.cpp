@@ -143,23 +143,36 @@ Status Core::nvme_transfer(std::unique_lock<std::mutex>& lock, bool write, std::
 }
 
 Status Core::timed_copy(const memory::Stream& stream, Track track, void* dst, const void* src,
-                        std::uint64_t bytes, memory::CopyKind kind, std::string name) {
+                        std::uint64_t bytes, memory::CopyKind kind, SpanName name) {
   // The span starts when the stream reaches the copy (after any event waits),
   // not when it was enqueued.
-  auto start = std::make_shared<double>(0.0);
-  STRATA_RETURN_IF_ERROR(device.launch_host(stream, [this, start] { *start = timeline.now_us(); }));
-  STRATA_RETURN_IF_ERROR(device.copy_async(stream, dst, src, bytes, kind));
-  return device.launch_host(stream, [this, start, track, bytes, name = std::move(name)] {
-    timeline.add(track, name, *start, timeline.now_us(), bytes);
-  });
+  // Note [Completion records]: the host functions capture only the record.
+  CopyRecord* r = copy_records.take();
+  *r = CopyRecord{.core = this, .track = track, .bytes = bytes, .name = name};
+  Status st = device.launch_host(stream, [r] { r->start_us = r->core->timeline.now_us(); });
+  if (!st.ok()) {  // never enqueued
+    copy_records.give_back(r);
+    return st;
+  }
+  st = device.copy_async(stream, dst, src, bytes, kind);
+  if (st.ok()) {
+    st = device.launch_host(stream, [r] {
+      Core& core = *r->core;
+      core.timeline.add(r->track, r->name, r->start_us, core.timeline.now_us(), r->bytes);
+      core.copy_records.give_back(r);
+    });
+  }
+  // A later failure keeps the record out of the pool: the start function
+  // enqueued may still write it.
+  return st;
 }
 
-void Core::record_span(Track track, std::string name, double enqueued_us, std::uint64_t bytes) {
+void Core::record_span(Track track, SpanName name, double enqueued_us, std::uint64_t bytes) {
   // Called in stream order on the track's own stream: the span began when both
   // it was enqueued and the previous span on the track had ended.
   const double end = timeline.now_us();
   const double previous = track_end_us[static_cast<std::size_t>(track)].exchange(end);
-  timeline.add(track, std::move(name), std::max(enqueued_us, previous), end, bytes);
+  timeline.add(track, name, std::max(enqueued_us, previous), end, bytes);
 }
 
 }  // namespace strata::runtime

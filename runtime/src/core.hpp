@@ -16,9 +16,11 @@
 // and this rule need no static annotations, so the build does not check them
 // with clang's thread-safety analysis.
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -28,14 +30,39 @@
 #include <vector>
 
 #include "chunk.hpp"
+#include "record_pool.hpp"
 #include "strata/common/thread_pool.hpp"
 #include "strata/kernels/hyper.hpp"
+#include "strata/runtime/options.hpp"
 #include "strata/runtime/runtime.hpp"
 
 namespace strata::runtime {
 
+struct Core;
+
+//! One timed copy in flight: what its completion adds to the timeline (Note
+//! [Completion records] in record_pool.hpp).
+struct CopyRecord {
+  Core* core = nullptr;
+  double start_us = 0.0;  //!< when the stream reached the copy
+  Track track = Track::kH2D;
+  std::uint64_t bytes = 0;
+  SpanName name;
+};
+
+//! One Runtime::launch() in flight (Note [Completion records]).
+struct LaunchRecord {
+  Core* core = nullptr;
+  std::function<void()> fn;
+  std::size_t use = 0;  //!< the traced use the compute time is added to
+  double enqueued_us = 0.0;
+};
+
 struct Core {
-  Core(memory::Device& dev, RuntimeOptions options) : device(dev), opt(std::move(options)) {}
+  Core(memory::Device& dev, RuntimeOptions options)
+      : device(dev),
+        opt(std::move(options)),
+        timeline(std::clamp<std::size_t>(opt.timeline_events_max, 1, kTimelineEventsMax)) {}
 
   memory::Device& device;
   RuntimeOptions opt;
@@ -123,10 +150,15 @@ struct Core {
                        std::vector<std::uint32_t>& slots_io);
   //! Enqueues a copy on `stream` and records its span on `track` (start when the
   //! stream reaches it, end when it is done).
+  //! Allocates nothing once the copies in flight stay below their high water
+  //! (copy_records; Note [Completion records]).
   Status timed_copy(const memory::Stream& stream, Track track, void* dst, const void* src,
-                    std::uint64_t bytes, memory::CopyKind kind, std::string name);
+                    std::uint64_t bytes, memory::CopyKind kind, SpanName name);
   //! Adds a span that ends now on `track` (called in the track's stream order).
-  void record_span(Track track, std::string name, double enqueued_us, std::uint64_t bytes);
+  void record_span(Track track, SpanName name, double enqueued_us, std::uint64_t bytes);
+
+  RecordPool<CopyRecord> copy_records;      //!< timed_copy's
+  RecordPool<LaunchRecord> launch_records;  //!< Runtime::launch's
 };
 
 }  // namespace strata::runtime

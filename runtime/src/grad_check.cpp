@@ -34,18 +34,17 @@ double GradCheckResult::sum_squares() const {
   return sum;
 }
 
-std::vector<kernels::Span> OptimizerPipeline::grad_spans(FamilyId f, std::byte* grad) {
+void OptimizerPipeline::grad_spans(FamilyId f, std::byte* grad, std::vector<kernels::Span>* spans) {
   FamilyPtrs ptrs;
   ptrs.at[static_cast<int>(StateKind::kGrad)] = grad;
   // spans_for sets every pointer; only the gradient's are kept.
-  std::vector<kernels::Span> spans = spans_for(f, ptrs, nullptr);
-  for (kernels::Span& s : spans) {
+  spans_for(f, ptrs, spans, nullptr);
+  for (kernels::Span& s : *spans) {
     s.master = nullptr;
     s.param = nullptr;
     s.param_dtype = DType::kNone;
     s.state = {};
   }
-  return spans;
 }
 
 bool OptimizerPipeline::checks_on_device() const {
@@ -55,18 +54,20 @@ bool OptimizerPipeline::checks_on_device() const {
 Status OptimizerPipeline::check_on_device(FamilyId f, std::byte* grad, float scale) {
   STRATA_CHECK(checks_on_device());
   GradCheckResult& check = checks_[f];
-  std::vector<kernels::Span> spans = grad_spans(f, grad);
+  grad_spans(f, grad, &check.spans);
   check.valid = true;
   check.finite = true;
   check.scale = scale;
-  check.span_sq.assign(spans.size(), 0.0);
+  check.span_sq.assign(check.spans.size(), 0.0);
   // Device-stream callbacks never take the mutex (Note [Runtime threading]):
   // the callback writes only finite and span_sq, which nothing reads before the
-  // gradient has landed (after this callback, in d2h order).
-  return core_.device.launch_host(core_.d2h, [this, f, spans = std::move(spans), scale] {
+  // gradient has landed (after this callback, in d2h order); nothing changes
+  // spans and scale before then either. It captures only (this, f), which
+  // std::function keeps in place (Note [Allocation-free hot paths]).
+  return core_.device.launch_host(core_.d2h, [this, f] {
     GradCheckResult& c = checks_[f];
     Result<kernels::GradStats> stats =
-        kernels::grad_stats_per_span(spans, scale, c.span_sq, core_.pool.get());
+        kernels::grad_stats_per_span(c.spans, c.scale, c.span_sq, core_.pool.get());
     // grad_stats fails only on bad spans (a runtime bug); a non-finite verdict
     // keeps the kernel from writing, and its own pass reports the error.
     c.finite = stats.ok() && stats->finite;
@@ -75,14 +76,14 @@ Status OptimizerPipeline::check_on_device(FamilyId f, std::byte* grad, float sca
 
 Status OptimizerPipeline::check_on_host(FamilyId f, std::byte* grad, float scale) {
   GradCheckResult& check = checks_[f];
-  std::vector<kernels::Span> spans = grad_spans(f, grad);
-  check.span_sq.assign(spans.size(), 0.0);
+  grad_spans(f, grad, &check.spans);
+  check.span_sq.assign(check.spans.size(), 0.0);
   STRATA_ASSIGN_OR_RETURN(kernels::GradStats stats,
-                          kernels::grad_stats_per_span(spans, scale, check.span_sq, core_.pool.get()));
+                          kernels::grad_stats_per_span(check.spans, scale, check.span_sq, core_.pool.get()));
   check.valid = true;
   check.finite = stats.finite;
   check.scale = scale;
-  for (const kernels::Span& s : spans) host_check_bytes_ += s.n * kernels::dtype_size(s.grad_dtype);
+  for (const kernels::Span& s : check.spans) host_check_bytes_ += s.n * kernels::dtype_size(s.grad_dtype);
   return Status::Ok();
 }
 

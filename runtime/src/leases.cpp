@@ -1,15 +1,29 @@
 // Runtime: leases (acquire, release), compute launches and micro-batches.
 //
 // Note [Allocation-free hot paths]
-// A steady-state acquire() and release() allocate nothing on the heap once the
-// warm-up steps are done, on a plan whose chunks stay placed (everything on the
-// GPU): the tracer keeps the last step's room (Tracer::take), and the sim
-// device stores each queued operation in place (InlineOp in
-// memory/src/sim/sim_stream.hpp). tests/runtime/test_alloc_free.cpp counts with
-// a replaced operator new. Not yet allocation-free: step() and a release that
-// starts a family's optimizer (spans, kernel keys, the stream callback's
-// captures, timeline span names), and the copies of tiered plans (timed_copy's
-// shared start time and span name).
+// Once the warm-up steps are done, a steady step allocates nothing on the heap
+// (acquire, release, launch, step() and the background work they start) on a
+// plan whose optimizer states live on the GPU or on host:
+//   - the tracer records into the room of the trace it handed out last time
+//     (Tracer::take / give_back); the sim device stores each queued operation
+//     in place (InlineOp in memory/src/sim/sim_stream.hpp);
+//   - a host function on a stream captures at most two words, which
+//     std::function keeps in place: timed copies and launch() keep their
+//     values in pooled completion records (Note [Completion records]), the
+//     optimizer's arguments live in a per-family KernelCall and the gradient
+//     check's spans in its GradCheckResult, both reused across steps;
+//   - timeline spans are named by a SpanName (a static label, a family, a
+//     detail), formatted only by the export, into room reserved once;
+//   - the thread pool hands asio recycled blocks (Note [Handler memory] in
+//     thread_pool.hpp); kernel passes keep their piece lists in per-thread
+//     scratch (kernels/src/step.cpp); the host store and the region arena
+//     reuse their map nodes.
+// Runtime::hot_path_counters() names the pools that could still grow;
+// tests/runtime/test_alloc_free.cpp counts allocations with a replaced
+// operator new beside them. Not yet allocation-free: NVMe I/O (per piece in
+// offload/SwapStore and in nvme_pipeline.cpp; listed in that test), the CUDA
+// device's launch_host (a heap std::function per call), and the first steps
+// of a plan, re-plans and errors.
 #include <algorithm>
 
 #include "runtime_impl.hpp"
@@ -210,15 +224,26 @@ Status Runtime::launch(std::function<void()> fn) {
     InvariantCheck check(m);
     use = m.tracker.current_use();
   }
-  const double enqueued = m.core.timeline.now_us();
-  return m.core.device.launch_host(m.core.compute, [&m, fn = std::move(fn), use, enqueued] {
-    const double t0 = std::max(enqueued, m.core.timeline.now_us());
-    fn();
-    const double t1 = m.core.timeline.now_us();
-    m.core.timeline.add(Track::kCompute, "compute", t0, t1, 0);
-    m.core.track_end_us[static_cast<std::size_t>(Track::kCompute)].store(t1);
-    m.tracker.add_compute(use, (t1 - t0) * 1e-6);
+  // Note [Completion records]: the host function captures only its record.
+  LaunchRecord* r = m.core.launch_records.take();
+  *r =
+      LaunchRecord{.core = &m.core, .fn = std::move(fn), .use = use, .enqueued_us = m.core.timeline.now_us()};
+  Status st = m.core.device.launch_host(m.core.compute, [&m, r] {
+    Core& core = *r->core;
+    const double t0 = std::max(r->enqueued_us, core.timeline.now_us());
+    r->fn();
+    const double t1 = core.timeline.now_us();
+    core.timeline.add(Track::kCompute, SpanName{"compute"}, t0, t1, 0);
+    core.track_end_us[static_cast<std::size_t>(Track::kCompute)].store(t1);
+    m.tracker.add_compute(r->use, (t1 - t0) * 1e-6);
+    r->fn = nullptr;  // the caller's captures end with the compute, as before
+    core.launch_records.give_back(r);
   });
+  if (!st.ok()) {  // never enqueued
+    r->fn = nullptr;
+    m.core.launch_records.give_back(r);
+  }
+  return st;
 }
 
 void Runtime::set_grad_scale(float scale) {

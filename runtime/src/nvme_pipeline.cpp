@@ -138,7 +138,7 @@ void OptimizerPipeline::read_states(FamilyId f) {
 void OptimizerPipeline::io_done(FamilyId f, Status status, Track track, double enqueued_us,
                                 std::uint64_t bytes) {
   const double end = core_.timeline.now_us();
-  core_.timeline.add(track, "nvme read", enqueued_us, end, bytes);
+  core_.timeline.add(track, SpanName{"nvme read", f}, enqueued_us, end, bytes);
   std::lock_guard lock(core_.mu);
   FamilyRun& run = runs_[f];
   if (!status.ok() && run.io_status.ok()) {
@@ -243,7 +243,8 @@ void OptimizerPipeline::write_back(FamilyId f, std::unique_lock<std::mutex>& loc
 }
 
 void OptimizerPipeline::writeback_done(FamilyId f, Status status, double enqueued_us, std::uint64_t bytes) {
-  core_.timeline.add(Track::kDiskWrite, "nvme write", enqueued_us, core_.timeline.now_us(), bytes);
+  core_.timeline.add(Track::kDiskWrite, SpanName{"nvme write", f}, enqueued_us, core_.timeline.now_us(),
+                     bytes);
   std::lock_guard lock(core_.mu);
   WriteBack& wb = writebacks_[f];
   if (!status.ok() && wb.status.ok()) wb.status = std::move(status);

@@ -32,7 +32,13 @@ void OptimizerPipeline::init(std::size_t family_count) {
   writebacks_.assign(family_count, WriteBack{});
   trainable.assign(family_count, 0);
   grads_written_.assign(family_count, 0);
+  grad_queue_.clear();
+  grad_queue_.reserve(family_count);  // a steady step allocates nothing
+  launch_fifo_.clear();
+  launch_fifo_.reserve(family_count);
   checks_.assign(family_count, GradCheckResult{});
+  calls_.clear();
+  calls_.resize(family_count);
   cuda_scratch_.clear();
   cuda_scratch_.resize(family_count);
 }
@@ -91,7 +97,7 @@ void OptimizerPipeline::end_step() {
   launch_fifo_.clear();
   grad_queue_.clear();
   read_ahead_cursor_ = 0;
-  for (FamilyRun& run : runs_) run = FamilyRun{};
+  for (FamilyRun& run : runs_) run.reset();
   for (GradCheckResult& check : checks_) check.valid = false;  // span_sq keeps its capacity
   ++steps_done_;
 }
@@ -172,10 +178,11 @@ void OptimizerPipeline::pump() {
       take_nvme_place(f);
     }
   }
-  // 2. Gradient slots, first come first served.
+  // 2. Gradient slots, first come first served. (A vector reserved for every
+  // family: a deque's blocks came and went as the queue moved.)
   while (!grad_queue_.empty() && grad_staging_used_ < grad_staging_max_) {
-    FamilyId f = grad_queue_.front();
-    grad_queue_.pop_front();
+    const FamilyId f = grad_queue_.front();
+    grad_queue_.erase(grad_queue_.begin());
     if (runs_[f].running()) land_gradient(f);
   }
 }
@@ -200,7 +207,7 @@ void OptimizerPipeline::land_gradient(FamilyId f) {
     if (st.ok() && checks_on_device()) st = check_on_device(f, slot.ptr, step_scale);
     if (st.ok())
       st = core_.timed_copy(core_.d2h, Track::kD2H, run.grad_host, slot.ptr, g.bytes,
-                            memory::CopyKind::kDeviceToHost, fmt::format("d2h f{} grad", f));
+                            memory::CopyKind::kDeviceToHost, SpanName{"d2h", f, "grad"});
     if (st.ok()) st = core_.device.record(slot.fence, core_.d2h);
     if (st.ok()) {
       st = core_.device.launch_host(core_.d2h, [this, f] {

@@ -11,7 +11,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <mutex>
 #include <vector>
 
@@ -79,6 +78,18 @@ struct FamilyRun {
   Status io_status;
   std::vector<TensorId> updated;  //!< tensors the kernel updated (committed with the param)
 
+  //! Back to a new step's record; the vectors keep their capacity (Note
+  //! [Allocation-free hot paths] in leases.cpp).
+  void reset() {
+    std::vector<std::byte*> s = std::move(staging);
+    std::vector<TensorId> u = std::move(updated);
+    *this = FamilyRun{};
+    s.clear();
+    u.clear();
+    staging = std::move(s);
+    updated = std::move(u);
+  }
+
   //! Gradients complete, optimizer requested (this step).
   bool launched() const { return phase != FamilyPhase::kIdle; }
   //! Launched and not finished.
@@ -101,11 +112,29 @@ struct FamilyRun {
 //! device]): its finite flag and per-span sums of squares, taken while the
 //! gradient was still on the device, so the CPU kernel needs no pass of its own.
 struct GradCheckResult {
-  bool valid = false;           //!< a check was taken for this step's gradient
-  bool finite = true;           //!< written by the check (d2h stream) before the gradient lands
-  float scale = 1.0f;           //!< the gradient scale it was taken with
-  std::vector<double> span_sq;  //!< per span of grad_spans(), in span order (reused across steps)
+  bool valid = false;                //!< a check was taken for this step's gradient
+  bool finite = true;                //!< written by the check (d2h stream) before the gradient lands
+  float scale = 1.0f;                //!< the gradient scale it was taken with
+  std::vector<double> span_sq;       //!< per span of grad_spans(), in span order (reused across steps)
+  std::vector<kernels::Span> spans;  //!< the spans checked (reused across steps)
   double sum_squares() const;
+};
+
+//! A family's kernel arguments, kept across steps so that their vectors keep
+//! their capacity (Note [Allocation-free hot paths] in leases.cpp). Written
+//! under mu when the run is launched; read by the run (pool or optimizer
+//! stream) until it ends; one run per family at a time.
+struct KernelCall {
+  std::vector<kernels::Span> spans;
+  std::vector<std::int64_t> keys;      //!< per span: (group << 48) | step number
+  std::vector<kernels::Hyper> hypers;  //!< per parameter group
+  std::vector<std::int64_t> distinct;  //!< run_kernels' distinct keys
+  std::vector<kernels::Span> group;    //!< run_kernels' spans of one key
+  float scale = 1.0f;
+  double enqueued_us = 0.0;
+  std::uint64_t elems = 0;
+  Status status;  //!< a device run's result (with report)
+  kernels::StepReport report{};
 };
 
 //! An NVMe family's updated states on their way to fresh NVMe slots after its
@@ -175,10 +204,13 @@ class OptimizerPipeline {
   bool last_micro_batch = true;
   std::vector<std::uint32_t> trainable;  //!< per family: tensors with gradients
 
-  //! Spans of family f's updated tensors over `ptrs`; their ids into *updated.
-  std::vector<kernels::Span> spans_for(FamilyId f, const FamilyPtrs& ptrs, std::vector<TensorId>* updated);
-  //! The spans of family f's gradients at `grad` (no other pointer set), as grad_stats reads them.
-  std::vector<kernels::Span> grad_spans(FamilyId f, std::byte* grad);
+  //! Spans of family f's updated tensors over `ptrs` into *spans (cleared
+  //! first); their ids into *updated (cleared first) unless null.
+  void spans_for(FamilyId f, const FamilyPtrs& ptrs, std::vector<kernels::Span>* spans,
+                 std::vector<TensorId>* updated);
+  //! The spans of family f's gradients at `grad` (no other pointer set), as
+  //! grad_stats reads them, into *spans (cleared first).
+  void grad_spans(FamilyId f, std::byte* grad, std::vector<kernels::Span>* spans);
 
   // --- the gradient check (Note [Gradient check on the device]) ---
   //! True when this device can check a gradient in its device slot (sim: yes; CUDA: not yet).
@@ -198,15 +230,12 @@ class OptimizerPipeline {
 
  private:
   void launch_device_optimizer(FamilyId f);
-  //! Enqueues family f's update on the optimizer stream of a CUDA device (Note
-  //! [CUDA optimizer] in optimizer_run.cpp); a host function then completes it.
-  Status enqueue_cuda_optimizer(FamilyId f, const std::vector<kernels::Span>& spans,
-                                const std::vector<std::int64_t>& keys, float scale,
-                                const std::vector<kernels::Hyper>& hypers,
-                                const std::vector<TensorId>& updated, double enqueued, std::uint64_t elems);
-  //! A device optimizer's result: counts the update, frees the gradient, ends the family. Takes mu.
-  void device_optimizer_done(FamilyId f, const Result<kernels::StepReport>& r,
-                             const std::vector<TensorId>& updated);
+  //! Enqueues family f's update (calls_[f]) on the optimizer stream of a CUDA
+  //! device (Note [CUDA optimizer] in optimizer_run.cpp); a host function then completes it.
+  Status enqueue_cuda_optimizer(FamilyId f);
+  //! A device optimizer's result (calls_[f]): counts the update, frees the
+  //! gradient, ends the family. Takes mu.
+  void device_optimizer_done(FamilyId f);
   void take_nvme_place(FamilyId f);
   void release_nvme_place(FamilyId f);
   void cancel_read_ahead(FamilyId f);
@@ -222,18 +251,15 @@ class OptimizerPipeline {
   void finish_family(FamilyId f, Status status);
   //! Counts the update and drops the stale GPU copy of the family's param.
   void commit_param(FamilyId f);
-  //! The kernel keys and group hyperparameters of `updated` tensors (for run_kernels).
-  void kernel_keys(const std::vector<TensorId>& updated, std::vector<std::int64_t>* keys,
-                   std::vector<kernels::Hyper>* hypers) const;
-  //! kernels::step over spans grouped by key; no lock needed. `keys` per span:
-  //! (group << 48) | step number, so each kernel call has one hyper and one
-  //! bias-correction step; `hypers` the groups' hyperparameters, captured under
-  //! the lock when the run was launched. `checked`: the family's gradient check
-  //! (kCallerChecked), or null for the kernel's own pass (kSeparatePass).
-  Result<kernels::StepReport> run_kernels(const std::vector<kernels::Span>& spans,
-                                          const std::vector<std::int64_t>& keys, float scale,
-                                          const std::vector<kernels::Hyper>& hypers,
-                                          const kernels::GradStats* checked);
+  //! Fills call's spans, keys and group hyperparameters for family f's run over
+  //! `ptrs` (and runs_[f].updated), under mu.
+  void prepare_call(FamilyId f, const FamilyPtrs& ptrs, KernelCall& call);
+  //! kernels::step over call.spans grouped by key; no lock needed. Keys per
+  //! span: (group << 48) | step number, so each kernel call has one hyper and
+  //! one bias-correction step; hypers: the groups' hyperparameters, captured
+  //! under the lock when the run was launched. `checked`: the family's gradient
+  //! check (kCallerChecked), or null for the kernel's own pass (kSeparatePass).
+  Result<kernels::StepReport> run_kernels(KernelCall& call, const kernels::GradStats* checked);
 
   Core& core_;
   Residency& residency_;
@@ -241,7 +267,8 @@ class OptimizerPipeline {
   std::vector<std::uint32_t> grads_written_;  //!< per family: trainable tensors written this micro-batch
   int tasks_in_flight_ = 0;
   std::uint64_t launches_ = 0;
-  std::deque<FamilyId> grad_queue_;    //!< launched families waiting for a grad staging buffer
+  std::vector<FamilyId>
+      grad_queue_;  //!< launched families waiting for a grad staging buffer, in launch order
   std::vector<FamilyId> launch_fifo_;  //!< launched this step, in order
   std::vector<FamilyId> nvme_order_;   //!< NVMe families by traced gradient completion
   std::size_t read_ahead_cursor_ = 0;
@@ -253,6 +280,7 @@ class OptimizerPipeline {
   int writebacks_in_flight_ = 0;
   std::uint64_t steps_done_ = 0;         //!< steps ended (end_step); a write-back names its step
   std::vector<GradCheckResult> checks_;  //!< per family: this step's gradient check
+  std::vector<KernelCall> calls_;        //!< per family: its kernel's arguments
   std::vector<std::vector<kernels::CudaStepScratch>> cuda_scratch_;  //!< per family, per kernel call (CUDA)
   std::atomic<std::uint64_t> host_check_bytes_{0};  //!< gradient bytes read on the host only to check them
 };

@@ -23,9 +23,10 @@
 
 namespace strata::runtime {
 
-std::vector<kernels::Span> OptimizerPipeline::spans_for(FamilyId f, const FamilyPtrs& ptrs,
-                                                        std::vector<TensorId>* updated) {
-  std::vector<kernels::Span> spans;
+void OptimizerPipeline::spans_for(FamilyId f, const FamilyPtrs& ptrs, std::vector<kernels::Span>* spans,
+                                  std::vector<TensorId>* updated) {
+  spans->clear();
+  if (updated != nullptr) updated->clear();
   const DType cdt = core_.opt.compute_dtype;
   const std::uint64_t cb = dtype_bytes(cdt);
   const std::uint64_t sb = kernels::dtype_size(core_.opt.state_dtype);
@@ -50,47 +51,59 @@ std::vector<kernels::Span> OptimizerPipeline::spans_for(FamilyId f, const Family
       s.state[i] = ptrs.at[static_cast<int>(StateKind::kState0) + static_cast<int>(i)] + off * sb;
     }
     s.state_dtype = core_.opt.state_dtype;
-    spans.push_back(s);
+    spans->push_back(s);
     if (updated != nullptr) updated->push_back(t);
   }
-  return spans;
 }
 
-void OptimizerPipeline::kernel_keys(const std::vector<TensorId>& updated, std::vector<std::int64_t>* keys,
-                                    std::vector<kernels::Hyper>* hypers) const {
+void OptimizerPipeline::prepare_call(FamilyId f, const FamilyPtrs& ptrs, KernelCall& call) {
+  std::vector<TensorId>& updated = runs_[f].updated;
+  spans_for(f, ptrs, &call.spans, &updated);
+  call.keys.clear();
+  call.hypers.clear();
   std::uint32_t groups_used = 1;
   for (TensorId t : updated) {
-    keys->push_back((static_cast<std::int64_t>(core_.tensors[t].group) << 48) |
-                    (core_.tensors[t].updates + 1));
+    call.keys.push_back((static_cast<std::int64_t>(core_.tensors[t].group) << 48) |
+                        (core_.tensors[t].updates + 1));
     groups_used = std::max(groups_used, core_.tensors[t].group + 1);
   }
-  for (std::uint32_t g = 0; g < groups_used; ++g) hypers->push_back(core_.hyper(g));
+  for (std::uint32_t g = 0; g < groups_used; ++g) call.hypers.push_back(core_.hyper(g));
+  call.elems = 0;
+  for (const kernels::Span& s : call.spans) call.elems += s.n;
+  // The distinct keys, in order: one kernel call each.
+  call.distinct.assign(call.keys.begin(), call.keys.end());
+  std::sort(call.distinct.begin(), call.distinct.end());
+  call.distinct.erase(std::unique(call.distinct.begin(), call.distinct.end()), call.distinct.end());
 }
 
-Result<kernels::StepReport> OptimizerPipeline::run_kernels(const std::vector<kernels::Span>& spans,
-                                                           const std::vector<std::int64_t>& keys, float scale,
-                                                           const std::vector<kernels::Hyper>& hypers,
+namespace {
+
+//! The spans of `call` whose key is `key`, into call.group.
+void gather_group(KernelCall& call, std::int64_t key) {
+  call.group.clear();
+  for (std::size_t i = 0; i < call.spans.size(); ++i) {
+    if (call.keys[i] == key) call.group.push_back(call.spans[i]);
+  }
+}
+
+}  // namespace
+
+Result<kernels::StepReport> OptimizerPipeline::run_kernels(KernelCall& call,
                                                            const kernels::GradStats* checked) {
   // Tensors updated a different number of times (one was unused in some step)
   // need their own bias corrections, and each parameter group its own lr and
   // weight decay: one kernel call per distinct (group, step) key.
   constexpr std::int64_t kStepMask = (std::int64_t{1} << 48) - 1;
   kernels::StepReport total{.grads_finite = true, .applied = true};
-  std::vector<std::int64_t> distinct(keys);
-  std::sort(distinct.begin(), distinct.end());
-  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
-  for (std::int64_t key : distinct) {
-    std::vector<kernels::Span> group;
-    for (std::size_t i = 0; i < spans.size(); ++i) {
-      if (keys[i] == key) group.push_back(spans[i]);
-    }
+  for (std::int64_t key : call.distinct) {
+    gather_group(call, key);
     const auto g = static_cast<std::size_t>(key >> 48);
-    STRATA_CHECK(g < hypers.size());
+    STRATA_CHECK(g < call.hypers.size());
     kernels::StepArgs args{
-        .hyper = hypers[g],
+        .hyper = call.hypers[g],
         .step = key & kStepMask,
-        .grad_scale = scale,
-        .spans = group,
+        .grad_scale = call.scale,
+        .spans = call.group,
         .pool = core_.pool.get(),
         .check = checked != nullptr ? kernels::GradCheck::kCallerChecked : kernels::GradCheck::kSeparatePass,
         .checked = checked};
@@ -121,28 +134,27 @@ void OptimizerPipeline::launch_device_optimizer(FamilyId f) {
       return;
     }
   }
-  std::vector<TensorId> updated;
-  std::vector<kernels::Span> spans = spans_for(f, ptrs, &updated);
-  std::vector<std::int64_t> steps;
-  std::vector<kernels::Hyper> hypers;
-  kernel_keys(updated, &steps, &hypers);
-  const double enqueued = core_.timeline.now_us();
-  const float scale = step_scale;
-  std::uint64_t elems = 0;
-  for (const auto& s : spans) elems += s.n;
+  KernelCall& call = calls_[f];
+  prepare_call(f, ptrs, call);
+  call.enqueued_us = core_.timeline.now_us();
+  call.scale = step_scale;
   Status st = Status::Ok();
   if (core_.device.kind() == memory::DeviceKind::kCuda) {
-    st = enqueue_cuda_optimizer(f, spans, steps, scale, hypers, updated, enqueued, elems);
+    st = enqueue_cuda_optimizer(f);
   } else {
     // Sim: the CPU kernel is the device's kernel, run on the optimizer stream.
-    st = core_.device.launch_host(
-        core_.opt_stream, [this, f, spans, steps, hypers, updated, enqueued, scale, elems] {
-          // The device kernel's own pass checks the gradient in device memory.
-          Result<kernels::StepReport> r = run_kernels(spans, steps, scale, hypers, nullptr);
-          core_.record_span(Track::kGpuOptimizer, fmt::format("optimizer f{}", f), enqueued, elems);
-          // Device-stream callbacks never take the mutex (Note [Runtime threading]).
-          core_.pool->post([this, f, r, updated] { device_optimizer_done(f, r, updated); });
-        });
+    // The host function captures (this, f) only: std::function keeps it in
+    // place (Note [Allocation-free hot paths]).
+    st = core_.device.launch_host(core_.opt_stream, [this, f] {
+      KernelCall& c = calls_[f];
+      // The device kernel's own pass checks the gradient in device memory.
+      Result<kernels::StepReport> r = run_kernels(c, nullptr);
+      c.status = r.ok() ? Status::Ok() : r.status();
+      if (r.ok()) c.report = *r;
+      core_.record_span(Track::kGpuOptimizer, SpanName{"optimizer", f}, c.enqueued_us, c.elems);
+      // Device-stream callbacks never take the mutex (Note [Runtime threading]).
+      core_.pool->post([this, f] { device_optimizer_done(f); });
+    });
   }
   for (std::size_t k = 0; k < kStateKindCount && st.ok(); ++k) {
     Chunk& c = core_.chunks[f * kStateKindCount + k];
@@ -157,64 +169,58 @@ void OptimizerPipeline::launch_device_optimizer(FamilyId f) {
   if (!st.ok()) core_.fail(st);
 }
 
-void OptimizerPipeline::device_optimizer_done(FamilyId f, const Result<kernels::StepReport>& r,
-                                              const std::vector<TensorId>& updated) {
+void OptimizerPipeline::device_optimizer_done(FamilyId f) {
   std::lock_guard lock(core_.mu);
-  if (r.ok()) {
-    runs_[f].applied = r->applied;
-    if (r->applied) {
-      for (TensorId t : updated) ++core_.tensors[t].updates;
+  const KernelCall& call = calls_[f];
+  if (call.status.ok()) {
+    runs_[f].applied = call.report.applied;
+    if (call.report.applied) {
+      for (TensorId t : runs_[f].updated) ++core_.tensors[t].updates;
     }
   }
-  release_gradient(f, r.ok());
-  finish_family(f, r.ok() ? Status::Ok() : r.status());
+  release_gradient(f, call.status.ok());
+  finish_family(f, call.status);
 }
 
-Status OptimizerPipeline::enqueue_cuda_optimizer(FamilyId f, const std::vector<kernels::Span>& spans,
-                                                 const std::vector<std::int64_t>& keys, float scale,
-                                                 const std::vector<kernels::Hyper>& hypers,
-                                                 const std::vector<TensorId>& updated, double enqueued,
-                                                 std::uint64_t elems) {
+Status OptimizerPipeline::enqueue_cuda_optimizer(FamilyId f) {
   // Note [CUDA optimizer]: one kernels::cuda_step_enqueue per (group, step) key
   // on the optimizer stream, each checking its gradients on the device and
   // gating its update by that check; nothing waits on the host. A host function
   // after them hands completion to the pool, whose cuda_step_finish calls find
   // their events already passed.
-  std::vector<std::int64_t> distinct(keys);
-  std::sort(distinct.begin(), distinct.end());
-  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  KernelCall& call = calls_[f];
   std::vector<kernels::CudaStepScratch>& scratch = cuda_scratch_[f];
-  if (scratch.size() < distinct.size()) scratch.resize(distinct.size());  // kept for the next steps
+  if (scratch.size() < call.distinct.size()) scratch.resize(call.distinct.size());  // kept for the next steps
   void* stream = reinterpret_cast<void*>(core_.opt_stream.native());
   constexpr std::int64_t kStepMask = (std::int64_t{1} << 48) - 1;
-  std::vector<kernels::Span> group;
-  for (std::size_t i = 0; i < distinct.size(); ++i) {
-    group.clear();
-    for (std::size_t k = 0; k < spans.size(); ++k) {
-      if (keys[k] == distinct[i]) group.push_back(spans[k]);
-    }
-    const auto g = static_cast<std::size_t>(distinct[i] >> 48);
-    STRATA_CHECK(g < hypers.size());
-    kernels::StepArgs args{
-        .hyper = hypers[g], .step = distinct[i] & kStepMask, .grad_scale = scale, .spans = group};
+  for (std::size_t i = 0; i < call.distinct.size(); ++i) {
+    gather_group(call, call.distinct[i]);
+    const auto g = static_cast<std::size_t>(call.distinct[i] >> 48);
+    STRATA_CHECK(g < call.hypers.size());
+    kernels::StepArgs args{.hyper = call.hypers[g],
+                           .step = call.distinct[i] & kStepMask,
+                           .grad_scale = call.scale,
+                           .spans = call.group};
     STRATA_RETURN_IF_ERROR(kernels::cuda_step_enqueue(args, scratch[i], stream));
   }
-  const std::size_t calls = distinct.size();
-  return core_.device.launch_host(core_.opt_stream, [this, f, calls, updated, enqueued, elems] {
-    core_.record_span(Track::kGpuOptimizer, fmt::format("optimizer f{}", f), enqueued, elems);
+  return core_.device.launch_host(core_.opt_stream, [this, f] {
+    const KernelCall& c = calls_[f];
+    core_.record_span(Track::kGpuOptimizer, SpanName{"optimizer", f}, c.enqueued_us, c.elems);
     // No CUDA call in a stream callback: the pool finishes the steps.
-    core_.pool->post([this, f, calls, updated] {
-      Result<kernels::StepReport> total = kernels::StepReport{.grads_finite = true, .applied = true};
-      for (std::size_t i = 0; i < calls; ++i) {
+    core_.pool->post([this, f] {
+      KernelCall& done = calls_[f];
+      done.status = Status::Ok();
+      done.report = kernels::StepReport{.grads_finite = true, .applied = true};
+      for (std::size_t i = 0; i < done.distinct.size(); ++i) {
         Result<kernels::StepReport> r = kernels::cuda_step_finish(cuda_scratch_[f][i]);
         if (!r.ok()) {
-          if (total.ok()) total = r.status();
-        } else if (total.ok()) {
-          total->grads_finite = total->grads_finite && r->grads_finite;
-          total->applied = total->applied && r->applied;
+          if (done.status.ok()) done.status = r.status();
+        } else {
+          done.report.grads_finite = done.report.grads_finite && r->grads_finite;
+          done.report.applied = done.report.applied && r->applied;
         }
       }
-      device_optimizer_done(f, total, updated);
+      device_optimizer_done(f);
     });
   });
 }
@@ -241,22 +247,19 @@ void OptimizerPipeline::compute_family(FamilyId f) {
     }
   }
   Chunk& p = core_.chunk(f, StateKind::kParam);
-  std::vector<TensorId> updated;
-  std::vector<kernels::Span> spans = spans_for(f, ptrs, &updated);
-  std::vector<std::int64_t> steps;
-  std::vector<kernels::Hyper> hypers;
-  kernel_keys(updated, &steps, &hypers);
+  KernelCall& call = calls_[f];
+  prepare_call(f, ptrs, call);
   // The gradient was checked on its way to host (Note [Gradient check on the
   // device]); else the kernel reads it once first. A family that starts before
   // step() uses the scale its check took when it started; a deferred one the
   // step's (x the clip coefficient <= 1: finite stays finite).
   const GradCheckResult& check = checks_[f];
-  const float scale = check.valid && !core_.deferred() ? check.scale : step_scale;
+  call.scale = check.valid && !core_.deferred() ? check.scale : step_scale;
   std::optional<kernels::GradStats> checked;
   if (check.valid) {
     checked = kernels::GradStats{.sum_squares = check.sum_squares(), .finite = check.finite};
   } else {
-    for (const kernels::Span& s : spans) host_check_bytes_ += s.n * kernels::dtype_size(s.grad_dtype);
+    for (const kernels::Span& s : call.spans) host_check_bytes_ += s.n * kernels::dtype_size(s.grad_dtype);
   }
   // The kernel writes a host family's param in place: no load may still read it.
   if (!nvme_family) {
@@ -273,11 +276,8 @@ void OptimizerPipeline::compute_family(FamilyId f) {
   // (An NVMe-homed param was read into its staging beside the states.)
   if (nvme_family && !core_.param_on_nvme(f))
     std::memcpy(ptrs.at[static_cast<int>(StateKind::kParam)], p.host, p.bytes);
-  Result<kernels::StepReport> r = run_kernels(spans, steps, scale, hypers, checked ? &*checked : nullptr);
-  std::uint64_t elems = 0;
-  for (const auto& s : spans) elems += s.n;
-  core_.timeline.add(Track::kCpuOptimizer, fmt::format("optimizer f{}", f), t0, core_.timeline.now_us(),
-                     elems);
+  Result<kernels::StepReport> r = run_kernels(call, checked ? &*checked : nullptr);
+  core_.timeline.add(Track::kCpuOptimizer, SpanName{"optimizer", f}, t0, core_.timeline.now_us(), call.elems);
 
   lock.lock();
   release_gradient(f, r.ok());
@@ -285,8 +285,7 @@ void OptimizerPipeline::compute_family(FamilyId f) {
     finish_family(f, r.status());
     return;
   }
-  run.applied = r->applied;
-  run.updated = std::move(updated);
+  run.applied = r->applied;  // (run.updated was filled by prepare_call)
   if (!nvme_family || !r->applied) {
     if (r->applied) commit_param(f);
     finish_family(f, Status::Ok());

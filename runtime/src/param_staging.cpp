@@ -127,7 +127,8 @@ Status Residency::start_staging(Chunk& c, std::size_t window, bool ahead, bool* 
 }
 
 void Residency::staging_read_done(FamilyId f, Status status, double enqueued_us, std::uint64_t bytes) {
-  core_.timeline.add(Track::kDiskRead, "nvme read param", enqueued_us, core_.timeline.now_us(), bytes);
+  core_.timeline.add(Track::kDiskRead, SpanName{"nvme read param", f}, enqueued_us, core_.timeline.now_us(),
+                     bytes);
   std::lock_guard lock(core_.mu);
   ParamStaging& st = staging_[f];
   if (!status.ok() && st.status.ok()) st.status = std::move(status);

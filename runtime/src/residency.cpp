@@ -60,7 +60,7 @@ Status Residency::load_to_slot(Chunk& c, DeviceSlot& slot) {
       if (st.ok())
         st = core_.timed_copy(core_.h2d, Track::kH2D, slot.ptr, zeros, c.bytes,
                               memory::CopyKind::kHostToDevice,
-                              fmt::format("h2d f{} {} zeros", c.family, state_kind_name(c.kind)));
+                              SpanName{"h2d zeros", c.family, state_kind_name(c.kind)});
       if (st.ok()) st = core_.device.synchronize(core_.h2d);  // once per chunk, at its first use
       core_.host->free(zeros, c.bytes);
       STRATA_RETURN_IF_ERROR(st);
@@ -82,7 +82,7 @@ Status Residency::load_to_slot(Chunk& c, DeviceSlot& slot) {
   }
   STRATA_RETURN_IF_ERROR(core_.timed_copy(core_.h2d, Track::kH2D, slot.ptr, c.host, c.bytes,
                                           memory::CopyKind::kHostToDevice,
-                                          fmt::format("h2d f{} {}", c.family, state_kind_name(c.kind))));
+                                          SpanName{"h2d", c.family, state_kind_name(c.kind)}));
   STRATA_RETURN_IF_ERROR(core_.device.record(slot.ready, core_.h2d));
   STRATA_RETURN_IF_ERROR(core_.device.record(slot.fence, core_.h2d));
   if (!c.host_read.valid()) {

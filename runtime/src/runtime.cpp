@@ -244,6 +244,16 @@ const Plan& Runtime::plan() const {
 const StepTrace& Runtime::last_trace() const {
   return impl_->tracker.plan_trace();
 }
+HotPathCounters Runtime::hot_path_counters() const {
+  const Core& core = impl_->core;
+  return {.copy_records = core.copy_records.created(),
+          .launch_records = core.launch_records.created(),
+          .timeline_spans = core.timeline.recorded(),
+          .timeline_spans_dropped = core.timeline.dropped(),
+          .pool_handler_blocks = core.pool->handler_memory().blocks_created(),
+          .pool_handlers_oversized = core.pool->handler_memory().oversized()};
+}
+
 const Timeline& Runtime::timeline() const {
   return impl_->core.timeline;
 }

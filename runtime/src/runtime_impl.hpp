@@ -76,6 +76,8 @@ struct Runtime::Impl {
   //! Gradients to host and one global check (clipping, loss scaling); sets the
   //! pipeline's step scale. *skip is set when an Inf/NaN skips the step.
   Status deferred_prepass(std::unique_lock<std::mutex>& lock, bool* skip);
+  //! deferred_prepass's family lists, reused (Note [Allocation-free hot paths] in leases.cpp).
+  std::vector<FamilyId> prepass_checked, prepass_on_host;
   //! Drops every gradient of a step skipped for Inf/NaN.
   void discard_gradients();
   // Data parallelism (data_parallel.cpp, Note [Sharded step]); no-ops for one rank.

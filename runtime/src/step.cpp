@@ -17,7 +17,10 @@ Status Runtime::Impl::deferred_prepass(std::unique_lock<std::mutex>& lock, bool*
   const float scale = pipeline.grad_scale / static_cast<float>(core.dp_ranks());
   // Bring every written gradient to the host, checked on the device on its way
   // (Note [Gradient check on the device]); those already on host are checked there.
-  std::vector<FamilyId> checked, on_host;
+  std::vector<FamilyId>& checked = prepass_checked;
+  std::vector<FamilyId>& on_host = prepass_on_host;
+  checked.clear();
+  on_host.clear();
   for (FamilyId f = 0; f < core.layout.families.size(); ++f) {
     Chunk& g = core.chunk(f, StateKind::kGrad);
     if (g.bytes == 0 || g.absent()) continue;

@@ -54,7 +54,8 @@ void StepTracker::adopt(StepTrace trace, std::size_t family_count) {
 }
 
 void StepTracker::refresh(StepTrace trace) {
-  if (trace.uses.size() == plan_trace_.uses.size()) plan_trace_ = std::move(trace);
+  if (trace.uses.size() == plan_trace_.uses.size()) std::swap(plan_trace_, trace);
+  tracer_.give_back(std::move(trace));  // its room records a later step
 }
 
 void StepTracker::begin_step() {

@@ -31,6 +31,7 @@ class PinnedHostStore final : public HostStore {
   ~PinnedHostStore() override {
     std::lock_guard lock(mu_);
     buffers_.clear();
+    spare_nodes_.clear();
   }
 
   Result<std::byte*> allocate(std::uint64_t bytes) override {
@@ -47,14 +48,27 @@ class PinnedHostStore final : public HostStore {
       return s;
     }
     std::byte* data = buffer->data();
-    buffers_.emplace(data, std::move(buffer).value());
+    if (spare_nodes_.empty()) {
+      buffers_.emplace(data, std::move(buffer).value());
+    } else {  // a node of a freed buffer: no allocation (Note [Allocation-free hot paths])
+      Buffers::node_type node = std::move(spare_nodes_.back());
+      spare_nodes_.pop_back();
+      node.key() = data;
+      node.mapped() = std::move(buffer).value();
+      buffers_.insert(std::move(node));
+    }
     used_ += bytes;
     high_water_ = std::max(high_water_, used_);
     return data;
   }
   void free(std::byte* data, std::uint64_t bytes) override {
     std::lock_guard lock(mu_);
-    if (buffers_.erase(data) > 0) used_ -= bytes;
+    auto it = buffers_.find(data);
+    if (it == buffers_.end()) return;
+    Buffers::node_type node = buffers_.extract(it);
+    node.mapped() = memory::PinnedBuffer{};  // frees the memory; the node is kept for reuse
+    spare_nodes_.push_back(std::move(node));
+    used_ -= bytes;
   }
   std::uint64_t used_bytes() const override {
     std::lock_guard lock(mu_);
@@ -75,7 +89,9 @@ class PinnedHostStore final : public HostStore {
   std::unique_ptr<memory::PinnedHostPool> pool_;
   const std::uint64_t budget_;
   mutable std::mutex mu_;
-  std::unordered_map<std::byte*, memory::PinnedBuffer> buffers_;
+  using Buffers = std::unordered_map<std::byte*, memory::PinnedBuffer>;
+  Buffers buffers_;
+  std::vector<Buffers::node_type> spare_nodes_;  //!< grows only past the high water of buffers
   std::uint64_t used_ = 0;
   std::uint64_t high_water_ = 0;
 };

@@ -27,15 +27,25 @@ std::string_view track_name(Track track) {
   return "unknown";
 }
 
+std::string SpanName::str() const {
+  std::string s(label);
+  if (family >= 0) s += fmt::format(" f{}", family);
+  if (!detail.empty()) {
+    s += ' ';
+    s += detail;
+  }
+  return s;
+}
+
 Timeline::Timeline(std::size_t events_max) : origin_(Clock::now()), events_max_(events_max) {
-  spans_.reserve(std::min<std::size_t>(events_max_, 4096));
+  spans_.reserve(events_max_);  // once: add() never reallocates
 }
 
 double Timeline::now_us() const {
   return std::chrono::duration<double, std::micro>(Clock::now() - origin_).count();
 }
 
-void Timeline::add(Track track, std::string name, double start_us, double end_us, std::uint64_t bytes) {
+void Timeline::add(Track track, SpanName name, double start_us, double end_us, std::uint64_t bytes) {
   std::lock_guard lock(mutex_);
   const auto t = static_cast<std::size_t>(track);
   TrackStats& s = stats_[t];
@@ -48,7 +58,7 @@ void Timeline::add(Track track, std::string name, double start_us, double end_us
     ++dropped_;
     return;
   }
-  spans_.push_back(Span{track, std::move(name), start_us, end_us, bytes});
+  spans_.push_back(Span{track, name, start_us, end_us, bytes});
 }
 
 void Timeline::add_stall(double seconds) {
@@ -71,6 +81,11 @@ std::uint64_t Timeline::dropped() const {
   return dropped_;
 }
 
+std::uint64_t Timeline::recorded() const {
+  std::lock_guard lock(mutex_);
+  return spans_.size();
+}
+
 void Timeline::reset() {
   std::lock_guard lock(mutex_);
   spans_.clear();
@@ -91,7 +106,7 @@ std::string Timeline::chrome_trace_json() const {
                       {"args", {{"name", std::string(track_name(static_cast<Track>(t)))}}}});
   }
   for (const Span& s : spans_) {
-    events.push_back({{"name", s.name},
+    events.push_back({{"name", s.name.str()},
                       {"ph", "X"},
                       {"pid", 1},
                       {"tid", static_cast<int>(s.track)},

@@ -22,8 +22,12 @@ void Tracer::record(FamilyId family, Phase phase, bool writes_grad) {
 
 StepTrace Tracer::take() {
   StepTrace out = std::move(trace_);
-  trace_ = StepTrace{};
+  // The next step records into the room of the trace handed back last time
+  // (give_back), so a steady step allocates nothing here.
+  trace_ = std::move(spare_);
+  trace_.uses.clear();
   trace_.uses.reserve(out.uses.size());
+  spare_ = StepTrace{};
   return out;
 }
 

@@ -14,12 +14,81 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "strata/common/status.hpp"
 
 namespace strata {
+
+// Note [Handler memory]
+// Every post() queues an operation that asio allocates. Outside the pool's own
+// threads (device-stream callbacks, the training thread) asio's per-thread
+// recycling does not apply, so each post would allocate from the heap. The
+// pool therefore hands asio fixed-size blocks from its own free list
+// (HandlerMemory, through the handler's associated allocator); the list grows
+// only past its high water of operations in flight (kReservedBlocks are made
+// at start), so steady work allocates nothing (Note [Allocation-free hot paths] in runtime/src/leases.cpp). A
+// request larger than a block goes to the heap and is counted.
+
+//! Recycled blocks for the pool's queued operations (Note [Handler memory]). Thread-safe.
+class HandlerMemory {
+ public:
+  static constexpr std::size_t kBlockBytes = 256;
+  //! Blocks made at start: posts in flight beyond them take new ones (counted).
+  static constexpr std::size_t kReservedBlocks = 64;
+  HandlerMemory();
+  ~HandlerMemory();
+  HandlerMemory(const HandlerMemory&) = delete;
+  HandlerMemory& operator=(const HandlerMemory&) = delete;
+
+  void* allocate(std::size_t bytes);
+  void deallocate(void* p, std::size_t bytes);
+  //! Blocks created beyond the reserved ones (operations in flight past kReservedBlocks).
+  std::uint64_t blocks_created() const;
+  //! Requests larger than a block, served by the heap.
+  std::uint64_t oversized() const;
+
+ private:
+  struct Block {
+    Block* next;
+  };
+  mutable std::mutex mu_;
+  Block* free_ = nullptr;
+  std::uint64_t created_ = 0;
+  std::uint64_t oversized_ = 0;
+};
+
+//! An allocator over HandlerMemory, for asio's associated allocator.
+template <typename T>
+struct HandlerAllocator {
+  using value_type = T;
+  HandlerMemory* memory;
+  explicit HandlerAllocator(HandlerMemory* m) noexcept : memory(m) {}
+  template <typename U>
+  HandlerAllocator(const HandlerAllocator<U>& other) noexcept : memory(other.memory) {}  // NOLINT: rebind
+  T* allocate(std::size_t n) { return static_cast<T*>(memory->allocate(n * sizeof(T))); }
+  void deallocate(T* p, std::size_t n) noexcept { memory->deallocate(p, n * sizeof(T)); }
+  template <typename U>
+  bool operator==(const HandlerAllocator<U>& o) const noexcept {
+    return memory == o.memory;
+  }
+  template <typename U>
+  bool operator!=(const HandlerAllocator<U>& o) const noexcept {
+    return memory != o.memory;
+  }
+};
+
+//! A posted function with the pool's handler memory as its allocator.
+template <typename Fn>
+struct PooledHandler {
+  Fn fn;
+  HandlerMemory* memory;
+  using allocator_type = HandlerAllocator<void>;
+  allocator_type get_allocator() const noexcept { return allocator_type(memory); }
+  void operator()() { fn(); }
+};
 
 //! Fixed-size pool of worker threads. Create once at start-up; destruction
 //! drains the queue (waits for posted work) and joins. post() and parallel_for()
@@ -50,11 +119,14 @@ class ThreadPool {
   //! A new strand: work posted to it runs one at a time, in order.
   Strand make_strand() { return boost::asio::make_strand(pool_.get_executor()); }
 
-  //! Runs fn() on some worker. Never blocks.
+  //! Runs fn() on some worker. Never blocks. Allocates only past the high water
+  //! of posts in flight, or for a function larger than a block (Note [Handler memory]).
   template <typename Fn>
   void post(Fn&& fn) {
-    boost::asio::post(pool_, std::forward<Fn>(fn));
+    boost::asio::post(pool_, PooledHandler<std::decay_t<Fn>>{std::forward<Fn>(fn), &handler_memory_});
   }
+  //! The handler memory's counters (Note [Handler memory]).
+  const HandlerMemory& handler_memory() const { return handler_memory_; }
 
   //! Splits [0, count) into `parts` contiguous ranges of near-equal size (the
   //! same split for the same count and parts, so per-range partial results can
@@ -79,6 +151,7 @@ class ThreadPool {
 
  private:
   explicit ThreadPool(std::size_t threads);
+  HandlerMemory handler_memory_;  // before pool_: outlives the operations it holds
   boost::asio::thread_pool pool_;
   std::vector<std::thread> workers_;
 };

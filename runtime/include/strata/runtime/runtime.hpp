@@ -175,6 +175,19 @@ struct StepStats {
   std::string first_prefetch_error;
 };
 
+//! How far the pools behind the runtime's hot paths have grown (Note
+//! [Allocation-free hot paths] in runtime/src/leases.cpp). Each grows only past
+//! its high water, so a steady step adds to none of them: the counters a test
+//! checks beside a count of heap allocations (tests/runtime/test_alloc_free.cpp).
+struct HotPathCounters {
+  std::uint64_t copy_records = 0;  //!< timed copies' completion records created (in flight at once, at most)
+  std::uint64_t launch_records = 0;  //!< launch()'s completion records created
+  std::uint64_t timeline_spans = 0;  //!< spans recorded; their room is reserved once (timeline_events_max)
+  std::uint64_t timeline_spans_dropped = 0;   //!< spans past timeline_events_max, counted, not kept
+  std::uint64_t pool_handler_blocks = 0;      //!< the thread pool's operation blocks (Note [Handler memory])
+  std::uint64_t pool_handlers_oversized = 0;  //!< posted functions too large for a block (heap)
+};
+
 //! Whether the runtime runs optimizer `o`'s steps on a device of `kind` (so a plan
 //! may keep everything, optimizer included, on the GPU): the sim device's "kernels"
 //! are the CPU ones, so yes; on CUDA, kernels::cuda_step_enqueue runs every
@@ -318,6 +331,8 @@ class Runtime {
   StepCost predict(const Rates& rates) const;
   const StepTrace& last_trace() const;
   const Timeline& timeline() const;
+  //! The hot paths' pool counters. Thread-safe; never blocks on background work.
+  HotPathCounters hot_path_counters() const;
   Status write_chrome_trace(const std::string& path) const;
 
   //! Checks the runtime's internal invariants (the chunk and family state

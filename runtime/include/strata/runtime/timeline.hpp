@@ -10,14 +10,18 @@
 //
 // Each resource is one track: compute, h2d, d2h, cpu optimizer, disk read, disk
 // write. Spans are recorded with start/end in microseconds since the timeline's
-// creation. The buffer is bounded (events_max); once full, further spans are
-// counted as dropped and the export says so.
+// creation. The buffer is bounded (events_max) and reserved whole at creation
+// (pages are touched only as spans arrive); once full, further spans are
+// counted as dropped and the export says so. Recording a span allocates
+// nothing: its name is a SpanName, formatted only by the export (Note
+// [Allocation-free hot paths] in runtime/src/leases.cpp).
 
 #include <array>
 #include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "strata/common/status.hpp"
@@ -47,22 +51,35 @@ struct TrackStats {
   std::uint64_t spans = 0;
 };
 
+//! A span's name, kept unformatted so that recording it allocates nothing:
+//! "<label>[ f<family>][ <detail>]" in the export. `label` and `detail` must
+//! point to storage that outlives the timeline (string literals, state_kind_name()).
+struct SpanName {
+  std::string_view label;
+  std::int64_t family = -1;  //!< the chunk family it concerns; -1: none
+  std::string_view detail;   //!< e.g. the state kind; empty: none
+  //! The export's text.
+  std::string str() const;
+};
+
 //! Thread-safe recorder. Cheap: one mutex-protected append per span.
 class Timeline {
  public:
   using Clock = std::chrono::steady_clock;
-  explicit Timeline(std::size_t events_max = 1u << 20);
+  explicit Timeline(std::size_t events_max = 1u << 18);
 
   //! Microseconds since creation.
   double now_us() const;
   //! Records a finished span [start_us, end_us) on `track` with `bytes` of work.
-  void add(Track track, std::string name, double start_us, double end_us, std::uint64_t bytes);
+  void add(Track track, SpanName name, double start_us, double end_us, std::uint64_t bytes);
   //! Adds host time spent waiting inside acquire().
   void add_stall(double seconds);
 
   TrackStats stats(Track track) const;
   double stall_s() const;
   std::uint64_t dropped() const;
+  //! Spans kept since the last reset().
+  std::uint64_t recorded() const;
   //! Zeroes counters and drops recorded spans (e.g. after the warm-up step).
   void reset();
 
@@ -74,7 +91,7 @@ class Timeline {
  private:
   struct Span {
     Track track;
-    std::string name;
+    SpanName name;
     double start_us;
     double end_us;
     std::uint64_t bytes;

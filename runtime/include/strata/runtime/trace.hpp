@@ -47,9 +47,13 @@ class Tracer {
   //! Hands the trace over and keeps room for as many uses, so recording the next
   //! step allocates nothing (Note [Allocation-free hot paths] in runtime/src/leases.cpp).
   StepTrace take();
+  //! Takes back a trace that is no longer needed: the step after next records
+  //! into its room.
+  void give_back(StepTrace trace) { spare_ = std::move(trace); }
 
  private:
   StepTrace trace_;
+  StepTrace spare_;
 };
 
 //! Next-use queries over a cyclic sequence of family ids. Immutable after build.
