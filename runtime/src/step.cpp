@@ -91,7 +91,7 @@ Result<StepStats> Runtime::step() {
                                m.leases_out);
   }
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
-  STRATA_RETURN_IF_ERROR(m.core.take_error());  // (a failed prefetch: once; nothing done)
+  STRATA_RETURN_IF_ERROR(m.core.take_error());           // (a failed prefetch: once; nothing done)
   STRATA_RETURN_IF_ERROR(m.dp_broadcast_initial(lock));  // (a step without uses)
   // Last step's gathers of params this step did not use (Note [Sharded step]).
   STRATA_RETURN_IF_ERROR(m.dp_finish_all_gathers(lock));

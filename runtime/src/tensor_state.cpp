@@ -58,7 +58,7 @@ Status Runtime::init_tensor(TensorId tensor, std::span<const float> values) {
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
   STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
   STRATA_RETURN_IF_ERROR(m.checkpoint_wait_captured(lock, true));  // a save in flight reads the old values
-  STRATA_RETURN_IF_ERROR(m.core.take_prefetch_error());  // (once; nothing written)
+  STRATA_RETURN_IF_ERROR(m.core.take_prefetch_error());            // (once; nothing written)
   const TensorSlot& ts = m.core.layout.slots[tensor];
   const DType cdt = m.core.opt.compute_dtype;
   auto write_param = [&](std::byte* base) {
