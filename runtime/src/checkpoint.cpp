@@ -27,6 +27,28 @@
 // (older generations, temporaries of a crashed save) are removed. States are streamed chunk by chunk through
 // one host copy at a time (an NVMe chunk is read from its slots into a host buffer, never through the
 // device), so a save needs one chunk of host room beyond what the runtime holds, plus one stripe buffer.
+//
+// Note [Sharded checkpoint]
+// With W > 1 data-parallel ranks (Note [Sharded step]) save_checkpoint and
+// load_checkpoint are collective: every rank calls them on the same directory.
+// A save: each rank does every check that can fail on it alone (begin_save's
+// prepare), then the ranks agree (Impl::dp_all_ok: every rank's error text
+// reaches every rank) and take the largest generation any found (dp_max). Each
+// rank writes, fsyncs and renames the files of its own families (run_save;
+// the owner's params, masters, states) and fsyncs the directory; they agree
+// again; rank 0 gathers every rank's file entries and tensor entries
+// (dp_exchange_text), publishes the manifest (publish_manifest: the same
+// format as one rank's, plus "ranks": W) and removes stale files; a last
+// agreement hands rank 0's outcome to every rank once the manifest is durable.
+// Until rank 0's rename the previous manifest is the published one, so the
+// rules of Note [Checkpoint publish] hold for every crash point. The generation
+// scan skips ".tmp" names (another rank's probe may be one). begin_checkpoint
+// is refused with W > 1: its agreement would run on the save thread, among the
+// step's collectives. A load: every rank finishes the last step's param
+// all-gathers, checks the manifest and every file (all hold params, which every
+// rank needs), and the ranks agree before any applies; each applies params of
+// every family and masters/states of the families it owns now, so a checkpoint
+// saved at W loads at any W' (the layout is per tensor).
 #include <fcntl.h>
 #include <fmt/ranges.h>
 #include <sys/resource.h>
@@ -56,6 +78,14 @@
 #include "strata/offload/crc32c.hpp"
 
 namespace strata::runtime {
+
+//! Test hook: runs before a save creates each `<name>.tmp`; an error fails that file
+//! as a real one would (tests/runtime/test_checkpoint.cpp fails one rank's file).
+//! Set before the runtimes run; tests only.
+namespace checkpoint_testing {
+std::function<Status(const std::string& tmp_path)> before_create;
+}  // namespace checkpoint_testing
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -248,6 +278,8 @@ class StripedWriter {
   static Result<StripedWriter> open(fs::path final_path, StripeSink& sink) {
     fs::path tmp = final_path;
     tmp += ".tmp";
+    if (checkpoint_testing::before_create)
+      STRATA_RETURN_IF_ERROR(checkpoint_testing::before_create(tmp.string()));
     Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (fd.get() < 0) {
       return errno_status(errno, fmt::format("save_checkpoint: creating {} (the checkpoint directory must be "
@@ -553,6 +585,13 @@ struct CheckpointSave {
   }
   std::size_t held_count = 0;
   std::size_t uncaptured = 0;
+  //! Data parallelism (Note [Sharded checkpoint]): this rank writes its own families
+  //! only (`owned` of them), and run_save leaves their file and tensor entries here
+  //! for rank 0's manifest instead of publishing one.
+  bool sharded = false;
+  std::size_t owned = 0;
+  json shard_files = json::array();    //!< {family, name, bytes, crc32c}
+  json shard_tensors = json::array();  //!< {id, entry}
   bool done = false;
   Status status = Status::Ok();
   std::thread thread;
@@ -754,6 +793,8 @@ static Status write_family(Core& core, CheckpointSave& s, FamilyId f, StripedWri
   return Status::Ok();
 }
 
+static Status publish_manifest(Core& core, CheckpointSave& s, json files, json tensors, std::uint64_t total);
+
 //! The save thread: captures and writes every family, then publishes (Note [Overlapped save]).
 static Status run_save(Runtime::Impl& m, CheckpointSave& s) {
   Core& core = m.core;
@@ -765,7 +806,7 @@ static Status run_save(Runtime::Impl& m, CheckpointSave& s) {
   StripeSink sink;                     // its jobs keep their files open until written
   std::vector<StripedWriter> writers;  // fsynced together once all are written
   std::vector<json> files_by_family(families);
-  for (std::size_t written = 0; written < families; ++written) {
+  for (std::size_t written = 0; written < s.owned; ++written) {
     // Captures ahead, in backward order, what the room holds (one family per lock hold),
     // so the training thread finds its families captured and copies nothing itself.
     for (FamilyId g = families; g-- > 0 && !s.blocking;) {
@@ -826,12 +867,31 @@ static Status run_save(Runtime::Impl& m, CheckpointSave& s) {
     }
   }
   STRATA_RETURN_IF_ERROR(publish_all(sink, writers));
+  if (s.sharded) {  // rank 0 publishes the manifest (Note [Sharded checkpoint])
+    for (FamilyId f = 0; f < families; ++f) {
+      if (!core.owns(f)) continue;
+      json e = std::move(files_by_family[f]);
+      e["family"] = f;
+      s.shard_files.push_back(std::move(e));
+      for (TensorId id : core.layout.families[f].tensors)
+        s.shard_tensors.push_back({{"id", id}, {"entry", std::move(tensor_entries[id])}});
+    }
+    return fsync_dir(s.root);
+  }
   for (json& f : files_by_family) files.push_back(std::move(f));
   json tensors = json::array();
   // In family order, as a blocking save wrote them (the manifest is the same whatever the capture order).
   for (const FamilyLayout& fam : core.layout.families) {
     for (TensorId id : fam.tensors) tensors.push_back(std::move(tensor_entries[id]));
   }
+  return publish_manifest(core, s, std::move(files), std::move(tensors), total);
+}
+
+//! Writes, fsyncs and renames the manifest (the data files are published), then
+//! removes what no manifest names (Note [Checkpoint publish]).
+static Status publish_manifest(Core& core, CheckpointSave& s, json files, json tensors, std::uint64_t total) {
+  StripeSink sink;
+  const std::size_t families = files.size();
   const json manifest = {{"format", kFormatName},
                          {"version", kFormatVersion},
                          {"generation", s.generation},
@@ -841,6 +901,7 @@ static Status run_save(Runtime::Impl& m, CheckpointSave& s) {
                          {"state_dtype", std::string(runtime::dtype_name(core.opt.state_dtype))},
                          {"state_count", core.state_count},
                          {"optimizer", std::string(kernels::optimizer_name(core.opt.hyper.optimizer))},
+                         {"ranks", core.dp_ranks()},
                          {"files", std::move(files)},
                          {"tensors", std::move(tensors)},
                          {"groups", s.groups}};
@@ -931,60 +992,83 @@ Status Runtime::Impl::checkpoint_finish(std::unique_lock<std::mutex>& lock) {
 static Status begin_save(Runtime::Impl& m, const std::string& dir, bool background) {
   std::unique_lock lock(m.core.mu);
   InvariantCheck check(m, &lock);
-  STRATA_RETURN_IF_ERROR(m.checkpoint_finish(lock));
-  STRATA_ASSIGN_OR_RETURN(const fs::path root, checkpoint_dir(m.core, dir, "save_checkpoint"));
-  if (m.leases_out > 0)
-    return failed_precondition("save_checkpoint({}) while leases are held", root.string());
-  if (m.core.dp_ranks() > 1) {
-    // Each rank holds only its own families' masters and states (Note [Sharded step]).
+  const bool sharded = m.core.dp_ranks() > 1;
+  if (sharded && background) {
+    // The same answer on every rank, so no rank waits in a collective for it.
     return failed_precondition(
-        "save_checkpoint({}): this runtime is rank {} of {} (data parallelism) and holds the optimizer "
-        "states "
-        "of its own families only; per-shard checkpoints are not implemented yet, so nothing was written",
-        root.string(), m.core.dp_rank(), m.core.dp_ranks());
+        "begin_checkpoint({}): this runtime is rank {} of {} (data parallelism); an overlapped save is not "
+        "implemented for data-parallel ranks (its agreement would interleave with the step's collectives); "
+        "call save_checkpoint on every rank instead (Note [Sharded checkpoint])",
+        dir, m.core.dp_rank(), m.core.dp_ranks());
   }
-  std::error_code ec;
-  fs::create_directories(root, ec);
-  if (ec) {
-    return errno_status(
-        ec.value(), fmt::format("save_checkpoint: creating {} (choose a writable directory)", root.string()));
-  }
-  STRATA_RETURN_IF_ERROR(m.finalize(lock));
-  STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
-  STRATA_RETURN_IF_ERROR(m.core.background_error);
-
   auto s = std::make_shared<CheckpointSave>();
-  s->root = root;
-  s->t0 = m.core.timeline.now_us();
-  // Note [Checkpoint publish]: the new files carry the next generation, so the
-  // published manifest's files are never written.
-  // Past every generation in the directory too: a manifest this build cannot read (a
-  // newer format) still has its files kept.
-  s->generation = 1;
-  if (auto prev = read_manifest(root); prev.ok())
-    s->generation = prev->value("generation", std::int64_t{0}) + 1;
-  for (const auto& entry : fs::directory_iterator(root, ec)) {
-    const std::string fname = entry.path().filename().string();
-    const auto g = fname.find(".g");
-    if (!fname.starts_with("family-") || g == std::string::npos) continue;
-    s->generation = std::max<std::int64_t>(s->generation, std::atoll(fname.c_str() + g + 2) + 1);
-  }
-  // A file that cannot be created fails here, at once (a read-only directory).
-  {
-    const fs::path probe = root / fmt::format("family-0.g{}.bin.tmp", s->generation);
+  // Everything that can fail on one rank alone happens before the ranks agree
+  // (Note [Sharded checkpoint]): after that, only collectives and the save thread.
+  auto prepare = [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(m.checkpoint_finish(lock));
+    STRATA_ASSIGN_OR_RETURN(s->root, checkpoint_dir(m.core, dir, "save_checkpoint"));
+    const fs::path& root = s->root;
+    if (m.leases_out > 0)
+      return failed_precondition("save_checkpoint({}) while leases are held", root.string());
+    std::error_code ec;
+    fs::create_directories(root, ec);
+    if (ec) {
+      return errno_status(
+          ec.value(),
+          fmt::format("save_checkpoint: creating {} (choose a writable directory)", root.string()));
+    }
+    STRATA_RETURN_IF_ERROR(m.finalize(lock));
+    STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
+    STRATA_RETURN_IF_ERROR(m.core.background_error);
+    // Note [Checkpoint publish]: the new files carry the next generation, so the
+    // published manifest's files are never written.
+    // Past every generation in the directory too: a manifest this build cannot read (a
+    // newer format) still has its files kept.
+    s->generation = 1;
+    if (auto prev = read_manifest(root); prev.ok())
+      s->generation = prev->value("generation", std::int64_t{0}) + 1;
+    for (const auto& entry : fs::directory_iterator(root, ec)) {
+      const std::string fname = entry.path().filename().string();
+      const auto g = fname.find(".g");
+      // Temporaries are never named by a manifest (and another rank's probe may be one).
+      if (!fname.starts_with("family-") || fname.ends_with(".tmp") || g == std::string::npos) continue;
+      s->generation = std::max<std::int64_t>(s->generation, std::atoll(fname.c_str() + g + 2) + 1);
+    }
+    // A file that cannot be created fails here, at once (a read-only directory).
+    const fs::path probe = root / fmt::format("family-{}.g{}.bin.tmp", m.core.dp_rank(), s->generation);
     Fd fd(::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (fd.get() < 0) {
       return errno_status(errno, fmt::format("save_checkpoint: creating {} (the checkpoint directory must be "
                                              "writable by this process)",
                                              probe.string()));
     }
+    return Status::Ok();
+  };
+  if (!sharded) {
+    STRATA_RETURN_IF_ERROR(prepare());
+  } else {
+    STRATA_RETURN_IF_ERROR(m.dp_all_ok(lock, prepare(), "save_checkpoint"));
+    // Params are written by their owner: they must be rank 0's initial values if
+    // no step has run yet (Note [Sharded step]).
+    STRATA_RETURN_IF_ERROR(m.dp_broadcast_initial(lock));
+    // One generation for every rank's files: the largest any rank found.
+    STRATA_ASSIGN_OR_RETURN(s->generation, m.dp_max(lock, s->generation));
   }
+  s->t0 = m.core.timeline.now_us();
   const std::size_t families = m.core.layout.families.size();
   s->nvme = m.core.nvme;
   s->stage.assign(families, CheckpointSave::Stage::kPending);
   s->held.assign(families, false);
   s->pieces.resize(families);
-  s->uncaptured = families;
+  s->sharded = sharded;
+  for (FamilyId f = 0; f < families; ++f) {
+    if (m.core.owns(f)) {
+      ++s->owned;
+    } else {  // another rank's (Note [Sharded checkpoint]): nothing to capture or write here
+      s->stage[f] = CheckpointSave::Stage::kWritten;
+    }
+  }
+  s->uncaptured = s->owned;
   for (FamilyId f = 0; f < families; ++f) s->kinds.push_back(family_kinds(m.core, f));
   s->tensors_meta = json::array();
   std::vector<FamilyId> family_of(m.core.tensors.size(), 0);
@@ -1052,7 +1136,55 @@ Result<bool> Runtime::checkpoint_in_flight() {
 
 Status Runtime::save_checkpoint(const std::string& dir) {
   STRATA_RETURN_IF_ERROR(begin_save(*impl_, dir, /*background=*/false));
-  return finish_checkpoint();
+  Impl& m = *impl_;
+  if (m.core.dp_ranks() == 1) return finish_checkpoint();
+  // Note [Sharded checkpoint]: every rank's files are written, fsynced and renamed;
+  // the ranks agree, rank 0 publishes the manifest, and a last agreement returns
+  // rank 0's outcome on every rank once the manifest is durable.
+  std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
+  std::shared_ptr<CheckpointSave> s = m.checkpoint;
+  Status written = m.checkpoint_finish(lock);
+  STRATA_RETURN_IF_ERROR(m.dp_all_ok(lock, std::move(written), "save_checkpoint (writing the files)"));
+  const json mine = {{"files", std::move(s->shard_files)}, {"tensors", std::move(s->shard_tensors)}};
+  STRATA_ASSIGN_OR_RETURN(const std::vector<std::string> all, m.dp_exchange_text(lock, mine.dump()));
+  Status published = Status::Ok();
+  if (m.core.dp_rank() == 0) {
+    const std::size_t families = m.core.layout.families.size();
+    json files = json::array();
+    std::vector<json> by_family(families);
+    std::vector<json> tensor_entries(m.core.tensors.size());
+    std::uint64_t total = 0;
+    try {
+      for (const std::string& text : all) {
+        const json part = json::parse(text);
+        for (const json& f : part.at("files")) {
+          const auto family = f.at("family").get<std::size_t>();
+          STRATA_CHECK(family < families);
+          total += f.at("bytes").get<std::uint64_t>();
+          by_family[family] = {{"name", f.at("name")}, {"bytes", f.at("bytes")}, {"crc32c", f.at("crc32c")}};
+        }
+        for (const json& t : part.at("tensors"))
+          tensor_entries.at(t.at("id").get<std::size_t>()) = t.at("entry");
+      }
+    } catch (const json::exception& e) {
+      published = internal_error("save_checkpoint: a rank's file list is malformed: {}", e.what());
+    }
+    for (FamilyId f = 0; f < families && published.ok(); ++f) {
+      if (by_family[f].is_null()) {
+        published = internal_error("save_checkpoint: no rank wrote family {} (its owner is rank {})", f,
+                                   f % static_cast<FamilyId>(m.core.dp_ranks()));
+        break;
+      }
+      files.push_back(std::move(by_family[f]));
+    }
+    json tensors = json::array();
+    for (const FamilyLayout& fam : m.core.layout.families) {
+      for (TensorId id : fam.tensors) tensors.push_back(std::move(tensor_entries[id]));
+    }
+    if (published.ok()) published = publish_manifest(m.core, *s, std::move(files), std::move(tensors), total);
+  }
+  return m.dp_all_ok(lock, std::move(published), "save_checkpoint (publishing the manifest on rank 0)");
 }
 
 namespace checkpoint_testing {
@@ -1063,15 +1195,9 @@ Status Runtime::load_checkpoint(const std::string& dir) {
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);
   InvariantCheck check(m, &lock);
-  STRATA_ASSIGN_OR_RETURN(const fs::path root, checkpoint_dir(m.core, dir, "load_checkpoint"));
-  if (m.leases_out > 0)
-    return failed_precondition("load_checkpoint({}) while leases are held", root.string());
-  STRATA_RETURN_IF_ERROR(m.finalize(lock));
-  STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
-  STRATA_RETURN_IF_ERROR(m.checkpoint_wait_captured(lock, /*every_family=*/true));
-  STRATA_ASSIGN_OR_RETURN(const json manifest, read_manifest(root));
-  const std::string mpath = (root / kManifestName).string();
-
+  fs::path root;
+  json manifest;
+  std::string mpath;
   // Everything is checked before any state changes (Note [Checkpoint format]).
   struct Source {
     std::uint32_t file = 0;
@@ -1088,120 +1214,141 @@ Status Runtime::load_checkpoint(const std::string& dir) {
   std::vector<std::pair<std::uint32_t, GroupHyper>> groups;
   std::vector<Fd> fds;                // the verified files, read by the apply pass
   std::vector<struct stat> verified;  // as they were when verified
-  try {
-    const auto stripe = manifest.at("stripe_bytes").get<std::uint64_t>();
-    if (stripe == 0) return corrupt("load_checkpoint: {} has stripe_bytes 0", mpath);
-    const auto state_count = manifest.at("state_count").get<std::uint32_t>();
-    if (state_count != m.core.state_count) {
-      return failed_precondition(
-          "load_checkpoint: {} holds {} optimizer state(s) per element (optimizer {}), this runtime's "
-          "optimizer "
-          "{} keeps {}; load it with the optimizer it was saved with",
-          mpath, state_count, manifest.value("optimizer", std::string("?")),
-          kernels::optimizer_name(m.core.opt.hyper.optimizer), m.core.state_count);
-    }
-    for (const json& f : manifest.at("files")) {
-      file_paths.push_back(root / f.at("name").get<std::string>());
-      file_bytes.push_back(f.at("bytes").get<std::uint64_t>());
-    }
-    const json& tensors = manifest.at("tensors");
-    if (tensors.size() != m.core.tensors.size()) {
-      return failed_precondition(
-          "load_checkpoint: {} holds {} tensors, this runtime has {} registered: it is another model's "
-          "checkpoint",
-          mpath, tensors.size(), m.core.tensors.size());
-    }
-    for (const json& t : tensors) {
-      const auto name = t.at("name").get<std::string>();
-      auto it = m.core.by_name.find(name);
-      if (it == m.core.by_name.end()) {
+  // Everything a rank may find wrong on its own is found before the ranks agree
+  // (Note [Sharded checkpoint]): no rank applies anything unless every rank can.
+  auto prepare = [&]() -> Status {
+    STRATA_ASSIGN_OR_RETURN(root, checkpoint_dir(m.core, dir, "load_checkpoint"));
+    if (m.leases_out > 0)
+      return failed_precondition("load_checkpoint({}) while leases are held", root.string());
+    STRATA_RETURN_IF_ERROR(m.finalize(lock));
+    STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
+    STRATA_RETURN_IF_ERROR(m.checkpoint_wait_captured(lock, /*every_family=*/true));
+    // Params already gathered must not overwrite what is loaded (Note [Sharded checkpoint]).
+    STRATA_RETURN_IF_ERROR(m.dp_finish_all_gathers(lock));
+    STRATA_ASSIGN_OR_RETURN(manifest, read_manifest(root));
+    mpath = (root / kManifestName).string();
+
+    try {
+      const auto stripe = manifest.at("stripe_bytes").get<std::uint64_t>();
+      if (stripe == 0) return corrupt("load_checkpoint: {} has stripe_bytes 0", mpath);
+      const auto state_count = manifest.at("state_count").get<std::uint32_t>();
+      if (state_count != m.core.state_count) {
         return failed_precondition(
-            "load_checkpoint: {} holds tensor \"{}\", which this runtime has not registered: it is another "
-            "model's checkpoint",
-            mpath, name);
+            "load_checkpoint: {} holds {} optimizer state(s) per element (optimizer {}), this runtime's "
+            "optimizer "
+            "{} keeps {}; load it with the optimizer it was saved with",
+            mpath, state_count, manifest.value("optimizer", std::string("?")),
+            kernels::optimizer_name(m.core.opt.hyper.optimizer), m.core.state_count);
       }
-      const TensorInfo& info = m.core.tensors[it->second];
-      const auto shape = t.at("shape").get<std::vector<std::int64_t>>();
-      if (shape != info.spec.shape) {
-        return failed_precondition("load_checkpoint: {}: tensor \"{}\" has shape [{}] there, [{}] here",
-                                   mpath, name, fmt::join(shape, ", "), fmt::join(info.spec.shape, ", "));
+      for (const json& f : manifest.at("files")) {
+        file_paths.push_back(root / f.at("name").get<std::string>());
+        file_bytes.push_back(f.at("bytes").get<std::uint64_t>());
       }
-      Source& s = src[it->second];
-      seen[it->second] = true;
-      s.file = t.at("file").get<std::uint32_t>();
-      if (s.file >= file_paths.size())
-        return corrupt("load_checkpoint: {}: tensor \"{}\" names file {} of {}", mpath, name, s.file,
-                       file_paths.size());
-      s.steps = t.at("steps").get<std::int64_t>();
-      s.group = t.at("group").get<std::uint32_t>();
-      if (s.steps < 0 || s.group >= 65536)
-        return corrupt("load_checkpoint: {}: tensor \"{}\" has a bad step counter or group", mpath, name);
-      for (const auto& [kname, st] : t.at("states").items()) {
-        const auto kind = kind_from_name(kname);
-        if (!kind)
-          return corrupt("load_checkpoint: {}: tensor \"{}\" has unknown state \"{}\"", mpath, name, kname);
-        const auto k = static_cast<std::size_t>(*kind);
-        STRATA_ASSIGN_OR_RETURN(s.dtype[k], parse_dtype(st.at("dtype").get<std::string>()));
-        s.offset[k] = st.at("offset").get<std::uint64_t>();
-        s.has[k] = true;
-        if (s.offset[k] + info.numel * dtype_bytes(s.dtype[k]) > file_bytes[s.file]) {
-          return corrupt("load_checkpoint: {}: tensor \"{}\" {} lies past the end of {}", mpath, name, kname,
-                         file_paths[s.file].string());
+      const json& tensors = manifest.at("tensors");
+      if (tensors.size() != m.core.tensors.size()) {
+        return failed_precondition(
+            "load_checkpoint: {} holds {} tensors, this runtime has {} registered: it is another model's "
+            "checkpoint",
+            mpath, tensors.size(), m.core.tensors.size());
+      }
+      for (const json& t : tensors) {
+        const auto name = t.at("name").get<std::string>();
+        auto it = m.core.by_name.find(name);
+        if (it == m.core.by_name.end()) {
+          return failed_precondition(
+              "load_checkpoint: {} holds tensor \"{}\", which this runtime has not registered: it is another "
+              "model's checkpoint",
+              mpath, name);
+        }
+        const TensorInfo& info = m.core.tensors[it->second];
+        const auto shape = t.at("shape").get<std::vector<std::int64_t>>();
+        if (shape != info.spec.shape) {
+          return failed_precondition("load_checkpoint: {}: tensor \"{}\" has shape [{}] there, [{}] here",
+                                     mpath, name, fmt::join(shape, ", "), fmt::join(info.spec.shape, ", "));
+        }
+        Source& s = src[it->second];
+        seen[it->second] = true;
+        s.file = t.at("file").get<std::uint32_t>();
+        if (s.file >= file_paths.size())
+          return corrupt("load_checkpoint: {}: tensor \"{}\" names file {} of {}", mpath, name, s.file,
+                         file_paths.size());
+        s.steps = t.at("steps").get<std::int64_t>();
+        s.group = t.at("group").get<std::uint32_t>();
+        if (s.steps < 0 || s.group >= 65536)
+          return corrupt("load_checkpoint: {}: tensor \"{}\" has a bad step counter or group", mpath, name);
+        for (const auto& [kname, st] : t.at("states").items()) {
+          const auto kind = kind_from_name(kname);
+          if (!kind)
+            return corrupt("load_checkpoint: {}: tensor \"{}\" has unknown state \"{}\"", mpath, name, kname);
+          const auto k = static_cast<std::size_t>(*kind);
+          STRATA_ASSIGN_OR_RETURN(s.dtype[k], parse_dtype(st.at("dtype").get<std::string>()));
+          s.offset[k] = st.at("offset").get<std::uint64_t>();
+          s.has[k] = true;
+          if (s.offset[k] + info.numel * dtype_bytes(s.dtype[k]) > file_bytes[s.file]) {
+            return corrupt("load_checkpoint: {}: tensor \"{}\" {} lies past the end of {}", mpath, name,
+                           kname, file_paths[s.file].string());
+          }
+        }
+        if (!s.has[static_cast<std::size_t>(StateKind::kParam)])
+          return corrupt("load_checkpoint: {}: tensor \"{}\" has no param", mpath, name);
+      }
+      for (TensorId id = 0; id < seen.size(); ++id) {
+        if (!seen[id]) {
+          return failed_precondition(
+              "load_checkpoint: {} lacks tensor \"{}\": it is another model's checkpoint", mpath,
+              m.core.tensors[id].spec.name);
         }
       }
-      if (!s.has[static_cast<std::size_t>(StateKind::kParam)])
-        return corrupt("load_checkpoint: {}: tensor \"{}\" has no param", mpath, name);
-    }
-    for (TensorId id = 0; id < seen.size(); ++id) {
-      if (!seen[id]) {
-        return failed_precondition(
-            "load_checkpoint: {} lacks tensor \"{}\": it is another model's checkpoint", mpath,
-            m.core.tensors[id].spec.name);
-      }
-    }
-    // The states this runtime keeps must all be there (the optimizer's states of trainable tensors).
-    for (FamilyId f = 0; f < m.core.layout.families.size(); ++f) {
-      for (StateKind k : family_kinds(m.core, f)) {
-        if (k == StateKind::kParam || k == StateKind::kMaster) continue;
-        for (TensorId id : m.core.layout.families[f].tensors) {
-          if (!src[id].has[static_cast<std::size_t>(k)] && !m.core.tensors[id].spec.frozen) {
-            return failed_precondition("load_checkpoint: {}: tensor \"{}\" has no {} there", mpath,
-                                       m.core.tensors[id].spec.name, state_kind_name(k));
+      // The states this runtime keeps must all be there (the optimizer's states of trainable tensors).
+      for (FamilyId f = 0; f < m.core.layout.families.size(); ++f) {
+        for (StateKind k : family_kinds(m.core, f)) {
+          if (k == StateKind::kParam || k == StateKind::kMaster) continue;
+          for (TensorId id : m.core.layout.families[f].tensors) {
+            if (!src[id].has[static_cast<std::size_t>(k)] && !m.core.tensors[id].spec.frozen) {
+              return failed_precondition("load_checkpoint: {}: tensor \"{}\" has no {} there", mpath,
+                                         m.core.tensors[id].spec.name, state_kind_name(k));
+            }
           }
         }
       }
+      for (const json& g : manifest.value("groups", json::array())) {
+        const auto group = g.at("group").get<std::uint32_t>();
+        const GroupHyper h{
+            .set = true, .lr = g.at("lr").get<float>(), .weight_decay = g.at("weight_decay").get<float>()};
+        if (group >= 65536 || !std::isfinite(h.lr) || h.lr < 0 || !std::isfinite(h.weight_decay) ||
+            h.weight_decay < 0)
+          return corrupt("load_checkpoint: {}: group {} has a bad id, lr or weight decay", mpath, group);
+        groups.emplace_back(group, h);
+      }
+      STRATA_RETURN_IF_ERROR(verify_files(root, manifest.at("files"), stripe, &fds, &verified));
+    } catch (const json::exception& e) {
+      return corrupt("load_checkpoint: {} is malformed: {}", mpath, e.what());
     }
-    for (const json& g : manifest.value("groups", json::array())) {
-      const auto group = g.at("group").get<std::uint32_t>();
-      const GroupHyper h{
-          .set = true, .lr = g.at("lr").get<float>(), .weight_decay = g.at("weight_decay").get<float>()};
-      if (group >= 65536 || !std::isfinite(h.lr) || h.lr < 0 || !std::isfinite(h.weight_decay) ||
-          h.weight_decay < 0)
-        return corrupt("load_checkpoint: {}: group {} has a bad id, lr or weight decay", mpath, group);
-      groups.emplace_back(group, h);
-    }
-    STRATA_RETURN_IF_ERROR(verify_files(root, manifest.at("files"), stripe, &fds, &verified));
-  } catch (const json::exception& e) {
-    return corrupt("load_checkpoint: {} is malformed: {}", mpath, e.what());
-  }
 
-  // Apply: chunk by chunk, each tensor's bytes read from its file (converted when the
-  // dtypes differ). Every tensor of the chunk is written (padding stays zero), so an
-  // NVMe chunk's old value is not read first.
-  if (checkpoint_testing::after_verify) checkpoint_testing::after_verify(root.string());
-  // The files read are the ones verified (their descriptors); one written since
-  // (its size or modification time moved) is refused before anything is applied.
-  for (std::size_t i = 0; i < fds.size(); ++i) {
-    struct stat now {};
-    if (::fstat(fds[i].get(), &now) != 0)
-      return errno_status(errno, fmt::format("load_checkpoint: stat of {}", file_paths[i].string()));
-    if (now.st_size != verified[i].st_size || now.st_mtim.tv_sec != verified[i].st_mtim.tv_sec ||
-        now.st_mtim.tv_nsec != verified[i].st_mtim.tv_nsec) {
-      return corrupt(
-          "load_checkpoint: {} was written while it was being loaded (after its CRC32C check); "
-          "nothing was loaded: load it again once the writer is done",
-          file_paths[i].string());
+    // Apply: chunk by chunk, each tensor's bytes read from its file (converted when the
+    // dtypes differ). Every tensor of the chunk is written (padding stays zero), so an
+    // NVMe chunk's old value is not read first.
+    if (checkpoint_testing::after_verify) checkpoint_testing::after_verify(root.string());
+    // The files read are the ones verified (their descriptors); one written since
+    // (its size or modification time moved) is refused before anything is applied.
+    for (std::size_t i = 0; i < fds.size(); ++i) {
+      struct stat now {};
+      if (::fstat(fds[i].get(), &now) != 0)
+        return errno_status(errno, fmt::format("load_checkpoint: stat of {}", file_paths[i].string()));
+      if (now.st_size != verified[i].st_size || now.st_mtim.tv_sec != verified[i].st_mtim.tv_sec ||
+          now.st_mtim.tv_nsec != verified[i].st_mtim.tv_nsec) {
+        return corrupt(
+            "load_checkpoint: {} was written while it was being loaded (after its CRC32C check); "
+            "nothing was loaded: load it again once the writer is done",
+            file_paths[i].string());
+      }
     }
+    return Status::Ok();
+  };
+  if (m.core.dp_ranks() == 1) {
+    STRATA_RETURN_IF_ERROR(prepare());
+  } else {
+    STRATA_RETURN_IF_ERROR(m.dp_all_ok(lock, prepare(), "load_checkpoint"));
   }
   std::vector<std::byte> staging;
   for (FamilyId f = 0; f < m.core.layout.families.size(); ++f) {

@@ -73,6 +73,11 @@
 // nccl backend, which could reduce device memory, is refused here: options.cpp),
 // and the all-gather fills host param chunks (the first use loads them h2d).
 //
+// Checkpoints are per shard (Note [Sharded checkpoint] in checkpoint.cpp): each
+// rank writes its own families, rank 0 publishes the manifest after the ranks
+// agree (dp_all_ok, dp_exchange_text, dp_max below), and a checkpoint saved at
+// W loads at any W'.
+//
 // With one rank holding the whole batch as W micro-batches accumulated in rank
 // order, and set_grad_scale(1/W), a step is bit-identical to W ranks in
 // deterministic mode, for params and states (tests/runtime/test_data_parallel.cpp),
@@ -80,6 +85,7 @@
 // the norm² is summed in one rank's order (DataParallelAgreement.ClippedRuns…).
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "runtime_impl.hpp"
 #include "strata/common/log.hpp"
@@ -460,7 +466,25 @@ Status Runtime::Impl::dp_finish_gather(std::unique_lock<std::mutex>& lock, Famil
 }
 
 Status Runtime::Impl::dp_finish_all_gathers(std::unique_lock<std::mutex>& lock) {
-  while (!dp_gathers.empty()) STRATA_RETURN_IF_ERROR(dp_finish_gather(lock, dp_gathers.front().first));
+  const Rounds rounds(core);
+  while (!dp_gathers.empty()) {
+    // A family of the round that awaits it (the round's first may be this rank's own).
+    const FamilyId first = dp_gathers.front().first;
+    std::optional<FamilyId> awaiting;
+    for (FamilyId q = first; q < rounds.end(first) && !awaiting; ++q) {
+      if (core.chunk(q, StateKind::kParam).awaiting_gather) awaiting = q;
+    }
+    if (awaiting) {
+      STRATA_RETURN_IF_ERROR(dp_finish_gather(lock, *awaiting));
+      continue;
+    }
+    DpGather g = std::move(dp_gathers.front());  // nothing here awaits it: only its end
+    dp_gathers.erase(dp_gathers.begin());
+    lock.unlock();
+    Status st = g.handle.wait();
+    lock.lock();
+    STRATA_RETURN_IF_ERROR(st);
+  }
   return Status::Ok();
 }
 
@@ -509,6 +533,48 @@ Status Runtime::Impl::dp_broadcast_initial(std::unique_lock<std::mutex>& lock) {
                     c.rank(), changed);
   }
   return Status::Ok();
+}
+
+Result<std::vector<std::string>> Runtime::Impl::dp_exchange_text(std::unique_lock<std::mutex>& lock,
+                                                                 const std::string& text) {
+  if (core.dp_ranks() == 1) return std::vector<std::string>{text};
+  comm::Communicator& c = *core.opt.comm;
+  const auto w = static_cast<std::size_t>(c.size());
+  std::vector<double> lengths(w, 0.0);
+  lengths[static_cast<std::size_t>(c.rank())] = static_cast<double>(text.size());
+  STRATA_RETURN_IF_ERROR(run_collective(lock, c.all_reduce(lengths, comm::ReduceOp::kSum)));
+  std::vector<std::string> all(w);
+  for (std::size_t r = 0; r < w; ++r) {
+    all[r] = static_cast<int>(r) == c.rank() ? text : std::string(static_cast<std::size_t>(lengths[r]), '\0');
+    if (all[r].empty()) continue;
+    STRATA_RETURN_IF_ERROR(
+        run_collective(lock, c.broadcast(all[r].data(), all[r].size(), static_cast<int>(r))));
+  }
+  return all;
+}
+
+Status Runtime::Impl::dp_all_ok(std::unique_lock<std::mutex>& lock, Status mine, std::string_view what) {
+  if (core.dp_ranks() == 1) return mine;
+  const int me = core.dp_rank();
+  STRATA_ASSIGN_OR_RETURN(std::vector<std::string> all,
+                          dp_exchange_text(lock, mine.ok() ? std::string() : mine.to_string()));
+  if (!mine.ok()) {
+    return Status(mine.code(), fmt::format("{} on rank {} of {} (every rank fails with it): {}", what, me,
+                                           core.dp_ranks(), mine.message()));
+  }
+  std::string failed;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (!all[r].empty()) failed += fmt::format("{}rank {}: {}", failed.empty() ? "" : "; ", r, all[r]);
+  }
+  if (failed.empty()) return Status::Ok();
+  return failed_precondition("{} failed on another rank, so it fails on rank {} too: {}", what, me, failed);
+}
+
+Result<std::int64_t> Runtime::Impl::dp_max(std::unique_lock<std::mutex>& lock, std::int64_t value) {
+  if (core.dp_ranks() == 1) return value;
+  std::vector<double> v{static_cast<double>(value)};
+  STRATA_RETURN_IF_ERROR(run_collective(lock, core.opt.comm->all_reduce(v, comm::ReduceOp::kMax)));
+  return static_cast<std::int64_t>(v[0]);
 }
 
 }  // namespace strata::runtime

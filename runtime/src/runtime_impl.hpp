@@ -132,6 +132,15 @@ struct Runtime::Impl {
   //! param takes rank 0's value (broadcast), so ranks need not initialise alike.
   Status dp_broadcast_initial(std::unique_lock<std::mutex>& lock);
   bool dp_initial_sent = false;
+  //! Every rank's `text`, by rank (W = 1: {text}). A collective: every rank calls it.
+  Result<std::vector<std::string>> dp_exchange_text(std::unique_lock<std::mutex>& lock,
+                                                    const std::string& text);
+  //! A collective agreement on `mine` (checkpoints, Note [Sharded checkpoint]): OK on every rank only
+  //! when it is OK on all; a failed rank gets its own error (naming the rank), the others one naming
+  //! every failed rank and its error. W = 1: `mine`.
+  Status dp_all_ok(std::unique_lock<std::mutex>& lock, Status mine, std::string_view what);
+  //! The largest `value` over the ranks (exact below 2^53). W = 1: `value`.
+  Result<std::int64_t> dp_max(std::unique_lock<std::mutex>& lock, std::int64_t value);
   //! A round's all-gather in flight.
   struct DpGather {
     FamilyId first = 0;

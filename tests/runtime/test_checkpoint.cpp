@@ -15,7 +15,6 @@
 #include <nlohmann/json.hpp>
 
 #include "mlp.hpp"
-#include "strata/comm/local.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/memory/device_factory.hpp"
 #include "strata/runtime/runtime.hpp"
@@ -344,25 +343,6 @@ TEST(Checkpoint, RefusesAFileWrittenBetweenItsCheckAndItsLoad) {
   };
   expect_refused([](const fs::path&) {}, StatusCode::kCorrupt,
                  "family-2.g1.bin was written while it was being loaded");
-}
-
-TEST(Checkpoint, ADataParallelRankRefusesToSaveUntilPerShardCheckpointsExist) {
-  // A rank holds its own families' states only (Note [Sharded step]): a save would
-  // lack the others', so it is refused, naming the rank, and writes nothing.
-  auto group = comm::make_local_group(2);
-  ASSERT_TRUE(group.ok()) << group.status();
-  memory::DeviceOptions d;
-  d.kind = memory::DeviceChoice::kSim;
-  auto device = std::move(memory::make_device(d)).value();
-  RuntimeOptions o = options(Placement::kResident, "");
-  o.comm = std::shared_ptr<comm::Communicator>(std::move((*group)[0]));
-  auto rt = Runtime::create(*device, o);
-  ASSERT_TRUE(rt.ok()) << rt.status();
-  TempDir ckpt("strata-ckpt-dp");
-  Status st = (*rt)->save_checkpoint((ckpt.path() / "c").string());
-  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st;
-  EXPECT_NE(st.message().find("rank 0 of 2"), std::string::npos) << st;
-  EXPECT_FALSE(fs::exists(ckpt.path() / "c"));
 }
 
 TEST(Checkpoint, RefusesANewerFormatVersion) {

@@ -241,7 +241,10 @@ class Runtime {
   //! Atomic: a crash or error at any point leaves the previous checkpoint in `dir`
   //! loadable. Valid between steps; blocks (flushes first). Fails: InvalidArgument
   //! (`dir` is inside an NVMe swap directory), FailedPrecondition (leases held),
-  //! PermissionDenied / NoSpace / IoError naming the file.
+  //! PermissionDenied / NoSpace / IoError naming the file. With data parallelism
+  //! (W > 1 ranks) a collective call: every rank calls it on the same directory; each
+  //! writes its own families, rank 0 publishes the manifest, and it fails on every rank
+  //! when it fails on one, naming the rank and its error (Note [Sharded checkpoint]).
   Status save_checkpoint(const std::string& dir);
   //! Starts a checkpoint of the state as of this call into `dir` and returns at once
   //! (Note [Overlapped save] in runtime/src/checkpoint.cpp): training goes on while a
@@ -250,7 +253,8 @@ class Runtime {
   //! previous step's NVMe write-backs, and for a save still in flight, returning its
   //! error). Fails at once as save_checkpoint does for a bad `dir` or held leases;
   //! later errors surface in finish_checkpoint / checkpoint_in_flight, and never touch
-  //! the previously published checkpoint.
+  //! the previously published checkpoint. Refused (FailedPrecondition) with W > 1
+  //! data-parallel ranks: use save_checkpoint there.
   Status begin_checkpoint(const std::string& dir);
   //! Waits for the save begun by begin_checkpoint and returns its outcome (Ok when
   //! none is in flight or it was published). Blocks.
@@ -265,6 +269,8 @@ class Runtime {
   //! refused whole. Valid between steps; blocks. Fails: NotFound (no manifest),
   //! FailedPrecondition (another model, another optimizer, a newer format version,
   //! leases held), Corrupt (a flipped byte, a truncated file), each naming the file.
+  //! With W > 1 ranks a collective call; a checkpoint saved at any W loads, and no rank
+  //! applies anything unless every rank's checks passed (Note [Sharded checkpoint]).
   Status load_checkpoint(const std::string& dir);
 
   //! Note [Parameter groups]
