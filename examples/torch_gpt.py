@@ -152,7 +152,8 @@ def main():
     ap.add_argument("--nvme", default=None, help="NVMe directory (default: a temporary one, removed at exit)")
     ap.add_argument("--engine", default="auto", choices=["auto", "uring", "posix"])
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    ap.add_argument("--check-loss", action="store_true", help="exit 1 unless the loss falls by a third (trains on the license texts alone)")
+    ap.add_argument("--check-loss", action="store_true",
+                    help="exit 1 unless the loss falls by a third (trains on the license texts alone)")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = ap.parse_args()
     if args.steps < 1 or args.batch < 1 or args.seq < 2 or args.layers < 1 or args.d_model < 4 or \
