@@ -73,7 +73,7 @@
 // nccl backend, which could reduce device memory, is refused here: options.cpp),
 // and the all-gather fills host param chunks (the first use loads them h2d).
 //
-// Checkpoints are per shard (Note [Sharded checkpoint] in checkpoint.cpp): each
+// Checkpoints are per shard (Note [Sharded checkpoint] in checkpoint_format.cpp): each
 // rank writes its own families, rank 0 publishes the manifest after the ranks
 // agree (dp_all_ok, dp_exchange_text, dp_max below), and a checkpoint saved at
 // W loads at any W'.
