@@ -80,7 +80,7 @@ struct Runtime::Impl {
   std::vector<FamilyId> prepass_checked, prepass_on_host;
   //! Drops every gradient of a step skipped for Inf/NaN.
   void discard_gradients();
-  // Data parallelism (data_parallel.cpp, Note [Sharded step]); no-ops for one
+  // Data parallelism (data_parallel.cpp, dp_reduce.cpp, dp_gather.cpp; Note [Sharded step]); no-ops for one
   // rank.
   //! Compares this rank's tensors and options with rank 0's; FailedPrecondition
   //! naming the first difference. Blocks until every rank arrived (or the timeout).
