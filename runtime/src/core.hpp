@@ -136,7 +136,7 @@ struct Core {
   Result<std::byte*> host_buffer(Chunk& c);
   //! Creates the NVMe store on first use (its slot fits the largest optimizer chunk).
   Status ensure_nvme_store();
-  //! Note [Pinned NVMe slots]: a slot an asynchronous checkpoint (checkpoint.cpp)
+  //! Note [Pinned NVMe slots]: a slot an asynchronous checkpoint (checkpoint_capture.cpp)
   //! still has to read. free_nvme_slot of a pinned slot defers the release to
   //! unpin_nvme_slot, so the copy-on-write write-back never hands it out while the
   //! save reads it. Every release of a chunk's slots goes through free_nvme_slot.

@@ -73,7 +73,7 @@
 // nccl backend, which could reduce device memory, is refused here: options.cpp),
 // and the all-gather fills host param chunks (the first use loads them h2d).
 //
-// Checkpoints are per shard (Note [Sharded checkpoint] in checkpoint.cpp): each
+// Checkpoints are per shard (Note [Sharded checkpoint] in checkpoint_format.cpp): each
 // rank writes its own families, rank 0 publishes the manifest after the ranks
 // agree (dp_all_ok, dp_exchange_text, dp_max below), and a checkpoint saved at
 // W loads at any W'.
@@ -87,11 +87,12 @@
 #include <cstring>
 #include <optional>
 
-#include "runtime_impl.hpp"
+#include "dp.hpp"
 #include "strata/common/log.hpp"
 
 namespace strata::runtime {
-namespace {
+
+namespace dp_detail {
 
 comm::DType comm_dtype(DType d) {
   switch (d) {
@@ -103,6 +104,20 @@ comm::DType comm_dtype(DType d) {
       return comm::DType::kF32;
   }
 }
+
+Status run_collective(std::unique_lock<std::mutex>& lock, Result<comm::Handle> started) {
+  if (!started.ok()) return started.status();
+  lock.unlock();
+  Status st = started->wait();
+  lock.lock();
+  return st;
+}
+
+}  // namespace dp_detail
+
+using namespace dp_detail;
+
+namespace {
 
 //! One line per setting that must agree between ranks, then one per tensor.
 std::string describe_config(const Core& core) {
@@ -139,41 +154,6 @@ std::pair<std::string, std::string> first_difference(std::string_view a, std::st
     b = eb == std::string_view::npos ? std::string_view{} : b.substr(eb + 1);
   }
   return {};
-}
-
-//! The rounds of Note [Sharded step]: W families each, the last one padded.
-struct Rounds {
-  explicit Rounds(const Core& core)
-      : w(static_cast<FamilyId>(core.dp_ranks())),
-        me(static_cast<FamilyId>(core.dp_rank())),
-        families(core.layout.families.size()),
-        elem_bytes(dtype_bytes(core.opt.compute_dtype)),
-        dtype(comm_dtype(core.opt.compute_dtype)) {}
-  //! One past the last family of the round starting at `first`.
-  FamilyId end(FamilyId first) const { return std::min(first + w, families); }
-  //! The round's slice: its largest `kind` chunk among the families `use` takes
-  //! (0: nothing to move). The same on every rank, as the layout is.
-  template <typename Use>
-  std::uint64_t slice(Core& core, FamilyId first, StateKind kind, Use use) const {
-    std::uint64_t bytes = 0;
-    for (FamilyId f = first; f < end(first); ++f) {
-      if (use(f)) bytes = std::max(bytes, core.chunk(f, kind).bytes);
-    }
-    return bytes;
-  }
-  FamilyId w, me, families;
-  std::uint64_t elem_bytes;
-  comm::DType dtype;
-};
-
-//! Starts a collective and waits for it without the runtime's lock (the other
-//! ranks may take a while; nothing here touches the runtime's state meanwhile).
-Status run_collective(std::unique_lock<std::mutex>& lock, Result<comm::Handle> started) {
-  if (!started.ok()) return started.status();
-  lock.unlock();
-  Status st = started->wait();
-  lock.lock();
-  return st;
 }
 
 }  // namespace
@@ -218,165 +198,6 @@ Status Runtime::Impl::dp_check_config(std::unique_lock<std::mutex>& lock) {
   return Status::Ok();
 }
 
-namespace {
-
-//! The communicator may read and write device slots directly: on the sim device
-//! they are host memory. On CUDA the mpi/local backends need host buffers, so a
-//! gradient is copied down first (the nccl backend, which could reduce device
-//! buffers, is refused by options.cpp).
-bool comm_reads_device(const Core& core) {
-  return core.device.kind() == memory::DeviceKind::kSim;
-}
-
-std::size_t round_count(const Core& core) {
-  const std::size_t w = static_cast<std::size_t>(core.dp_ranks());
-  return (core.layout.families.size() + w - 1) / w;
-}
-
-}  // namespace
-
-Status Runtime::Impl::dp_post_round(bool at_step) {
-  comm::Communicator& c = *core.opt.comm;
-  const Rounds rounds(core);
-  const FamilyId first = static_cast<FamilyId>(round_count(core) - 1 - dp_rounds_posted) * rounds.w;
-  ++dp_rounds_posted;
-  const std::uint64_t slice = rounds.slice(core, first, StateKind::kGrad, [](FamilyId) { return true; });
-  if (slice == 0) return Status::Ok();
-  DpRound round;
-  round.first = first;
-  round.slice = slice;
-  round.send.assign(slice * rounds.w, std::byte{0});
-  round.recv.resize(slice);
-  for (FamilyId f = first; f < rounds.end(first); ++f) {
-    Chunk& g = core.chunk(f, StateKind::kGrad);
-    if (g.bytes == 0) continue;
-    g.awaiting_reduction = false;
-    for (TensorId t : core.layout.families[f].tensors) {
-      const TensorInfo& info = core.tensors[t];
-      if (at_step && !info.spec.frozen && !info.grad_written) {
-        return failed_precondition(
-            "data parallel: tensor \"{}\" got no gradient this step on rank {}; every rank must hand over "
-            "every trainable tensor's gradient each step (write zeros for an unused one), or the others "
-            "would wait for it",
-            info.spec.name, c.rank());
-      }
-    }
-    std::byte* dst = round.send.data() + (f - first) * slice;
-    if (g.dirty() && comm_reads_device(core)) {
-      // Straight from the device slot, in compute order after the backward that
-      // wrote it, without blocking this thread; no d2h copy (only the owner's
-      // sum comes down, at step()). The slot's fence covers the pack, so the
-      // slot's next writer (or a write-back) waits for it.
-      DeviceSlot& slot = residency.slot_of(g);
-      const std::byte* src = slot.ptr;
-      const std::uint64_t bytes = g.bytes;
-      STRATA_RETURN_IF_ERROR(core.device.wait(core.compute, slot.fence));
-      STRATA_RETURN_IF_ERROR(
-          core.device.launch_host(core.compute, [dst, src, bytes] { std::memcpy(dst, src, bytes); }));
-      STRATA_RETURN_IF_ERROR(core.device.record(slot.fence, core.compute));
-      if (!round.packed) {
-        STRATA_ASSIGN_OR_RETURN(memory::Event e, core.device.create_event());
-        round.packed.emplace(std::move(e));
-      }
-    } else {
-      STRATA_RETURN_IF_ERROR(residency.ensure_on_host(g));
-      std::memcpy(dst, g.host, g.bytes);
-    }
-    if (f - first == rounds.me) continue;  // the sum replaces it at step()
-    // Another rank's family: its gradient went there; nothing to keep here.
-    if (g.host != nullptr) {
-      STRATA_RETURN_IF_ERROR(residency.wait_host_reads(g));
-      core.host->free(g.host, g.bytes);
-    }
-    g.host = nullptr;
-    g.move_value(ChunkValue::kAbsent);
-    residency.drop_device_copy(g);
-    for (TensorId t : core.layout.families[f].tensors) core.tensors[t].grad_written = false;
-  }
-  if (round.packed) STRATA_RETURN_IF_ERROR(core.device.record(*round.packed, core.compute));
-  dp_inflight.push_back(std::move(round));
-  return dp_start_packed(false);
-}
-
-Status Runtime::Impl::dp_start_packed(bool block) {
-  comm::Communicator& c = *core.opt.comm;
-  const Rounds rounds(core);
-  for (DpRound& round : dp_inflight) {
-    if (round.started) continue;
-    if (round.packed) {
-      if (block) {
-        STRATA_RETURN_IF_ERROR(core.device.synchronize(*round.packed));
-      } else {
-        STRATA_ASSIGN_OR_RETURN(bool done, core.device.query(*round.packed));
-        if (!done) return Status::Ok();  // later rounds start after it: the same order on every rank
-      }
-    }
-    STRATA_ASSIGN_OR_RETURN(round.handle, c.reduce_scatter(round.send.data(), round.recv.data(),
-                                                           round.slice / rounds.elem_bytes, rounds.dtype));
-    round.started = true;
-  }
-  return Status::Ok();
-}
-
-Status Runtime::Impl::dp_post_complete_rounds() {
-  if (core.dp_ranks() == 1 || !pipeline.last_micro_batch) return Status::Ok();
-  const Rounds rounds(core);
-  const std::size_t total = round_count(core);
-  while (dp_rounds_posted < total) {
-    const FamilyId first = static_cast<FamilyId>(total - 1 - dp_rounds_posted) * rounds.w;
-    bool complete = true;
-    for (FamilyId f = first; f < rounds.end(first); ++f) {
-      complete = complete && (core.chunk(f, StateKind::kGrad).bytes == 0 || pipeline.gradients_complete(f));
-    }
-    if (!complete) break;
-    STRATA_RETURN_IF_ERROR(dp_post_round(false));
-  }
-  STRATA_RETURN_IF_ERROR(dp_start_packed(false));  // rounds whose packs ended since
-  // Complete gradients of rounds not started (a later round, in the fixed order,
-  // is incomplete) stay on the device for their reduction.
-  for (FamilyId f = 0; f < static_cast<FamilyId>(total - dp_rounds_posted) * rounds.w && f < rounds.families;
-       ++f) {
-    Chunk& g = core.chunk(f, StateKind::kGrad);
-    g.awaiting_reduction = g.bytes > 0 && pipeline.gradients_complete(f);
-  }
-  return Status::Ok();
-}
-
-Status Runtime::Impl::dp_reduce_gradients(std::unique_lock<std::mutex>& lock) {
-  if (core.dp_ranks() == 1) return Status::Ok();
-  while (dp_rounds_posted < round_count(core)) STRATA_RETURN_IF_ERROR(dp_post_round(true));
-  STRATA_RETURN_IF_ERROR(dp_start_packed(true));
-  const Rounds rounds(core);
-  std::vector<DpRound> inflight = std::move(dp_inflight);
-  dp_inflight.clear();
-  dp_rounds_posted = 0;
-  for (DpRound& round : inflight) {
-    lock.unlock();
-    Status st = round.handle.wait();
-    lock.lock();
-    STRATA_RETURN_IF_ERROR(st);
-    const FamilyId own = round.first + rounds.me;
-    if (own >= rounds.end(round.first)) continue;
-    Chunk& g = core.chunk(own, StateKind::kGrad);
-    if (g.bytes == 0) continue;
-    // The sum over ranks replaces this rank's gradient where it is now.
-    if (g.dirty() && comm_reads_device(core)) {
-      DeviceSlot& slot = residency.slot_of(g);
-      STRATA_RETURN_IF_ERROR(core.device.synchronize(slot.fence));
-      std::memcpy(slot.ptr, round.recv.data(), g.bytes);
-      continue;
-    }
-    STRATA_RETURN_IF_ERROR(residency.ensure_on_host(g));
-    STRATA_RETURN_IF_ERROR(residency.wait_host_reads(g));
-    std::memcpy(g.host, round.recv.data(), g.bytes);
-    if (g.device_copy) {
-      STRATA_RETURN_IF_ERROR(residency.load_to_slot(g, residency.slot_of(g)));
-      STRATA_RETURN_IF_ERROR(core.device.synchronize(core.h2d));
-    }
-  }
-  return Status::Ok();
-}
-
 Status Runtime::Impl::dp_agree(std::unique_lock<std::mutex>& lock, const std::vector<FamilyId>& checked,
                                bool* finite, double* sum_squares) {
   if (core.dp_ranks() == 1) return Status::Ok();
@@ -403,98 +224,6 @@ Status Runtime::Impl::dp_agree(std::unique_lock<std::mutex>& lock, const std::ve
   double sum = 0.0;
   for (double v : spans) sum += v;
   *sum_squares = sum;
-  return Status::Ok();
-}
-
-Status Runtime::Impl::dp_gather_params(std::unique_lock<std::mutex>& lock) {
-  if (core.dp_ranks() == 1) return Status::Ok();
-  STRATA_RETURN_IF_ERROR(dp_finish_all_gathers(lock));  // (none left: step() finished them)
-  comm::Communicator& c = *core.opt.comm;
-  const Rounds rounds(core);
-  // Only families with trainable tensors change (those with a gradient chunk).
-  auto trainable = [&](FamilyId f) { return core.chunk(f, StateKind::kGrad).bytes > 0; };
-  for (FamilyId first = 0; first < rounds.families; first += rounds.w) {
-    const std::uint64_t slice = rounds.slice(core, first, StateKind::kParam, trainable);
-    if (slice == 0) continue;
-    DpGather g;
-    g.first = first;
-    g.slice = slice;
-    g.all.assign(slice * rounds.w, std::byte{0});
-    std::byte* mine = g.all.data() + rounds.me * slice;
-    const FamilyId own = first + rounds.me;
-    if (own < rounds.families && trainable(own)) {
-      Chunk& p = core.chunk(own, StateKind::kParam);
-      STRATA_RETURN_IF_ERROR(
-          with_host_copy(lock, p, false, [&](std::byte* h) { std::memcpy(mine, h, p.bytes); }));
-    }
-    STRATA_ASSIGN_OR_RETURN(g.handle,
-                            c.all_gather(mine, g.all.data(), slice / rounds.elem_bytes, rounds.dtype));
-    for (FamilyId f = first; f < rounds.end(first); ++f) {
-      if (f == own || !trainable(f)) continue;
-      Chunk& p = core.chunk(f, StateKind::kParam);
-      p.awaiting_gather = true;
-      if (p.device_copy && p.readers == 0) residency.drop_device_copy(p);  // stale
-    }
-    dp_gathers.push_back(std::move(g));
-  }
-  return Status::Ok();
-}
-
-Status Runtime::Impl::dp_finish_gather(std::unique_lock<std::mutex>& lock, FamilyId f) {
-  if (!core.chunk(f, StateKind::kParam).awaiting_gather) return Status::Ok();
-  const Rounds rounds(core);
-  const FamilyId first = f / rounds.w * rounds.w;
-  auto it =
-      std::find_if(dp_gathers.begin(), dp_gathers.end(), [&](const DpGather& g) { return g.first == first; });
-  STRATA_CHECK(it != dp_gathers.end());
-  DpGather g = std::move(*it);
-  dp_gathers.erase(it);
-  for (FamilyId q = first; q < rounds.end(first); ++q)
-    core.chunk(q, StateKind::kParam).awaiting_gather = false;
-  lock.unlock();
-  Status st = g.handle.wait();
-  lock.lock();
-  STRATA_RETURN_IF_ERROR(st);
-  for (FamilyId q = first; q < rounds.end(first); ++q) {
-    if (q - first == rounds.me || core.chunk(q, StateKind::kGrad).bytes == 0) continue;
-    Chunk& p = core.chunk(q, StateKind::kParam);
-    const std::byte* theirs = g.all.data() + (q - first) * g.slice;
-    STRATA_RETURN_IF_ERROR(
-        with_host_copy(lock, p, true, [&](std::byte* h) { std::memcpy(h, theirs, p.bytes); }));
-  }
-  return Status::Ok();
-}
-
-Status Runtime::Impl::dp_finish_all_gathers(std::unique_lock<std::mutex>& lock) {
-  const Rounds rounds(core);
-  while (!dp_gathers.empty()) {
-    // A family of the round that awaits it (the round's first may be this rank's own).
-    const FamilyId first = dp_gathers.front().first;
-    std::optional<FamilyId> awaiting;
-    for (FamilyId q = first; q < rounds.end(first) && !awaiting; ++q) {
-      if (core.chunk(q, StateKind::kParam).awaiting_gather) awaiting = q;
-    }
-    if (awaiting) {
-      STRATA_RETURN_IF_ERROR(dp_finish_gather(lock, *awaiting));
-      continue;
-    }
-    DpGather g = std::move(dp_gathers.front());  // nothing here awaits it: only its end
-    dp_gathers.erase(dp_gathers.begin());
-    lock.unlock();
-    Status st = g.handle.wait();
-    lock.lock();
-    STRATA_RETURN_IF_ERROR(st);
-  }
-  return Status::Ok();
-}
-
-Status Runtime::Impl::dp_gather_ahead(std::unique_lock<std::mutex>& lock) {
-  if (dp_gathers.empty() || !tracker.following() || !core.opt.plan.prefetch) return Status::Ok();
-  const auto& uses = tracker.plan_trace().uses;
-  const std::size_t start = tracker.next_position();
-  for (std::size_t q = start; q < uses.size() && q < start + core.plan.prefetch_depth; ++q) {
-    STRATA_RETURN_IF_ERROR(dp_finish_gather(lock, uses[q].family));
-  }
   return Status::Ok();
 }
 

@@ -42,7 +42,7 @@ namespace strata::runtime {
 //! The moments at which the training thread starts background work (Note [Scheduler]).
 enum class SchedulerEvent : std::uint8_t { kUseBegins, kUsePlaced, kGradientsHandedOver, kStepEnds };
 
-struct CheckpointSave;  // checkpoint.cpp
+struct CheckpointSave;  // checkpoint.hpp
 
 struct Runtime::Impl {
   Impl(memory::Device& dev, RuntimeOptions options)
@@ -80,7 +80,8 @@ struct Runtime::Impl {
   std::vector<FamilyId> prepass_checked, prepass_on_host;
   //! Drops every gradient of a step skipped for Inf/NaN.
   void discard_gradients();
-  // Data parallelism (data_parallel.cpp, Note [Sharded step]); no-ops for one rank.
+  // Data parallelism (data_parallel.cpp, dp_reduce.cpp, dp_gather.cpp; Note [Sharded step]); no-ops for one
+  // rank.
   //! Compares this rank's tensors and options with rank 0's; FailedPrecondition
   //! naming the first difference. Blocks until every rank arrived (or the timeout).
   Status dp_check_config(std::unique_lock<std::mutex>& lock);
@@ -155,7 +156,7 @@ struct Runtime::Impl {
   //! first: fn gets zeros. Blocks.
   Status with_host_copy(std::unique_lock<std::mutex>& lock, Chunk& c, bool write,
                         const std::function<void(std::byte*)>& fn, bool whole = false);
-  // Note [Overlapped save] (checkpoint.cpp).
+  // Note [Overlapped save] (checkpoint_capture.cpp).
   //! True when family f's optimizer update may start now: no save is in flight or
   //! it has captured f. Otherwise the save launches it once it has. Caller holds mu.
   bool checkpoint_allows_update(FamilyId f);

@@ -21,7 +21,7 @@
 
 namespace strata::runtime {
 namespace checkpoint_testing {
-extern std::function<void(const std::string& dir)> after_verify;  // runtime/src/checkpoint.cpp
+extern std::function<void(const std::string& dir)> after_verify;  // runtime/src/checkpoint.hpp
 }  // namespace checkpoint_testing
 namespace {
 

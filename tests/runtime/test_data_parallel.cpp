@@ -21,7 +21,7 @@
 
 namespace strata::runtime {
 namespace checkpoint_testing {
-extern std::function<Status(const std::string& tmp_path)> before_create;  // runtime/src/checkpoint.cpp
+extern std::function<Status(const std::string& tmp_path)> before_create;  // runtime/src/checkpoint.hpp
 }  // namespace checkpoint_testing
 namespace {
 
@@ -471,7 +471,7 @@ TEST(DataParallelAgreement, AnInfOnOneRankSkipsTheStepOnEveryRank) {
   }
 }
 
-// #13/#14: per-shard checkpoints (Note [Sharded checkpoint] in runtime/src/checkpoint.cpp).
+// #13/#14: per-shard checkpoints (Note [Sharded checkpoint] in runtime/src/checkpoint_format.cpp).
 
 constexpr int kStepsBeforeSave = 2;
 constexpr int kStepsAfterLoad = 2;

@@ -1,0 +1,328 @@
+// Checkpoint format: the manifest, the data files' layout, CRC32C stripes, and
+// publishing (fsync, rename, removing stale files), Note [Checkpoint format],
+// Note [Checkpoint publish], Note [Sharded checkpoint]. It calls Core (layout,
+// options, NVMe directories) only; the save and the load (checkpoint_save.cpp,
+// checkpoint_load.cpp) call it through checkpoint.hpp.
+//
+// Note [Checkpoint format]
+// A checkpoint directory holds one data file per chunk family and a JSON manifest:
+//
+//   manifest.json          {"format": "strata-checkpoint", "version": 1, "generation": g,
+//                           "stripe_bytes", "compute_dtype", "state_dtype", "state_count",
+//                           "optimizer", "files": [{name, bytes, crc32c: [per stripe]}],
+//                           "tensors": [{name, shape, frozen, steps, group, file,
+//                                        states: {param|master|state0|state1: {dtype, offset}}}],
+//                           "groups": [{group, lr, weight_decay}]}
+//   family-<f>.g<g>.bin    the family's tensors, kind after kind (param, master, states),
+//                          each tensor's elements contiguous in its kind's dtype
+//
+// The layout is per tensor (name, dtype, shape, byte offset), not per chunk, so a
+// checkpoint loads into a runtime with another chunk size, other budgets or another
+// placement. Every stripe of `stripe_bytes` of a data file carries a CRC32C (the swap
+// code's) in the manifest; a load checks every stripe of every file, the shapes and the
+// format version before it changes any state, so a bad checkpoint is refused whole.
+//
+// Note [Checkpoint publish]
+// A save writes every `<name>.tmp` (starting each stripe's writeback as it goes), then
+// fsyncs each and renames it to a name that carries the new generation (one more than the published
+// manifest's), fsyncs the directory, then writes, fsyncs and renames the manifest last and fsyncs the
+// directory again. Until that rename the published manifest and its files are untouched, so a crash (or a
+// full disk) at any point leaves the previous checkpoint loadable. After publishing, files no manifest names
+// (older generations, temporaries of a crashed save) are removed. States are streamed chunk by chunk through
+// one host copy at a time (an NVMe chunk is read from its slots into a host buffer, never through the
+// device), so a save needs one chunk of host room beyond what the runtime holds, plus one stripe buffer.
+//
+// Note [Sharded checkpoint]
+// With W > 1 data-parallel ranks (Note [Sharded step]) save_checkpoint and
+// load_checkpoint are collective: every rank calls them on the same directory.
+// A save: each rank does every check that can fail on it alone (begin_save's
+// prepare), then the ranks agree (Impl::dp_all_ok: every rank's error text
+// reaches every rank) and take the largest generation any found (dp_max). Each
+// rank writes, fsyncs and renames the files of its own families (run_save;
+// the owner's params, masters, states) and fsyncs the directory; they agree
+// again; rank 0 gathers every rank's file entries and tensor entries
+// (dp_exchange_text), publishes the manifest (publish_manifest: the same
+// format as one rank's, plus "ranks": W) and removes stale files; a last
+// agreement hands rank 0's outcome to every rank once the manifest is durable.
+// Until rank 0's rename the previous manifest is the published one, so the
+// rules of Note [Checkpoint publish] hold for every crash point. The generation
+// scan skips ".tmp" names (another rank's probe may be one). begin_checkpoint
+// is refused with W > 1: its agreement would run on the save thread, among the
+// step's collectives. A load: every rank finishes the last step's param
+// all-gathers, checks the manifest and every file (all hold params, which every
+// rank needs), and the ranks agree before any applies; each applies params of
+// every family and masters/states of the families it owns now, so a checkpoint
+// saved at W loads at any W' (the layout is per tensor).
+
+#include "checkpoint.hpp"
+
+namespace strata::runtime {
+
+namespace checkpoint_testing {
+std::function<Status(const std::string& tmp_path)> before_create;
+}  // namespace checkpoint_testing
+
+namespace checkpoint_detail {
+
+std::optional<StateKind> kind_from_name(std::string_view name) {
+  for (StateKind k : kSavedKinds) {
+    if (state_kind_name(k) == name) return k;
+  }
+  return std::nullopt;
+}
+
+Status read_all(int fd, std::byte* p, std::size_t n, std::uint64_t offset, const fs::path& path) {
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return errno_status(errno, fmt::format("reading {}", path.string()));
+    }
+    if (r == 0)
+      return corrupt("{}: ends at byte {}, before the data the manifest describes", path.string(), offset);
+    p += r;
+    offset += static_cast<std::uint64_t>(r);
+    n -= static_cast<std::size_t>(r);
+  }
+  return Status::Ok();
+}
+
+Status fsync_dir(const fs::path& dir) {
+  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0) return errno_status(errno, fmt::format("opening directory {} to fsync it", dir.string()));
+  if (::fsync(fd.get()) != 0) return errno_status(errno, fmt::format("fsync of directory {}", dir.string()));
+  return fd.close(dir);
+}
+
+Status pwrite_all(int fd, const std::byte* p, std::size_t n, std::uint64_t offset, const std::string& path) {
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return errno_status(errno, fmt::format("writing {}", path));
+    }
+    p += w;
+    offset += static_cast<std::uint64_t>(w);
+    n -= static_cast<std::size_t>(w);
+  }
+  return Status::Ok();
+}
+
+//! Runs fn(i, thread) for i in [0, n) on up to kIoThreads threads.
+void parallel_for(std::size_t n, const std::function<void(std::size_t, std::size_t)>& fn) {
+  std::atomic<std::size_t> next{0};
+  std::vector<std::thread> threads;
+  for (std::size_t t = 0; t < std::min(kIoThreads, n); ++t) {
+    threads.emplace_back([&, t] {
+      for (std::size_t i = next++; i < n; i = next++) fn(i, t);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+//! Publishes `writers` (the sink drained): their fsyncs run on several threads at
+//! once, so the file system commits them together (one journal commit for many files
+//! rather than one each), then they are renamed in order.
+Status publish_all(StripeSink& sink, std::vector<StripedWriter>& writers) {
+  STRATA_RETURN_IF_ERROR(sink.drain());
+  std::vector<Status> synced(writers.size(), Status::Ok());
+  parallel_for(writers.size(), [&](std::size_t i, std::size_t) { synced[i] = writers[i].sync(); });
+  for (std::size_t i = 0; i < writers.size(); ++i) {
+    STRATA_RETURN_IF_ERROR(synced[i]);
+    STRATA_RETURN_IF_ERROR(writers[i].rename());
+  }
+  writers.clear();
+  return Status::Ok();
+}
+
+//! `dir` (made absolute) when it is neither one of the NVMe swap directories nor inside one.
+Result<fs::path> checkpoint_dir(const Core& core, const std::string& dir, std::string_view what) {
+  if (dir.empty()) return invalid_argument("{}: the checkpoint directory is empty", what);
+  std::error_code ec;
+  const fs::path abs = fs::weakly_canonical(fs::absolute(dir, ec), ec);
+  if (ec) return errno_status(ec.value(), fmt::format("{}: resolving {}", what, dir));
+  for (const std::string& swap : core.opt.nvme_dirs) {
+    const fs::path s = fs::weakly_canonical(fs::absolute(swap, ec), ec);
+    if (ec) continue;
+    auto [sit, ait] = std::mismatch(s.begin(), s.end(), abs.begin(), abs.end());
+    if (sit == s.end() || (std::next(sit) == s.end() && sit->empty())) {
+      return invalid_argument(
+          "{}: {} is inside the NVMe swap directory {}, whose files are scratch and reclaimed at start; "
+          "put checkpoints in a directory of their own",
+          what, abs.string(), s.string());
+    }
+  }
+  return abs;
+}
+
+//! The published manifest of `dir`, parsed and checked for format and version.
+Result<json> read_manifest(const fs::path& dir) {
+  const fs::path path = dir / kManifestName;
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    if (errno == ENOENT) {
+      return not_found("load_checkpoint: {} does not exist: {} holds no published checkpoint", path.string(),
+                       dir.string());
+    }
+    return errno_status(errno, fmt::format("load_checkpoint: opening {}", path.string()));
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return errno_status(errno, fmt::format("stat of {}", path.string()));
+  std::string text(static_cast<std::size_t>(st.st_size), '\0');
+  STRATA_RETURN_IF_ERROR(read_all(fd.get(), reinterpret_cast<std::byte*>(text.data()), text.size(), 0, path));
+  json m = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (m.is_discarded() || !m.is_object())
+    return corrupt("load_checkpoint: {} is not valid JSON", path.string());
+  if (m.value("format", std::string()) != kFormatName)
+    return corrupt("load_checkpoint: {} is not a strata checkpoint manifest (no \"format\": \"{}\")",
+                   path.string(), kFormatName);
+  const int version = m.value("version", 0);
+  if (version > kFormatVersion) {
+    return failed_precondition(
+        "load_checkpoint: {} has format version {}, newer than this build reads ({}); load it with a newer "
+        "strata",
+        path.string(), version, kFormatVersion);
+  }
+  if (version < 1) return corrupt("load_checkpoint: {} has no valid format version", path.string());
+  return m;
+}
+
+//! Checks one data file the manifest names: its size and every stripe's CRC32C.
+//! `*opened` is the descriptor it verified (the load reads that file, not whatever
+//! has the name later) and `*verified` its stat (the load checks it did not change).
+Status verify_file(const fs::path& dir, const json& f, std::uint64_t stripe_bytes,
+                   std::vector<std::byte>& buf, Fd* opened, struct stat* verified) {
+  const fs::path path = dir / f.at("name").get<std::string>();
+  const auto want = f.at("bytes").get<std::uint64_t>();
+  const auto& crcs = f.at("crc32c");
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    return errno_status(errno, fmt::format("load_checkpoint: opening {} (named by {})", path.string(),
+                                           (dir / kManifestName).string()));
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return errno_status(errno, fmt::format("stat of {}", path.string()));
+  *verified = st;
+  if (static_cast<std::uint64_t>(st.st_size) != want) {
+    return corrupt("load_checkpoint: {} is {} bytes, the manifest says {} (truncated or overwritten)",
+                   path.string(), st.st_size, want);
+  }
+  const std::uint64_t stripes = (want + stripe_bytes - 1) / stripe_bytes;
+  if (crcs.size() != stripes)
+    return corrupt("load_checkpoint: the manifest has {} CRCs for {} stripes of {}", crcs.size(), stripes,
+                   path.string());
+  ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  buf.resize(stripe_bytes);
+  for (std::uint64_t i = 0; i < stripes; ++i) {
+    const std::uint64_t off = i * stripe_bytes;
+    const std::size_t n = static_cast<std::size_t>(std::min(stripe_bytes, want - off));
+    STRATA_RETURN_IF_ERROR(read_all(fd.get(), buf.data(), n, off, path));
+    const std::uint32_t crc = offload::crc32c(std::span<const std::byte>(buf.data(), n));
+    if (crc != crcs[i].get<std::uint32_t>()) {
+      return corrupt("load_checkpoint: {} bytes [{}, {}) fail their CRC32C ({:08x}, the manifest has {:08x})",
+                     path.string(), off, off + n, crc, crcs[i].get<std::uint32_t>());
+    }
+  }
+  *opened = std::move(fd);
+  return Status::Ok();
+}
+
+//! Checks every data file the manifest names, kIoThreads at once (the disk serves
+//! several sequential readers better than one); the first failure in file order.
+Status verify_files(const fs::path& dir, const json& files, std::uint64_t stripe_bytes, std::vector<Fd>* fds,
+                    std::vector<struct stat>* stats) {
+  std::vector<Status> checked(files.size(), Status::Ok());
+  fds->resize(files.size());
+  stats->resize(files.size());
+  std::vector<std::vector<std::byte>> bufs(kIoThreads);
+  parallel_for(files.size(), [&](std::size_t i, std::size_t thread) {
+    try {
+      checked[i] = verify_file(dir, files[i], stripe_bytes, bufs[thread], &(*fds)[i], &(*stats)[i]);
+    } catch (const json::exception& e) {
+      checked[i] = corrupt("load_checkpoint: {} is malformed: {}", (dir / kManifestName).string(), e.what());
+    }
+  });
+  for (Status& st : checked) STRATA_RETURN_IF_ERROR(st);
+  return Status::Ok();
+}
+
+void convert(const std::byte* src, DType from, std::byte* dst, DType to, std::uint64_t n) {
+  for (std::uint64_t i = 0; i < n; ++i) {
+    float v;
+    if (from == DType::kF32) {
+      std::memcpy(&v, src + 4 * i, 4);
+    } else {
+      std::uint16_t h;
+      std::memcpy(&h, src + 2 * i, 2);
+      v = from == DType::kBF16 ? kernels::bf16_to_float(h) : kernels::f16_to_float(h);
+    }
+    if (to == DType::kF32) {
+      std::memcpy(dst + 4 * i, &v, 4);
+    } else {
+      const std::uint16_t h = to == DType::kBF16 ? kernels::float_to_bf16(v) : kernels::float_to_f16(v);
+      std::memcpy(dst + 2 * i, &h, 2);
+    }
+  }
+}
+
+//! The kinds a family of this runtime holds a chunk of, in file order.
+std::vector<StateKind> family_kinds(Core& core, FamilyId f) {
+  std::vector<StateKind> kinds;
+  for (StateKind k : kSavedKinds) {
+    if (k == StateKind::kMaster && !core.separate_master) continue;
+    if (core.chunk(f, k).bytes > 0) kinds.push_back(k);
+  }
+  return kinds;
+}
+
+//! Writes, fsyncs and renames the manifest (the data files are published), then
+//! removes what no manifest names (Note [Checkpoint publish]).
+Status publish_manifest(Core& core, CheckpointSave& s, json files, json tensors, std::uint64_t total) {
+  StripeSink sink;
+  const std::size_t families = files.size();
+  const json manifest = {{"format", kFormatName},
+                         {"version", kFormatVersion},
+                         {"generation", s.generation},
+                         {"step", s.step_index},
+                         {"stripe_bytes", kStripeBytes},
+                         {"compute_dtype", std::string(runtime::dtype_name(core.opt.compute_dtype))},
+                         {"state_dtype", std::string(runtime::dtype_name(core.opt.state_dtype))},
+                         {"state_count", core.state_count},
+                         {"optimizer", std::string(kernels::optimizer_name(core.opt.hyper.optimizer))},
+                         {"ranks", core.dp_ranks()},
+                         {"files", std::move(files)},
+                         {"tensors", std::move(tensors)},
+                         {"groups", s.groups}};
+  STRATA_RETURN_IF_ERROR(fsync_dir(s.root));
+  {
+    const std::string text = manifest.dump(1);
+    STRATA_ASSIGN_OR_RETURN(StripedWriter w, StripedWriter::open(s.root / kManifestName, sink));
+    w.append(reinterpret_cast<const std::byte*>(text.data()), text.size());
+    w.finish();
+    std::vector<StripedWriter> one;
+    one.push_back(std::move(w));
+    STRATA_RETURN_IF_ERROR(publish_all(sink, one));
+  }
+  STRATA_RETURN_IF_ERROR(fsync_dir(s.root));
+
+  // Published: remove what no manifest names (older generations, a crashed save's temporaries).
+  const std::string suffix = fmt::format(".g{}.bin", s.generation);
+  std::size_t removed = 0;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(s.root, ec)) {
+    const std::string fname = entry.path().filename().string();
+    const bool ours = fname.starts_with("family-") || fname == std::string(kManifestName) + ".tmp";
+    const bool current = fname.starts_with("family-") && fname.ends_with(suffix);
+    if (ours && !current && fs::remove(entry.path(), ec)) ++removed;
+  }
+  STRATA_LOG_DEBUG(
+      "checkpoint: {} generation {} ({} bytes, {} files) in {:.3f} s; {} stale files removed; buffers held "
+      "at most {} bytes",
+      s.root.string(), s.generation, total, families, (core.timeline.now_us() - s.t0) * 1e-6, removed,
+      s.high_water);
+  return Status::Ok();
+}
+
+}  // namespace checkpoint_detail
+
+}  // namespace strata::runtime

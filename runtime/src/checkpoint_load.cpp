@@ -1,0 +1,267 @@
+// Checkpoint load: load_checkpoint's check pass (manifest, shapes, every stripe's
+// CRC32C, before any state changes) and its apply pass (chunk by chunk through
+// host copies), Note [Checkpoint format], Note [Sharded checkpoint]. It calls the
+// format side through checkpoint.hpp, Core, and Runtime::Impl (finalize,
+// wait_all, with_host_copy, the data-parallel agreement).
+
+#include "checkpoint.hpp"
+
+namespace strata::runtime {
+
+using namespace checkpoint_detail;
+
+namespace checkpoint_testing {
+std::function<void(const std::string&)> after_verify;
+}  // namespace checkpoint_testing
+
+namespace {
+
+//! Where a tensor's saved kinds lie: its file, each kind's offset and dtype.
+struct Source {
+  std::uint32_t file = 0;
+  std::uint64_t offset[kStateKindCount] = {};
+  DType dtype[kStateKindCount] = {};
+  bool has[kStateKindCount] = {};
+  std::int64_t steps = 0;
+  std::uint32_t group = 0;
+};
+
+//! What the check pass finds and the apply pass reads.
+struct LoadPlan {
+  fs::path root;
+  json manifest;
+  std::string mpath;
+  std::vector<Source> src;
+  std::vector<bool> seen;
+  std::vector<fs::path> file_paths;
+  std::vector<std::uint64_t> file_bytes;
+  std::vector<std::pair<std::uint32_t, GroupHyper>> groups;
+  std::vector<Fd> fds;                // the verified files, read by the apply pass
+  std::vector<struct stat> verified;  // as they were when verified
+};
+
+//! Checks one tensor entry of the manifest against this runtime's registered tensor
+//! and records where its kinds lie. Throws json::exception on a malformed entry.
+Status check_tensor(Core& core, LoadPlan& p, const json& t) {
+  const std::string& mpath = p.mpath;
+  const auto name = t.at("name").get<std::string>();
+  auto it = core.by_name.find(name);
+  if (it == core.by_name.end()) {
+    return failed_precondition(
+        "load_checkpoint: {} holds tensor \"{}\", which this runtime has not registered: it is another "
+        "model's checkpoint",
+        mpath, name);
+  }
+  const TensorInfo& info = core.tensors[it->second];
+  const auto shape = t.at("shape").get<std::vector<std::int64_t>>();
+  if (shape != info.spec.shape) {
+    return failed_precondition("load_checkpoint: {}: tensor \"{}\" has shape [{}] there, [{}] here", mpath,
+                               name, fmt::join(shape, ", "), fmt::join(info.spec.shape, ", "));
+  }
+  Source& s = p.src[it->second];
+  p.seen[it->second] = true;
+  s.file = t.at("file").get<std::uint32_t>();
+  if (s.file >= p.file_paths.size())
+    return corrupt("load_checkpoint: {}: tensor \"{}\" names file {} of {}", mpath, name, s.file,
+                   p.file_paths.size());
+  s.steps = t.at("steps").get<std::int64_t>();
+  s.group = t.at("group").get<std::uint32_t>();
+  if (s.steps < 0 || s.group >= 65536)
+    return corrupt("load_checkpoint: {}: tensor \"{}\" has a bad step counter or group", mpath, name);
+  for (const auto& [kname, st] : t.at("states").items()) {
+    const auto kind = kind_from_name(kname);
+    if (!kind)
+      return corrupt("load_checkpoint: {}: tensor \"{}\" has unknown state \"{}\"", mpath, name, kname);
+    const auto k = static_cast<std::size_t>(*kind);
+    STRATA_ASSIGN_OR_RETURN(s.dtype[k], parse_dtype(st.at("dtype").get<std::string>()));
+    s.offset[k] = st.at("offset").get<std::uint64_t>();
+    s.has[k] = true;
+    if (s.offset[k] + info.numel * dtype_bytes(s.dtype[k]) > p.file_bytes[s.file]) {
+      return corrupt("load_checkpoint: {}: tensor \"{}\" {} lies past the end of {}", mpath, name, kname,
+                     p.file_paths[s.file].string());
+    }
+  }
+  if (!s.has[static_cast<std::size_t>(StateKind::kParam)])
+    return corrupt("load_checkpoint: {}: tensor \"{}\" has no param", mpath, name);
+  return Status::Ok();
+}
+
+//! Every registered tensor is in the checkpoint with every state this runtime keeps
+//! (the optimizer's states of trainable tensors).
+Status check_complete(Core& core, const LoadPlan& p) {
+  for (TensorId id = 0; id < p.seen.size(); ++id) {
+    if (!p.seen[id]) {
+      return failed_precondition("load_checkpoint: {} lacks tensor \"{}\": it is another model's checkpoint",
+                                 p.mpath, core.tensors[id].spec.name);
+    }
+  }
+  for (FamilyId f = 0; f < core.layout.families.size(); ++f) {
+    for (StateKind k : family_kinds(core, f)) {
+      if (k == StateKind::kParam || k == StateKind::kMaster) continue;
+      for (TensorId id : core.layout.families[f].tensors) {
+        if (!p.src[id].has[static_cast<std::size_t>(k)] && !core.tensors[id].spec.frozen) {
+          return failed_precondition("load_checkpoint: {}: tensor \"{}\" has no {} there", p.mpath,
+                                     core.tensors[id].spec.name, state_kind_name(k));
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+//! Checks the manifest against this runtime and every stripe of every file
+//! (Note [Checkpoint format]); changes no state.
+Status check_manifest(Core& core, LoadPlan& p) {
+  const std::string& mpath = p.mpath;
+  const json& manifest = p.manifest;
+  try {
+    const auto stripe = manifest.at("stripe_bytes").get<std::uint64_t>();
+    if (stripe == 0) return corrupt("load_checkpoint: {} has stripe_bytes 0", mpath);
+    const auto state_count = manifest.at("state_count").get<std::uint32_t>();
+    if (state_count != core.state_count) {
+      return failed_precondition(
+          "load_checkpoint: {} holds {} optimizer state(s) per element (optimizer {}), this runtime's "
+          "optimizer "
+          "{} keeps {}; load it with the optimizer it was saved with",
+          mpath, state_count, manifest.value("optimizer", std::string("?")),
+          kernels::optimizer_name(core.opt.hyper.optimizer), core.state_count);
+    }
+    for (const json& f : manifest.at("files")) {
+      p.file_paths.push_back(p.root / f.at("name").get<std::string>());
+      p.file_bytes.push_back(f.at("bytes").get<std::uint64_t>());
+    }
+    const json& tensors = manifest.at("tensors");
+    if (tensors.size() != core.tensors.size()) {
+      return failed_precondition(
+          "load_checkpoint: {} holds {} tensors, this runtime has {} registered: it is another model's "
+          "checkpoint",
+          mpath, tensors.size(), core.tensors.size());
+    }
+    for (const json& t : tensors) STRATA_RETURN_IF_ERROR(check_tensor(core, p, t));
+    STRATA_RETURN_IF_ERROR(check_complete(core, p));
+    for (const json& g : manifest.value("groups", json::array())) {
+      const auto group = g.at("group").get<std::uint32_t>();
+      const GroupHyper h{
+          .set = true, .lr = g.at("lr").get<float>(), .weight_decay = g.at("weight_decay").get<float>()};
+      if (group >= 65536 || !std::isfinite(h.lr) || h.lr < 0 || !std::isfinite(h.weight_decay) ||
+          h.weight_decay < 0)
+        return corrupt("load_checkpoint: {}: group {} has a bad id, lr or weight decay", mpath, group);
+      p.groups.emplace_back(group, h);
+    }
+    STRATA_RETURN_IF_ERROR(verify_files(p.root, manifest.at("files"), stripe, &p.fds, &p.verified));
+  } catch (const json::exception& e) {
+    return corrupt("load_checkpoint: {} is malformed: {}", mpath, e.what());
+  }
+  return Status::Ok();
+}
+
+//! The files read are the ones verified (their descriptors); one written since (its
+//! size or modification time moved) is refused before anything is applied.
+Status check_unchanged(const LoadPlan& p) {
+  for (std::size_t i = 0; i < p.fds.size(); ++i) {
+    struct stat now {};
+    if (::fstat(p.fds[i].get(), &now) != 0)
+      return errno_status(errno, fmt::format("load_checkpoint: stat of {}", p.file_paths[i].string()));
+    if (now.st_size != p.verified[i].st_size || now.st_mtim.tv_sec != p.verified[i].st_mtim.tv_sec ||
+        now.st_mtim.tv_nsec != p.verified[i].st_mtim.tv_nsec) {
+      return corrupt(
+          "load_checkpoint: {} was written while it was being loaded (after its CRC32C check); "
+          "nothing was loaded: load it again once the writer is done",
+          p.file_paths[i].string());
+    }
+  }
+  return Status::Ok();
+}
+
+//! The check pass: everything a rank may find wrong on its own is found before the
+//! ranks agree (Note [Sharded checkpoint]): no rank applies anything unless every rank can.
+Status prepare_load(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, LoadPlan& p,
+                    const std::string& dir) {
+  STRATA_ASSIGN_OR_RETURN(p.root, checkpoint_dir(m.core, dir, "load_checkpoint"));
+  if (m.leases_out > 0)
+    return failed_precondition("load_checkpoint({}) while leases are held", p.root.string());
+  STRATA_RETURN_IF_ERROR(m.finalize(lock));
+  STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
+  STRATA_RETURN_IF_ERROR(m.checkpoint_wait_captured(lock, /*every_family=*/true));
+  // Params already gathered must not overwrite what is loaded (Note [Sharded checkpoint]).
+  STRATA_RETURN_IF_ERROR(m.dp_finish_all_gathers(lock));
+  STRATA_ASSIGN_OR_RETURN(p.manifest, read_manifest(p.root));
+  p.mpath = (p.root / kManifestName).string();
+  STRATA_RETURN_IF_ERROR(check_manifest(m.core, p));
+  if (checkpoint_testing::after_verify) checkpoint_testing::after_verify(p.root.string());
+  return check_unchanged(p);
+}
+
+//! Apply: chunk by chunk, each tensor's bytes read from its file (converted when the
+//! dtypes differ). Every tensor of the chunk is written (padding stays zero), so an
+//! NVMe chunk's old value is not read first.
+Status apply_family(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, const LoadPlan& p, FamilyId f,
+                    std::vector<std::byte>& staging) {
+  const FamilyLayout& fam = m.core.layout.families[f];
+  for (StateKind k : family_kinds(m.core, f)) {
+    const DType dtype = m.core.kind_dtype(k);
+    const std::uint64_t esize = dtype_bytes(dtype);
+    Status read = Status::Ok();
+    STRATA_RETURN_IF_ERROR(m.with_host_copy(
+        lock, m.core.chunk(f, k), true,
+        [&](std::byte* base) {
+          for (std::size_t i = 0; i < fam.tensors.size() && read.ok(); ++i) {
+            const TensorId id = fam.tensors[i];
+            const TensorSlot& ts = m.core.layout.slots[id];
+            const Source& s = p.src[id];
+            // A master the checkpoint lacks (saved with fp32 compute) is its param.
+            auto sk = static_cast<std::size_t>(k);
+            if (!s.has[sk] && k == StateKind::kMaster) sk = static_cast<std::size_t>(StateKind::kParam);
+            std::byte* dst = base + ts.offset_elems * esize;
+            if (!s.has[sk]) {  // a frozen tensor's optimizer state
+              std::memset(dst, 0, ts.numel * esize);
+              continue;
+            }
+            const std::uint64_t n = ts.numel * dtype_bytes(s.dtype[sk]);
+            if (s.dtype[sk] == dtype) {
+              read = read_all(p.fds[s.file].get(), dst, n, s.offset[sk], p.file_paths[s.file]);
+            } else {
+              staging.resize(n);
+              read = read_all(p.fds[s.file].get(), staging.data(), n, s.offset[sk], p.file_paths[s.file]);
+              if (read.ok()) convert(staging.data(), s.dtype[sk], dst, dtype, ts.numel);
+            }
+          }
+        },
+        /*whole=*/true));
+    STRATA_RETURN_IF_ERROR(read);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status Runtime::load_checkpoint(const std::string& dir) {
+  Impl& m = *impl_;
+  std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
+  // Everything is checked before any state changes (Note [Checkpoint format]).
+  LoadPlan p;
+  p.src.resize(m.core.tensors.size());
+  p.seen.assign(m.core.tensors.size(), false);
+  if (m.core.dp_ranks() == 1) {
+    STRATA_RETURN_IF_ERROR(prepare_load(m, lock, p, dir));
+  } else {
+    STRATA_RETURN_IF_ERROR(m.dp_all_ok(lock, prepare_load(m, lock, p, dir), "load_checkpoint"));
+  }
+  std::vector<std::byte> staging;
+  for (FamilyId f = 0; f < m.core.layout.families.size(); ++f)
+    STRATA_RETURN_IF_ERROR(apply_family(m, lock, p, f, staging));
+  for (TensorId id = 0; id < p.src.size(); ++id) {
+    m.core.tensors[id].updates = p.src[id].steps;
+    m.core.tensors[id].group = p.src[id].group;
+  }
+  for (const auto& [group, h] : p.groups) {
+    if (m.core.groups.size() <= group) m.core.groups.resize(group + 1);
+    m.core.groups[group] = h;
+  }
+  STRATA_LOG_DEBUG("load_checkpoint: {} generation {} loaded", p.root.string(),
+                   p.manifest.value("generation", json()).dump());
+  return Status::Ok();
+}
+
+}  // namespace strata::runtime

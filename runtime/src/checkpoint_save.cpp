@@ -1,0 +1,396 @@
+// Checkpoint save: save_checkpoint, begin_checkpoint / finish_checkpoint and the
+// save thread that writes each family's file (Note [Overlapped save], Note
+// [Sharded checkpoint]). It calls the capture side and the format side through
+// checkpoint.hpp, Core, and Runtime::Impl (finalize, wait_all, the data-parallel
+// agreements).
+
+#include "checkpoint.hpp"
+
+namespace strata::runtime {
+
+using namespace checkpoint_detail;
+
+//! Appends family f's captured pieces to its file; entries get each state's dtype and offset.
+static Status write_family(Core& core, CheckpointSave& s, FamilyId f, StripedWriter& w,
+                           std::vector<json>& entries) {
+  const FamilyLayout& fam = core.layout.families[f];
+  for (CheckpointSave::Piece& p : s.pieces[f]) {
+    const DType dtype = core.kind_dtype(p.kind);
+    const std::uint64_t esize = dtype_bytes(dtype);
+    std::byte* base = p.buf;
+    std::byte* read_buf = nullptr;
+    if (base == nullptr) {  // pinned NVMe slots: read them into a buffer of the save
+      {
+        std::lock_guard lock(core.mu);
+        read_buf = save_allocate(s, p.bytes, true);
+      }
+      const std::uint64_t piece = s.nvme->slot_bytes();
+      struct Latch {
+        std::mutex mu;
+        std::condition_variable cv;
+        std::size_t pending = 0;
+        Status status;
+      } latch;
+      latch.pending = p.slots.size();
+      for (std::size_t i = 0; i < p.slots.size(); ++i) {
+        const std::uint64_t begin = i * piece;
+        std::span<std::byte> part(read_buf + begin, std::min<std::uint64_t>(piece, p.bytes - begin));
+        auto done = [&latch](Status st) {
+          std::lock_guard g(latch.mu);
+          if (!st.ok() && latch.status.ok()) latch.status = std::move(st);
+          if (--latch.pending == 0) latch.cv.notify_all();
+        };
+        Status st = s.nvme->read(p.slots[i], part, done);
+        if (!st.ok()) done(st);
+      }
+      Status read;
+      {
+        std::unique_lock g(latch.mu);
+        latch.cv.wait(g, [&] { return latch.pending == 0; });
+        read = latch.status;
+      }
+      if (read.ok()) base = read_buf;
+      if (!read.ok()) {
+        std::lock_guard lock(core.mu);
+        save_free(s, read_buf, p.bytes);
+        return read;
+      }
+    }
+    for (std::size_t i = 0; i < fam.tensors.size(); ++i) {
+      const TensorSlot& ts = core.layout.slots[fam.tensors[i]];
+      entries[i]["states"][std::string(state_kind_name(p.kind))] = {
+          {"dtype", std::string(runtime::dtype_name(dtype))}, {"offset", w.size()}};
+      w.append(base + ts.offset_elems * esize, ts.numel * esize);
+    }
+    if (read_buf != nullptr) {
+      std::lock_guard lock(core.mu);
+      save_free(s, read_buf, p.bytes);
+    }
+  }
+  return Status::Ok();
+}
+
+//! Captures ahead, in backward order, what the room holds (one family per lock hold),
+//! so the training thread finds its families captured and copies nothing itself.
+static Status capture_ahead(Runtime::Impl& m, CheckpointSave& s) {
+  for (FamilyId g = s.stage.size(); g-- > 0 && !s.blocking;) {
+    std::unique_lock lock(m.core.mu);
+    if (s.stage[g] != CheckpointSave::Stage::kPending) continue;
+    STRATA_ASSIGN_OR_RETURN(const bool captured, capture_family(m, s, g, /*force=*/false));
+    if (!captured) break;
+  }
+  return Status::Ok();
+}
+
+//! The family the save thread writes next, captured: captured ones first; then a
+//! held-back one; then in backward order (captured past the room if need be).
+static Result<FamilyId> next_family(Runtime::Impl& m, CheckpointSave& s) {
+  const std::size_t families = s.stage.size();
+  std::unique_lock lock(m.core.mu);
+  std::optional<FamilyId> pick;
+  for (FamilyId g = 0; g < families && !pick; ++g) {
+    if (s.stage[g] == CheckpointSave::Stage::kCaptured) pick = g;
+  }
+  for (FamilyId g = 0; g < families && !pick; ++g) {
+    if (s.held[g]) pick = g;
+  }
+  for (FamilyId g = families; g-- > 0 && !pick;) {
+    if (s.stage[g] == CheckpointSave::Stage::kPending) pick = g;
+  }
+  STRATA_CHECK(pick.has_value());
+  const FamilyId f = *pick;
+  if (s.stage[f] == CheckpointSave::Stage::kPending) {
+    STRATA_ASSIGN_OR_RETURN(const bool captured, capture_family(m, s, f, /*force=*/true));
+    STRATA_CHECK(captured);
+  }
+  return f;
+}
+
+//! Family f is written: frees its pieces, and captures and launches held-back
+//! updates whose copies fit the room freed.
+static Status mark_written(Runtime::Impl& m, CheckpointSave& s, FamilyId f) {
+  Core& core = m.core;
+  std::unique_lock lock(core.mu);
+  release_pieces(core, s.pieces[f], s);
+  s.stage[f] = CheckpointSave::Stage::kWritten;
+  for (FamilyId g = 0; g < s.stage.size(); ++g) {
+    if (s.held[g] && s.stage[g] == CheckpointSave::Stage::kPending) {
+      STRATA_ASSIGN_OR_RETURN(const bool captured, capture_family(m, s, g, /*force=*/false));
+      if (!captured) break;
+    }
+  }
+  core.cv.notify_all();
+  return Status::Ok();
+}
+
+//! A rank's save leaves its families' file and tensor entries for rank 0's manifest
+//! (Note [Sharded checkpoint]) and fsyncs the directory.
+static Status leave_shard_entries(Core& core, CheckpointSave& s, std::vector<json>& files_by_family,
+                                  std::vector<json>& tensor_entries) {
+  for (FamilyId f = 0; f < files_by_family.size(); ++f) {
+    if (!core.owns(f)) continue;
+    json e = std::move(files_by_family[f]);
+    e["family"] = f;
+    s.shard_files.push_back(std::move(e));
+    for (TensorId id : core.layout.families[f].tensors)
+      s.shard_tensors.push_back({{"id", id}, {"entry", std::move(tensor_entries[id])}});
+  }
+  return fsync_dir(s.root);
+}
+
+//! The save thread: captures and writes every family, then publishes (Note [Overlapped save]).
+static Status run_save(Runtime::Impl& m, CheckpointSave& s) {
+  Core& core = m.core;
+  const std::size_t families = s.stage.size();
+  std::vector<json> tensor_entries(core.tensors.size());
+  std::uint64_t total = 0;
+  StripeSink sink;                     // its jobs keep their files open until written
+  std::vector<StripedWriter> writers;  // fsynced together once all are written
+  std::vector<json> files_by_family(families);
+  for (std::size_t written = 0; written < s.owned; ++written) {
+    STRATA_RETURN_IF_ERROR(capture_ahead(m, s));
+    STRATA_ASSIGN_OR_RETURN(const FamilyId f, next_family(m, s));
+    const std::string name = fmt::format("family-{}.g{}.bin", f, s.generation);
+    STRATA_ASSIGN_OR_RETURN(StripedWriter w, StripedWriter::open(s.root / name, sink));
+    const FamilyLayout& fam = core.layout.families[f];
+    std::vector<json> entries(fam.tensors.size());
+    STRATA_RETURN_IF_ERROR(write_family(core, s, f, w, entries));
+    STRATA_RETURN_IF_ERROR(mark_written(m, s, f));
+    const std::uint64_t bytes = w.size();
+    w.finish();
+    total += bytes;
+    files_by_family[f] = {{"name", name}, {"bytes", bytes}, {"crc32c", w.crcs()}};
+    writers.push_back(std::move(w));
+    if (writers.size() == kWritersOpenMax) STRATA_RETURN_IF_ERROR(publish_all(sink, writers));
+    for (std::size_t i = 0; i < fam.tensors.size(); ++i) {
+      json e = s.tensors_meta[fam.tensors[i]];
+      e["states"] = std::move(entries[i]["states"]);
+      tensor_entries[fam.tensors[i]] = std::move(e);
+    }
+  }
+  STRATA_RETURN_IF_ERROR(publish_all(sink, writers));
+  // Rank 0 publishes the manifest (Note [Sharded checkpoint]).
+  if (s.sharded) return leave_shard_entries(core, s, files_by_family, tensor_entries);
+  json files = json::array();
+  for (json& f : files_by_family) files.push_back(std::move(f));
+  json tensors = json::array();
+  // In family order, as a blocking save wrote them (the manifest is the same whatever the capture order).
+  for (const FamilyLayout& fam : core.layout.families) {
+    for (TensorId id : fam.tensors) tensors.push_back(std::move(tensor_entries[id]));
+  }
+  return publish_manifest(core, s, std::move(files), std::move(tensors), total);
+}
+
+//! The generation a new save's files carry (Note [Checkpoint publish]): one past the
+//! published manifest's, so its files are never written, and past every generation in
+//! the directory too: a manifest this build cannot read (a newer format) still has its
+//! files kept.
+static std::int64_t next_generation(const fs::path& root) {
+  std::int64_t generation = 1;
+  if (auto prev = read_manifest(root); prev.ok()) generation = prev->value("generation", std::int64_t{0}) + 1;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string fname = entry.path().filename().string();
+    const auto g = fname.find(".g");
+    // Temporaries are never named by a manifest (and another rank's probe may be one).
+    if (!fname.starts_with("family-") || fname.ends_with(".tmp") || g == std::string::npos) continue;
+    generation = std::max<std::int64_t>(generation, std::atoll(fname.c_str() + g + 2) + 1);
+  }
+  return generation;
+}
+
+//! Everything of a save that can fail on one rank alone (Note [Sharded checkpoint]):
+//! after this, only collectives and the save thread. Core::mu held.
+static Status prepare_save(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, CheckpointSave& s,
+                           const std::string& dir) {
+  STRATA_RETURN_IF_ERROR(m.checkpoint_finish(lock));
+  STRATA_ASSIGN_OR_RETURN(s.root, checkpoint_dir(m.core, dir, "save_checkpoint"));
+  const fs::path& root = s.root;
+  if (m.leases_out > 0)
+    return failed_precondition("save_checkpoint({}) while leases are held", root.string());
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) {
+    return errno_status(
+        ec.value(), fmt::format("save_checkpoint: creating {} (choose a writable directory)", root.string()));
+  }
+  STRATA_RETURN_IF_ERROR(m.finalize(lock));
+  STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
+  STRATA_RETURN_IF_ERROR(m.core.background_error);
+  s.generation = next_generation(root);
+  // A file that cannot be created fails here, at once (a read-only directory).
+  const fs::path probe = root / fmt::format("family-{}.g{}.bin.tmp", m.core.dp_rank(), s.generation);
+  Fd fd(::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) {
+    return errno_status(errno, fmt::format("save_checkpoint: creating {} (the checkpoint directory must be "
+                                           "writable by this process)",
+                                           probe.string()));
+  }
+  return Status::Ok();
+}
+
+//! Takes the save's metadata as of the call (step counters, groups, the step index)
+//! and sets up its per-family progress: another rank's families are done already.
+static void describe_save(Runtime::Impl& m, CheckpointSave& s) {
+  const std::size_t families = m.core.layout.families.size();
+  s.nvme = m.core.nvme;
+  s.stage.assign(families, CheckpointSave::Stage::kPending);
+  s.held.assign(families, false);
+  s.pieces.resize(families);
+  for (FamilyId f = 0; f < families; ++f) {
+    if (m.core.owns(f)) {
+      ++s.owned;
+    } else {  // another rank's (Note [Sharded checkpoint]): nothing to capture or write here
+      s.stage[f] = CheckpointSave::Stage::kWritten;
+    }
+  }
+  s.uncaptured = s.owned;
+  for (FamilyId f = 0; f < families; ++f) s.kinds.push_back(family_kinds(m.core, f));
+  s.tensors_meta = json::array();
+  std::vector<FamilyId> family_of(m.core.tensors.size(), 0);
+  for (FamilyId f = 0; f < families; ++f) {
+    for (TensorId id : m.core.layout.families[f].tensors) family_of[id] = f;
+  }
+  for (TensorId id = 0; id < m.core.tensors.size(); ++id) {
+    const TensorInfo& info = m.core.tensors[id];
+    s.tensors_meta.push_back({{"name", info.spec.name},
+                              {"shape", info.spec.shape},
+                              {"frozen", info.spec.frozen},
+                              {"steps", info.updates},
+                              {"group", info.group},
+                              {"file", family_of[id]}});
+  }
+  for (std::size_t g = 0; g < m.core.groups.size(); ++g) {
+    if (m.core.groups[g].set) {
+      s.groups.push_back(
+          {{"group", g}, {"lr", m.core.groups[g].lr}, {"weight_decay", m.core.groups[g].weight_decay}});
+    }
+  }
+  s.step_index = static_cast<std::int64_t>(m.tracker.step_index());
+  s.room = m.core.host->budget_bytes() / kSaveRoomDivisor;
+}
+
+//! Starts a save (Note [Overlapped save]); `background`: its threads run at kSaveNice
+//! (begin_checkpoint: training runs beside it), not for save_checkpoint, which waits.
+static Status begin_save(Runtime::Impl& m, const std::string& dir, bool background) {
+  std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
+  const bool sharded = m.core.dp_ranks() > 1;
+  if (sharded && background) {
+    // The same answer on every rank, so no rank waits in a collective for it.
+    return failed_precondition(
+        "begin_checkpoint({}): this runtime is rank {} of {} (data parallelism); an overlapped save is not "
+        "implemented for data-parallel ranks (its agreement would interleave with the step's collectives); "
+        "call save_checkpoint on every rank instead (Note [Sharded checkpoint])",
+        dir, m.core.dp_rank(), m.core.dp_ranks());
+  }
+  auto s = std::make_shared<CheckpointSave>();
+  if (!sharded) {
+    STRATA_RETURN_IF_ERROR(prepare_save(m, lock, *s, dir));
+  } else {
+    STRATA_RETURN_IF_ERROR(m.dp_all_ok(lock, prepare_save(m, lock, *s, dir), "save_checkpoint"));
+    // Params are written by their owner: they must be rank 0's initial values if
+    // no step has run yet (Note [Sharded step]).
+    STRATA_RETURN_IF_ERROR(m.dp_broadcast_initial(lock));
+    // One generation for every rank's files: the largest any rank found.
+    STRATA_ASSIGN_OR_RETURN(s->generation, m.dp_max(lock, s->generation));
+  }
+  s->t0 = m.core.timeline.now_us();
+  s->sharded = sharded;
+  describe_save(m, *s);
+  s->blocking = !background;
+  m.checkpoint = s;
+  s->thread = std::thread([&m, s = s.get(), background] {
+    // Background work: the save (and its writer thread, which inherits this) yields the
+    // CPU to training's optimizer and copies (Linux nice is per thread).
+    if (background && ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kSaveNice) != 0)
+      STRATA_LOG_DEBUG("checkpoint: setpriority of the save thread: {}", std::strerror(errno));
+    Status st = run_save(m, *s);
+    std::lock_guard guard(m.core.mu);
+    if (!st.ok()) {
+      STRATA_LOG_WARN("checkpoint: the save into {} failed (the published checkpoint is untouched): {}",
+                      s->root.string(), st.to_string());
+      release_all_holds(m, *s);
+    }
+    for (auto& pieces : s->pieces) release_pieces(m.core, pieces, *s);
+    s->status = std::move(st);
+    s->done = true;
+    m.core.cv.notify_all();
+  });
+  return Status::Ok();
+}
+
+Status Runtime::begin_checkpoint(const std::string& dir) {
+  return begin_save(*impl_, dir, /*background=*/true);
+}
+
+Status Runtime::finish_checkpoint() {
+  Impl& m = *impl_;
+  std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
+  return m.checkpoint_finish(lock);
+}
+
+Result<bool> Runtime::checkpoint_in_flight() {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.core.mu);
+  if (m.checkpoint == nullptr) return false;
+  if (!m.checkpoint->done) return true;
+  STRATA_RETURN_IF_ERROR(m.checkpoint->status);
+  return false;
+}
+
+Status Runtime::save_checkpoint(const std::string& dir) {
+  STRATA_RETURN_IF_ERROR(begin_save(*impl_, dir, /*background=*/false));
+  Impl& m = *impl_;
+  if (m.core.dp_ranks() == 1) return finish_checkpoint();
+  // Note [Sharded checkpoint]: every rank's files are written, fsynced and renamed;
+  // the ranks agree, rank 0 publishes the manifest, and a last agreement returns
+  // rank 0's outcome on every rank once the manifest is durable.
+  std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
+  std::shared_ptr<CheckpointSave> s = m.checkpoint;
+  Status written = m.checkpoint_finish(lock);
+  STRATA_RETURN_IF_ERROR(m.dp_all_ok(lock, std::move(written), "save_checkpoint (writing the files)"));
+  const json mine = {{"files", std::move(s->shard_files)}, {"tensors", std::move(s->shard_tensors)}};
+  STRATA_ASSIGN_OR_RETURN(const std::vector<std::string> all, m.dp_exchange_text(lock, mine.dump()));
+  Status published = Status::Ok();
+  if (m.core.dp_rank() == 0) {
+    const std::size_t families = m.core.layout.families.size();
+    json files = json::array();
+    std::vector<json> by_family(families);
+    std::vector<json> tensor_entries(m.core.tensors.size());
+    std::uint64_t total = 0;
+    try {
+      for (const std::string& text : all) {
+        const json part = json::parse(text);
+        for (const json& f : part.at("files")) {
+          const auto family = f.at("family").get<std::size_t>();
+          STRATA_CHECK(family < families);
+          total += f.at("bytes").get<std::uint64_t>();
+          by_family[family] = {{"name", f.at("name")}, {"bytes", f.at("bytes")}, {"crc32c", f.at("crc32c")}};
+        }
+        for (const json& t : part.at("tensors"))
+          tensor_entries.at(t.at("id").get<std::size_t>()) = t.at("entry");
+      }
+    } catch (const json::exception& e) {
+      published = internal_error("save_checkpoint: a rank's file list is malformed: {}", e.what());
+    }
+    for (FamilyId f = 0; f < families && published.ok(); ++f) {
+      if (by_family[f].is_null()) {
+        published = internal_error("save_checkpoint: no rank wrote family {} (its owner is rank {})", f,
+                                   f % static_cast<FamilyId>(m.core.dp_ranks()));
+        break;
+      }
+      files.push_back(std::move(by_family[f]));
+    }
+    json tensors = json::array();
+    for (const FamilyLayout& fam : m.core.layout.families) {
+      for (TensorId id : fam.tensors) tensors.push_back(std::move(tensor_entries[id]));
+    }
+    if (published.ok()) published = publish_manifest(m.core, *s, std::move(files), std::move(tensors), total);
+  }
+  return m.dp_all_ok(lock, std::move(published), "save_checkpoint (publishing the manifest on rank 0)");
+}
+
+}  // namespace strata::runtime
