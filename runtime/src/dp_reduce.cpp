@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "device_access.hpp"
 #include "dp.hpp"
 #include "strata/common/log.hpp"
 
@@ -15,12 +16,12 @@ using namespace dp_detail;
 
 namespace {
 
-//! The communicator may read and write device slots directly: on the sim device
-//! they are host memory. On CUDA the mpi/local backends need host buffers, so a
-//! gradient is copied down first (the nccl backend, which could reduce device
+//! The communicator may read and write device slots directly where the host can
+//! (device_access.hpp). Elsewhere (CUDA) the mpi/local backends need host buffers,
+//! so a gradient is copied down first (the nccl backend, which could reduce device
 //! buffers, is refused by options.cpp).
 bool comm_reads_device(const Core& core) {
-  return core.device.kind() == memory::DeviceKind::kSim;
+  return device_memory_host_readable(core.device);
 }
 
 std::size_t round_count(const Core& core) {

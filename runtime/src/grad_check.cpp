@@ -23,6 +23,7 @@
 // kernel's own kSeparatePass. StepStats::grad_check_host_bytes counts the
 // bytes those fallbacks read, so a test can see that a step needed none.
 
+#include "device_access.hpp"
 #include "optimizer_pipeline.hpp"
 #include "strata/common/assert.hpp"
 
@@ -48,7 +49,7 @@ void OptimizerPipeline::grad_spans(FamilyId f, std::byte* grad, std::vector<kern
 }
 
 bool OptimizerPipeline::checks_on_device() const {
-  return core_.device.kind() == memory::DeviceKind::kSim;
+  return device_memory_host_readable(core_.device);
 }
 
 Status OptimizerPipeline::check_on_device(FamilyId f, std::byte* grad, float scale) {

@@ -1,0 +1,15 @@
+#pragma once
+// Whether the host may read and write device slot memory directly: true on the
+// sim device, whose "device" memory is host memory; false on CUDA. The gradient
+// check on the device (grad_check.cpp) and the data-parallel reduction from the
+// device slot (dp_reduce.cpp) both ask this one question here.
+
+#include "strata/memory/device.hpp"
+
+namespace strata::runtime {
+
+inline bool device_memory_host_readable(const memory::Device& device) {
+  return device.kind() == memory::DeviceKind::kSim;
+}
+
+}  // namespace strata::runtime
