@@ -4,7 +4,8 @@
 // fsync/rename publishing, Note [Checkpoint format], Note [Checkpoint publish],
 // Note [Sharded checkpoint]), the capture side (checkpoint_capture.cpp: the save's
 // buffers and its hold on optimizer updates, Note [Overlapped save]), the save
-// (checkpoint_save.cpp: save_checkpoint, begin_checkpoint, the save thread) and
+// (checkpoint_save.cpp: save_checkpoint, begin_checkpoint, the save thread, Note
+// [Save I/O priority]) and
 // the load (checkpoint_load.cpp: the check pass, then the apply pass). They may
 // call Core, Runtime::Impl (finalize, the pipeline's wait_all and launches,
 // with_host_copy, the data-parallel agreements) and each other through this
@@ -65,8 +66,13 @@ constexpr std::size_t kIoThreads = 8;
 //! The save's buffers (outside the host store) hold at most host budget / this, or one
 //! family when that is larger (Note [Overlapped save]).
 constexpr std::uint64_t kSaveRoomDivisor = 4;
-//! The nice value of the save's threads (Note [Overlapped save]).
-constexpr int kSaveNice = 10;
+//! ioprio_set(2) for an overlapped save's threads: class idle (Note [Save I/O priority]).
+constexpr int kIoprioWhoProcess = 1;  // IOPRIO_WHO_PROCESS: a thread id
+constexpr int kIoprioClassIdle = 3;   // IOPRIO_CLASS_IDLE
+constexpr int kIoprioClassShift = 13;
+//! Families of an overlapped save whose NVMe pieces may wait while host copies are
+//! written first (each holds an open file and a part-filled stripe).
+constexpr std::size_t kDeferredMax = 64;
 //! Freed save buffers kept for reuse.
 constexpr std::size_t kSaveSpares = 4;
 constexpr const char* kManifestName = "manifest.json";
@@ -118,7 +124,11 @@ Status pwrite_all(int fd, const std::byte* p, std::size_t n, std::uint64_t offse
 //! flight, so a save holds at most that much memory beyond the chunk it copies.
 class StripeSink {
  public:
-  StripeSink() : thread_([this] { run(); }) {
+  //! `start_writeback`: each stripe's writeback starts as soon as it is written (a
+  //! blocking save, whose fsync then waits for little); else the stripes stay in the
+  //! page cache until the save's fsyncs (Note [Save I/O priority]).
+  explicit StripeSink(bool start_writeback = true)
+      : start_writeback_(start_writeback), thread_([this] { run(); }) {
     for (std::size_t i = 0; i < kSinkBuffers; ++i) free_.emplace_back(kStripeBytes);
   }
   ~StripeSink() {
@@ -132,9 +142,12 @@ class StripeSink {
   StripeSink(const StripeSink&) = delete;
   StripeSink& operator=(const StripeSink&) = delete;
 
+  //! A stripe buffer; waits while kSinkBuffers stripes are being written. Buffers a
+  //! writer holds part-filled (an overlapped save's deferred files) do not count.
   std::vector<std::byte> take() {
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return !free_.empty(); });
+    cv_.wait(lock, [&] { return jobs_.size() + static_cast<std::size_t>(busy_) < kSinkBuffers; });
+    if (free_.empty()) return std::vector<std::byte>(kStripeBytes);
     std::vector<std::byte> b = std::move(free_.back());
     free_.pop_back();
     return b;
@@ -179,12 +192,14 @@ class StripeSink {
         st = pwrite_all(job.fd->get(), job.buf.data(), job.n, job.offset, job.path);
         // Starts the stripe's writeback now (a hint: errors show at fsync), so the
         // final fsync waits for little.
-        ::sync_file_range(job.fd->get(), static_cast<off_t>(job.offset), static_cast<off_t>(job.n),
-                          SYNC_FILE_RANGE_WRITE);
+        if (start_writeback_)
+          ::sync_file_range(job.fd->get(), static_cast<off_t>(job.offset), static_cast<off_t>(job.n),
+                            SYNC_FILE_RANGE_WRITE);
       }
       lock.lock();
       if (!st.ok() && error_.ok()) error_ = st;
-      free_.push_back(std::move(job.buf));
+      if (free_.size() < kSinkBuffers) free_.push_back(std::move(job.buf));
+      job.buf = {};
       job.fd.reset();
       --busy_;
       cv_.notify_all();
@@ -198,6 +213,7 @@ class StripeSink {
   int busy_ = 0;
   bool stop_ = false;
   Status error_ = Status::Ok();
+  const bool start_writeback_;
   std::thread thread_;  // last: started once the rest is constructed
 };
 
@@ -319,6 +335,8 @@ struct CheckpointSave {
   std::vector<std::vector<StateKind>> kinds;  //!< per family
   std::vector<Stage> stage;
   std::vector<bool> held;  //!< the family's update waits for its capture
+  //! Captured, its host copies written, its NVMe pieces not yet (Note [Save I/O priority]).
+  std::vector<bool> deferred;
   std::vector<std::vector<Piece>> pieces;
   std::uint64_t room = 0;        //!< host bytes the training thread may capture into
   std::uint64_t held_bytes = 0;  //!< bytes of the save's buffers

@@ -23,14 +23,13 @@ namespace strata::runtime {
 //   - any other chunk: a copy into a host buffer of the host store (the budget).
 // The save thread captures ahead, in reverse family order (the order backward
 // completes them), as much as its room holds (a quarter of the host budget, in
-// ordinary memory: the plan gives the host store to training), and writes one
-// family at a time, captured ones first. The training thread captures a family
+// ordinary memory: the plan gives the host store to training), and writes
+// captured families first, host copies before NVMe pieces (Note [Save I/O
+// priority] in checkpoint_save.cpp). The training thread captures a family
 // not yet captured itself before launching its update (release, step()), waiting
 // while the room is full until the writer frees some; a family it could not
 // capture (an error) is held back and launched by the save thread once captured,
-// and step() waits for such held-back launches. The threads of a save begun by
-// begin_checkpoint run at nice kSaveNice (save_checkpoint's, which nothing runs
-// beside, do not). Metadata (step counters,
+// and step() waits for such held-back launches. Metadata (step counters,
 // groups, the step index) is taken at the call. Files are published as Note
 // [Checkpoint publish] says; an error ends the save, releases every held update
 // and surfaces in finish_checkpoint / checkpoint_in_flight, and the published
