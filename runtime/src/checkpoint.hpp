@@ -50,6 +50,9 @@ extern std::function<Status(const std::string& tmp_path)> before_create;
 //! Test hook: runs once a load has verified every file, before it applies any
 //! (tests/runtime/test_checkpoint.cpp writes a file there). Not thread-safe; tests only.
 extern std::function<void(const std::string& dir)> after_verify;
+//! Test hook: runs once a one-rank load has applied the host-held values, before it
+//! checks the files again and commits the NVMe ones (Note [Load in one read]).
+extern std::function<void(const std::string& dir)> after_host_apply;
 }  // namespace checkpoint_testing
 
 namespace checkpoint_detail {
@@ -302,10 +305,13 @@ Status publish_all(StripeSink& sink, std::vector<StripedWriter>& writers);
 Result<fs::path> checkpoint_dir(const Core& core, const std::string& dir, std::string_view what);
 //! The published manifest of `dir`, its format and version checked.
 Result<json> read_manifest(const fs::path& dir);
-//! Checks every data file the manifest names (size, every stripe's CRC32C); `fds`
-//! and `stats` get each file's descriptor and stat as verified.
-Status verify_files(const fs::path& dir, const json& files, std::uint64_t stripe_bytes, std::vector<Fd>* fds,
-                    std::vector<struct stat>* stats);
+//! Opens every data file the manifest names and checks its size; `fds` and `stats`
+//! get each file's descriptor and its stat before any read.
+Status open_files(const fs::path& dir, const json& files, std::vector<Fd>* fds,
+                  std::vector<struct stat>* stats);
+//! Checks every stripe's CRC32C of the files open_files opened, kIoThreads at once.
+Status verify_files(const fs::path& dir, const json& files, std::uint64_t stripe_bytes,
+                    const std::vector<Fd>& fds);
 //! Converts n elements between float dtypes (f32, bf16, f16).
 void convert(const std::byte* src, DType from, std::byte* dst, DType to, std::uint64_t n);
 //! The kinds a family of this runtime holds a chunk of, in file order.

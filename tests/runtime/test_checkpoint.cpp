@@ -21,7 +21,8 @@
 
 namespace strata::runtime {
 namespace checkpoint_testing {
-extern std::function<void(const std::string& dir)> after_verify;  // runtime/src/checkpoint.hpp
+extern std::function<void(const std::string& dir)> after_verify;      // runtime/src/checkpoint.hpp
+extern std::function<void(const std::string& dir)> after_host_apply;  // runtime/src/checkpoint.hpp
 }  // namespace checkpoint_testing
 namespace {
 
@@ -343,6 +344,86 @@ TEST(Checkpoint, RefusesAFileWrittenBetweenItsCheckAndItsLoad) {
   };
   expect_refused([](const fs::path&) {}, StatusCode::kCorrupt,
                  "family-2.g1.bin was written while it was being loaded");
+}
+
+//! Writes a byte into `file` and moves its mtime (a coarse clock may give the write the
+//! check's mtime).
+void write_into(const fs::path& file) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(100);
+  f.write("x", 1);
+  f.close();
+  const struct timespec times[2] = {{0, UTIME_OMIT}, {1, 0}};
+  ::utimensat(AT_FDCWD, file.c_str(), times, 0);
+}
+
+// #13: a load writes NVMe-homed states to fresh slots while it checks the files
+// (Note [Load in one read]); a refused load must leave trained NVMe states, and the
+// slots they live in, as they were.
+TEST(Checkpoint, ARefusedLoadLeavesTrainedNvmeStatesAsTheyWere) {
+  Dirs dirs;
+  {
+    Trainer a(Placement::kNvme, dirs.nvme_a.path());
+    a.train(2);
+    ASSERT_TRUE(a.rt->save_checkpoint(dirs.ckpt.path().string()).ok());
+  }
+  {  // the last family's file: the shadows of the others are written before it fails
+    std::fstream f(family_file(dirs.ckpt.path(), kLayers - 1),
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(70000);
+    f.write("\x5a\xa5", 2);
+  }
+  Trainer b(Placement::kNvme, dirs.nvme_b.path());
+  TempDir nvme_c("strata-ckpt-nvme-c");
+  Trainer c(Placement::kNvme, nvme_c.path());
+  b.train(1);
+  c.train(1);
+  bool nvme_states = false;
+  for (const auto& fam : b.rt->plan().families) nvme_states = nvme_states || fam.optim_home == Tier::kNvme;
+  ASSERT_TRUE(nvme_states) << "the placement must keep optimizer states on NVMe";
+  const State before = read_state(*b.rt);
+  Status st = b.rt->load_checkpoint(dirs.ckpt.path().string());
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt) << st;
+  EXPECT_TRUE(read_state(*b.rt) == before) << "a refused load changed the state";
+  // Training goes on exactly as in a runtime that never tried the load.
+  b.train(2);
+  c.train(2);
+  EXPECT_TRUE(read_state(*b.rt) == read_state(*c.rt));
+}
+
+// #13: a file written after the host-held values were applied is refused, and the
+// NVMe-held states and step counters are not loaded (Note [Load in one read]).
+TEST(Checkpoint, AFileWrittenWhileHostValuesAreAppliedIsRefusedAndNvmeStatesStay) {
+  struct Reset {
+    ~Reset() { checkpoint_testing::after_host_apply = nullptr; }
+  } reset;
+  checkpoint_testing::after_host_apply = [](const std::string& dir) { write_into(family_file(dir, 2)); };
+  Dirs dirs;
+  {
+    Trainer a(Placement::kNvme, dirs.nvme_a.path());
+    a.train(2);
+    ASSERT_TRUE(a.rt->save_checkpoint(dirs.ckpt.path().string()).ok());
+  }
+  Trainer b(Placement::kNvme, dirs.nvme_b.path());
+  b.train(1);
+  const State before = read_state(*b.rt);
+  Status st = b.rt->load_checkpoint(dirs.ckpt.path().string());
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt) << st;
+  EXPECT_NE(st.message().find("family-2.g1.bin was written while it was being loaded"), std::string::npos)
+      << st;
+  EXPECT_NE(st.message().find("partly loaded"), std::string::npos) << st;
+  const State after = read_state(*b.rt);
+  std::size_t nvme_values = 0;
+  for (TensorId t = 0; t < b.rt->tensor_count(); ++t) {
+    EXPECT_EQ(after.steps[t], before.steps[t]) << "tensor " << t;
+    if (b.rt->plan().families[b.rt->layout().slots[t].family].optim_home != Tier::kNvme) continue;
+    for (std::size_t k : {2, 3}) {  // state0, state1 in read_state's order
+      EXPECT_TRUE(after.values[4 * t + k] == before.values[4 * t + k])
+          << "tensor " << t << " state " << k - 2;
+      ++nvme_values;
+    }
+  }
+  EXPECT_GT(nvme_values, 0u);
 }
 
 TEST(Checkpoint, RefusesANewerFormatVersion) {
