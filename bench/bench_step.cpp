@@ -341,6 +341,7 @@ int run(const StepOptions& o) {
         {"steps_with_save", (*overlap)->steps_with_save()},
         {"saves", CheckpointOverlap::kSaves},
         {"save_s", (*overlap)->save_s()},
+        {"begin_checkpoint_s", (*overlap)->begin_s()},
         {"checkpoint_bytes", (*overlap)->checkpoint_bytes()},
         {"steps_between_saves", o.steps},
         {"how",

@@ -48,6 +48,7 @@ Status CheckpointOverlap::before_step(runtime::Runtime& rt) {
   if (!in_flight_ && saves_done_ < kSaves && (saves_done_ == 0 || since_save_ >= between_)) {
     save_t0_ = t0_;
     STRATA_RETURN_IF_ERROR(rt.begin_checkpoint(dir_.string()));
+    begin_.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count());
     in_flight_ = true;
     this_step_with_ = true;
     steps_this_save_ = 0;
@@ -98,6 +99,9 @@ double CheckpointOverlap::without_save_s() const {
 }
 double CheckpointOverlap::slowdown() const {
   return without_save_s() > 0 ? with_save_s() / without_save_s() : 0.0;
+}
+double CheckpointOverlap::begin_s() const {
+  return median(begin_);
 }
 double CheckpointOverlap::first_step_slowdown() const {
   return without_save_s() > 0 ? median(first_with_) / without_save_s() : 0.0;

@@ -47,6 +47,8 @@ class CheckpointOverlap {
   std::size_t steps_with_save() const { return with_.size(); }
   //! Seconds a save took (begin to the end of the step it was seen done after), median.
   double save_s() const;
+  //! Seconds begin_checkpoint itself took, median (part of the first "with" step).
+  double begin_s() const;
   std::uint64_t checkpoint_bytes() const { return bytes_; }
   const std::filesystem::path& dir() const { return dir_; }
   //! Saves measured.
@@ -58,7 +60,7 @@ class CheckpointOverlap {
   CheckpointOverlap() = default;
   std::filesystem::path dir_;
   std::chrono::steady_clock::time_point t0_, save_t0_;
-  std::vector<double> with_, first_with_, without_, save_;
+  std::vector<double> with_, first_with_, without_, save_, begin_;
   std::uint64_t bytes_ = 0;
   int between_ = 4;
   int saves_done_ = 0;

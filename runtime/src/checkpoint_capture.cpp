@@ -35,6 +35,9 @@ namespace strata::runtime {
 // and surfaces in finish_checkpoint / checkpoint_in_flight, and the published
 // checkpoint is untouched. write_tensor, init_tensor and load_checkpoint wait
 // until every family is captured; a second begin_checkpoint waits for the first.
+// begin_checkpoint does not wait for the last step's NVMe write-backs (Note
+// [Write-back after step]): a family still writing back is captured once its
+// write-back ends (until then its slots hold the states before that step).
 
 namespace checkpoint_detail {
 
@@ -84,6 +87,9 @@ void release_pieces(Core& core, std::vector<CheckpointSave::Piece>& pieces, Chec
 //! save's room, in ordinary memory; else false when the copies do not fit the room.
 Result<bool> capture_family(Runtime::Impl& m, CheckpointSave& s, FamilyId f, bool force) {
   Core& core = m.core;
+  // Its slots hold the states before the last step until its write-back ends.
+  STRATA_CHECK(!force || !m.pipeline.writing_back(f));
+  if (m.pipeline.writing_back(f)) return false;
   std::uint64_t need = 0;
   for (StateKind k : s.kinds[f]) {
     const Chunk& c = core.chunk(f, k);

@@ -125,7 +125,7 @@ static Result<bool> write_family(Runtime::Impl& m, CheckpointSave& s, FamilyId f
 static Status capture_ahead(Runtime::Impl& m, CheckpointSave& s) {
   for (FamilyId g = s.stage.size(); g-- > 0 && !s.blocking;) {
     std::unique_lock lock(m.core.mu);
-    if (s.stage[g] != CheckpointSave::Stage::kPending) continue;
+    if (s.stage[g] != CheckpointSave::Stage::kPending || m.pipeline.writing_back(g)) continue;
     STRATA_ASSIGN_OR_RETURN(const bool captured, capture_family(m, s, g, /*force=*/false));
     if (!captured) break;
   }
@@ -167,6 +167,7 @@ static Result<FamilyId> next_family(Runtime::Impl& m, CheckpointSave& s) {
   STRATA_CHECK(pick.has_value());
   const FamilyId f = *pick;
   if (s.stage[f] == CheckpointSave::Stage::kPending) {
+    m.core.cv.wait(lock, [&] { return !m.pipeline.writing_back(f); });
     STRATA_ASSIGN_OR_RETURN(const bool captured, capture_family(m, s, f, /*force=*/true));
     STRATA_CHECK(captured);
   }
@@ -282,7 +283,7 @@ static std::int64_t next_generation(const fs::path& root) {
 //! Everything of a save that can fail on one rank alone (Note [Sharded checkpoint]):
 //! after this, only collectives and the save thread. Core::mu held.
 static Status prepare_save(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, CheckpointSave& s,
-                           const std::string& dir) {
+                           const std::string& dir, bool wait_write_backs) {
   STRATA_RETURN_IF_ERROR(m.checkpoint_finish(lock));
   STRATA_ASSIGN_OR_RETURN(s.root, checkpoint_dir(m.core, dir, "save_checkpoint"));
   const fs::path& root = s.root;
@@ -295,7 +296,9 @@ static Status prepare_save(Runtime::Impl& m, std::unique_lock<std::mutex>& lock,
         ec.value(), fmt::format("save_checkpoint: creating {} (choose a writable directory)", root.string()));
   }
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
-  STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
+  // An overlapped save captures a family still writing back once it is done (Note
+  // [Overlapped save]); no update runs between steps.
+  if (wait_write_backs) STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
   STRATA_RETURN_IF_ERROR(m.core.background_error);
   s.generation = next_generation(root);
   // A file that cannot be created fails here, at once (a read-only directory).
@@ -367,9 +370,9 @@ static Status begin_save(Runtime::Impl& m, const std::string& dir, bool backgrou
   }
   auto s = std::make_shared<CheckpointSave>();
   if (!sharded) {
-    STRATA_RETURN_IF_ERROR(prepare_save(m, lock, *s, dir));
+    STRATA_RETURN_IF_ERROR(prepare_save(m, lock, *s, dir, /*wait_write_backs=*/!background));
   } else {
-    STRATA_RETURN_IF_ERROR(m.dp_all_ok(lock, prepare_save(m, lock, *s, dir), "save_checkpoint"));
+    STRATA_RETURN_IF_ERROR(m.dp_all_ok(lock, prepare_save(m, lock, *s, dir, true), "save_checkpoint"));
     // Params are written by their owner: they must be rank 0's initial values if
     // no step has run yet (Note [Sharded step]).
     STRATA_RETURN_IF_ERROR(m.dp_broadcast_initial(lock));

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mlp.hpp"
+#include "runtime_fixtures.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/memory/device_factory.hpp"
 #include "strata/runtime/runtime.hpp"
@@ -83,12 +84,14 @@ struct Trainer {
   std::unique_ptr<memory::Device> device;
   std::unique_ptr<Runtime> rt;
   Trainer(Placement placement, const fs::path& nvme_dir, std::size_t width = kWidth,
-          std::size_t layers = kLayers) {
+          std::size_t layers = kLayers, std::shared_ptr<NvmeStore> store = nullptr) {
     memory::DeviceOptions d;
     d.kind = memory::DeviceChoice::kSim;
     d.budget_bytes = 256 * kMiB;
     device = std::move(memory::make_device(d)).value();
-    auto made = Runtime::create(*device, options(placement, nvme_dir));
+    RuntimeOptions o = options(placement, nvme_dir);
+    if (store != nullptr) o.nvme_store = std::move(store);
+    auto made = Runtime::create(*device, o);
     EXPECT_TRUE(made.ok()) << made.status();
     rt = std::move(made).value();
     mlp.layers = layers;
@@ -212,6 +215,33 @@ TEST(Checkpoint, AnOverlappedSaveEqualsABlockingSaveAtTheSamePoint) {
     ASSERT_TRUE(d.rt->load_checkpoint(blocking_dir.path().string()).ok());
     EXPECT_TRUE(read_state(*c.rt) == read_state(*d.rt));
   }
+}
+
+// #13: begin_checkpoint does not wait for the last step's NVMe write-backs; a family
+// still writing back is captured once its write-back ends (its old slots hold the
+// states before the step), so the files are still a blocking save's at that point.
+TEST(Checkpoint, AnOverlappedSaveBegunWhileWriteBacksRunHoldsTheStateAfterTheStep) {
+  Dirs dirs;
+  TempDir blocking_dir("strata-ckpt-blocking");
+  auto store = make_nvme_store(
+      {.dirs = {dirs.nvme_a.path().string()}, .slot_bytes = kChunkElems * 4, .capacity_bytes = 64 * kMiB});
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto slow =
+      std::make_shared<testing::SlowWritesNvme>(std::move(store).value(), std::chrono::milliseconds(300));
+  Trainer a(Placement::kNvme, dirs.nvme_a.path(), kWidth, kLayers, slow);
+  Trainer b(Placement::kNvme, dirs.nvme_b.path());
+  a.train(2);
+  b.train(2);
+  ASSERT_GT(slow->pending_, 0) << "the write-backs must still run when the save begins";
+  ASSERT_TRUE(a.rt->begin_checkpoint(dirs.ckpt.path().string()).ok());
+  EXPECT_GT(slow->pending_, 0) << "begin_checkpoint waited for the write-backs";
+  a.train(2);
+  ASSERT_TRUE(a.rt->finish_checkpoint().ok());
+  ASSERT_TRUE(b.rt->save_checkpoint(blocking_dir.path().string()).ok());
+  b.train(2);
+  EXPECT_TRUE(read_state(*a.rt) == read_state(*b.rt)) << "the overlapped save changed the training";
+  EXPECT_TRUE(checkpoint_bytes(dirs.ckpt.path()) == checkpoint_bytes(blocking_dir.path()))
+      << "the overlapped checkpoint is not the state after step 2";
 }
 
 TEST(Checkpoint, AnOverlappedSaveFailsInFinishAndKeepsThePreviousCheckpoint) {
