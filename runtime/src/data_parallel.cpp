@@ -43,8 +43,9 @@
 //      lands, in host memory, at step(), so no gradient is copied d2h at all
 //      (DataParallelTraffic.OnlyTheOwnerCopiesAGradientDown: d2h per rank <= 1/W
 //      of one rank's). A GPU-homed family keeps its slot; the sum of its shard
-//      is written there. A complete gradient not posted yet is evicted last
-//      (Chunk::awaiting_reduction).
+//      is written there and stays there through the prepass (the device kernel
+//      reads it in place), so it is not copied down either. A complete
+//      gradient not posted yet is evicted last (Chunk::awaiting_reduction).
 //      Order: every rank must issue collectives in the same order. Families
 //      are posted in one fixed order, last family first (backward goes in
 //      reverse registration order), and family f only after f + 1 (a reorder
@@ -63,11 +64,13 @@
 //   4. the optimizer runs on each rank's shard of every family; every rank
 //      counts each updated tensor's step;
 //   5. dp_gather_params (the end of step(), once every optimizer step ran):
-//      per family, each rank's updated shard of the param chunk starts one
+//      per family, each rank's updated shard of the param chunk (read from its
+//      device slot when it was updated there, on the sim device) starts one
 //      all-gather, asynchronously; the params are marked awaiting_gather (the
 //      other shards are stale, device copies dropped) and step() returns. The
 //      next step's first use of such a family waits for its gather and writes
-//      the whole chunk (dp_finish_gather, from acquire and any host access):
+//      the whole chunk (dp_finish_gather, from acquire and any host access;
+//      into the device slot when that holds the only copy, on the sim device):
 //      the planned prefetch (dp_gather_ahead, before Residency::prefetch)
 //      finishes the gathers of the params it is about to load, and prefetch
 //      skips a param still awaiting its gather. A rank's step() thus never

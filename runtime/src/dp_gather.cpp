@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "device_access.hpp"
 #include "dp.hpp"
 #include "strata/common/log.hpp"
 
@@ -29,8 +30,16 @@ Status Runtime::Impl::dp_gather_params(std::unique_lock<std::mutex>& lock) {
     g.slice = core.shard_elems(f) * rounds.elem_bytes;
     g.all.resize(g.slice * rounds.w);
     std::byte* mine = g.all.data() + rounds.me * g.slice;
-    STRATA_RETURN_IF_ERROR(with_host_copy(
-        lock, p, false, [&](std::byte* h) { std::memcpy(mine, h + rounds.me * g.slice, g.slice); }));
+    if (p.dirty() && device_memory_host_readable(core.device)) {
+      // Updated in its device slot (GPU-homed states): this rank's shard is read
+      // there, without copying the chunk down (the sim device's slots are host memory).
+      DeviceSlot& slot = residency.slot_of(p);
+      STRATA_RETURN_IF_ERROR(core.device.synchronize(slot.fence));
+      std::memcpy(mine, slot.ptr + rounds.me * g.slice, g.slice);
+    } else {
+      STRATA_RETURN_IF_ERROR(with_host_copy(
+          lock, p, false, [&](std::byte* h) { std::memcpy(mine, h + rounds.me * g.slice, g.slice); }));
+    }
     STRATA_ASSIGN_OR_RETURN(g.handle,
                             c.all_gather(mine, g.all.data(), g.slice / rounds.elem_bytes, rounds.dtype));
     p.awaiting_gather = true;
@@ -53,7 +62,15 @@ Status Runtime::Impl::dp_finish_gather(std::unique_lock<std::mutex>& lock, Famil
   Status st = g.handle.wait();
   lock.lock();
   STRATA_RETURN_IF_ERROR(st);
-  // Every shard (this rank's is unchanged) into the param chunk.
+  // Every shard (this rank's is unchanged) into the param chunk: into its device
+  // slot when that holds the only copy and the host can write it (no copy down and
+  // up again), else into the host copy.
+  if (p.dirty() && device_memory_host_readable(core.device) && p.readers == 0) {
+    DeviceSlot& slot = residency.slot_of(p);
+    STRATA_RETURN_IF_ERROR(core.device.synchronize(slot.fence));
+    std::memcpy(slot.ptr, g.all.data(), g.all.size());
+    return Status::Ok();
+  }
   return with_host_copy(lock, p, true, [&](std::byte* h) { std::memcpy(h, g.all.data(), g.all.size()); });
 }
 

@@ -35,7 +35,12 @@ Status Runtime::Impl::deferred_prepass(std::unique_lock<std::mutex>& lock, bool*
     } else {
       on_host.push_back(f);
     }
-    if (st.ok()) st = residency.ensure_on_host(g);  // its d2h copy runs after the check
+    // Its d2h copy runs after the check. With data parallelism a family whose
+    // optimizer runs on the device keeps its gradient there: only this rank's
+    // shard of it is the sum, and the device kernel reads it in place (Note
+    // [Sharded step]); a dirty chunk is still written back if its slot is needed.
+    const bool stays = core.dp_ranks() > 1 && g.dirty() && core.plan.families[f].optim_home == Tier::kGpu;
+    if (st.ok() && !stays) st = residency.ensure_on_host(g);
     if (!st.ok()) {
       st.with_context("clipping and loss scaling keep every gradient on host until all are checked");
       return st;
