@@ -41,7 +41,7 @@
 //      mpi/local backends need it copied down first), and a family whose states
 //      are not on the GPU drops its gradient once packed: only the shard's sum
 //      lands, in host memory, at step(), so no gradient is copied d2h at all
-//      (DataParallelTraffic.OnlyTheOwnerCopiesAGradientDown: d2h per rank <= 1/W
+//      (DataParallelTraffic.GradientsAreReducedFromTheDevice…: d2h per rank <= 1/W
 //      of one rank's). A GPU-homed family keeps its slot; the sum of its shard
 //      is written there and stays there through the prepass (the device kernel
 //      reads it in place), so it is not copied down either. A complete

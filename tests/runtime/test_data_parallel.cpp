@@ -262,9 +262,10 @@ TEST(DataParallelOptions, TheNcclBackendIsRefusedWithTheReason) {
       << rt.status();
 }
 
-// #14: a gradient is reduced from its device slot as soon as it is complete,
-// so only its owner copies the sum down: d2h bytes per rank fall by W.
-TEST(DataParallelTraffic, OnlyTheOwnerCopiesAGradientDown) {
+// #14: a gradient chunk is reduce-scattered from its device slot as soon as it
+// is complete, and only each rank's shard of the sum lands in host memory: d2h
+// bytes per rank fall by at least W (to none on the sim device).
+TEST(DataParallelTraffic, GradientsAreReducedFromTheDeviceSoARankCopiesAtMostOneWthDown) {
   for (const int w : {2, 4}) {
     ScratchDir dir = scratch("d2h");
     const DpResult single = testing::dp_train(testing::dp_options(Tier::kHost, dir.path().string()), -1, w);
