@@ -1,7 +1,7 @@
 // Data parallelism, backward: the gradient reduce-scatters of Note [Sharded step]
 // (in data_parallel.cpp), one per family, posted as backward completes the families
 // (packed into a send buffer) and finished before the update. It calls Core and
-// the rounds of dp.hpp; every function expects Core::mu held.
+// dp.hpp; every function expects Core::mu held.
 
 #include <algorithm>
 #include <cstring>
