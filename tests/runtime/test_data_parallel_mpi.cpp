@@ -80,8 +80,9 @@ TEST(DataParallelMpiMismatch, AModelMismatchIsRefusedOnEveryRank) {
 // #14: per-shard checkpoints on the mpi backend. The W ranks (each with its shard
 // of every family's states) train two steps and save into one directory; then
 // each process, alone, loads it on one rank and trains a step, and must match one
-// rank that trained straight through (the batch in W parts, then whole).
-TEST(DataParallelMpiCheckpoint, SavedByTheRanksLoadsOnOneRankAndResumesBitExact) {
+// rank that trained straight through (the batch in W parts, then whole); then the
+// W ranks load it again and train a step (the batch in W parts throughout).
+TEST(DataParallelMpiCheckpoint, SavedByTheRanksLoadsOnOneRankAndOnTheRanksAndResumesBitExact) {
   auto c = world();
   const int w = c->size();
   constexpr int kBefore = 2;
@@ -135,6 +136,44 @@ TEST(DataParallelMpiCheckpoint, SavedByTheRanksLoadsOnOneRankAndResumesBitExact)
   EXPECT_EQ(straight->params, loaded->params) << "rank " << c->rank();
   EXPECT_EQ(straight->state0, loaded->state0) << "rank " << c->rank();
   EXPECT_EQ(straight->state1, loaded->state1) << "rank " << c->rank();
+  // The same W ranks load it (each its shard of the states) and train a step with
+  // their parts of the batch: one rank with the whole batch in W parts throughout.
+  {
+    RuntimeOptions o = testing::dp_options(Tier::kHost, "", w);
+    o.comm = c;
+    auto device = testing::dp_device();
+    auto rt = Runtime::create(*device, std::move(o));
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    bench::DpModel m = testing::dp_model();
+    ASSERT_TRUE(m.build(**rt).ok());
+    Status load = (*rt)->load_checkpoint(dir);
+    ASSERT_TRUE(load.ok()) << load;
+    auto st = m.train_step(**rt, c->rank(), static_cast<std::size_t>(w));
+    ASSERT_TRUE(st.ok()) << st.status();
+    auto got = m.collect(**rt, states);
+    ASSERT_TRUE(got.ok()) << got.status();
+    testing::DpResult reference;
+    {
+      auto ref_device = testing::dp_device();
+      auto ref = Runtime::create(*ref_device, testing::dp_options(Tier::kHost, ""));
+      ASSERT_TRUE(ref.ok()) << ref.status();
+      bench::DpModel rm = testing::dp_model();
+      ASSERT_TRUE(rm.build(**ref).ok());
+      for (int s = 0; s <= kBefore; ++s) ASSERT_TRUE(rm.train_step(**ref, -1, w).ok());
+      auto out = rm.collect(**ref, states);
+      ASSERT_TRUE(out.ok()) << out.status();
+      reference.params = out->params;
+      reference.state0 = out->state0;
+      reference.state1 = out->state1;
+    }
+    testing::DpResult mine;
+    mine.params = got->params;
+    mine.state0 = got->state0;
+    mine.state1 = got->state1;
+    mine.state_first = got->state_first;
+    mine.state_count = got->state_count;
+    testing::expect_bit_identical(reference, mine, c->rank());
+  }
   // Rank 0 removes the directory only once every rank has read it.
   std::vector<double> done{0.0};
   auto all = c->all_reduce(done, comm::ReduceOp::kMax);
