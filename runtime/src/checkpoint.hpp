@@ -390,6 +390,17 @@ void release_all_holds(Runtime::Impl& m, CheckpointSave& s);
 //! removes what no manifest names (Note [Checkpoint publish]).
 Status publish_manifest(Core& core, CheckpointSave& s, json files, json tensors, std::uint64_t total);
 
+//! With W > 1: all-gathers every family's optimizer shards so that rank f mod W
+//! holds family f's whole pieces as captured (checkpoint_shards.cpp). Core::mu held.
+Status assemble_shards(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, CheckpointSave& s);
+//! Everything of a save that can fail on one rank alone (checkpoint_prepare.cpp):
+//! after this, only collectives and the save thread. Core::mu held.
+Status prepare_save(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, CheckpointSave& s,
+                    const std::string& dir, bool wait_write_backs);
+//! The save's metadata as of the call (step counters, groups, the step index) and its
+//! per-family progress: another rank's families are done already. Core::mu held.
+void describe_save(Runtime::Impl& m, CheckpointSave& s);
+
 }  // namespace checkpoint_detail
 
 }  // namespace strata::runtime

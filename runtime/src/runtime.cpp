@@ -155,6 +155,34 @@ std::size_t Runtime::tensor_count() const {
   return impl_->core.tensors.size();
 }
 
+namespace {
+
+//! Note [Sharded step]: every chunk splits into W equal, aligned shards. The
+//! same on every rank (dp_check_config compares chunk_elems and the ranks).
+void pad_to_shards(ChunkLayout& layout, int ranks) {
+  const std::uint64_t unit = static_cast<std::uint64_t>(ranks) * kShardAlignElems;
+  auto round_up = [unit](std::uint64_t x) { return (x + unit - 1) / unit * unit; };  // W need not be 2^k
+  layout.chunk_elems = round_up(layout.chunk_elems);
+  layout.capacity_total_elems = 0;
+  for (FamilyLayout& fl : layout.families) {
+    fl.capacity_elems = round_up(fl.capacity_elems);
+    layout.capacity_total_elems += fl.capacity_elems;
+  }
+}
+
+//! Each family's bytes as the NVMe tier will store them (ensure_nvme_store picks the same slot).
+void count_nvme_bytes(Core& core) {
+  const std::uint64_t nvme_slot = nvme_slot_bytes(core.largest_optim_chunk());
+  for (FamilyId f = 0; f < core.family_bytes.size(); ++f) {
+    for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1})
+      core.family_bytes[f].optim_nvme_bytes += nvme_chunk_bytes(core.chunk(f, k).bytes, nvme_slot);
+    core.family_bytes[f].param_nvme_bytes =
+        nvme_chunk_bytes(core.chunk(f, StateKind::kParam).bytes, nvme_slot);
+  }
+}
+
+}  // namespace
+
 Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
   if (core.finalized) return Status::Ok();
   if (core.tensors.empty())
@@ -166,18 +194,7 @@ Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
     order.push_back(t);
   }
   STRATA_ASSIGN_OR_RETURN(core.layout, build_layout(numels, order, core.opt.layout));
-  if (core.dp_ranks() > 1) {
-    // Note [Sharded step]: every chunk splits into W equal, aligned shards. The
-    // same on every rank (dp_check_config compares chunk_elems and the ranks).
-    const std::uint64_t unit = static_cast<std::uint64_t>(core.dp_ranks()) * kShardAlignElems;
-    auto round_up = [unit](std::uint64_t x) { return (x + unit - 1) / unit * unit; };  // W need not be 2^k
-    core.layout.chunk_elems = round_up(core.layout.chunk_elems);
-    core.layout.capacity_total_elems = 0;
-    for (FamilyLayout& fl : core.layout.families) {
-      fl.capacity_elems = round_up(fl.capacity_elems);
-      core.layout.capacity_total_elems += fl.capacity_elems;
-    }
-  }
+  if (core.dp_ranks() > 1) pad_to_shards(core.layout, core.dp_ranks());
   STRATA_RETURN_IF_ERROR(dp_check_config(lock));
   const std::uint64_t cb = dtype_bytes(core.opt.compute_dtype);
   const std::uint64_t sb = kernels::dtype_size(core.opt.state_dtype);
@@ -217,14 +234,7 @@ Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
     for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1})
       b.optim_bytes += core.chunk(f, k).bytes;
   }
-  // As the NVMe tier will store them (ensure_nvme_store picks the same slot).
-  const std::uint64_t nvme_slot = nvme_slot_bytes(core.largest_optim_chunk());
-  for (FamilyId f = 0; f < families; ++f) {
-    for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1})
-      core.family_bytes[f].optim_nvme_bytes += nvme_chunk_bytes(core.chunk(f, k).bytes, nvme_slot);
-    core.family_bytes[f].param_nvme_bytes =
-        nvme_chunk_bytes(core.chunk(f, StateKind::kParam).bytes, nvme_slot);
-  }
+  count_nvme_bytes(core);
   STRATA_LOG_INFO("runtime: {} tensors in {} chunk families of {} elements ({:.1f}% padding)",
                   core.tensors.size(), families, core.layout.chunk_elems,
                   100.0 * core.layout.padding_fraction());

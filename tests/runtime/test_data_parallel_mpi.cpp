@@ -100,14 +100,24 @@ TEST(DataParallelMpiCheckpoint, SavedByTheRanksLoadsOnOneRankAndOnTheRanksAndRes
   ASSERT_TRUE(sent->wait().ok());
   const std::string dir = path.c_str();
   const std::uint32_t states = 2;  // AdamW
-  {
+  // This rank's runtime, one of the W, with the model registered.
+  struct Rank {
+    std::unique_ptr<memory::Device> device = testing::dp_device();
+    Result<std::unique_ptr<Runtime>> rt = internal_error("not created");
+    bench::DpModel m = testing::dp_model();
+  };
+  auto rank_runtime = [&](Rank& r) {
     RuntimeOptions o = testing::dp_options(Tier::kHost, "", w);
     o.comm = c;
-    auto device = testing::dp_device();
-    auto rt = Runtime::create(*device, std::move(o));
-    ASSERT_TRUE(rt.ok()) << rt.status();
-    bench::DpModel m = testing::dp_model();
-    ASSERT_TRUE(m.build(**rt).ok());
+    r.rt = Runtime::create(*r.device, std::move(o));
+    ASSERT_TRUE(r.rt.ok()) << r.rt.status();
+    ASSERT_TRUE(r.m.build(**r.rt).ok());
+  };
+  {
+    Rank r;
+    ASSERT_NO_FATAL_FAILURE(rank_runtime(r));
+    auto& rt = r.rt;
+    bench::DpModel& m = r.m;
     for (int s = 0; s < kBefore; ++s) {
       auto st = m.train_step(**rt, c->rank(), static_cast<std::size_t>(w));
       ASSERT_TRUE(st.ok()) << st.status();
@@ -139,13 +149,10 @@ TEST(DataParallelMpiCheckpoint, SavedByTheRanksLoadsOnOneRankAndOnTheRanksAndRes
   // The same W ranks load it (each its shard of the states) and train a step with
   // their parts of the batch: one rank with the whole batch in W parts throughout.
   {
-    RuntimeOptions o = testing::dp_options(Tier::kHost, "", w);
-    o.comm = c;
-    auto device = testing::dp_device();
-    auto rt = Runtime::create(*device, std::move(o));
-    ASSERT_TRUE(rt.ok()) << rt.status();
-    bench::DpModel m = testing::dp_model();
-    ASSERT_TRUE(m.build(**rt).ok());
+    Rank r;
+    ASSERT_NO_FATAL_FAILURE(rank_runtime(r));
+    auto& rt = r.rt;
+    bench::DpModel& m = r.m;
     Status load = (*rt)->load_checkpoint(dir);
     ASSERT_TRUE(load.ok()) << load;
     auto st = m.train_step(**rt, c->rank(), static_cast<std::size_t>(w));

@@ -1,0 +1,63 @@
+// Checkpoint load, private: what the check pass finds (LoadPlan), the fill of a
+// chunk's host image from the files, and the NVMe shadows of Note [Load in one
+// read] (checkpoint_shadow.cpp). Used by checkpoint_load.cpp only.
+#pragma once
+
+#include <sys/stat.h>
+
+#include "checkpoint.hpp"
+
+namespace strata::runtime::checkpoint_detail {
+
+//! Where a tensor's saved kinds lie: its file, each kind's offset and dtype.
+struct Source {
+  std::uint32_t file = 0;
+  std::uint64_t offset[kStateKindCount] = {};
+  DType dtype[kStateKindCount] = {};
+  bool has[kStateKindCount] = {};
+  std::int64_t steps = 0;
+  std::uint32_t group = 0;
+};
+
+//! What the check pass finds and the apply pass reads.
+struct LoadPlan {
+  fs::path root;
+  json manifest;
+  std::string mpath;
+  std::vector<Source> src;
+  std::vector<bool> seen;
+  std::vector<fs::path> file_paths;
+  std::vector<std::uint64_t> file_bytes;
+  std::vector<std::pair<std::uint32_t, GroupHyper>> groups;
+  std::uint64_t stripe_bytes = 0;
+  std::vector<Fd> fds;                // the verified files, read by the apply pass
+  std::vector<struct stat> verified;  // as they were when opened, before any read
+};
+
+//! An NVMe-homed optimizer state chunk loaded into fresh swap slots while the files
+//! are verified; it replaces the chunk's slots only once everything passed (Note
+//! [Load in one read]).
+struct Shadow {
+  FamilyId family = 0;
+  StateKind kind = StateKind::kState0;
+  std::vector<std::uint32_t> slots;
+};
+
+//! Fills `base`, the host image of family f's `k` chunk, from the files: each
+//! tensor's bytes (converted when the dtypes differ); a state the checkpoint lacks
+//! (a frozen tensor's) is zeros. Padding is not written.
+Status fill_chunk(Core& core, const LoadPlan& p, FamilyId f, StateKind k, std::byte* base,
+                  std::vector<std::byte>& staging);
+//! True when family f's `k` chunk is loaded through a Shadow: an NVMe-homed
+//! optimizer state whose value is on NVMe (or not yet written).
+bool shadowed(Core& core, FamilyId f, StateKind k);
+//! Frees the fresh slots of shadows not committed.
+void drop_shadows(Core& core, std::vector<Shadow>& shadows);
+//! Every shadowed chunk of this runtime, written to fresh slots (Core::mu held;
+//! unlocked while the writes run).
+Status write_shadows(Core& core, std::unique_lock<std::mutex>& lock, const LoadPlan& p,
+                     std::vector<Shadow>& shadows);
+//! The shadows replace their chunks' slots (the old ones are freed).
+void commit_shadows(Runtime::Impl& m, std::vector<Shadow>& shadows);
+
+}  // namespace strata::runtime::checkpoint_detail
