@@ -35,9 +35,7 @@ class CudaDevice final : public Device {
   Status synchronize() override;
   Result<HostRegistration> register_host(void* ptr, std::size_t bytes) override;
   Status unregister_host(void* ptr) override;
-  //! launch_host's records created: the most host functions in flight at once
-  //! (a launch reusing one allocates nothing). Thread-safe.
-  std::uint64_t host_function_records() const;
+  std::uint64_t host_function_records() const override;
 
  protected:
   Result<void*> do_allocate(std::size_t bytes) override;
