@@ -1,7 +1,9 @@
 // The C ABI (strata.h) over the C++ facade. Every entry point catches whatever
 // might escape (std::bad_alloc, a CLI/JSON library exception) and turns it into
 // a status, so no exception crosses the ABI.
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <new>
 #include <string>
@@ -212,27 +214,40 @@ strata_status strata_flush(strata_runtime* runtime) {
   });
 }
 
-strata_status strata_step(strata_runtime* runtime, strata_step_stats* out) {
+strata_status strata_step(strata_runtime* runtime, strata_step_stats* out, size_t out_size) {
   if (runtime == nullptr) return null_argument("runtime");
+  // ABI 1's struct ended at nvme_bytes; a caller must have room for at least that much.
+  constexpr size_t kAbi1Size = offsetof(strata_step_stats, nvme_bytes) + sizeof(uint64_t);
+  if (out != nullptr && out_size < kAbi1Size) {
+    return fail(strata::invalid_argument(
+        "strata_step: out_size {} is smaller than the smallest strata_step_stats ({} bytes); pass "
+        "sizeof(strata_step_stats) from strata.h",
+        out_size, kAbi1Size));
+  }
   return guarded([&] {
     auto st = runtime->rt->step();
     if (!st.ok()) return fail(st.status());
     if (out != nullptr) {
-      *out = strata_step_stats{st->step,
-                               st->applied ? 1 : 0,
-                               st->step_s,
-                               st->stall_s,
-                               st->bytes_h2d,
-                               st->bytes_d2h,
-                               st->bytes_disk_read,
-                               st->bytes_disk_write,
-                               st->gpu_high_water_bytes,
-                               st->host_high_water_bytes,
-                               st->nvme_bytes,
-                               st->prefetch_errors};
+      const strata_step_stats full{st->step,
+                                   st->applied ? 1 : 0,
+                                   st->step_s,
+                                   st->stall_s,
+                                   st->bytes_h2d,
+                                   st->bytes_d2h,
+                                   st->bytes_disk_read,
+                                   st->bytes_disk_write,
+                                   st->gpu_high_water_bytes,
+                                   st->host_high_water_bytes,
+                                   st->nvme_bytes,
+                                   st->prefetch_errors};
+      std::memcpy(out, &full, std::min(out_size, sizeof full));
     }
     return ok();
   });
+}
+
+uint32_t strata_abi_version(void) {
+  return STRATA_ABI_VERSION;
 }
 
 strata_status strata_write_trace(const strata_runtime* runtime, const char* path) {

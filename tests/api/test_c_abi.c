@@ -2,6 +2,7 @@
  * sim device, checks the loss falls, and checks errors come back as codes with
  * messages. Exit 0 on success; prints the failing check otherwise. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,10 +129,33 @@ int main(void) {
     strata_lease_release(g);
     strata_lease_release(p);
     strata_step_stats stats;
-    CHECK(strata_step(rt, &stats) == STRATA_OK, "step");
+    CHECK(strata_step(rt, &stats, sizeof stats) == STRATA_OK, "step");
     CHECK(stats.step == (uint64_t)step + 1, "step index %llu", (unsigned long long)stats.step);
     if (step == 0) first = m.loss;
     last = m.loss;
+  }
+  /* ABI: a caller built against an older, smaller strata_step_stats gets the fields it knows of and no
+   * byte past them; a size smaller than the first struct is refused before the step runs. */
+  CHECK(strata_abi_version() == STRATA_ABI_VERSION, "library ABI %u", (unsigned)strata_abi_version());
+  {
+    struct {
+      strata_step_stats stats;
+      unsigned char guard[16];
+    } out;
+    memset(&out, 0xAB, sizeof out);
+    const size_t abi1 = offsetof(strata_step_stats, prefetch_errors);
+    CHECK(strata_step(rt, &out.stats, abi1) == STRATA_OK, "step with ABI 1's size");
+    CHECK(out.stats.step == 31, "step index %llu", (unsigned long long)out.stats.step);
+    const unsigned char* bytes = (const unsigned char*)&out;
+    int written_past = 0;
+    for (size_t i = abi1; i < sizeof out; ++i) written_past += bytes[i] != 0xAB;
+    CHECK(written_past == 0, "%d bytes written past out_size", written_past);
+    CHECK(strata_step(rt, &out.stats, 8) == STRATA_INVALID_ARGUMENT, "an out_size of 8 is refused");
+    CHECK(strstr(strata_last_error(), "out_size 8") != NULL, "message names the size: %s",
+          strata_last_error());
+    CHECK(strata_step(rt, &out.stats, sizeof out.stats) == STRATA_OK, "step");
+    CHECK(out.stats.step == 32, "the refused call ran no step (step %llu)",
+          (unsigned long long)out.stats.step);
   }
   CHECK(strata_flush(rt) == STRATA_OK, "flush");
   CHECK(strata_flush(NULL) != STRATA_OK, "flush(NULL) is an error");

@@ -65,7 +65,7 @@ static void train_step(strata_runtime* rt) {
     strata_lease_release(g);
     strata_lease_release(p);
   }
-  CHECK(strata_step(rt, NULL) == STRATA_OK, "step");
+  CHECK(strata_step(rt, NULL, 0) == STRATA_OK, "step");
 }
 
 static void read_all(strata_runtime* rt, float* out /* 2 tensors x 3 states x N */, int64_t* steps) {

@@ -80,7 +80,7 @@ static void train_step(strata_runtime* rt, int micro, float scale_in) {
     }
   }
   strata_step_stats stats;
-  CHECK(strata_step(rt, &stats) == STRATA_OK, "step");
+  CHECK(strata_step(rt, &stats, sizeof stats) == STRATA_OK, "step");
 }
 
 static void read_all(strata_runtime* rt, float* out /* 2 tensors x 3 states x N */, int64_t* steps) {

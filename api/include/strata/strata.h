@@ -20,7 +20,7 @@
  *     strata_lease_release(p);                              // frees the handle
  *     ... backward: STRATA_GRAD with STRATA_WRITE ...
  *     strata_step_stats st;
- *     strata_step(rt, &st);
+ *     strata_step(rt, &st, sizeof st);                      // the size this header declares
  *   }
  *   strata_runtime_free(rt);
  *
@@ -40,6 +40,11 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/** The version of this header's ABI. It rises when a function or struct changes. Structs that the
+ * library fills grow only at their end, and the caller passes the size it was compiled with, so an
+ * older caller keeps working with a newer library (it gets the fields it knows of). */
+#define STRATA_ABI_VERSION 2
 
 /** Outcome of a call; the values match strata::StatusCode's order and are stable. */
 typedef enum strata_status {
@@ -75,7 +80,8 @@ typedef struct strata_config strata_config;   /**< settings (opaque) */
 typedef struct strata_runtime strata_runtime; /**< a runtime and its device (opaque) */
 typedef struct strata_lease strata_lease;     /**< a pinned view of one tensor state (opaque) */
 
-/** What one step did (see strata::StepStats). */
+/** What one step did (see strata::StepStats). Fields are only ever added at the end (see
+ * STRATA_ABI_VERSION); strata_step writes as many bytes as its caller says it has room for. */
 typedef struct strata_step_stats {
   uint64_t step;
   int applied;
@@ -85,6 +91,10 @@ typedef struct strata_step_stats {
   uint64_t gpu_high_water_bytes, host_high_water_bytes, nvme_bytes;
   uint64_t prefetch_errors; /**< failed reads ahead of use this step (not fatal; see strata::StepStats) */
 } strata_step_stats;
+
+/** The ABI version of the library that is loaded (STRATA_ABI_VERSION of the headers it was built
+ * with). A caller built against version N needs a library of version N or newer. */
+uint32_t strata_abi_version(void);
 
 /** The message of this thread's last failed call ("" when none). Valid until the next call on this thread. */
 const char* strata_last_error(void);
@@ -126,8 +136,11 @@ uint64_t strata_lease_numel(const strata_lease* lease);
 void strata_lease_release(strata_lease* lease);
 /** Runs fn(user) on the compute stream, after the work of leases taken so far. fn must not longjmp out. */
 strata_status strata_launch(strata_runtime* runtime, void (*fn)(void* user), void* user);
-/** Ends the step (optimizer, re-planning); *out (may be NULL) receives its figures. Blocks. */
-strata_status strata_step(strata_runtime* runtime, strata_step_stats* out);
+/** Ends the step (optimizer, re-planning); *out (may be NULL) receives its figures. Blocks.
+ * out_size is sizeof(strata_step_stats) as the caller's header declares it: only that many bytes are
+ * written. A size smaller than the first published struct (ABI 1, up to nvme_bytes) is refused with
+ * STRATA_INVALID_ARGUMENT before the step runs. */
+strata_status strata_step(strata_runtime* runtime, strata_step_stats* out, size_t out_size);
 /** Waits until the last step's states are on their home tiers (NVMe write-backs outlive strata_step).
  * Returns the first background error. Blocks. strata_read_tensor and strata_runtime_free flush by
  * themselves. */
