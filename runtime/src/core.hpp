@@ -194,6 +194,12 @@ struct Core {
   RecordPool<CopyRecord> copy_records;       //!< timed_copy's
   RecordPool<LaunchRecord> launch_records;   //!< Runtime::launch's
   RecordPool<NvmeIoRecord> nvme_io_records;  //!< submit_nvme_pieces's
+  //! Runtime::launch calls since the last step() (under mu), and the most of any
+  //! step: step() waits for the compute stream, so no more launches than one
+  //! step's are ever in flight, and launch_records is reserved to that many
+  //! (a steady step never grows it however far the host runs ahead).
+  std::size_t launches_this_step = 0;
+  std::size_t launches_per_step_max = 0;
 };
 
 }  // namespace strata::runtime

@@ -231,6 +231,7 @@ Status Runtime::launch(std::function<void()> fn) {
     std::lock_guard lock(m.core.mu);
     InvariantCheck check(m);
     use = m.tracker.current_use();
+    ++m.core.launches_this_step;
   }
   // Note [Completion records]: the host function captures only its record.
   LaunchRecord* r = m.core.launch_records.take();

@@ -21,6 +21,7 @@
 // value-initialised T (destroyed and constructed in place, so T need not be
 // movable: a record may hold a mutex or an atomic).
 
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -41,6 +42,15 @@ class RecordPool {
     std::destroy_at(&n->value);
     std::construct_at(&n->value);
     return &n->value;
+  }
+  //! Creates records until `count` exist (the ones made are free). For an owner
+  //! that knows a bound on the records in flight: past it, take() never allocates.
+  void reserve(std::size_t count) {
+    std::lock_guard g(mu_);
+    while (nodes_.size() < count) {
+      Node& n = nodes_.emplace_back();
+      n.next = std::exchange(free_, &n);
+    }
   }
   //! Returns a record taken from this pool. Thread-safe; never allocates.
   void give_back(T* record) {
