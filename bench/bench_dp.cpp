@@ -53,8 +53,9 @@ struct RankRun {
   std::uint64_t bytes_comm = 0;  // steady steps, summed
   std::uint64_t bytes_d2h = 0;   // steady steps, summed
   std::uint64_t state_bytes = 0;
-  std::vector<float> params, states;  // every tensor's param; states of this run's own tensors (else zeros)
-  std::vector<bool> owned;            // per tensor: its states are this run's
+  std::vector<float> params, states;  // every tensor's param; its two states (zeros where not this run's)
+  std::vector<std::uint64_t> state_first,
+      state_count;  // per tensor: the elements whose states are this run's
 };
 
 runtime::RuntimeOptions dp_runtime_options(const DpOptions& o, int ranks) {
@@ -119,12 +120,13 @@ RankRun train(const DpOptions& o, std::shared_ptr<comm::Communicator> c, int ran
       out.bytes_comm += st.bytes_comm;
       out.bytes_d2h += st.bytes_d2h;
     }
-    STRATA_ASSIGN_OR_RETURN(DpModel::Outcome got, model.collect(rt, rank, ranks, 2));  // AdamW: two states
+    STRATA_ASSIGN_OR_RETURN(DpModel::Outcome got, model.collect(rt, 2));  // AdamW: two states
     for (std::size_t t = 0; t < model.ids.size(); ++t) {
       const std::vector<float> zeros(o.tensor_elems, 0.0f);
-      const std::vector<float>& s0 = got.owned[t] ? got.state0[t] : zeros;
-      const std::vector<float>& s1 = got.owned[t] ? got.state1[t] : zeros;
-      out.owned.push_back(got.owned[t]);
+      const std::vector<float>& s0 = got.state_count[t] > 0 ? got.state0[t] : zeros;
+      const std::vector<float>& s1 = got.state_count[t] > 0 ? got.state1[t] : zeros;
+      out.state_first.push_back(got.state_first[t]);
+      out.state_count.push_back(got.state_count[t]);
       out.params.insert(out.params.end(), got.params[t].begin(), got.params[t].end());
       out.states.insert(out.states.end(), s0.begin(), s0.end());
       out.states.insert(out.states.end(), s1.begin(), s1.end());
@@ -173,10 +175,13 @@ Status run_rank(const DpOptions& o, std::shared_ptr<comm::Communicator> c, nlohm
   bool same = std::memcmp(ref_params.data(), mine.params.data(), n * 4) == 0;
   std::size_t states_checked = 0;
   for (std::size_t t = 0; t < o.tensors; ++t) {
-    if (!mine.owned[t]) continue;  // another rank's tensor: its states are there
-    const std::size_t at = t * 2 * o.tensor_elems;
-    ++states_checked;
-    same = same && std::memcmp(ref_states.data() + at, mine.states.data() + at, 2 * o.tensor_elems * 4) == 0;
+    // This rank's part of the tensor's states (Note [Sharded step]); the rest is on other ranks.
+    const std::size_t first = mine.state_first[t], count = mine.state_count[t];
+    if (count == 0) continue;
+    states_checked += count;
+    for (const std::size_t at : {t * 2 * o.tensor_elems + first, (t * 2 + 1) * o.tensor_elems + first}) {
+      same = same && std::memcmp(ref_states.data() + at, mine.states.data() + at, count * 4) == 0;
+    }
   }
   std::vector<double> agree{same ? 0.0 : 1.0, static_cast<double>(mine.state_bytes), mine.comm_s,
                             mine.step_call_s, mine.backward_s};
@@ -201,8 +206,8 @@ Status run_rank(const DpOptions& o, std::shared_ptr<comm::Communicator> c, nlohm
         {"optimizer", "adamw"},
         {"states_on", "host"},
         {"samples_per_step", o.samples}}},
-      {"bit_identical_to_single_rank", agree[0] == 0.0 && counted[0] == static_cast<double>(o.tensors)},
-      {"tensors_with_states_checked", counted[0]},
+      {"bit_identical_to_single_rank", agree[0] == 0.0 && counted[0] == static_cast<double>(n)},
+      {"state_elements_checked", counted[0]},
       {"state_bytes_per_rank_ratio", agree[1] / static_cast<double>(single.state_bytes)},
       {"comm_bytes_per_step_per_rank", comm_per_step},
       {"comm_bytes_theory", theory},

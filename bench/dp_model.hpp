@@ -80,34 +80,38 @@ struct DpModel {
     return Status::Ok();
   }
 
-  //! What a run ends with: every tensor's param, and the optimizer states of the
-  //! tensors this run holds (empty for another rank's tensor and the frozen one).
+  //! What a run ends with: every tensor's param, and the optimizer states this run
+  //! holds: elements [state_first, state_first + state_count) of each tensor (the
+  //! whole trainable tensor on one rank, the part in a rank's shard with data
+  //! parallelism: Runtime::state_range, Note [Sharded step]); the state vectors are
+  //! full length, zero outside that range (empty for the frozen tensor).
   struct Outcome {
     std::vector<std::vector<float>> params, state0, state1;
-    std::vector<bool> owned;  //!< per tensor: its states are this run's
+    std::vector<std::uint64_t> state_first, state_count;
     std::uint64_t state_bytes = 0;
   };
 
-  //! Reads the outcome of a run as rank `rank` of `ranks` (rank < 0: one rank
-  //! with everything): family f's states are on rank f % ranks (Note [Sharded
-  //! step]); `state_count` is the optimizer's (kernels::optimizer_state_count).
-  Result<Outcome> collect(runtime::Runtime& rt, int rank, int ranks, std::uint32_t state_count) const {
+  //! Reads the outcome of a run; `state_count` is the optimizer's
+  //! (kernels::optimizer_state_count).
+  Result<Outcome> collect(runtime::Runtime& rt, std::uint32_t state_count) const {
     Outcome out;
-    const auto me = static_cast<runtime::FamilyId>(rank < 0 ? 0 : rank);
-    const auto w = static_cast<runtime::FamilyId>(rank < 0 ? 1 : ranks);
     for (std::size_t t = 0; t < ids.size(); ++t) {
       std::vector<float> p(numels[t]);
       STRATA_RETURN_IF_ERROR(rt.read_tensor(ids[t], runtime::StateKind::kParam, p));
       out.params.push_back(std::move(p));
-      const bool owned = t != frozen && rt.layout().slots[ids[t]].family % w == me;
+      runtime::Runtime::StateRange range;
+      if (t != frozen) {
+        STRATA_ASSIGN_OR_RETURN(range, rt.state_range(ids[t]));
+      }
       std::vector<float> s0, s1;
-      if (owned) {
+      if (range.count > 0) {
         s0.resize(state_count > 0 ? numels[t] : 0);
         s1.resize(state_count > 1 ? numels[t] : 0);
         if (!s0.empty()) STRATA_RETURN_IF_ERROR(rt.read_tensor(ids[t], runtime::StateKind::kState0, s0));
         if (!s1.empty()) STRATA_RETURN_IF_ERROR(rt.read_tensor(ids[t], runtime::StateKind::kState1, s1));
       }
-      out.owned.push_back(owned);
+      out.state_first.push_back(range.first);
+      out.state_count.push_back(range.count);
       out.state0.push_back(std::move(s0));
       out.state1.push_back(std::move(s1));
     }

@@ -332,8 +332,9 @@ struct CheckpointSave {
   }
   std::size_t held_count = 0;
   std::size_t uncaptured = 0;
-  //! Data parallelism (Note [Sharded checkpoint]): this rank writes its own families
-  //! only (`owned` of them), and run_save leaves their file and tensor entries here
+  //! Data parallelism (Note [Sharded checkpoint]): this rank writes families f mod W =
+  //! its rank only (`owned` of them; assemble_shards gathered their state shards), and
+  //! run_save leaves their file and tensor entries here
   //! for rank 0's manifest instead of publishing one.
   bool sharded = false;
   std::size_t owned = 0;

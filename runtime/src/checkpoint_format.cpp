@@ -38,8 +38,12 @@
 // A save: each rank does every check that can fail on it alone (begin_save's
 // prepare), then the ranks agree (Impl::dp_all_ok: every rank's error text
 // reaches every rank) and take the largest generation any found (dp_max). Each
-// rank writes, fsyncs and renames the files of its own families (run_save;
-// the owner's params, masters, states) and fsyncs the directory; they agree
+// rank holds a shard of every family's masters and states, so first the ranks
+// all-gather them, family by family (assemble_shards in checkpoint_save.cpp,
+// after finishing the last step's param gathers in issue order), and rank
+// f mod W keeps family f's whole chunks as its captured pieces; each rank then
+// writes, fsyncs and renames the files of its families f mod W (run_save: the
+// same files as one rank's) and fsyncs the directory; they agree
 // again; rank 0 gathers every rank's file entries and tensor entries
 // (dp_exchange_text), publishes the manifest (publish_manifest: the same
 // format as one rank's, plus "ranks": W) and removes stale files; a last
@@ -51,8 +55,9 @@
 // step's collectives. A load: every rank finishes the last step's param
 // all-gathers, checks the manifest and every file (all hold params, which every
 // rank needs), and the ranks agree before any applies; each applies params of
-// every family and masters/states of the families it owns now, so a checkpoint
-// saved at W loads at any W' (the layout is per tensor).
+// every family and, of each tensor's masters and states, the part in its shard
+// (Core::shard_part), so a checkpoint saved at W loads at any W' (the layout is
+// per tensor). Every rank reads its shard from every file.
 
 #include "checkpoint.hpp"
 

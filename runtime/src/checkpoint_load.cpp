@@ -212,18 +212,24 @@ Status apply_family(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, const 
             // A master the checkpoint lacks (saved with fp32 compute) is its param.
             auto sk = static_cast<std::size_t>(k);
             if (!s.has[sk] && k == StateKind::kMaster) sk = static_cast<std::size_t>(StateKind::kParam);
-            std::byte* dst = base + ts.offset_elems * esize;
+            // Masters and states: this rank's shard of the tensor (Note [Sharded step]).
+            Core::ShardPart part{.first = 0, .count = ts.numel, .at = ts.offset_elems};
+            if (is_optim_kind(k)) part = m.core.shard_part(id);
+            if (part.count == 0) continue;
+            std::byte* dst = base + part.at * esize;
             if (!s.has[sk]) {  // a frozen tensor's optimizer state
-              std::memset(dst, 0, ts.numel * esize);
+              std::memset(dst, 0, part.count * esize);
               continue;
             }
-            const std::uint64_t n = ts.numel * dtype_bytes(s.dtype[sk]);
+            const std::uint64_t fsize = dtype_bytes(s.dtype[sk]);
+            const std::uint64_t n = part.count * fsize;
+            const std::uint64_t at = s.offset[sk] + part.first * fsize;
             if (s.dtype[sk] == dtype) {
-              read = read_all(p.fds[s.file].get(), dst, n, s.offset[sk], p.file_paths[s.file]);
+              read = read_all(p.fds[s.file].get(), dst, n, at, p.file_paths[s.file]);
             } else {
               staging.resize(n);
-              read = read_all(p.fds[s.file].get(), staging.data(), n, s.offset[sk], p.file_paths[s.file]);
-              if (read.ok()) convert(staging.data(), s.dtype[sk], dst, dtype, ts.numel);
+              read = read_all(p.fds[s.file].get(), staging.data(), n, at, p.file_paths[s.file]);
+              if (read.ok()) convert(staging.data(), s.dtype[sk], dst, dtype, part.count);
             }
           }
         },

@@ -5,6 +5,7 @@
 // agreements).
 
 #include "checkpoint.hpp"
+#include "dp.hpp"
 
 namespace strata::runtime {
 
@@ -270,6 +271,71 @@ static void describe_save(Runtime::Impl& m, CheckpointSave& s) {
   s.room = m.core.host->budget_bytes() / kSaveRoomDivisor;
 }
 
+//! Data parallelism (Note [Sharded checkpoint]): family f's file is written by rank
+//! f mod W, but every rank holds a shard of its masters and states. Before the save
+//! thread starts, the ranks all-gather each family's shards (family by family, in
+//! one order) and the writer keeps the whole chunks as the family's captured pieces,
+//! so the files are the same as one rank's and load at any W. Core::mu held.
+static Status assemble_shards(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, CheckpointSave& s) {
+  Core& core = m.core;
+  const auto w = static_cast<std::uint64_t>(core.dp_ranks());
+  const auto me = static_cast<std::uint64_t>(core.dp_rank());
+  // The last step's param gathers end first, in the same order on every rank (a
+  // rank waiting for one alone would wait for the others, who are in the save's).
+  STRATA_RETURN_IF_ERROR(m.dp_finish_all_gathers(lock));
+  std::vector<std::byte> mine, others;
+  for (FamilyId f = 0; f < s.stage.size(); ++f) {
+    const bool writer = core.owns(f);
+    std::vector<CheckpointSave::Piece> pieces;
+    Status st = Status::Ok();
+    for (StateKind k : s.kinds[f]) {
+      Chunk& c = core.chunk(f, k);
+      const std::uint64_t esize = dtype_bytes(core.kind_dtype(k));
+      if (!is_optim_kind(k)) {  // every rank holds the whole param
+        if (!writer) continue;
+        CheckpointSave::Piece p{.kind = k, .bytes = c.bytes, .buf = save_allocate(s, c.bytes, true)};
+        if (p.buf == nullptr) {
+          st = out_of_budget("checkpoint save: no memory for a copy of family {} param", f);
+          break;
+        }
+        pieces.push_back(p);
+        st = m.with_host_copy(lock, c, false, [&](std::byte* h) { std::memcpy(p.buf, h, c.bytes); });
+        if (!st.ok()) break;
+        continue;
+      }
+      const std::uint64_t shard = core.shard_elems(f) * esize;  // a multiple of 4 bytes (kShardAlignElems)
+      mine.resize(shard);
+      st = m.with_host_copy(lock, c, false, [&](std::byte* h) { std::memcpy(mine.data(), h, shard); });
+      if (!st.ok()) break;
+      std::byte* whole = nullptr;
+      if (writer) {
+        whole = save_allocate(s, shard * w, true);
+        if (whole == nullptr) {
+          st = out_of_budget("checkpoint save: no memory for family {} {}", f, state_kind_name(k));
+          break;
+        }
+        pieces.push_back({.kind = k, .bytes = shard * w, .buf = whole});
+      } else {
+        others.resize(shard * w);
+        whole = others.data();
+      }
+      std::memcpy(whole + me * shard, mine.data(), shard);
+      st = dp_detail::run_collective(
+          lock, core.opt.comm->all_gather(whole + me * shard, whole, shard / 4, comm::DType::kF32));
+      if (!st.ok()) break;
+    }
+    if (!st.ok()) {
+      release_pieces(core, pieces, s);
+      return st;
+    }
+    if (!writer) continue;
+    s.pieces[f] = std::move(pieces);
+    s.stage[f] = CheckpointSave::Stage::kCaptured;
+    --s.uncaptured;
+  }
+  return Status::Ok();
+}
+
 //! Starts a save (Note [Overlapped save]); `background`: its threads run at kSaveNice
 //! (begin_checkpoint: training runs beside it), not for save_checkpoint, which waits.
 static Status begin_save(Runtime::Impl& m, const std::string& dir, bool background) {
@@ -299,6 +365,13 @@ static Status begin_save(Runtime::Impl& m, const std::string& dir, bool backgrou
   s->sharded = sharded;
   describe_save(m, *s);
   s->blocking = !background;
+  if (sharded) {
+    Status assembled = assemble_shards(m, lock, *s);
+    if (!assembled.ok()) {
+      for (auto& pieces : s->pieces) release_pieces(m.core, pieces, *s);
+      return assembled;
+    }
+  }
   m.checkpoint = s;
   s->thread = std::thread([&m, s = s.get(), background] {
     // Background work: the save (and its writer thread, which inherits this) yields the

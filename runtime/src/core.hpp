@@ -135,7 +135,30 @@ struct Core {
   //! Ranks of data parallelism (1 without a communicator) and this one's index.
   int dp_ranks() const { return opt.comm != nullptr ? opt.comm->size() : 1; }
   int dp_rank() const { return opt.comm != nullptr ? opt.comm->rank() : 0; }
-  //! This rank keeps and steps family f's master and optimizer states (Note [Sharded step]).
+  //! Note [Sharded step]: every rank holds and steps shard dp_rank() of every
+  //! family's masters and optimizer states: elements [shard_begin, shard_begin +
+  //! shard_elems) of the family's chunk (capacities are multiples of W x
+  //! kShardAlignElems). The whole chunk for one rank.
+  std::uint64_t shard_elems(FamilyId f) const {
+    return layout.families[f].capacity_elems / static_cast<std::uint64_t>(dp_ranks());
+  }
+  std::uint64_t shard_begin(FamilyId f) const {
+    return shard_elems(f) * static_cast<std::uint64_t>(dp_rank());
+  }
+  //! The part of tensor t inside this rank's shard: tensor elements [first,
+  //! first + count), at element `at` of the family's optimizer chunks (count 0:
+  //! none of it).
+  struct ShardPart {
+    std::uint64_t first = 0, count = 0, at = 0;
+  };
+  ShardPart shard_part(TensorId t) const {
+    const TensorSlot& ts = layout.slots[t];
+    const std::uint64_t lo = shard_begin(ts.family), hi = lo + shard_elems(ts.family);
+    const std::uint64_t b = std::max(ts.offset_elems, lo), e = std::min(ts.offset_elems + ts.numel, hi);
+    if (b >= e) return {};
+    return {.first = b - ts.offset_elems, .count = e - b, .at = b - lo};
+  }
+  //! This rank writes family f's checkpoint file (Note [Sharded checkpoint]).
   bool owns(FamilyId f) const {
     return f % static_cast<FamilyId>(dp_ranks()) == static_cast<FamilyId>(dp_rank());
   }

@@ -2,87 +2,107 @@
 // runtime_impl.hpp). Everything here is a no-op for one rank.
 //
 // Note [Sharded step]
-// W ranks each run the same model on 1/W of the batch. They build the same
-// layout; family f belongs to rank f % W, so the families form rounds of W
-// (round k: families kW .. kW + W - 1; the last round is padded with empty
-// slots: "the layout padded to a multiple of W"). A rank allocates masters and
-// optimizer states only for its own families (finalize gives the others no
-// master/state chunks), so the planner, the budgets and the probe count per-rank
-// bytes, and its optimizer runs only on its families, on whatever tier the plan
-// gave their states. Sharding is at family granularity, not inside a chunk
-// (ZeRO stage 2 over chunk families): a whole tensor's update happens on one
-// rank, so LAMB/LARS trust ratios need no extra reduction; the price is balance
-// when the family count is not a multiple of W, and oversized families.
+// W ranks each run the same model on 1/W of the batch. Every rank builds the
+// same layout, padded so that every family's capacity C is a multiple of W x
+// kShardAlignElems (finalize; the start-up check compares chunk_elems and W),
+// and holds shard r = elements [r C/W, (r+1) C/W) of every family: its masters
+// and optimizer states are allocated for that shard only (Core::shard_elems,
+// shard_begin), so state bytes per rank are 1/W of one rank's, plus padding,
+// whatever the family count and sizes (ZeRO stage 2 within chunks;
+// DataParallelShards.EveryRankHoldsOneWthOfTheStatesWhateverTheFamilyCount).
+// Params and gradients are whole chunks on every rank. The planner, budgets and
+// probe count the per-rank bytes; the optimizer runs on each rank's shard of
+// every family, on whatever tier the plan gave its states: spans_for cuts each
+// tensor to its part in the shard (param and gradient at their chunk offsets,
+// master and states at the shard's), so a tensor crossing a shard boundary is
+// updated in parts by several ranks. Element-wise optimizers give the same bits
+// as one rank; LAMB and LARS, whose per-tensor trust ratio would need norms
+// summed across ranks, are refused with W > 1 (options.cpp).
 //
 // At start-up (finalize) every rank compares its model and options with rank
 // 0's (dp_check_config). At a rank's first acquire, host read or step(), every
 // param takes rank 0's value by broadcast (dp_broadcast_initial), so ranks need
 // not initialise alike (DataParallelStart.RanksTakeRankZerosInitialParams);
 // with bf16/fp16 compute a rank whose values differ is refused by name, since
-// its fp32 masters came from its own values and rank 0 holds none to send.
+// its fp32 master shard came from its own values.
 // init_tensor after that first use changes this rank only.
 //
 // Data parallelism defers every optimizer step to step() (Core::deferred). The
 // gradients are reduced as backward goes:
 //   1. dp_post_complete_rounds (on every gradient hand-over, Note [Gradient
-//      completion]): once every family of a round has its gradient complete,
-//      the round's W gradient chunks are packed into one send buffer (from a
-//      device slot: a host function on the compute stream after the backward
-//      that wrote it, so the training thread does not wait) and its
-//      reduce-scatter starts once the pack is done (dp_start_packed, checked at
-//      every hand-over, rounds in issue order); backward goes on. The owner's slice is the sum over
-//      ranks, in rank order in deterministic mode (Note [Deterministic
-//      reduction] in comm/). A gradient on the device is read straight from its
-//      slot (on the sim device the slot is host memory the communicator reads;
-//      on CUDA the mpi/local backends need it copied down first), so the other
-//      families' gradients are dropped without a d2h copy: only the owner's sum
-//      comes down, at step() — d2h bytes per rank fall by W
-//      (DataParallelTraffic.OnlyTheOwnerCopiesAGradientDown). A complete
-//      gradient whose round has not started is evicted last
-//      (Chunk::awaiting_reduction).
-//      Order: every rank must issue collectives in the same order. Rounds start
-//      in one fixed order, last round first (backward goes in reverse
-//      registration order), and round k only after round k + 1 (a reorder
-//      window of the rounds completed early): the order is the same on every
+//      completion]): once a family's gradient is complete, its whole chunk is
+//      packed into a send buffer (from a device slot: a host function on the
+//      compute stream after the backward that wrote it, so the training thread
+//      does not wait) and its reduce-scatter starts once the pack is done
+//      (dp_start_packed, checked at every hand-over, in issue order); backward
+//      goes on. Rank r receives the sum over ranks of shard r, in rank order in
+//      deterministic mode (Note [Deterministic reduction] in comm/). On the sim
+//      device the slot is host memory the communicator reads (on CUDA the
+//      mpi/local backends need it copied down first), and a family whose states
+//      are not on the GPU drops its gradient once packed: only the shard's sum
+//      lands, in host memory, at step(), so no gradient is copied d2h at all
+//      (DataParallelTraffic.GradientsAreReducedFromTheDevice…: d2h per rank <= 1/W
+//      of one rank's). A GPU-homed family keeps its slot; the sum of its shard
+//      is written there and stays there through the prepass (the device kernel
+//      reads it in place), so it is not copied down either. A complete
+//      gradient not posted yet is evicted last (Chunk::awaiting_reduction).
+//      Order: every rank must issue collectives in the same order. Families
+//      are posted in one fixed order, last family first (backward goes in
+//      reverse registration order), and family f only after f + 1 (a reorder
+//      window of the families completed early): the order is the same on every
 //      rank whatever order its families complete in; a model whose backward is
-//      not reverse-registration order only delays rounds to step().
-//   2. dp_reduce_gradients (step()): starts the rounds not started yet (a
-//      tensor without a gradient is refused by name), then waits for each round
-//      in issue order and writes the owner's sum where its gradient is (device
+//      not reverse-registration order only delays reductions to step().
+//   2. dp_reduce_gradients (step()): posts the families not posted yet (a
+//      tensor without a gradient is refused by name), then waits for each in
+//      issue order and writes the shard's sum where the gradient is (device
 //      slot or host). step() only waits.
-//   3. deferred_prepass: the owners' gradients give local norm² and Inf/NaN,
-//      which dp_agree all-reduces (sum, max), so clipping and the Inf/NaN skip
-//      agree on every rank. The 1/W averaging folds into the gradient scale.
-//   4. the optimizer runs on each rank's own families (as without comm);
+//   3. deferred_prepass: each rank's shard sums give local norm² (per part of a
+//      tensor) and Inf/NaN, which dp_agree all-reduces (per family, rank and
+//      part, so every rank sums the same values in the same order), so clipping
+//      and the Inf/NaN skip agree on every rank. The 1/W averaging folds into
+//      the gradient scale.
+//   4. the optimizer runs on each rank's shard of every family; every rank
+//      counts each updated tensor's step;
 //   5. dp_gather_params (the end of step(), once every optimizer step ran):
-//      per round, the owner's updated param chunk starts one all-gather,
-//      asynchronously; the other ranks' params of the round are marked
-//      awaiting_gather (their copies are stale, their device copies dropped)
-//      and step() returns. The next step's first use of such a family waits for
-//      its round and writes the others' params into its param chunks
-//      (dp_finish_gather, from acquire and any host access): the planned
-//      prefetch (dp_gather_ahead, before Residency::prefetch) finishes the
-//      rounds of the params it is about to load, and prefetch skips a param
-//      still awaiting its gather. A rank's step() thus never waits for a slower
-//      rank's update (DataParallelGather.StepDoesNotWaitForAnotherRanksUpdate);
-//      step() finishes gathers the last step did not use before its own.
+//      per family, each rank's updated shard of the param chunk (read from its
+//      device slot when it was updated there, on the sim device) starts one
+//      all-gather, asynchronously; the params are marked awaiting_gather (the
+//      other shards are stale, device copies dropped) and step() returns. The
+//      next step's first use of such a family waits for its gather and writes
+//      the whole chunk (dp_finish_gather, from acquire and any host access;
+//      into the device slot when that holds the only copy, on the sim device):
+//      the planned prefetch (dp_gather_ahead, before Residency::prefetch)
+//      finishes the gathers of the params it is about to load, and prefetch
+//      skips a param still awaiting its gather. A rank's step() thus never
+//      waits for a slower rank's update
+//      (DataParallelGather.StepDoesNotWaitForAnotherRanksUpdate); step()
+//      finishes gathers the last step did not use before its own. With the
+//      local backend a wait completes only when every rank waits for that
+//      collective, so code that waits for gathers outside a use (a save, a
+//      load) finishes all of them, in issue order, on every rank.
 // Bytes sent per step: (W - 1)/W of the gradient and of the param chunks, the
-// theory's 2 (W - 1)/W, plus the round padding and a few scalars.
+// theory's 2 (W - 1)/W, plus the chunk padding and a few scalars.
 //
 // What this is not yet: on CUDA the reduction still needs host buffers (the
 // nccl backend, which could reduce device memory, is refused here: options.cpp),
-// and the all-gather fills host param chunks (the first use loads them h2d).
+// and the all-gather fills host param chunks (the first use loads them h2d);
+// LAMB/LARS with W > 1 (the per-tensor norms of tensors crossing a shard
+// boundary would need an all-reduce between the kernel's two phases). The
+// clip norm² is summed per part of a tensor on every rank, which is not one
+// rank's order: the fp32 clip coefficient has matched one rank's in the tests
+// (DataParallelAgreement.ClippedRunsAreBitIdenticalToOneRank), but a last-bit
+// difference of the fp64 norm² could change it.
 //
-// Checkpoints are per shard (Note [Sharded checkpoint] in checkpoint_format.cpp): each
-// rank writes its own families, rank 0 publishes the manifest after the ranks
-// agree (dp_all_ok, dp_exchange_text, dp_max below), and a checkpoint saved at
-// W loads at any W'.
+// Checkpoints (Note [Sharded checkpoint] in checkpoint_format.cpp): the files are
+// per family, as one rank's. At save_checkpoint the ranks all-gather each
+// family's master and state shards and rank f mod W writes family f's file; rank
+// 0 publishes the manifest after the ranks agree (dp_all_ok, dp_exchange_text,
+// dp_max below). A load reads this rank's shard of each tensor's states, so a
+// checkpoint saved at W loads at any W'.
 //
 // With one rank holding the whole batch as W micro-batches accumulated in rank
 // order, and set_grad_scale(1/W), a step is bit-identical to W ranks in
-// deterministic mode, for params and states (tests/runtime/test_data_parallel.cpp),
-// with clipping too: dp_agree hands every rank every family's per-span sums, so
-// the norm² is summed in one rank's order (DataParallelAgreement.ClippedRuns…).
+// deterministic mode, for params and states (tests/runtime/test_data_parallel.cpp).
 #include <algorithm>
 #include <cstring>
 #include <optional>
@@ -190,11 +210,10 @@ Status Runtime::Impl::dp_check_config(std::unique_lock<std::mutex>& lock) {
         others);
   }
   dp_stats_mark = c.stats();  // the start-up check is no step's traffic
-  STRATA_LOG_INFO("runtime: data parallel rank {} of {} ({} backend): {} of {} families are this rank's",
-                  c.rank(), c.size(), c.backend(),
-                  (core.layout.families.size() + static_cast<std::size_t>(c.size() - c.rank() - 1)) /
-                      static_cast<std::size_t>(c.size()),
-                  core.layout.families.size());
+  STRATA_LOG_INFO(
+      "runtime: data parallel rank {} of {} ({} backend): shard {} of each of {} families ({} elements per "
+      "chunk)",
+      c.rank(), c.size(), c.backend(), c.rank(), core.layout.families.size(), core.layout.chunk_elems);
   return Status::Ok();
 }
 
@@ -205,20 +224,23 @@ Status Runtime::Impl::dp_agree(std::unique_lock<std::mutex>& lock, const std::ve
   std::vector<double> bad{*finite ? 0.0 : 1.0};
   STRATA_RETURN_IF_ERROR(run_collective(lock, c.all_reduce(bad, comm::ReduceOp::kMax)));
   *finite = bad[0] == 0.0;
-  // Every family's per-span sums of squares reach every rank: each element is
-  // non-zero on its owner only, so the rank-ordered sum adds exact zeros and
-  // gives the owner's value bit for bit. The norm² then sums them in family,
-  // then span order: exactly one rank's sum (Note [Sharded step]).
+  // Every rank's per-span sums of squares (the parts of the tensors in its
+  // shards) reach every rank, laid out by family, then rank, then span: each
+  // element is non-zero on one rank only, so the rank-ordered sum adds exact
+  // zeros, and every rank sums the same values in the same order (Note
+  // [Sharded step]).
   const std::size_t families = core.layout.families.size();
-  std::vector<double> counts(families, 0.0);
-  for (FamilyId f : checked) counts[f] = static_cast<double>(pipeline.grad_check(f).span_sq.size());
+  const auto w = static_cast<std::size_t>(c.size()), me = static_cast<std::size_t>(c.rank());
+  std::vector<double> counts(families * w, 0.0);
+  for (FamilyId f : checked) counts[f * w + me] = static_cast<double>(pipeline.grad_check(f).span_sq.size());
   STRATA_RETURN_IF_ERROR(run_collective(lock, c.all_reduce(counts, comm::ReduceOp::kSum)));
-  std::vector<std::size_t> offset(families + 1, 0);
-  for (std::size_t f = 0; f < families; ++f) offset[f + 1] = offset[f] + static_cast<std::size_t>(counts[f]);
-  std::vector<double> spans(offset[families], 0.0);
+  std::vector<std::size_t> offset(families * w + 1, 0);
+  for (std::size_t i = 0; i < families * w; ++i)
+    offset[i + 1] = offset[i] + static_cast<std::size_t>(counts[i]);
+  std::vector<double> spans(offset[families * w], 0.0);
   for (FamilyId f : checked) {
     const std::vector<double>& sq = pipeline.grad_check(f).span_sq;
-    std::copy(sq.begin(), sq.end(), spans.begin() + static_cast<std::ptrdiff_t>(offset[f]));
+    std::copy(sq.begin(), sq.end(), spans.begin() + static_cast<std::ptrdiff_t>(offset[f * w + me]));
   }
   STRATA_RETURN_IF_ERROR(run_collective(lock, c.all_reduce(spans, comm::ReduceOp::kSum)));
   double sum = 0.0;
@@ -242,15 +264,14 @@ Status Runtime::Impl::dp_broadcast_initial(std::unique_lock<std::mutex>& lock) {
     mine = buf;
     STRATA_RETURN_IF_ERROR(run_collective(lock, c.broadcast(buf.data(), buf.size(), 0)));
     if (buf == mine) continue;
-    // A separate fp32 master (bf16/fp16 compute) was initialised from this
-    // rank's values, and rank 0 keeps no fp32 master of this family to send.
+    // A separate fp32 master shard (bf16/fp16 compute) was initialised from
+    // this rank's values, which rank 0's rounded params cannot restore.
     if (core.chunk(f, StateKind::kMaster).bytes > 0) {
       return failed_precondition(
           "data parallel: rank {} initialised family {}'s params differently from rank 0, and with {} "
           "compute "
-          "its fp32 master was initialised from this rank's values; rank 0 holds no fp32 master of this "
-          "family to broadcast. Initialise every rank alike (the same init_tensor values), or use fp32 "
-          "compute",
+          "its fp32 master shard was initialised from this rank's values, which rank 0's rounded params "
+          "cannot restore. Initialise every rank alike (the same init_tensor values), or use fp32 compute",
           c.rank(), f, runtime::dtype_name(core.opt.compute_dtype));
     }
     ++changed;

@@ -1,7 +1,7 @@
 #pragma once
 // Data parallelism (private to data_parallel.cpp, dp_reduce.cpp, dp_gather.cpp):
 // what the collectives of Note [Sharded step] (in data_parallel.cpp) share: the
-// rounds of W families, the communicator's dtype, and running a collective
+// ranks and the communicator's dtype, and running a collective
 // without the runtime's lock. data_parallel.cpp owns start-up, broadcasts and
 // agreements; dp_reduce.cpp the gradient reduce-scatters during backward;
 // dp_gather.cpp the param all-gathers after the update. They may call Core and
@@ -18,7 +18,8 @@ namespace strata::runtime::dp_detail {
 //! The communicator's dtype of a compute dtype.
 comm::DType comm_dtype(DType d);
 
-//! The rounds of Note [Sharded step]: W families each, the last one padded.
+//! What the collectives of Note [Sharded step] need to know: W, this rank, the
+//! families, and the compute dtype's size and comm dtype.
 struct Rounds {
   explicit Rounds(const Core& core)
       : w(static_cast<FamilyId>(core.dp_ranks())),
@@ -26,18 +27,6 @@ struct Rounds {
         families(core.layout.families.size()),
         elem_bytes(dtype_bytes(core.opt.compute_dtype)),
         dtype(comm_dtype(core.opt.compute_dtype)) {}
-  //! One past the last family of the round starting at `first`.
-  FamilyId end(FamilyId first) const { return std::min(first + w, families); }
-  //! The round's slice: its largest `kind` chunk among the families `use` takes
-  //! (0: nothing to move). The same on every rank, as the layout is.
-  template <typename Use>
-  std::uint64_t slice(Core& core, FamilyId first, StateKind kind, Use use) const {
-    std::uint64_t bytes = 0;
-    for (FamilyId f = first; f < end(first); ++f) {
-      if (use(f)) bytes = std::max(bytes, core.chunk(f, kind).bytes);
-    }
-    return bytes;
-  }
   FamilyId w, me, families;
   std::uint64_t elem_bytes;
   comm::DType dtype;

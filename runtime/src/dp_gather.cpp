@@ -1,12 +1,13 @@
 // Data parallelism, after the update: the param all-gathers of Note [Sharded step]
-// (in data_parallel.cpp): each owner's updated params reach every rank, round by
-// round, finished before a family's next use (dp_finish_gather) or all at once
-// (before a checkpoint load). It calls Core and the rounds of dp.hpp; every
+// (in data_parallel.cpp): each rank's updated shard of every family's params
+// reaches every rank, finished before the family's next use (dp_finish_gather) or
+// all at once (before a checkpoint load). It calls Core and the rounds of dp.hpp; every
 // function expects Core::mu held.
 
 #include <algorithm>
 #include <cstring>
 
+#include "device_access.hpp"
 #include "dp.hpp"
 #include "strata/common/log.hpp"
 
@@ -19,80 +20,62 @@ Status Runtime::Impl::dp_gather_params(std::unique_lock<std::mutex>& lock) {
   STRATA_RETURN_IF_ERROR(dp_finish_all_gathers(lock));  // (none left: step() finished them)
   comm::Communicator& c = *core.opt.comm;
   const Rounds rounds(core);
-  // Only families with trainable tensors change (those with a gradient chunk).
-  auto trainable = [&](FamilyId f) { return core.chunk(f, StateKind::kGrad).bytes > 0; };
-  for (FamilyId first = 0; first < rounds.families; first += rounds.w) {
-    const std::uint64_t slice = rounds.slice(core, first, StateKind::kParam, trainable);
-    if (slice == 0) continue;
+  // Only families with trainable tensors change (those with a gradient chunk);
+  // every rank updated its shard of each.
+  for (FamilyId f = 0; f < rounds.families; ++f) {
+    if (core.chunk(f, StateKind::kGrad).bytes == 0) continue;
+    Chunk& p = core.chunk(f, StateKind::kParam);
     DpGather g;
-    g.first = first;
-    g.slice = slice;
-    g.all.assign(slice * rounds.w, std::byte{0});
-    std::byte* mine = g.all.data() + rounds.me * slice;
-    const FamilyId own = first + rounds.me;
-    if (own < rounds.families && trainable(own)) {
-      Chunk& p = core.chunk(own, StateKind::kParam);
-      STRATA_RETURN_IF_ERROR(
-          with_host_copy(lock, p, false, [&](std::byte* h) { std::memcpy(mine, h, p.bytes); }));
+    g.first = f;
+    g.slice = core.shard_elems(f) * rounds.elem_bytes;
+    g.all.resize(g.slice * rounds.w);
+    std::byte* mine = g.all.data() + rounds.me * g.slice;
+    if (p.dirty() && device_memory_host_readable(core.device)) {
+      // Updated in its device slot (GPU-homed states): this rank's shard is read
+      // there, without copying the chunk down (the sim device's slots are host memory).
+      DeviceSlot& slot = residency.slot_of(p);
+      STRATA_RETURN_IF_ERROR(core.device.synchronize(slot.fence));
+      std::memcpy(mine, slot.ptr + rounds.me * g.slice, g.slice);
+    } else {
+      STRATA_RETURN_IF_ERROR(with_host_copy(
+          lock, p, false, [&](std::byte* h) { std::memcpy(mine, h + rounds.me * g.slice, g.slice); }));
     }
     STRATA_ASSIGN_OR_RETURN(g.handle,
-                            c.all_gather(mine, g.all.data(), slice / rounds.elem_bytes, rounds.dtype));
-    for (FamilyId f = first; f < rounds.end(first); ++f) {
-      if (f == own || !trainable(f)) continue;
-      Chunk& p = core.chunk(f, StateKind::kParam);
-      p.awaiting_gather = true;
-      if (p.device_copy && p.readers == 0) residency.drop_device_copy(p);  // stale
-    }
+                            c.all_gather(mine, g.all.data(), g.slice / rounds.elem_bytes, rounds.dtype));
+    p.awaiting_gather = true;
+    if (p.device_copy && p.readers == 0 && !p.dirty()) residency.drop_device_copy(p);  // stale
     dp_gathers.push_back(std::move(g));
   }
   return Status::Ok();
 }
 
 Status Runtime::Impl::dp_finish_gather(std::unique_lock<std::mutex>& lock, FamilyId f) {
-  if (!core.chunk(f, StateKind::kParam).awaiting_gather) return Status::Ok();
-  const Rounds rounds(core);
-  const FamilyId first = f / rounds.w * rounds.w;
+  Chunk& p = core.chunk(f, StateKind::kParam);
+  if (!p.awaiting_gather) return Status::Ok();
   auto it =
-      std::find_if(dp_gathers.begin(), dp_gathers.end(), [&](const DpGather& g) { return g.first == first; });
+      std::find_if(dp_gathers.begin(), dp_gathers.end(), [&](const DpGather& g) { return g.first == f; });
   STRATA_CHECK(it != dp_gathers.end());
   DpGather g = std::move(*it);
   dp_gathers.erase(it);
-  for (FamilyId q = first; q < rounds.end(first); ++q)
-    core.chunk(q, StateKind::kParam).awaiting_gather = false;
+  p.awaiting_gather = false;
   lock.unlock();
   Status st = g.handle.wait();
   lock.lock();
   STRATA_RETURN_IF_ERROR(st);
-  for (FamilyId q = first; q < rounds.end(first); ++q) {
-    if (q - first == rounds.me || core.chunk(q, StateKind::kGrad).bytes == 0) continue;
-    Chunk& p = core.chunk(q, StateKind::kParam);
-    const std::byte* theirs = g.all.data() + (q - first) * g.slice;
-    STRATA_RETURN_IF_ERROR(
-        with_host_copy(lock, p, true, [&](std::byte* h) { std::memcpy(h, theirs, p.bytes); }));
+  // Every shard (this rank's is unchanged) into the param chunk: into its device
+  // slot when that holds the only copy and the host can write it (no copy down and
+  // up again), else into the host copy.
+  if (p.dirty() && device_memory_host_readable(core.device) && p.readers == 0) {
+    DeviceSlot& slot = residency.slot_of(p);
+    STRATA_RETURN_IF_ERROR(core.device.synchronize(slot.fence));
+    std::memcpy(slot.ptr, g.all.data(), g.all.size());
+    return Status::Ok();
   }
-  return Status::Ok();
+  return with_host_copy(lock, p, true, [&](std::byte* h) { std::memcpy(h, g.all.data(), g.all.size()); });
 }
 
 Status Runtime::Impl::dp_finish_all_gathers(std::unique_lock<std::mutex>& lock) {
-  const Rounds rounds(core);
-  while (!dp_gathers.empty()) {
-    // A family of the round that awaits it (the round's first may be this rank's own).
-    const FamilyId first = dp_gathers.front().first;
-    std::optional<FamilyId> awaiting;
-    for (FamilyId q = first; q < rounds.end(first) && !awaiting; ++q) {
-      if (core.chunk(q, StateKind::kParam).awaiting_gather) awaiting = q;
-    }
-    if (awaiting) {
-      STRATA_RETURN_IF_ERROR(dp_finish_gather(lock, *awaiting));
-      continue;
-    }
-    DpGather g = std::move(dp_gathers.front());  // nothing here awaits it: only its end
-    dp_gathers.erase(dp_gathers.begin());
-    lock.unlock();
-    Status st = g.handle.wait();
-    lock.lock();
-    STRATA_RETURN_IF_ERROR(st);
-  }
+  while (!dp_gathers.empty()) STRATA_RETURN_IF_ERROR(dp_finish_gather(lock, dp_gathers.front().first));
   return Status::Ok();
 }
 

@@ -1,7 +1,7 @@
 // Data parallelism, backward: the gradient reduce-scatters of Note [Sharded step]
-// (in data_parallel.cpp), posted round by round as backward completes the families
+// (in data_parallel.cpp), one per family, posted as backward completes the families
 // (packed into a send buffer) and finished before the update. It calls Core and
-// the rounds of dp.hpp; every function expects Core::mu held.
+// dp.hpp; every function expects Core::mu held.
 
 #include <algorithm>
 #include <cstring>
@@ -24,9 +24,16 @@ bool comm_reads_device(const Core& core) {
   return device_memory_host_readable(core.device);
 }
 
+//! Reductions per step: one per family (Note [Sharded step]).
 std::size_t round_count(const Core& core) {
-  const std::size_t w = static_cast<std::size_t>(core.dp_ranks());
-  return (core.layout.families.size() + w - 1) / w;
+  return core.layout.families.size();
+}
+
+//! The sum of family f's gradient shard is kept on the device: its optimizer
+//! runs there. Otherwise the gradient leaves the device once packed, and only
+//! this rank's shard of the sum lands in host memory at step().
+bool sum_on_device(const Core& core, FamilyId f) {
+  return core.plan.families[f].optim_home == Tier::kGpu;
 }
 
 }  // namespace
@@ -34,52 +41,51 @@ std::size_t round_count(const Core& core) {
 Status Runtime::Impl::dp_post_round(bool at_step) {
   comm::Communicator& c = *core.opt.comm;
   const Rounds rounds(core);
-  const FamilyId first = static_cast<FamilyId>(round_count(core) - 1 - dp_rounds_posted) * rounds.w;
+  const auto f = static_cast<FamilyId>(round_count(core) - 1 - dp_rounds_posted);
   ++dp_rounds_posted;
-  const std::uint64_t slice = rounds.slice(core, first, StateKind::kGrad, [](FamilyId) { return true; });
-  if (slice == 0) return Status::Ok();
+  Chunk& g = core.chunk(f, StateKind::kGrad);
+  if (g.bytes == 0) return Status::Ok();
+  g.awaiting_reduction = false;
+  for (TensorId t : core.layout.families[f].tensors) {
+    const TensorInfo& info = core.tensors[t];
+    if (at_step && !info.spec.frozen && !info.grad_written) {
+      return failed_precondition(
+          "data parallel: tensor \"{}\" got no gradient this step on rank {}; every rank must hand over "
+          "every trainable tensor's gradient each step (write zeros for an unused one), or the others "
+          "would wait for it",
+          info.spec.name, c.rank());
+    }
+  }
+  // The whole chunk goes out (W shards); this rank gets the sum of its shard.
+  const std::uint64_t shard = core.shard_elems(f) * rounds.elem_bytes;
+  const std::uint64_t whole = shard * rounds.w;
   DpRound round;
-  round.first = first;
-  round.slice = slice;
-  round.send.assign(slice * rounds.w, std::byte{0});
-  round.recv.resize(slice);
-  for (FamilyId f = first; f < rounds.end(first); ++f) {
-    Chunk& g = core.chunk(f, StateKind::kGrad);
-    if (g.bytes == 0) continue;
-    g.awaiting_reduction = false;
-    for (TensorId t : core.layout.families[f].tensors) {
-      const TensorInfo& info = core.tensors[t];
-      if (at_step && !info.spec.frozen && !info.grad_written) {
-        return failed_precondition(
-            "data parallel: tensor \"{}\" got no gradient this step on rank {}; every rank must hand over "
-            "every trainable tensor's gradient each step (write zeros for an unused one), or the others "
-            "would wait for it",
-            info.spec.name, c.rank());
-      }
-    }
-    std::byte* dst = round.send.data() + (f - first) * slice;
-    if (g.dirty() && comm_reads_device(core)) {
-      // Straight from the device slot, in compute order after the backward that
-      // wrote it, without blocking this thread; no d2h copy (only the owner's
-      // sum comes down, at step()). The slot's fence covers the pack, so the
-      // slot's next writer (or a write-back) waits for it.
-      DeviceSlot& slot = residency.slot_of(g);
-      const std::byte* src = slot.ptr;
-      const std::uint64_t bytes = g.bytes;
-      STRATA_RETURN_IF_ERROR(core.device.wait(core.compute, slot.fence));
-      STRATA_RETURN_IF_ERROR(
-          core.device.launch_host(core.compute, [dst, src, bytes] { std::memcpy(dst, src, bytes); }));
-      STRATA_RETURN_IF_ERROR(core.device.record(slot.fence, core.compute));
-      if (!round.packed) {
-        STRATA_ASSIGN_OR_RETURN(memory::Event e, core.device.create_event());
-        round.packed.emplace(std::move(e));
-      }
-    } else {
-      STRATA_RETURN_IF_ERROR(residency.ensure_on_host(g));
-      std::memcpy(dst, g.host, g.bytes);
-    }
-    if (f - first == rounds.me) continue;  // the sum replaces it at step()
-    // Another rank's family: its gradient went there; nothing to keep here.
+  round.first = f;
+  round.slice = shard;
+  round.send.resize(whole);
+  round.recv.resize(shard);
+  std::byte* dst = round.send.data();
+  if (g.dirty() && comm_reads_device(core)) {
+    // Straight from the device slot, in compute order after the backward that
+    // wrote it, without blocking this thread; no d2h copy of the gradient. The
+    // slot's fence covers the pack, so the slot's next writer (or a write-back)
+    // waits for it.
+    DeviceSlot& slot = residency.slot_of(g);
+    const std::byte* src = slot.ptr;
+    STRATA_RETURN_IF_ERROR(core.device.wait(core.compute, slot.fence));
+    STRATA_RETURN_IF_ERROR(
+        core.device.launch_host(core.compute, [dst, src, whole] { std::memcpy(dst, src, whole); }));
+    STRATA_RETURN_IF_ERROR(core.device.record(slot.fence, core.compute));
+    STRATA_ASSIGN_OR_RETURN(memory::Event e, core.device.create_event());
+    round.packed.emplace(std::move(e));
+    STRATA_RETURN_IF_ERROR(core.device.record(*round.packed, core.compute));
+  } else {
+    STRATA_RETURN_IF_ERROR(residency.ensure_on_host(g));
+    std::memcpy(dst, g.host, whole);
+  }
+  if (!sum_on_device(core, f)) {
+    // The packed gradient is all the reduction needs; the shard's sum lands on
+    // host at step(). (The tensors keep grad_written: their shards update.)
     if (g.host != nullptr) {
       STRATA_RETURN_IF_ERROR(residency.wait_host_reads(g));
       core.host->free(g.host, g.bytes);
@@ -87,13 +93,10 @@ Status Runtime::Impl::dp_post_round(bool at_step) {
     g.host = nullptr;
     g.move_value(ChunkValue::kAbsent);
     residency.drop_device_copy(g);
-    for (TensorId t : core.layout.families[f].tensors) core.tensors[t].grad_written = false;
   }
-  if (round.packed) STRATA_RETURN_IF_ERROR(core.device.record(*round.packed, core.compute));
   dp_inflight.push_back(std::move(round));
   return dp_start_packed(false);
 }
-
 Status Runtime::Impl::dp_start_packed(bool block) {
   comm::Communicator& c = *core.opt.comm;
   const Rounds rounds(core);
@@ -116,22 +119,16 @@ Status Runtime::Impl::dp_start_packed(bool block) {
 
 Status Runtime::Impl::dp_post_complete_rounds() {
   if (core.dp_ranks() == 1 || !pipeline.last_micro_batch) return Status::Ok();
-  const Rounds rounds(core);
   const std::size_t total = round_count(core);
   while (dp_rounds_posted < total) {
-    const FamilyId first = static_cast<FamilyId>(total - 1 - dp_rounds_posted) * rounds.w;
-    bool complete = true;
-    for (FamilyId f = first; f < rounds.end(first); ++f) {
-      complete = complete && (core.chunk(f, StateKind::kGrad).bytes == 0 || pipeline.gradients_complete(f));
-    }
-    if (!complete) break;
+    const auto f = static_cast<FamilyId>(total - 1 - dp_rounds_posted);
+    if (core.chunk(f, StateKind::kGrad).bytes > 0 && !pipeline.gradients_complete(f)) break;
     STRATA_RETURN_IF_ERROR(dp_post_round(false));
   }
-  STRATA_RETURN_IF_ERROR(dp_start_packed(false));  // rounds whose packs ended since
-  // Complete gradients of rounds not started (a later round, in the fixed order,
-  // is incomplete) stay on the device for their reduction.
-  for (FamilyId f = 0; f < static_cast<FamilyId>(total - dp_rounds_posted) * rounds.w && f < rounds.families;
-       ++f) {
+  STRATA_RETURN_IF_ERROR(dp_start_packed(false));  // reductions whose packs ended since
+  // Complete gradients not posted yet (a later family, in the fixed order, is
+  // incomplete) stay on the device for their reduction.
+  for (FamilyId f = 0; f < static_cast<FamilyId>(total - dp_rounds_posted); ++f) {
     Chunk& g = core.chunk(f, StateKind::kGrad);
     g.awaiting_reduction = g.bytes > 0 && pipeline.gradients_complete(f);
   }
@@ -151,20 +148,25 @@ Status Runtime::Impl::dp_reduce_gradients(std::unique_lock<std::mutex>& lock) {
     Status st = round.handle.wait();
     lock.lock();
     STRATA_RETURN_IF_ERROR(st);
-    const FamilyId own = round.first + rounds.me;
-    if (own >= rounds.end(round.first)) continue;
-    Chunk& g = core.chunk(own, StateKind::kGrad);
-    if (g.bytes == 0) continue;
-    // The sum over ranks replaces this rank's gradient where it is now.
+    Chunk& g = core.chunk(round.first, StateKind::kGrad);
+    const std::uint64_t at = core.shard_begin(round.first) * rounds.elem_bytes;
+    // The sum over ranks of this rank's shard replaces it where the gradient is
+    // (the rest of the chunk is other ranks' shards: nothing reads it here).
     if (g.dirty() && comm_reads_device(core)) {
       DeviceSlot& slot = residency.slot_of(g);
       STRATA_RETURN_IF_ERROR(core.device.synchronize(slot.fence));
-      std::memcpy(slot.ptr, round.recv.data(), g.bytes);
+      std::memcpy(slot.ptr + at, round.recv.data(), round.slice);
+      continue;
+    }
+    if (g.absent()) {  // dropped once packed: only the shard's sum comes back
+      STRATA_ASSIGN_OR_RETURN(std::byte * h, core.host_buffer(g));
+      std::memcpy(h + at, round.recv.data(), round.slice);
+      g.move_value(ChunkValue::kHost);
       continue;
     }
     STRATA_RETURN_IF_ERROR(residency.ensure_on_host(g));
     STRATA_RETURN_IF_ERROR(residency.wait_host_reads(g));
-    std::memcpy(g.host, round.recv.data(), g.bytes);
+    std::memcpy(g.host + at, round.recv.data(), round.slice);
     if (g.device_copy) {
       STRATA_RETURN_IF_ERROR(residency.load_to_slot(g, residency.slot_of(g)));
       STRATA_RETURN_IF_ERROR(core.device.synchronize(core.h2d));

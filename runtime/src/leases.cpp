@@ -73,6 +73,13 @@ Status check_acquire(const Core& core, const TensorInfo& info, const TensorSlot&
         "first micro-batch must use Access::kWrite",
         info.spec.name, access == Access::kRead ? "read" : "accumulate");
   }
+  if (is_optim_kind(kind) && core.dp_ranks() > 1) {
+    return failed_precondition(
+        "acquire(\"{}\", {}): with {} data-parallel ranks this rank holds only its shard of the tensor's "
+        "optimizer states (Note [Sharded step]), which a lease of the whole tensor cannot give; use "
+        "state_range and read_tensor/write_tensor",
+        info.spec.name, state_kind_name(kind), core.dp_ranks());
+  }
   if (kind != StateKind::kGrad && kind != StateKind::kParam && where == Where::kDevice &&
       core.plan.families[ts.family].optim_home != Tier::kGpu) {
     return failed_precondition(

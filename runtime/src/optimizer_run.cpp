@@ -33,14 +33,20 @@ void OptimizerPipeline::spans_for(FamilyId f, const FamilyPtrs& ptrs, std::vecto
   for (TensorId t : core_.layout.families[f].tensors) {
     const TensorInfo& info = core_.tensors[t];
     if (info.spec.frozen || !info.grad_written) continue;
-    const std::uint64_t off = core_.layout.slots[t].offset_elems;
+    // Every rank counts the tensor's step; it updates the part in its shard
+    // (param and gradient at their chunk offset, master and states at the
+    // shard's: Note [Sharded step]). One rank: the whole tensor.
+    if (updated != nullptr) updated->push_back(t);
+    const Core::ShardPart part = core_.shard_part(t);
+    if (part.count == 0) continue;
+    const std::uint64_t off = core_.layout.slots[t].offset_elems + part.first;
     kernels::Span s;
-    s.n = info.numel;
+    s.n = part.count;
     s.tensor = t;
     s.grad = ptrs.at[static_cast<int>(StateKind::kGrad)] + off * cb;
     s.grad_dtype = cdt;
     if (core_.separate_master) {
-      s.master = reinterpret_cast<float*>(ptrs.at[static_cast<int>(StateKind::kMaster)] + off * 4);
+      s.master = reinterpret_cast<float*>(ptrs.at[static_cast<int>(StateKind::kMaster)] + part.at * 4);
       s.param = ptrs.at[static_cast<int>(StateKind::kParam)] + off * cb;
       s.param_dtype = cdt;
     } else {
@@ -48,11 +54,10 @@ void OptimizerPipeline::spans_for(FamilyId f, const FamilyPtrs& ptrs, std::vecto
       s.param_dtype = DType::kNone;
     }
     for (std::uint32_t i = 0; i < core_.state_count; ++i) {
-      s.state[i] = ptrs.at[static_cast<int>(StateKind::kState0) + static_cast<int>(i)] + off * sb;
+      s.state[i] = ptrs.at[static_cast<int>(StateKind::kState0) + static_cast<int>(i)] + part.at * sb;
     }
     s.state_dtype = core_.opt.state_dtype;
     spans->push_back(s);
-    if (updated != nullptr) updated->push_back(t);
   }
 }
 
@@ -62,10 +67,10 @@ void OptimizerPipeline::prepare_call(FamilyId f, const FamilyPtrs& ptrs, KernelC
   call.keys.clear();
   call.hypers.clear();
   std::uint32_t groups_used = 1;
-  for (TensorId t : updated) {
-    call.keys.push_back((static_cast<std::int64_t>(core_.tensors[t].group) << 48) |
-                        (core_.tensors[t].updates + 1));
-    groups_used = std::max(groups_used, core_.tensors[t].group + 1);
+  for (const kernels::Span& s : call.spans) {
+    const TensorInfo& info = core_.tensors[s.tensor];
+    call.keys.push_back((static_cast<std::int64_t>(info.group) << 48) | (info.updates + 1));
+    groups_used = std::max(groups_used, info.group + 1);
   }
   for (std::uint32_t g = 0; g < groups_used; ++g) call.hypers.push_back(core_.hyper(g));
   call.elems = 0;

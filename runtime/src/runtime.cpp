@@ -166,6 +166,18 @@ Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
     order.push_back(t);
   }
   STRATA_ASSIGN_OR_RETURN(core.layout, build_layout(numels, order, core.opt.layout));
+  if (core.dp_ranks() > 1) {
+    // Note [Sharded step]: every chunk splits into W equal, aligned shards. The
+    // same on every rank (dp_check_config compares chunk_elems and the ranks).
+    const std::uint64_t unit = static_cast<std::uint64_t>(core.dp_ranks()) * kShardAlignElems;
+    auto round_up = [unit](std::uint64_t x) { return (x + unit - 1) / unit * unit; };  // W need not be 2^k
+    core.layout.chunk_elems = round_up(core.layout.chunk_elems);
+    core.layout.capacity_total_elems = 0;
+    for (FamilyLayout& fl : core.layout.families) {
+      fl.capacity_elems = round_up(fl.capacity_elems);
+      core.layout.capacity_total_elems += fl.capacity_elems;
+    }
+  }
   STRATA_RETURN_IF_ERROR(dp_check_config(lock));
   const std::uint64_t cb = dtype_bytes(core.opt.compute_dtype);
   const std::uint64_t sb = kernels::dtype_size(core.opt.state_dtype);
@@ -185,10 +197,11 @@ Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
     std::uint64_t bytes[kStateKindCount] = {};
     bytes[static_cast<int>(StateKind::kParam)] = cap * cb;
     if (trainable_numel > 0) bytes[static_cast<int>(StateKind::kGrad)] = cap * cb;
-    if (trainable_numel > 0 && core.owns(f)) {  // another rank's family: no states here (Note [Sharded step])
-      if (core.separate_master) bytes[static_cast<int>(StateKind::kMaster)] = cap * 4;
+    if (trainable_numel > 0) {  // this rank's shard of them (Note [Sharded step])
+      const std::uint64_t shard = core.shard_elems(f);
+      if (core.separate_master) bytes[static_cast<int>(StateKind::kMaster)] = shard * 4;
       for (std::uint32_t i = 0; i < core.state_count; ++i)
-        bytes[static_cast<int>(StateKind::kState0) + i] = cap * sb;
+        bytes[static_cast<int>(StateKind::kState0) + i] = shard * sb;
     }
     for (std::size_t k = 0; k < kStateKindCount; ++k) {
       Chunk& c = core.chunk(f, static_cast<StateKind>(k));

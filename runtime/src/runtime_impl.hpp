@@ -85,18 +85,19 @@ struct Runtime::Impl {
   //! Compares this rank's tensors and options with rank 0's; FailedPrecondition
   //! naming the first difference. Blocks until every rank arrived (or the timeout).
   Status dp_check_config(std::unique_lock<std::mutex>& lock);
-  //! Starts the reduce-scatter of every round whose gradients are all complete,
-  //! in the fixed round order (Note [Sharded step]); called as gradients are
-  //! handed over. Does not wait. Caller holds mu.
+  //! Starts the reduce-scatter of every family whose gradient is complete, in the
+  //! fixed order, last family first (Note [Sharded step]; a "round" is one family's
+  //! reduction); called as gradients are handed over. Does not wait. Caller holds mu.
   Status dp_post_complete_rounds();
   //! At step(): starts the rounds not started yet (every trainable tensor must
   //! have its gradient), then waits for every round in order and writes the sum
-  //! into this rank's gradients. Unlocks while waiting for the other ranks.
+  //! of this rank's shard into its gradients. Unlocks while waiting for the other ranks.
   Status dp_reduce_gradients(std::unique_lock<std::mutex>& lock);
-  //! Starts one round's reduce-scatter (rounds go last to first); at_step: a
-  //! family without a gradient is an error (not just incomplete).
+  //! Starts one family's reduce-scatter (families go last to first); at_step: a
+  //! tensor without a gradient is an error (not just incomplete).
   Status dp_post_round(bool at_step);
-  //! A round's reduce-scatter in flight: its buffers live until it is waited for.
+  //! A family's reduce-scatter in flight (`first`: the family; `slice`: the bytes of
+  //! one shard): its buffers live until it is waited for.
   struct DpRound {
     FamilyId first = 0;
     std::uint64_t slice = 0;
@@ -111,20 +112,20 @@ struct Runtime::Impl {
   //! block, waits for each pack). Caller holds mu.
   Status dp_start_packed(bool block);
   std::vector<DpRound> dp_inflight;  //!< started this step, in issue order
-  std::size_t dp_rounds_posted = 0;  //!< rounds started this step (from the last round down)
+  std::size_t dp_rounds_posted = 0;  //!< families posted this step (from the last family down)
   //! The communicator's counters when the last step ended (StepStats::bytes_comm, comm_s).
   comm::CommStats dp_stats_mark;
   //! Agrees on the step's Inf/NaN (max) and grad norm² over ranks: the norm² of
   //! every rank's `checked` families' per-span sums, summed in one rank's order.
   Status dp_agree(std::unique_lock<std::mutex>& lock, const std::vector<FamilyId>& checked, bool* finite,
                   double* sum_squares);
-  //! Starts the all-gather of each round's updated params (after the step's
-  //! optimizer work); the other ranks' params are marked awaiting_gather.
+  //! Starts the all-gather of each family's updated param shards (after the step's
+  //! optimizer work); the params are marked awaiting_gather.
   Status dp_gather_params(std::unique_lock<std::mutex>& lock);
-  //! Waits (unlocking) for the all-gather of family f's round, if one is still
-  //! pending, and writes the other ranks' params of that round.
+  //! Waits (unlocking) for the all-gather of family f's params, if one is still
+  //! pending, and writes the gathered chunk.
   Status dp_finish_gather(std::unique_lock<std::mutex>& lock, FamilyId f);
-  //! dp_finish_gather for every pending round (in issue order).
+  //! dp_finish_gather for every pending family (in issue order).
   Status dp_finish_all_gathers(std::unique_lock<std::mutex>& lock);
   //! Finishes the gathers of the families the next `depth` traced uses load (the
   //! planned prefetch), so prefetch can load their updated params.
@@ -142,7 +143,7 @@ struct Runtime::Impl {
   Status dp_all_ok(std::unique_lock<std::mutex>& lock, Status mine, std::string_view what);
   //! The largest `value` over the ranks (exact below 2^53). W = 1: `value`.
   Result<std::int64_t> dp_max(std::unique_lock<std::mutex>& lock, std::int64_t value);
-  //! A round's all-gather in flight.
+  //! A family's param all-gather in flight (`first`: the family; `slice`: one shard's bytes).
   struct DpGather {
     FamilyId first = 0;
     std::uint64_t slice = 0;

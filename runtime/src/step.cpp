@@ -21,6 +21,7 @@ Status Runtime::Impl::deferred_prepass(std::unique_lock<std::mutex>& lock, bool*
   std::vector<FamilyId>& on_host = prepass_on_host;
   checked.clear();
   on_host.clear();
+  bool checks_unwaited = false;
   for (FamilyId f = 0; f < core.layout.families.size(); ++f) {
     Chunk& g = core.chunk(f, StateKind::kGrad);
     if (g.bytes == 0 || g.absent()) continue;
@@ -35,13 +36,23 @@ Status Runtime::Impl::deferred_prepass(std::unique_lock<std::mutex>& lock, bool*
     } else {
       on_host.push_back(f);
     }
-    if (st.ok()) st = residency.ensure_on_host(g);  // its d2h copy runs after the check
+    // Its d2h copy runs after the check. With data parallelism a family whose
+    // optimizer runs on the device keeps its gradient there: only this rank's
+    // shard of it is the sum, and the device kernel reads it in place (Note
+    // [Sharded step]); a dirty chunk is still written back if its slot is needed.
+    const bool stays = core.dp_ranks() > 1 && g.dirty() && pipeline.checks_on_device() &&
+                       core.plan.families[f].optim_home == Tier::kGpu;
+    if (st.ok() && !stays) st = residency.ensure_on_host(g);
+    checks_unwaited = checks_unwaited || stays;
     if (!st.ok()) {
       st.with_context("clipping and loss scaling keep every gradient on host until all are checked");
       return st;
     }
     checked.push_back(f);
   }
+  // A check no copy waited for (a gradient that stays on the device) ends on the
+  // d2h stream before its sums are read.
+  if (checks_unwaited) STRATA_RETURN_IF_ERROR(core.device.synchronize(core.d2h));
   lock.unlock();
   Status st = Status::Ok();
   for (FamilyId f : on_host) {

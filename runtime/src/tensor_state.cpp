@@ -68,10 +68,13 @@ Status Runtime::init_tensor(TensorId tensor, std::span<const float> values) {
       m.with_host_copy(lock, m.core.chunk(ts.family, StateKind::kParam), true, write_param));
   // Frozen tensors get their master too (when their family has one), so reading
   // any tensor's master gives its fp32 value.
-  if (m.core.separate_master && m.core.chunk(ts.family, StateKind::kMaster).bytes > 0) {
-    STRATA_RETURN_IF_ERROR(m.with_host_copy(
-        lock, m.core.chunk(ts.family, StateKind::kMaster), true,
-        [&](std::byte* base) { std::memcpy(base + ts.offset_elems * 4, values.data(), values.size() * 4); }));
+  // (This rank's shard of it: Note [Sharded step].)
+  const Core::ShardPart part = m.core.shard_part(tensor);
+  if (m.core.separate_master && m.core.chunk(ts.family, StateKind::kMaster).bytes > 0 && part.count > 0) {
+    STRATA_RETURN_IF_ERROR(
+        m.with_host_copy(lock, m.core.chunk(ts.family, StateKind::kMaster), true, [&](std::byte* base) {
+          std::memcpy(base + part.at * 4, values.data() + part.first, part.count * 4);
+        }));
   }
   return Status::Ok();
 }
@@ -99,6 +102,13 @@ Status Runtime::read_tensor(TensorId tensor, StateKind kind, std::span<float> ou
                                info.spec.name);
   }
   const DType dtype = m.core.kind_dtype(kind);
+  if (is_optim_kind(kind)) {  // this rank's shard of it (Note [Sharded step])
+    const Core::ShardPart part = m.core.shard_part(tensor);
+    if (part.count == 0) return Status::Ok();
+    return m.with_host_copy(lock, c, false, [&](std::byte* base) {
+      load_values(base + part.at * dtype_bytes(dtype), dtype, out.subspan(part.first, part.count));
+    });
+  }
   return m.with_host_copy(lock, c, false, [&](std::byte* base) {
     load_values(base + ts.offset_elems * dtype_bytes(dtype), dtype, out);
   });
@@ -131,9 +141,25 @@ Status Runtime::write_tensor(TensorId tensor, StateKind kind, std::span<const fl
                                info.spec.frozen ? "it is frozen" : "the optimizer keeps none");
   }
   const DType dtype = m.core.kind_dtype(kind);
+  const Core::ShardPart part = m.core.shard_part(tensor);  // this rank's shard (Note [Sharded step])
+  if (part.count == 0) return Status::Ok();
   return m.with_host_copy(lock, c, true, [&](std::byte* base) {
-    store_values(base + ts.offset_elems * dtype_bytes(dtype), dtype, values);
+    store_values(base + part.at * dtype_bytes(dtype), dtype, values.subspan(part.first, part.count));
   });
+}
+
+Result<Runtime::StateRange> Runtime::state_range(TensorId tensor) const {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.core.mu);
+  if (tensor >= m.core.tensors.size())
+    return invalid_argument("state_range: tensor id {} is not registered", tensor);
+  if (!m.core.finalized) {
+    return failed_precondition(
+        "state_range(\"{}\"): the layout is fixed at the first acquire/init/step; call it after",
+        m.core.tensors[tensor].spec.name);
+  }
+  const Core::ShardPart part = m.core.shard_part(tensor);
+  return StateRange{.first = part.first, .count = part.count};
 }
 
 Result<std::int64_t> Runtime::tensor_steps(TensorId tensor) const {

@@ -78,18 +78,18 @@ inline std::unique_ptr<memory::Device> dp_device() {
 struct DpResult {
   Status status;
   std::vector<std::vector<float>> params;
-  std::vector<std::vector<float>> state0, state1;  //!< empty for another rank's tensor
+  std::vector<std::vector<float>> state0, state1;  //!< full length; this rank's part is state_first/count
+  std::vector<std::uint64_t> state_first, state_count;  //!< per tensor (Runtime::state_range)
   std::uint64_t state_bytes = 0;
-  std::vector<Tier> homes;  //!< optimizer home of each family this rank owns (trainable)
+  std::vector<Tier> homes;  //!< optimizer home of each trainable family (this rank's shard of it)
   std::uint64_t bytes_comm = 0;
   std::uint64_t bytes_d2h = 0;  //!< device -> host bytes over the steps after the first
 };
 
 //! Trains kDpSteps steps: with `rank` < 0 on one rank with the whole batch as
 //! `ranks` micro-batches; otherwise as rank `rank` of `ranks` (options.comm set).
-inline DpResult dp_train(RuntimeOptions options, int rank, int ranks) {
+inline DpResult dp_train(RuntimeOptions options, int rank, int ranks, bench::DpModel model = dp_model()) {
   DpResult out;
-  bench::DpModel model = dp_model();
   const std::uint32_t state_count = kernels::optimizer_state_count(options.hyper);
   auto device = dp_device();
   auto made = create_runtime(*device, std::move(options));
@@ -105,18 +105,17 @@ inline DpResult dp_train(RuntimeOptions options, int rank, int ranks) {
       out.bytes_comm += st.bytes_comm;
       if (s > 0) out.bytes_d2h += st.bytes_d2h;  // the first step traces, then plans
     }
-    STRATA_ASSIGN_OR_RETURN(bench::DpModel::Outcome got, model.collect(rt, rank, ranks, state_count));
+    STRATA_ASSIGN_OR_RETURN(bench::DpModel::Outcome got, model.collect(rt, state_count));
     out.params = std::move(got.params);
     out.state0 = std::move(got.state0);
     out.state1 = std::move(got.state1);
-    const int me = rank < 0 ? 0 : rank;
-    const int w = rank < 0 ? 1 : ranks;
+    out.state_first = std::move(got.state_first);
+    out.state_count = std::move(got.state_count);
     for (FamilyId f = 0; f < rt.layout().families.size(); ++f) {
       bool trainable = false;
       for (TensorId t : rt.layout().families[f].tensors)
-        trainable = trainable || t != model.ids[model.frozen];
-      if (trainable && static_cast<int>(f % static_cast<FamilyId>(w)) == me)
-        out.homes.push_back(rt.plan().families[f].optim_home);
+        trainable = trainable || model.frozen >= model.ids.size() || t != model.ids[model.frozen];
+      if (trainable) out.homes.push_back(rt.plan().families[f].optim_home);
     }
     out.state_bytes = got.state_bytes;
     return Status::Ok();
@@ -126,21 +125,33 @@ inline DpResult dp_train(RuntimeOptions options, int rank, int ranks) {
   return out;
 }
 
-//! Rank `rank`'s result equals the single rank's: every param, and the states it holds.
-inline void expect_bit_identical(const DpResult& single, const DpResult& ranked, int rank) {
+//! Rank `rank`'s result equals the single rank's: every param, and the part of
+//! each tensor's states it holds. `covered` (optional) gets, per tensor, how many
+//! state elements this rank compared (the ranks' parts must add up to the tensor).
+inline void expect_bit_identical(const DpResult& single, const DpResult& ranked, int rank,
+                                 std::vector<std::uint64_t>* covered = nullptr) {
   ASSERT_TRUE(single.status.ok()) << single.status;
   ASSERT_TRUE(ranked.status.ok()) << "rank " << rank << ": " << ranked.status;
   ASSERT_EQ(single.params.size(), ranked.params.size());
+  if (covered != nullptr) covered->resize(single.params.size(), 0);
   std::size_t states_compared = 0;
   for (std::size_t t = 0; t < single.params.size(); ++t) {
     EXPECT_EQ(0, std::memcmp(single.params[t].data(), ranked.params[t].data(), single.params[t].size() * 4))
         << "rank " << rank << " tensor t" << t << " param differs from one rank's";
-    if (ranked.state0[t].empty()) continue;
+    const std::uint64_t first = ranked.state_first[t], count = ranked.state_count[t];
+    if (count == 0) continue;
+    ASSERT_LE(first + count, single.state0[t].size());
+    ASSERT_EQ(single.state0[t].size(), ranked.state0[t].size()) << "tensor t" << t;
     ++states_compared;
-    EXPECT_EQ(0, std::memcmp(single.state0[t].data(), ranked.state0[t].data(), single.state0[t].size() * 4))
-        << "rank " << rank << " tensor t" << t << " exp_avg differs";
-    EXPECT_EQ(single.state1[t], ranked.state1[t])
-        << "rank " << rank << " tensor t" << t << " exp_avg_sq differs";
+    if (covered != nullptr) (*covered)[t] += count;
+    EXPECT_EQ(0, std::memcmp(single.state0[t].data() + first, ranked.state0[t].data() + first, count * 4))
+        << "rank " << rank << " tensor t" << t << " exp_avg differs in [" << first << ", " << first + count
+        << ")";
+    ASSERT_EQ(single.state1[t].size(), ranked.state1[t].size()) << "tensor t" << t;
+    if (single.state1[t].empty()) continue;  // a one-state optimizer
+    EXPECT_EQ(0, std::memcmp(single.state1[t].data() + first, ranked.state1[t].data() + first, count * 4))
+        << "rank " << rank << " tensor t" << t << " exp_avg_sq differs in [" << first << ", " << first + count
+        << ")";
   }
   EXPECT_GT(states_compared, 0u) << "rank " << rank << " holds no states to compare";
 }

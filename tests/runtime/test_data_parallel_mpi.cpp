@@ -2,9 +2,12 @@
 // 4, label dp) every rank trains its 1/W of the batch and compares its params
 // and states bit for bit with one rank holding the whole batch (which each
 // process also runs, alone), with the states on the GPU (sim), on host and on
-// NVMe; then a model mismatch between ranks is refused on every rank.
+// NVMe; then a model mismatch between ranks is refused on every rank; and a
+// checkpoint the ranks save loads on one rank and resumes bit-exact.
 #include <gtest/gtest.h>
 #include <unistd.h>
+
+#include <optional>
 
 #include "dp_harness.hpp"
 #include "strata/comm/mpi.hpp"
@@ -72,6 +75,110 @@ TEST(DataParallelMpiMismatch, AModelMismatchIsRefusedOnEveryRank) {
     EXPECT_NE(s.message().find(fmt::format("rank(s) {} have a model", c->size() - 1)), std::string::npos)
         << s;
   }
+}
+
+// #14: per-shard checkpoints on the mpi backend. The W ranks (each with its shard
+// of every family's states) train two steps and save into one directory; then
+// each process, alone, loads it on one rank and trains a step, and must match one
+// rank that trained straight through (the batch in W parts, then whole); then the
+// W ranks load it again and train a step (the batch in W parts throughout).
+TEST(DataParallelMpiCheckpoint, SavedByTheRanksLoadsOnOneRankAndOnTheRanksAndResumesBitExact) {
+  auto c = world();
+  const int w = c->size();
+  constexpr int kBefore = 2;
+  // One directory for every rank: rank 0's, sent to the others.
+  std::optional<ScratchDir> own;
+  std::string path(512, '\0');
+  if (c->rank() == 0) {
+    own.emplace(scratch("ckpt"));
+    const std::string p = own->path().string();
+    ASSERT_LT(p.size(), path.size());
+    std::copy(p.begin(), p.end(), path.begin());
+  }
+  auto sent = c->broadcast(path.data(), path.size(), 0);
+  ASSERT_TRUE(sent.ok()) << sent.status();
+  ASSERT_TRUE(sent->wait().ok());
+  const std::string dir = path.c_str();
+  const std::uint32_t states = 2;  // AdamW
+  {
+    RuntimeOptions o = testing::dp_options(Tier::kHost, "", w);
+    o.comm = c;
+    auto device = testing::dp_device();
+    auto rt = Runtime::create(*device, std::move(o));
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    bench::DpModel m = testing::dp_model();
+    ASSERT_TRUE(m.build(**rt).ok());
+    for (int s = 0; s < kBefore; ++s) {
+      auto st = m.train_step(**rt, c->rank(), static_cast<std::size_t>(w));
+      ASSERT_TRUE(st.ok()) << st.status();
+    }
+    Status saved = (*rt)->save_checkpoint(dir);
+    ASSERT_TRUE(saved.ok()) << saved;
+  }
+  auto one_rank = [&](bool load) -> Result<bench::DpModel::Outcome> {
+    auto device = testing::dp_device();
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Runtime> rt,
+                            Runtime::create(*device, testing::dp_options(Tier::kHost, "")));
+    bench::DpModel m = testing::dp_model();
+    STRATA_RETURN_IF_ERROR(m.build(*rt));
+    if (load) {
+      STRATA_RETURN_IF_ERROR(rt->load_checkpoint(dir));
+    } else {
+      for (int s = 0; s < kBefore; ++s) STRATA_RETURN_IF_ERROR(m.train_step(*rt, -1, w).status());
+    }
+    STRATA_RETURN_IF_ERROR(m.train_step(*rt, -1, 1).status());
+    return m.collect(*rt, states);
+  };
+  const auto straight = one_rank(false);
+  const auto loaded = one_rank(true);
+  ASSERT_TRUE(straight.ok()) << straight.status();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(straight->params, loaded->params) << "rank " << c->rank();
+  EXPECT_EQ(straight->state0, loaded->state0) << "rank " << c->rank();
+  EXPECT_EQ(straight->state1, loaded->state1) << "rank " << c->rank();
+  // The same W ranks load it (each its shard of the states) and train a step with
+  // their parts of the batch: one rank with the whole batch in W parts throughout.
+  {
+    RuntimeOptions o = testing::dp_options(Tier::kHost, "", w);
+    o.comm = c;
+    auto device = testing::dp_device();
+    auto rt = Runtime::create(*device, std::move(o));
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    bench::DpModel m = testing::dp_model();
+    ASSERT_TRUE(m.build(**rt).ok());
+    Status load = (*rt)->load_checkpoint(dir);
+    ASSERT_TRUE(load.ok()) << load;
+    auto st = m.train_step(**rt, c->rank(), static_cast<std::size_t>(w));
+    ASSERT_TRUE(st.ok()) << st.status();
+    auto got = m.collect(**rt, states);
+    ASSERT_TRUE(got.ok()) << got.status();
+    testing::DpResult reference;
+    {
+      auto ref_device = testing::dp_device();
+      auto ref = Runtime::create(*ref_device, testing::dp_options(Tier::kHost, ""));
+      ASSERT_TRUE(ref.ok()) << ref.status();
+      bench::DpModel rm = testing::dp_model();
+      ASSERT_TRUE(rm.build(**ref).ok());
+      for (int s = 0; s <= kBefore; ++s) ASSERT_TRUE(rm.train_step(**ref, -1, w).ok());
+      auto out = rm.collect(**ref, states);
+      ASSERT_TRUE(out.ok()) << out.status();
+      reference.params = out->params;
+      reference.state0 = out->state0;
+      reference.state1 = out->state1;
+    }
+    testing::DpResult mine;
+    mine.params = got->params;
+    mine.state0 = got->state0;
+    mine.state1 = got->state1;
+    mine.state_first = got->state_first;
+    mine.state_count = got->state_count;
+    testing::expect_bit_identical(reference, mine, c->rank());
+  }
+  // Rank 0 removes the directory only once every rank has read it.
+  std::vector<double> done{0.0};
+  auto all = c->all_reduce(done, comm::ReduceOp::kMax);
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_TRUE(all->wait().ok());
 }
 
 }  // namespace

@@ -392,9 +392,9 @@ int run(const Settings& s) {
         {"state_bytes_per_rank", rank_bytes},
         {"state_bytes_single_rank", single_bytes},
         {"note",
-         "capacity and placements are per rank (rank 0, which holds the most families): each rank keeps the "
-         "masters and optimizer states of every ranks-th family and whole params and gradients; the "
-         "ranks_per_node ranks share this node's host RAM and NVMe, each has its own GPU"}};
+         "capacity and placements are per rank: each rank keeps its 1/ranks shard of every family's masters "
+         "and optimizer states and whole params and gradients; the ranks_per_node ranks share this node's "
+         "host RAM and NVMe, each has its own GPU"}};
   }
   j["placements"] = nlohmann::json::array();
   for (const Estimate& e : rows) {
@@ -513,7 +513,7 @@ int run(const Settings& s) {
       fmt::print(
           "Data parallel: {} ranks, {} on this node sharing its host and NVMe: capacity and placements are "
           "per "
-          "rank; rank 0 keeps {} of masters and optimizer states (one rank alone: {})\n\n",
+          "rank; each rank keeps {} of masters and optimizer states (one rank alone: {})\n\n",
           s.ranks, ranks_per_node, format_bytes(rank_bytes), format_bytes(single_bytes));
     }
     fmt::print("{:<20}{:>12}{:>9}{:>14}  {:<14}{}\n", "placement", "max params", "layers", "step (pred.)",

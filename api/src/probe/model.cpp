@@ -34,16 +34,27 @@ std::uint64_t optimizer_states(kernels::Optimizer optimizer) {
   return kernels::optimizer_state_count({.optimizer = optimizer, .momentum = 0.9f});
 }
 
+//! The elements of a family of `numel` whose master and states one rank holds: the
+//! whole chunk for one rank; with W ranks its shard, 1/W of the chunk padded to a
+//! multiple of W x kShardAlignElems (Note [Sharded step]).
+std::uint64_t shard_elems(const TrainSpec& spec, std::uint64_t numel) {
+  const std::uint64_t cap = align_up(numel, kChunkAlignElems);
+  if (spec.ranks <= 1) return cap;
+  const std::uint64_t unit = std::uint64_t{spec.ranks} * runtime::kShardAlignElems;
+  return (cap + unit - 1) / unit * unit / spec.ranks;
+}
+
 runtime::FamilyBytes family_bytes(const TrainSpec& spec, std::uint64_t numel) {
   const std::uint64_t cap = align_up(numel, kChunkAlignElems);
+  const std::uint64_t shard = shard_elems(spec, numel);
   const std::uint64_t cb = runtime::dtype_bytes(spec.compute_dtype);
   const std::uint64_t sb = kernels::dtype_size(spec.state_dtype);
   runtime::FamilyBytes f;
-  f.numel = numel;
+  f.numel = std::min(numel, shard);  // the elements this rank's optimizer updates
   f.param_bytes = cap * cb;
   f.grad_bytes = cap * cb;
-  f.optim_bytes = (spec.compute_dtype != runtime::DType::kF32 ? cap * 4 : 0) +
-                  optimizer_states(spec.optimizer) * cap * sb;
+  f.optim_bytes = (spec.compute_dtype != runtime::DType::kF32 ? shard * 4 : 0) +
+                  optimizer_states(spec.optimizer) * shard * sb;
   return f;
 }
 
@@ -251,28 +262,22 @@ Result<runtime::PlanInput> plan_input(const TrainSpec& spec, std::uint64_t layer
   const double tokens = static_cast<double>(shape.seq) * static_cast<double>(shape.batch);
   in.families.push_back(family_bytes(spec, embed));
   for (std::uint64_t l = 0; l < layers; ++l) in.families.push_back(family_bytes(spec, per_layer));
+  auto full_numel = [&](std::size_t f) { return f == 0 ? embed : per_layer; };
   {
     // On NVMe each optimizer chunk takes whole slots sized by the largest one.
     const std::uint64_t master_elem = spec.compute_dtype != runtime::DType::kF32 ? 4 : 0;
     const std::uint64_t state_elem = kernels::dtype_size(spec.state_dtype);
     const std::uint64_t states = optimizer_states(spec.optimizer);
-    auto cap = [](std::uint64_t numel) { return align_up(numel, kChunkAlignElems); };
+    auto cap = [&](std::uint64_t numel) { return shard_elems(spec, numel); };  // this rank's
     const std::uint64_t largest =
         cap(std::max(embed, per_layer)) * std::max(master_elem, states > 0 ? state_elem : 0);
     const std::uint64_t slot = runtime::nvme_slot_bytes(largest);
-    for (runtime::FamilyBytes& f : in.families) {
-      const std::uint64_t c = cap(f.numel);
+    for (std::size_t i = 0; i < in.families.size(); ++i) {
+      runtime::FamilyBytes& f = in.families[i];
+      const std::uint64_t c = cap(full_numel(i));
       f.optim_nvme_bytes = (master_elem > 0 ? runtime::nvme_chunk_bytes(c * master_elem, slot) : 0) +
                            states * runtime::nvme_chunk_bytes(c * state_elem, slot);
       f.param_nvme_bytes = runtime::nvme_chunk_bytes(f.param_bytes, slot);
-    }
-  }
-  // Data parallelism: rank 0 keeps the master and states of every ranks-th
-  // family only, and runs no optimizer on the others (Note [Sharded step]).
-  for (std::size_t f = 0; f < in.families.size(); ++f) {
-    if (spec.ranks > 1 && f % spec.ranks != 0) {
-      in.families[f].optim_bytes = in.families[f].optim_nvme_bytes = 0;
-      in.families[f].numel = 0;
     }
   }
   auto fwd_s = [&](std::uint64_t numel) {
@@ -280,10 +285,10 @@ Result<runtime::PlanInput> plan_input(const TrainSpec& spec, std::uint64_t layer
   };
   const auto families = static_cast<runtime::FamilyId>(in.families.size());
   for (runtime::FamilyId f = 0; f < families; ++f) {
-    in.trace.uses.push_back({f, runtime::Phase::kForward, false, fwd_s(in.families[f].numel)});
+    in.trace.uses.push_back({f, runtime::Phase::kForward, false, fwd_s(full_numel(f))});
   }
   for (runtime::FamilyId f = families; f-- > 0;) {
-    in.trace.uses.push_back({f, runtime::Phase::kBackward, true, 2 * fwd_s(in.families[f].numel)});
+    in.trace.uses.push_back({f, runtime::Phase::kBackward, true, 2 * fwd_s(full_numel(f))});
   }
   in.trace.non_chunk_peak_bytes = *acts;
   in.budgets = {.gpu_bytes = capacity.gpu_bytes, .host_bytes = capacity.host_bytes, .nvme_bytes = 0};

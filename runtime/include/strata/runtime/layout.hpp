@@ -46,6 +46,12 @@ struct FamilyLayout {
   bool oversized = false;  //!< holds one tensor larger than chunk_elems
 };
 
+//! With W data-parallel ranks every chunk capacity is a multiple of W x this many
+//! elements, and rank r holds elements [r C/W, (r+1) C/W) of each chunk's masters
+//! and optimizer states (Note [Sharded step] in runtime/src/data_parallel.cpp):
+//! 64 B or more of any dtype, so every shard starts aligned for the kernels.
+inline constexpr std::uint64_t kShardAlignElems = 64;
+
 //! The result of packing. Immutable once built.
 struct ChunkLayout {
   std::uint64_t chunk_elems = 0;

@@ -232,6 +232,16 @@ class Runtime {
   //! Fails: InvalidArgument (bad id, wrong count), FailedPrecondition (leases held, a
   //! kind this tensor does not have, kGrad).
   Status write_tensor(TensorId tensor, StateKind kind, std::span<const float> values);
+  //! The elements of `tensor` whose fp32 master and optimizer states this runtime
+  //! holds: the whole tensor on one rank; with W data-parallel ranks, the part in
+  //! this rank's shard of its chunk (Note [Sharded step]; count 0: none of it).
+  //! read_tensor and write_tensor of kMaster (with a separate master), kState0 and
+  //! kState1 read and write only these elements of their span; the rest of `out` is
+  //! left as it was. FailedPrecondition before the first acquire/init/step.
+  struct StateRange {
+    std::uint64_t first = 0, count = 0;
+  };
+  Result<StateRange> state_range(TensorId tensor) const;
   //! Optimizer steps applied to a tensor so far (its bias-correction step counter;
   //! a tensor that got no gradient in a step does not count it).
   Result<std::int64_t> tensor_steps(TensorId tensor) const;
@@ -246,8 +256,9 @@ class Runtime {
   //! loadable. Valid between steps; blocks (flushes first). Fails: InvalidArgument
   //! (`dir` is inside an NVMe swap directory), FailedPrecondition (leases held),
   //! PermissionDenied / NoSpace / IoError naming the file. With data parallelism
-  //! (W > 1 ranks) a collective call: every rank calls it on the same directory; each
-  //! writes its own families, rank 0 publishes the manifest, and it fails on every rank
+  //! (W > 1 ranks) a collective call: every rank calls it on the same directory; the
+  //! ranks gather each family's state shards, rank f mod W writes family f's file, rank 0
+  //! publishes the manifest, and it fails on every rank
   //! when it fails on one, naming the rank and its error (Note [Sharded checkpoint]).
   Status save_checkpoint(const std::string& dir);
   //! Starts a checkpoint of the state as of this call into `dir` and returns at once
