@@ -16,6 +16,7 @@ constexpr std::size_t kGranuleBytes = 4096;
 
 RegionArena::RegionArena(std::byte* base, std::size_t bytes) : base_(base), bytes_(bytes) {
   free_.emplace(reinterpret_cast<std::uintptr_t>(base), bytes);
+  reserve_spare_nodes();
 }
 
 Result<std::unique_ptr<RegionArena>> RegionArena::create(std::byte* base, std::size_t bytes) {

@@ -96,6 +96,7 @@ RegionArena::RegionArena(std::byte* base, std::size_t bytes)
   hooks_->hooks.merge = &Hooks::merge;
   hooks_->self = this;
   free_.emplace(reinterpret_cast<std::uintptr_t>(base), bytes);
+  reserve_spare_nodes();
 }
 
 Result<std::unique_ptr<RegionArena>> RegionArena::create(std::byte* base, std::size_t bytes) {

@@ -66,8 +66,15 @@ class RegionArena {
   using FreeMap = std::map<std::uintptr_t, std::size_t>;
   FreeMap free_;  // begin -> bytes, coalesced
   // Nodes of free_ kept for reuse: a steady carve/give_back cycle allocates
-  // nothing (Note [Allocation-free hot paths] in runtime/src/leases.cpp).
+  // nothing (Note [Allocation-free hot paths] in runtime/src/leases.cpp). The
+  // constructor makes kSpareFreeRanges of them, so that only a region split
+  // into more free ranges than that ever allocates one (the count of ranges
+  // varies with the order of frees, so a high water reached by warm-up steps
+  // is not one a steady step never passes).
+  static constexpr std::size_t kSpareFreeRanges = 64;
   std::vector<FreeMap::node_type> spare_nodes_;
+  void reserve_spare_nodes();  // constructors
+
   void insert_free(std::uintptr_t begin, std::size_t bytes);  // mutex_ held
   void erase_free(FreeMap::iterator it);                      // mutex_ held
   std::size_t extent_bytes_ = 0;

@@ -40,6 +40,13 @@ std::string RegionArena::describe_free() const {
                      free_.size(), format_bytes(largest), format_bytes(extent_bytes_), ranges);
 }
 
+void RegionArena::reserve_spare_nodes() {
+  spare_nodes_.reserve(kSpareFreeRanges);
+  FreeMap made;
+  for (std::size_t i = 0; i < kSpareFreeRanges; ++i)
+    spare_nodes_.push_back(made.extract(made.emplace(i, 0).first));
+}
+
 void RegionArena::insert_free(std::uintptr_t begin, std::size_t bytes) {
   if (spare_nodes_.empty()) {
     free_.emplace(begin, bytes);

@@ -10,6 +10,7 @@
 #include "strata/common/assert.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/common/log.hpp"
+#include "strata/common/record_pool.hpp"
 #include "strata/offload/crc32c.hpp"
 #include "swap_file.hpp"
 
@@ -39,19 +40,14 @@ struct SlotMeta {
 
 }  // namespace
 
-struct SwapStore::Impl {
-  std::vector<detail::SwapFile> files;
-  std::vector<FileId> file_ids;
-  mutable std::mutex mutex;  // guards everything below
-  std::vector<SlotMeta> slots;
-  std::vector<std::uint32_t> crcs;  // slots x files, of the stripes as written
-  std::vector<SlotId> free_slots;
-  std::uint32_t ops_in_flight = 0;
-};
-
+// One slot read or write in flight: the stripes' outcomes meet here. Taken from
+// Impl::ops when the I/O starts and given back when its last stripe completes,
+// before the caller's callback runs (Note [Completion records] in
+// strata/common/record_pool.hpp): a stripe's callback captures the record and
+// the stripe's index, two words that std::function keeps in place, so a steady
+// stream of slot I/O allocates nothing once the records in flight reach their
+// high water (SwapStore::counters().slot_op_records).
 namespace {
-
-// One slot read or write in flight: the stripes' outcomes meet here.
 struct SlotOp {
   SwapStore::Impl* impl = nullptr;
   SlotId slot = 0;
@@ -59,6 +55,7 @@ struct SlotOp {
   IoOp op = IoOp::kRead;
   std::uint64_t length_bytes = 0;
   std::array<std::uint32_t, kSwapDirsMax> crcs{};
+  std::array<std::span<std::byte>, kSwapDirsMax> stripes{};  //!< a read's stripes (to check their CRC)
   std::atomic<std::uint32_t> remaining{0};
   std::mutex mutex;
   Status failure;
@@ -74,29 +71,81 @@ struct SlotOp {
     done = std::move(done_in);
   }
 };
+}  // namespace
+
+struct SwapStore::Impl {
+  std::vector<detail::SwapFile> files;
+  std::vector<FileId> file_ids;
+  std::uint64_t stripe_bytes = 0;
+  RecordPool<SlotOp> ops;    // slot operations in flight (own lock)
+  mutable std::mutex mutex;  // guards everything below
+  std::vector<SlotMeta> slots;
+  std::vector<std::uint32_t> crcs;  // slots x files, of the stripes as written
+  std::vector<SlotId> free_slots;
+  std::uint32_t ops_in_flight = 0;
+};
+
+namespace {
+
+//! Stripe `i` of the first `length_bytes` of `slot` (Note [Slot striping]): its
+//! file offset and length (0: the slot's data ends before this stripe).
+struct StripeSpan {
+  std::uint64_t offset_bytes = 0;
+  std::uint64_t length_bytes = 0;
+};
+StripeSpan stripe_span(std::uint64_t stripe_bytes, std::size_t i, SlotId slot, std::uint64_t length_bytes) {
+  const std::uint64_t begin = i * stripe_bytes;
+  if (begin >= length_bytes) return {};
+  return {detail::kSwapHeaderBytes + std::uint64_t{slot} * stripe_bytes,
+          std::min(stripe_bytes, length_bytes - begin)};
+}
+
+//! Submits one request per stripe of `op` (make(i, stripe) builds stripe i's),
+//! built on the stack: at most kSwapDirsMax.
+template <typename MakeRequest>
+Status submit_stripes(IoEngine& engine, SlotOp& op, std::size_t files, std::uint64_t stripe_bytes,
+                      MakeRequest make) {
+  std::array<IoRequest, kSwapDirsMax> batch;
+  std::size_t count = 0;
+  for (; count < files; ++count) {
+    const StripeSpan at = stripe_span(stripe_bytes, count, op.slot, op.length_bytes);
+    if (at.length_bytes == 0) break;
+    batch[count] = make(count, at);
+  }
+  op.remaining.store(static_cast<std::uint32_t>(count), std::memory_order_relaxed);
+  return engine.submit(std::span<IoRequest>(batch.data(), count));
+}
 
 void record_failure(SlotOp& op, Status status) {
   std::lock_guard lock(op.mutex);
   if (op.failure.ok()) op.failure = std::move(status);
 }
 
-void finish(const std::shared_ptr<SlotOp>& op) {
+// The last stripe of `op` completed: updates the slot, gives the record back
+// and runs the caller's callback.
+void finish(SlotOp* op) {
   Status status;
   {
     std::lock_guard lock(op->mutex);
-    status = op->failure;
+    status = std::move(op->failure);
   }
+  SwapStore::Impl* impl = op->impl;
+  IoCallback done = std::move(op->done);
+  const SlotId slot = op->slot;
+  const ChunkId chunk = op->chunk;
+  const IoOp kind = op->op;
+  const std::uint64_t length = op->length_bytes;
+  const std::size_t n = impl->files.size();
   {
-    std::lock_guard lock(op->impl->mutex);
-    SlotMeta& meta = op->impl->slots[op->slot];
-    std::size_t n = op->impl->files.size();
-    if (op->op == IoOp::kWrite) {
+    std::lock_guard lock(impl->mutex);
+    SlotMeta& meta = impl->slots[slot];
+    if (kind == IoOp::kWrite) {
       STRATA_ASSERT(meta.state == SlotState::kWriting);
       if (status.ok()) {
         meta.state = SlotState::kWritten;
-        meta.chunk = op->chunk;
-        meta.length_bytes = op->length_bytes;
-        std::copy_n(op->crcs.begin(), n, op->impl->crcs.begin() + op->slot * n);
+        meta.chunk = chunk;
+        meta.length_bytes = length;
+        std::copy_n(op->crcs.begin(), n, impl->crcs.begin() + slot * n);
       } else {
         meta.state = SlotState::kEmpty;
         meta.last_failure = status.to_string();
@@ -105,9 +154,36 @@ void finish(const std::shared_ptr<SlotOp>& op) {
       STRATA_ASSERT(meta.readers > 0);
       --meta.readers;
     }
-    --op->impl->ops_in_flight;
+    // Back before ops_in_flight falls: the store (and its pool) may go once it is 0.
+    impl->ops.give_back(op);
+    --impl->ops_in_flight;
   }
-  if (op->done) op->done(std::move(status));
+  if (done) done(std::move(status));
+}
+
+// A stripe of a write completed.
+void write_stripe_done(SlotOp* op, Status status) {
+  if (!status.ok()) record_failure(*op, std::move(status));
+  if (op->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) finish(op);
+}
+
+// Stripe `i` of a read completed: its CRC32C is checked here, on the engine
+// thread; the message (naming file and range) is formatted only on a mismatch.
+void read_stripe_done(SlotOp* op, std::size_t i, Status status) {
+  if (status.ok()) {
+    const std::uint32_t actual = crc32c(op->stripes[i]);
+    if (actual != op->crcs[i]) {
+      const StripeSpan at = stripe_span(op->impl->stripe_bytes, i, op->slot, op->length_bytes);
+      status = corrupt(
+          "chunk {} slot {}: CRC32C mismatch in {} at offsets [{}, {}) (written {:08x}, "
+          "read {:08x}): the swap file was changed behind strata's back or the device "
+          "returned wrong data",
+          op->chunk, op->slot, op->impl->files[i].path.string(), at.offset_bytes,
+          at.offset_bytes + at.length_bytes, op->crcs[i], actual);
+    }
+  }
+  if (!status.ok()) record_failure(*op, std::move(status));
+  if (op->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) finish(op);
 }
 
 }  // namespace
@@ -152,6 +228,7 @@ Result<std::unique_ptr<SwapStore>> SwapStore::create(IoEngine& engine, SwapStore
   std::unique_ptr<SwapStore> store(new SwapStore(engine, options.slot_bytes, stripe_bytes, options.slots));
   store->run_id_ = (std::uint64_t{std::random_device{}()} << 32) | std::random_device{}();
   Impl& impl = *store->impl_;
+  impl.stripe_bytes = stripe_bytes;
   for (std::size_t i = 0; i < n; ++i) {
     detail::SwapHeaderInfo info{store->run_id_,
                                 options.slot_bytes,
@@ -228,11 +305,16 @@ bool SwapStore::direct_io() const {
 
 std::vector<SlotStripe> SwapStore::locate(SlotId slot, std::uint64_t length_bytes) const {
   std::vector<SlotStripe> stripes;
-  for (std::size_t i = 0; i < impl_->files.size() && i * stripe_bytes_ < length_bytes; ++i) {
-    stripes.push_back({impl_->files[i].path, detail::kSwapHeaderBytes + std::uint64_t{slot} * stripe_bytes_,
-                       std::min(stripe_bytes_, length_bytes - i * stripe_bytes_)});
+  for (std::size_t i = 0; i < impl_->files.size(); ++i) {
+    const StripeSpan at = stripe_span(stripe_bytes_, i, slot, length_bytes);
+    if (at.length_bytes == 0) break;
+    stripes.push_back({impl_->files[i].path, at.offset_bytes, at.length_bytes});
   }
   return stripes;
+}
+
+SwapStoreCounters SwapStore::counters() const {
+  return {.slot_op_records = impl_->ops.created()};
 }
 
 namespace {
@@ -274,23 +356,18 @@ Status SwapStore::write_async(SlotId slot, ChunkId chunk, std::span<const std::b
     meta.state = SlotState::kWriting;
     ++impl_->ops_in_flight;
   }
-  auto op = std::make_shared<SlotOp>();
+  SlotOp* op = impl_->ops.take();
   op->start(impl_.get(), slot, chunk, IoOp::kWrite, data.size(), std::move(done));
-  std::vector<IoRequest> batch;
-  for (const SlotStripe& stripe : locate(slot, data.size())) {
-    std::size_t i = batch.size();
+  Status submitted = submit_stripes(engine_, *op, n, stripe_bytes_, [&](std::size_t i, const StripeSpan& at) {
     // The engine only reads a write's buffer; IoRequest is not const-typed for both directions' sake.
-    std::span<std::byte> bytes(const_cast<std::byte*>(data.data()) + i * stripe_bytes_, stripe.length_bytes);
+    std::span<std::byte> bytes(const_cast<std::byte*>(data.data()) + i * stripe_bytes_, at.length_bytes);
     op->crcs[i] = crc32c(bytes);
-    batch.push_back({IoOp::kWrite, impl_->file_ids[i], stripe.offset_bytes, bytes, [op](Status status) {
-                       if (!status.ok()) record_failure(*op, std::move(status));
-                       if (op->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) finish(op);
-                     }});
-  }
-  STRATA_ASSERT(batch.size() <= n);
-  op->remaining.store(static_cast<std::uint32_t>(batch.size()), std::memory_order_relaxed);
-  Status submitted = engine_.submit(batch);
+    return IoRequest{IoOp::kWrite, impl_->file_ids[i], at.offset_bytes, bytes,
+                     [op](Status status) { write_stripe_done(op, std::move(status)); }};
+  });
   if (!submitted.ok()) {
+    // No callback runs (Note [Completion contract]): the record goes back here.
+    impl_->ops.give_back(op);
     std::lock_guard lock(impl_->mutex);
     impl_->slots[slot].state = SlotState::kEmpty;
     impl_->slots[slot].last_failure = submitted.to_string();
@@ -302,7 +379,7 @@ Status SwapStore::write_async(SlotId slot, ChunkId chunk, std::span<const std::b
 Status SwapStore::read_async(SlotId slot, ChunkId chunk, std::span<std::byte> out, IoCallback done) {
   STRATA_RETURN_IF_ERROR(check_span(slot, chunk, out.data(), out.size(), slot_bytes_));
   const std::size_t n = impl_->files.size();
-  auto op = std::make_shared<SlotOp>();
+  SlotOp* op = nullptr;
   {
     std::lock_guard lock(impl_->mutex);
     if (slot >= slots_) return invalid_argument("slot {} does not exist (the store has {})", slot, slots_);
@@ -322,35 +399,19 @@ Status SwapStore::read_async(SlotId slot, ChunkId chunk, std::span<std::byte> ou
       return invalid_argument("chunk {} slot {}: written with {} bytes, read asks for {}", chunk, slot,
                               meta.length_bytes, out.size());
     }
+    op = impl_->ops.take();
     std::copy_n(impl_->crcs.begin() + slot * n, n, op->crcs.begin());
     ++meta.readers;
     ++impl_->ops_in_flight;
   }
   op->start(impl_.get(), slot, chunk, IoOp::kRead, out.size(), std::move(done));
-  std::vector<IoRequest> batch;
-  for (const SlotStripe& stripe : locate(slot, out.size())) {
-    std::size_t i = batch.size();
-    std::span<std::byte> bytes = out.subspan(i * stripe_bytes_, stripe.length_bytes);
-    batch.push_back(
-        {IoOp::kRead, impl_->file_ids[i], stripe.offset_bytes, bytes, [op, i, bytes, stripe](Status s) {
-           if (s.ok()) {
-             std::uint32_t actual = crc32c(bytes);
-             if (actual != op->crcs[i]) {
-               s = corrupt(
-                   "chunk {} slot {}: CRC32C mismatch in {} at offsets [{}, {}) (written {:08x}, "
-                   "read {:08x}): the swap file was changed behind strata's back or the device "
-                   "returned wrong data",
-                   op->chunk, op->slot, stripe.file.string(), stripe.offset_bytes,
-                   stripe.offset_bytes + stripe.length_bytes, op->crcs[i], actual);
-             }
-           }
-           if (!s.ok()) record_failure(*op, std::move(s));
-           if (op->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) finish(op);
-         }});
-  }
-  op->remaining.store(static_cast<std::uint32_t>(batch.size()), std::memory_order_relaxed);
-  Status submitted = engine_.submit(batch);
+  Status submitted = submit_stripes(engine_, *op, n, stripe_bytes_, [&](std::size_t i, const StripeSpan& at) {
+    op->stripes[i] = out.subspan(i * stripe_bytes_, at.length_bytes);
+    return IoRequest{IoOp::kRead, impl_->file_ids[i], at.offset_bytes, op->stripes[i],
+                     [op, i](Status status) { read_stripe_done(op, i, std::move(status)); }};
+  });
   if (!submitted.ok()) {
+    impl_->ops.give_back(op);  // no callback runs (Note [Completion contract])
     std::lock_guard lock(impl_->mutex);
     --impl_->slots[slot].readers;
     --impl_->ops_in_flight;

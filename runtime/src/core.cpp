@@ -142,6 +142,35 @@ Status Core::nvme_transfer(std::unique_lock<std::mutex>& lock, bool write, std::
   return Status::Ok();
 }
 
+namespace {
+void nvme_piece_done(NvmeIoRecord* r, Status status) {
+  const NvmeIoRecord rec = *r;
+  rec.core->nvme_io_records.give_back(r);
+  rec.done(rec.owner, rec.family, std::move(status), rec.enqueued_us, rec.bytes);
+}
+}  // namespace
+
+void Core::submit_nvme_pieces(NvmeIo io, std::span<const NvmePiece> pieces, NvmePieceDone done, void* owner,
+                              FamilyId f, double enqueued_us) {
+  const std::size_t n = pieces.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    const NvmePiece piece = pieces[i];
+    NvmeIoRecord* r = nvme_io_records.take();
+    *r = {.core = this,
+          .done = done,
+          .owner = owner,
+          .family = f,
+          .enqueued_us = enqueued_us,
+          .bytes = piece.data.size()};
+    // Note [Completion records]: the callback captures only the record.
+    auto on_done = [r](Status s) { nvme_piece_done(r, std::move(s)); };
+    Status st = io == NvmeIo::kWrite       ? nvme->write(piece.slot, piece.data, on_done)
+                : io == NvmeIo::kReadAhead ? nvme->read_ahead(piece.slot, piece.data, on_done)
+                                           : nvme->read(piece.slot, piece.data, on_done);
+    if (!st.ok()) on_done(std::move(st));  // no callback will come for this piece
+  }
+}
+
 Status Core::timed_copy(const memory::Stream& stream, Track track, void* dst, const void* src,
                         std::uint64_t bytes, memory::CopyKind kind, SpanName name) {
   // The span starts when the stream reaches the copy (after any event waits),

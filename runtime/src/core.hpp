@@ -41,13 +41,39 @@ namespace strata::runtime {
 struct Core;
 
 //! One timed copy in flight: what its completion adds to the timeline (Note
-//! [Completion records] in record_pool.hpp).
+//! [Completion records] in strata/common/record_pool.hpp).
 struct CopyRecord {
   Core* core = nullptr;
   double start_us = 0.0;  //!< when the stream reached the copy
   Track track = Track::kH2D;
   std::uint64_t bytes = 0;
   SpanName name;
+};
+
+//! One slot's worth of a chunk's NVMe transfer: the slot and the host bytes.
+struct NvmePiece {
+  std::uint32_t slot = 0;
+  std::span<std::byte> data;
+};
+
+//! Which NvmeStore call an NVMe piece goes through.
+enum class NvmeIo : std::uint8_t { kRead, kReadAhead, kWrite };
+
+//! Called once per NVMe piece with its outcome, on an I/O thread (or the
+//! submitting one when the store refused the piece); `owner` as given to
+//! Core::submit_nvme_pieces.
+using NvmePieceDone = void (*)(void* owner, FamilyId f, Status status, double enqueued_us,
+                               std::uint64_t bytes);
+
+//! One NVMe piece in flight (Note [Completion records]): what its completion
+//! needs, so the store's callback captures one pointer.
+struct NvmeIoRecord {
+  Core* core = nullptr;
+  NvmePieceDone done = nullptr;
+  void* owner = nullptr;
+  FamilyId family = 0;
+  double enqueued_us = 0.0;
+  std::uint64_t bytes = 0;
 };
 
 //! One Runtime::launch() in flight (Note [Completion records]).
@@ -171,6 +197,14 @@ struct Core {
   //! goes to fresh slots that replace `slots_io` only when every piece succeeded.
   Status nvme_transfer(std::unique_lock<std::mutex>& lock, bool write, std::span<std::byte> data,
                        std::vector<std::uint32_t>& slots_io);
+  //! Hands `pieces` of family `f` to the NVMe store one by one (reads, reads
+  //! ahead or writes); each piece's outcome reaches done(owner, f, ...) exactly
+  //! once. Call without mu (a store may call back on this thread). Reads each
+  //! piece before submitting it and none after the last: the caller's piece
+  //! list may be reused as soon as the last completion ran. Allocates nothing
+  //! once the pieces in flight stay below their high water (nvme_io_records).
+  void submit_nvme_pieces(NvmeIo io, std::span<const NvmePiece> pieces, NvmePieceDone done, void* owner,
+                          FamilyId f, double enqueued_us);
   //! Enqueues a copy on `stream` and records its span on `track` (start when the
   //! stream reaches it, end when it is done).
   //! Allocates nothing once the copies in flight stay below their high water
@@ -180,8 +214,15 @@ struct Core {
   //! Adds a span that ends now on `track` (called in the track's stream order).
   void record_span(Track track, SpanName name, double enqueued_us, std::uint64_t bytes);
 
-  RecordPool<CopyRecord> copy_records;      //!< timed_copy's
-  RecordPool<LaunchRecord> launch_records;  //!< Runtime::launch's
+  RecordPool<CopyRecord> copy_records;       //!< timed_copy's
+  RecordPool<LaunchRecord> launch_records;   //!< Runtime::launch's
+  RecordPool<NvmeIoRecord> nvme_io_records;  //!< submit_nvme_pieces's
+  //! Runtime::launch calls since the last step() (under mu), and the most of any
+  //! step: step() waits for the compute stream, so no more launches than one
+  //! step's are ever in flight, and launch_records is reserved to that many
+  //! (a steady step never grows it however far the host runs ahead).
+  std::size_t launches_this_step = 0;
+  std::size_t launches_per_step_max = 0;
 };
 
 }  // namespace strata::runtime

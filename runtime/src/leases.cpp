@@ -3,27 +3,35 @@
 // Note [Allocation-free hot paths]
 // Once the warm-up steps are done, a steady step allocates nothing on the heap
 // (acquire, release, launch, step() and the background work they start) on a
-// plan whose optimizer states live on the GPU or on host:
+// plan whose optimizer states (and params) live on the GPU, on host or on NVMe:
 //   - the tracer records into the room of the trace it handed out last time
 //     (Tracer::take / give_back); the sim device stores each queued operation
 //     in place (InlineOp in memory/src/sim/sim_stream.hpp);
 //   - a host function on a stream captures at most two words, which
 //     std::function keeps in place: timed copies and launch() keep their
-//     values in pooled completion records (Note [Completion records]), the
-//     optimizer's arguments live in a per-family KernelCall and the gradient
-//     check's spans in its GradCheckResult, both reused across steps;
+//     values in pooled completion records (Note [Completion records] in
+//     strata/common/record_pool.hpp), the optimizer's arguments live in a
+//     per-family KernelCall and the gradient check's spans in its
+//     GradCheckResult, both reused across steps; the CUDA device's
+//     launch_host carries the function in a pooled record too;
+//   - NVMe I/O: each piece's completion is a pooled NvmeIoRecord
+//     (Core::submit_nvme_pieces); the piece lists (FamilyRun::pieces,
+//     WriteBack::writes, ParamStaging::pieces) and new-slot lists are reused
+//     and chunks swap slot lists with the write-back; offload::SwapStore takes
+//     its slot operations from a pool, builds a slot's requests on the stack,
+//     names files by index and formats messages only on failure;
 //   - timeline spans are named by a SpanName (a static label, a family, a
 //     detail), formatted only by the export, into room reserved once;
 //   - the thread pool hands asio recycled blocks (Note [Handler memory] in
 //     thread_pool.hpp); kernel passes keep their piece lists in per-thread
 //     scratch (kernels/src/step.cpp); the host store and the region arena
-//     reuse their map nodes.
-// Runtime::hot_path_counters() names the pools that could still grow;
-// tests/runtime/test_alloc_free.cpp counts allocations with a replaced
-// operator new beside them. Not yet allocation-free: NVMe I/O (per piece in
-// offload/SwapStore and in nvme_pipeline.cpp; listed in that test), the CUDA
-// device's launch_host (a heap std::function per call), and the first steps
-// of a plan, re-plans and errors.
+//     reuse their map nodes (the arena starts with 64 spare).
+// Runtime::hot_path_counters() names the pools that could still grow
+// (copy_records, launch_records, pool_handler_blocks, nvme_io_records,
+// nvme_slot_op_records, ...); tests/runtime/test_alloc_free.cpp counts
+// allocations with a replaced operator new beside them. Not allocation-free:
+// the first steps of a plan, re-plans, errors, and the synchronous NVMe
+// transfers of read_tensor/write_tensor and plan adoption (Core::nvme_transfer).
 #include <algorithm>
 
 #include "runtime_impl.hpp"
@@ -230,6 +238,7 @@ Status Runtime::launch(std::function<void()> fn) {
     std::lock_guard lock(m.core.mu);
     InvariantCheck check(m);
     use = m.tracker.current_use();
+    ++m.core.launches_this_step;
   }
   // Note [Completion records]: the host function captures only its record.
   LaunchRecord* r = m.core.launch_records.take();

@@ -75,7 +75,7 @@ void OptimizerPipeline::cancel_read_ahead(FamilyId f) {
 void OptimizerPipeline::read_states(FamilyId f) {
   FamilyRun& run = runs_[f];
   run.staging.assign(kStateKindCount, nullptr);
-  std::vector<std::pair<std::uint32_t, std::span<std::byte>>> pieces;
+  run.pieces.clear();  // keeps its capacity (Note [Allocation-free hot paths] in leases.cpp)
   const std::uint64_t piece = core_.nvme->slot_bytes();
   for (std::size_t k = 0; k < kStateKindCount; ++k) {
     Chunk& c = core_.chunks[f * kStateKindCount + k];
@@ -107,32 +107,37 @@ void OptimizerPipeline::read_states(FamilyId f) {
     }
     for (std::size_t i = 0; i < c.nvme_slots.size(); ++i) {
       const std::uint64_t begin = i * piece;
-      pieces.emplace_back(
-          c.nvme_slots[i],
-          std::span<std::byte>(*buffer + begin, std::min<std::uint64_t>(piece, c.bytes - begin)));
+      run.pieces.push_back(
+          {c.nvme_slots[i],
+           std::span<std::byte>(*buffer + begin, std::min<std::uint64_t>(piece, c.bytes - begin))});
     }
   }
-  if (pieces.empty()) {
+  if (run.pieces.empty()) {
     run.move_place(NvmePlace::kReady);
     maybe_compute(f);
     return;
   }
-  run.io_pending = static_cast<int>(pieces.size());
+  run.io_pending = static_cast<int>(run.pieces.size());
   run.io_status = Status::Ok();
   ++io_families_;
   // Submitted from a pool thread, without the lock: a store may call back on the
   // submitting thread, and the caller may be iterating the pipeline's queues.
+  // The task gets the pieces' address and count, not the vector: nothing
+  // changes them until the last piece completed (Core::submit_nvme_pieces).
   const double enqueued = core_.timeline.now_us();
-  core_.pool->post([this, f, enqueued, pieces = std::move(pieces)] {
-    for (auto& [slot, data] : pieces) {
-      const std::uint64_t len = data.size();
-      auto done = [this, f, enqueued, len](Status s) {
-        io_done(f, std::move(s), Track::kDiskRead, enqueued, len);
-      };
-      Status st = core_.nvme->read(slot, data, done);
-      if (!st.ok()) done(st);  // no callback will come for this piece
-    }
+  core_.pool->post([this, f, enqueued, pieces = std::span<const NvmePiece>(run.pieces)] {
+    core_.submit_nvme_pieces(NvmeIo::kRead, pieces, &OptimizerPipeline::nvme_read_done, this, f, enqueued);
   });
+}
+
+void OptimizerPipeline::nvme_read_done(void* self, FamilyId f, Status status, double enqueued_us,
+                                       std::uint64_t bytes) {
+  static_cast<OptimizerPipeline*>(self)->io_done(f, std::move(status), Track::kDiskRead, enqueued_us, bytes);
+}
+
+void OptimizerPipeline::nvme_write_done(void* self, FamilyId f, Status status, double enqueued_us,
+                                        std::uint64_t bytes) {
+  static_cast<OptimizerPipeline*>(self)->writeback_done(f, std::move(status), enqueued_us, bytes);
 }
 
 void OptimizerPipeline::io_done(FamilyId f, Status status, Track track, double enqueued_us,
@@ -172,11 +177,13 @@ void OptimizerPipeline::io_done(FamilyId f, Status status, Track track, double e
 void OptimizerPipeline::write_back(FamilyId f, std::unique_lock<std::mutex>& lock) {
   FamilyRun& run = runs_[f];
   Chunk& p = core_.chunk(f, StateKind::kParam);
+  WriteBack& wb = writebacks_[f];
+  STRATA_CHECK(!wb.active);
   // Write the updated states to fresh slots (Note [Copy-on-write NVMe slots]);
   // every slot is taken before anything is committed, so a full disk leaves the
-  // family as it was.
-  std::vector<std::vector<std::uint32_t>> new_slots(kStateKindCount);
-  std::vector<std::pair<std::uint32_t, std::span<const std::byte>>> writes;
+  // family as it was. The slot and piece lists are the write-back's own, reused
+  // step to step (Note [Allocation-free hot paths] in leases.cpp).
+  wb.new_slots.resize(kStateKindCount);
   const std::uint64_t piece = core_.nvme->slot_bytes();
   for (std::size_t k = 0; k < kStateKindCount; ++k) {
     Chunk& c = core_.chunks[f * kStateKindCount + k];
@@ -184,17 +191,18 @@ void OptimizerPipeline::write_back(FamilyId f, std::unique_lock<std::mutex>& loc
     for (std::uint64_t begin = 0; begin < c.bytes; begin += piece) {
       auto slot = core_.nvme->allocate_slot();
       if (!slot.ok()) {
-        for (auto& list : new_slots) {
+        for (auto& list : wb.new_slots) {
           for (std::uint32_t s : list) core_.free_nvme_slot(s);
         }
+        wb.reset();
         Status st = slot.status();
         st.with_context(fmt::format("NVMe write of family {}'s optimizer states", f));
         finish_family(f, st);
         return;
       }
-      new_slots[k].push_back(*slot);
-      writes.emplace_back(
-          *slot, std::span<const std::byte>(run.staging[k] + begin, std::min(piece, c.bytes - begin)));
+      wb.new_slots[k].push_back(*slot);
+      wb.writes.push_back(
+          {*slot, std::span<std::byte>(run.staging[k] + begin, std::min(piece, c.bytes - begin))});
     }
   }
   // Commit the param now; the states follow in the background (Note [Write-back after step]).
@@ -214,32 +222,26 @@ void OptimizerPipeline::write_back(FamilyId f, std::unique_lock<std::mutex>& loc
   }
   staged = nullptr;
   commit_param(f);
-  WriteBack& wb = writebacks_[f];
-  STRATA_CHECK(!wb.active);
   wb.active = true;
-  wb.staging = std::move(run.staging);
-  wb.new_slots = std::move(new_slots);
-  wb.io_pending = static_cast<int>(writes.size());
+  wb.staging.swap(run.staging);  // run.staging gets wb's emptied list (and its capacity)
+  wb.io_pending = static_cast<int>(wb.writes.size());
   wb.step = steps_done_ + 1;
   ++writebacks_in_flight_;
   // The place (and its staging memory) goes with the write-back.
   run.staging.clear();
   run.move_place(NvmePlace::kNone);
   finish_family(f, Status::Ok());
-  if (writes.empty()) {
+  if (wb.writes.empty()) {
     lock.unlock();
     writeback_done(f, Status::Ok(), core_.timeline.now_us(), 0);  // (a family with no optimizer states)
     return;
   }
+  // The pieces' address and count, taken under the lock: nothing changes them
+  // until the last write completed (Core::submit_nvme_pieces).
+  const std::span<const NvmePiece> writes(wb.writes);
   lock.unlock();  // a store may call back on this thread
-  const double enqueued = core_.timeline.now_us();
-  for (auto& [slot, data] : writes) {
-    auto done = [this, f, enqueued, n = data.size()](Status s) {
-      writeback_done(f, std::move(s), enqueued, n);
-    };
-    Status st = core_.nvme->write(slot, data, done);
-    if (!st.ok()) done(st);
-  }
+  core_.submit_nvme_pieces(NvmeIo::kWrite, writes, &OptimizerPipeline::nvme_write_done, this, f,
+                           core_.timeline.now_us());
 }
 
 void OptimizerPipeline::writeback_done(FamilyId f, Status status, double enqueued_us, std::uint64_t bytes) {
@@ -257,7 +259,7 @@ void OptimizerPipeline::writeback_done(FamilyId f, Status status, double enqueue
       // once its new slots hold it; after a failed write it stays the value.
       for (std::uint32_t s : wb.status.ok() ? c.nvme_slots : wb.new_slots[k]) core_.free_nvme_slot(s);
       if (wb.status.ok()) {
-        c.nvme_slots = std::move(wb.new_slots[k]);
+        c.nvme_slots.swap(wb.new_slots[k]);  // (wb.reset() empties the old list, keeping its capacity)
         if (Status st = residency_.wait_host_reads(c); !st.ok()) core_.fail(st);  // a load may read it
         core_.host->free(c.host, c.bytes);
         c.host = nullptr;
@@ -271,7 +273,7 @@ void OptimizerPipeline::writeback_done(FamilyId f, Status status, double enqueue
     if (wb.status.ok()) {
       // The new slots replace the old (Note [Copy-on-write NVMe slots]).
       for (std::uint32_t old : c.nvme_slots) core_.free_nvme_slot(old);
-      c.nvme_slots = std::move(wb.new_slots[k]);
+      c.nvme_slots.swap(wb.new_slots[k]);
       c.move_value(ChunkValue::kNvme);
       core_.host->free(wb.staging[k], c.bytes);
     } else {
@@ -293,7 +295,7 @@ void OptimizerPipeline::writeback_done(FamilyId f, Status status, double enqueue
         core_.param_on_nvme(f) ? "param and states are" : "states are"));
     core_.fail(std::move(s));
   }
-  wb = WriteBack{};
+  wb.reset();
   --writebacks_in_flight_;
   --nvme_places_used_;  // the family's place, held since its states were read
   pump();

@@ -74,6 +74,7 @@ struct FamilyRun {
   std::byte* grad_host = nullptr;         //!< the gradient on host (grad staging buffer or the chunk's own)
   bool grad_host_owned_by_chunk = false;  //!< grad_host is the grad chunk's own host copy
   std::vector<std::byte*> staging;        //!< per kind: NVMe states and the param being updated
+  std::vector<NvmePiece> pieces;          //!< the NVMe reads of read_states (in flight while io_pending)
   int io_pending = 0;
   Status io_status;
   std::vector<TensorId> updated;  //!< tensors the kernel updated (committed with the param)
@@ -83,11 +84,14 @@ struct FamilyRun {
   void reset() {
     std::vector<std::byte*> s = std::move(staging);
     std::vector<TensorId> u = std::move(updated);
+    std::vector<NvmePiece> p = std::move(pieces);
     *this = FamilyRun{};
     s.clear();
     u.clear();
+    p.clear();
     staging = std::move(s);
     updated = std::move(u);
+    pieces = std::move(p);
   }
 
   //! Gradients complete, optimizer requested (this step).
@@ -143,9 +147,22 @@ struct WriteBack {
   bool active = false;
   std::vector<std::byte*> staging;                    //!< per kind: the updated states
   std::vector<std::vector<std::uint32_t>> new_slots;  //!< per kind: the NVMe slots being written
+  std::vector<NvmePiece> writes;                      //!< the pieces being written
   int io_pending = 0;
   Status status;
   std::uint64_t step = 0;  //!< the step whose update this is (1-based)
+
+  //! Back to an idle record; the lists keep their capacity (Note
+  //! [Allocation-free hot paths] in leases.cpp).
+  void reset() {
+    active = false;
+    staging.clear();
+    for (auto& list : new_slots) list.clear();
+    writes.clear();
+    io_pending = 0;
+    status = Status::Ok();
+    step = 0;
+  }
 };
 
 class OptimizerPipeline {
@@ -251,6 +268,9 @@ class OptimizerPipeline {
   void write_back(FamilyId f, std::unique_lock<std::mutex>& lock);
   void io_done(FamilyId f, Status status, Track track, double enqueued_us, std::uint64_t bytes);  // takes mu
   void writeback_done(FamilyId f, Status status, double enqueued_us, std::uint64_t bytes);        // takes mu
+  //! NvmePieceDone trampolines to io_done (reads) and writeback_done (writes).
+  static void nvme_read_done(void* self, FamilyId f, Status status, double enqueued_us, std::uint64_t bytes);
+  static void nvme_write_done(void* self, FamilyId f, Status status, double enqueued_us, std::uint64_t bytes);
   void release_gradient(FamilyId f, bool consumed);
   void finish_family(FamilyId f, Status status);
   //! Counts the update and drops the stale GPU copy of the family's param.

@@ -60,7 +60,7 @@ void Residency::free_staging(FamilyId f) {
   STRATA_CHECK(staging_[f].state == Staging::kReady);
   staging_free_.push_back(c.host);  // back to the pool
   c.host = nullptr;
-  staging_[f] = ParamStaging{};
+  staging_[f].reset();
   staged_.erase(std::find(staged_.begin(), staged_.end(), f));
 }
 
@@ -102,28 +102,30 @@ Status Residency::start_staging(Chunk& c, std::size_t window, bool ahead, bool* 
   }
   st.state = Staging::kReading;
   st.ahead = ahead;
-  std::vector<std::pair<std::uint32_t, std::span<std::byte>>> pieces;
+  st.pieces.clear();  // keeps its capacity (Note [Allocation-free hot paths] in leases.cpp)
   const std::uint64_t piece = core_.nvme->slot_bytes();
   for (std::size_t i = 0; i < c.nvme_slots.size(); ++i) {
     const std::uint64_t begin = i * piece;
-    pieces.emplace_back(c.nvme_slots[i], std::span<std::byte>(c.host + begin, std::min<std::uint64_t>(
-                                                                                  piece, c.bytes - begin)));
+    st.pieces.push_back({c.nvme_slots[i], std::span<std::byte>(c.host + begin, std::min<std::uint64_t>(
+                                                                                   piece, c.bytes - begin))});
   }
-  st.io_pending = static_cast<int>(pieces.size());
+  st.io_pending = static_cast<int>(st.pieces.size());
   ++staging_reads_;
   // Submitted from a pool thread, without the lock: a store may call back on
-  // the submitting thread (as the pipeline's reads are, nvme_pipeline.cpp).
+  // the submitting thread (as the pipeline's reads are, nvme_pipeline.cpp). The
+  // task gets the pieces' address and count: nothing changes them until the
+  // last piece completed (Core::submit_nvme_pieces).
   const double enqueued = core_.timeline.now_us();
-  core_.pool->post([this, f, ahead, enqueued, pieces = std::move(pieces)] {
-    for (auto& [slot, data] : pieces) {
-      auto done = [this, f, enqueued, n = data.size()](Status s) {
-        staging_read_done(f, std::move(s), enqueued, n);
-      };
-      Status s = ahead ? core_.nvme->read_ahead(slot, data, done) : core_.nvme->read(slot, data, done);
-      if (!s.ok()) done(s);  // no callback will come for this piece
-    }
+  core_.pool->post([this, f, ahead, enqueued, pieces = std::span<const NvmePiece>(st.pieces)] {
+    core_.submit_nvme_pieces(ahead ? NvmeIo::kReadAhead : NvmeIo::kRead, pieces,
+                             &Residency::nvme_staging_done, this, f, enqueued);
   });
   return Status::Ok();
+}
+
+void Residency::nvme_staging_done(void* self, FamilyId f, Status status, double enqueued_us,
+                                  std::uint64_t bytes) {
+  static_cast<Residency*>(self)->staging_read_done(f, std::move(status), enqueued_us, bytes);
 }
 
 void Residency::staging_read_done(FamilyId f, Status status, double enqueued_us, std::uint64_t bytes) {

@@ -125,6 +125,9 @@ class Residency {
   std::int64_t staging_victim(std::size_t window) const;
   void free_staging(FamilyId f);
   void staging_read_done(FamilyId f, Status status, double enqueued_us, std::uint64_t bytes);  // takes mu
+  //! NvmePieceDone trampoline to staging_read_done.
+  static void nvme_staging_done(void* self, FamilyId f, Status status, double enqueued_us,
+                                std::uint64_t bytes);
   //! Reads NVMe-homed params of the next traced uses into staging buffers.
   Status read_params_ahead();
 
@@ -134,6 +137,15 @@ class Residency {
     int io_pending = 0;
     bool ahead = false;  //!< started by read_params_ahead (a prefetch), not by a use
     Status status;
+    std::vector<NvmePiece> pieces;  //!< the NVMe reads (in flight while io_pending)
+
+    //! Back to kNone; `pieces` keeps its capacity.
+    void reset() {
+      std::vector<NvmePiece> p = std::move(pieces);
+      *this = ParamStaging{};
+      p.clear();
+      pieces = std::move(p);
+    }
   };
 
   Core& core_;

@@ -269,12 +269,19 @@ const StepTrace& Runtime::last_trace() const {
 }
 HotPathCounters Runtime::hot_path_counters() const {
   const Core& core = impl_->core;
+  std::shared_ptr<NvmeStore> nvme;
+  {
+    std::lock_guard lock(impl_->core.mu);  // (the store is created on first use)
+    nvme = core.nvme;
+  }
   return {.copy_records = core.copy_records.created(),
           .launch_records = core.launch_records.created(),
           .timeline_spans = core.timeline.recorded(),
           .timeline_spans_dropped = core.timeline.dropped(),
           .pool_handler_blocks = core.pool->handler_memory().blocks_created(),
-          .pool_handlers_oversized = core.pool->handler_memory().oversized()};
+          .pool_handlers_oversized = core.pool->handler_memory().oversized(),
+          .nvme_io_records = core.nvme_io_records.created(),
+          .nvme_slot_op_records = nvme != nullptr ? nvme->io_records() : 0};
 }
 
 const Timeline& Runtime::timeline() const {

@@ -109,6 +109,13 @@ Result<StepStats> Runtime::step() {
   lock.unlock();
   STRATA_RETURN_IF_ERROR(m.core.device.synchronize(m.core.compute));
   lock.lock();
+  // Every launch so far has run: the next step's in flight are at most one
+  // step's launches (Core::launches_per_step_max).
+  if (m.core.launches_this_step > m.core.launches_per_step_max) {
+    m.core.launches_per_step_max = m.core.launches_this_step;
+    m.core.launch_records.reserve(m.core.launches_per_step_max);
+  }
+  m.core.launches_this_step = 0;
 
   StepStats stats;
   stats.followed_plan = m.tracker.following() && !m.tracker.deviated() && m.tracker.warm();

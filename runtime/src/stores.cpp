@@ -126,6 +126,7 @@ class SwapNvmeStore final : public NvmeStore {
   std::uint64_t used_bytes() const override {
     return std::uint64_t{store_->slots() - store_->slots_free()} * store_->slot_bytes();
   }
+  std::uint64_t io_records() const override { return store_->counters().slot_op_records; }
   std::string describe() const override {
     std::string files;
     for (const auto& f : store_->files()) files += (files.empty() ? "" : ", ") + f.string();

@@ -86,6 +86,24 @@ TEST_F(CudaDeviceTest, EventOrdersStreamsAndHostFunctionsRunInOrder) {
   EXPECT_TRUE(b_saw.load());
 }
 
+TEST_F(CudaDeviceTest, HostFunctionsReuseTheirRecords) {
+  // launch_host carries each function in a pooled record, given back before the
+  // function runs: 51 batches of 16 launches never need more than 16 records.
+  auto stream = device_->create_stream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  constexpr int kBatch = 16, kBatches = 51;
+  std::atomic<int> ran{0};
+  for (int b = 0; b < kBatches; ++b) {
+    for (int i = 0; i < kBatch; ++i) {
+      ASSERT_TRUE(device_->launch_host(*stream, [&ran] { ran.fetch_add(1); }).ok());
+    }
+    ASSERT_TRUE(device_->synchronize(*stream).ok());
+  }
+  EXPECT_EQ(ran.load(), kBatch * kBatches);
+  EXPECT_GT(device_->host_function_records(), 0u);
+  EXPECT_LE(device_->host_function_records(), static_cast<std::uint64_t>(kBatch));
+}
+
 TEST_F(CudaDeviceTest, PinnedPoolRegistersWithCudaAndDevicePoolCarvesOneAllocation) {
   PinnedHostPoolOptions pinned;
   pinned.budget_bytes = 64 * kMiB;

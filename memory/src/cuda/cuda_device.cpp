@@ -29,14 +29,6 @@ cudaMemcpyKind memcpy_kind(CopyKind kind) {
   return cudaMemcpyDefault;
 }
 
-// cudaLaunchHostFunc takes a C function; the std::function travels on the heap and is
-// deleted by the trampoline after it ran.
-void CUDART_CB run_host_function(void* user_data) {
-  auto* fn = static_cast<std::function<void()>*>(user_data);
-  (*fn)();
-  delete fn;
-}
-
 // Why the runtime has no usable GPU, in words a user can act on.
 std::string no_gpu_reason(cudaError_t err) {
   int runtime_version = 0;
@@ -238,13 +230,35 @@ Status CudaDevice::do_copy_async(std::uintptr_t stream, void* dst, const void* s
   return Status::Ok();
 }
 
+// cudaLaunchHostFunc takes a C function and one pointer: the function travels in a
+// pooled record (Note [Completion records] in strata/common/record_pool.hpp), which
+// the trampoline gives back before it runs the function. So a launch allocates
+// nothing once the host functions in flight stay below their high water
+// (host_function_records()) and `fn` itself is kept in place (a capture of at most
+// two words, as the runtime's launches are).
+void CUDART_CB CudaDevice::run_host_function(void* user_data) {
+  auto* record = static_cast<HostFunctionRecord*>(user_data);
+  std::function<void()> fn = std::move(record->fn);  // moves the target: never allocates
+  record->device->host_function_records_.give_back(record);
+  fn();
+}
+
 Status CudaDevice::do_launch_host(std::uintptr_t stream, std::function<void()> fn) {
   STRATA_RETURN_IF_ERROR(make_current());
-  auto* heap_fn = new std::function<void()>(std::move(fn));
-  const cudaError_t err = cudaLaunchHostFunc(as_stream(stream), &run_host_function, heap_fn);
-  if (err != cudaSuccess) delete heap_fn;
+  HostFunctionRecord* record = host_function_records_.take();
+  record->device = this;
+  record->fn = std::move(fn);
+  const cudaError_t err = cudaLaunchHostFunc(as_stream(stream), &run_host_function, record);
+  if (err != cudaSuccess) {
+    record->fn = nullptr;
+    host_function_records_.give_back(record);
+  }
   STRATA_CUDA_TRY(err);
   return Status::Ok();
+}
+
+std::uint64_t CudaDevice::host_function_records() const {
+  return host_function_records_.created();
 }
 
 Status CudaDevice::do_synchronize_stream(std::uintptr_t stream) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/common/record_pool.hpp"
 #include "strata/memory/device.hpp"
 #include "strata/memory/device_factory.hpp"
 
@@ -34,6 +35,7 @@ class CudaDevice final : public Device {
   Status synchronize() override;
   Result<HostRegistration> register_host(void* ptr, std::size_t bytes) override;
   Status unregister_host(void* ptr) override;
+  std::uint64_t host_function_records() const override;
 
  protected:
   Result<void*> do_allocate(std::size_t bytes) override;
@@ -64,6 +66,13 @@ class CudaDevice final : public Device {
   };
   static constexpr std::size_t kTimedCopiesMax = 1024;
 
+  //! One launch_host function in flight (Note [Completion records]).
+  struct HostFunctionRecord {
+    CudaDevice* device = nullptr;
+    std::function<void()> fn;
+  };
+  static void CUDART_CB run_host_function(void* user_data);
+
   CudaDevice(const DeviceOptions& options, std::string name, std::string pci_bus_id);
   Status make_current() const;
   //! Moves completed timed copies into the counters; with `wait_oldest`, first waits for
@@ -76,8 +85,9 @@ class CudaDevice final : public Device {
   const std::string pci_bus_id_;
   std::atomic<std::size_t> streams_{0};
   std::mutex timing_mutex_;
-  std::deque<TimedCopy> pending_;       // in issue order; <= kTimedCopiesMax
-  std::vector<TimedCopy> spare_pairs_;  // recycled timing events
+  std::deque<TimedCopy> pending_;                         // in issue order; <= kTimedCopiesMax
+  std::vector<TimedCopy> spare_pairs_;                    // recycled timing events
+  RecordPool<HostFunctionRecord> host_function_records_;  // launch_host's (own lock)
 };
 
 }  // namespace strata::memory::cuda

@@ -193,6 +193,12 @@ class Device {
   //! stream's worker, which a full queue or a synchronize would deadlock); on cuda it runs
   //! via cudaLaunchHostFunc and must not call CUDA at all. fn must not throw.
   Status launch_host(const Stream& stream, std::function<void()> fn);
+  //! Records launch_host has created to carry functions in flight (the cuda backend's
+  //! pool; Note [Completion records] in strata/common/record_pool.hpp): at most the
+  //! most host functions in flight at once, so a launch whose `fn` std::function keeps
+  //! in place allocates nothing past that. 0 where none are kept (sim stores each
+  //! queued operation in place). Thread-safe.
+  virtual std::uint64_t host_function_records() const { return 0; }
 
   //! Blocks until all work queued on `stream` is done.
   Status synchronize(const Stream& stream);

@@ -51,6 +51,15 @@ struct SlotStripe {
   std::uint64_t length_bytes = 0;
 };
 
+//! Named counters of the store's hot path (for tests: they stop growing once
+//! the I/O in flight reaches its high water).
+struct SwapStoreCounters {
+  //! Slot operation records created: the most slot reads and writes in flight
+  //! at once. A slot read or write allocates nothing when it reuses one (Note
+  //! [Completion records] in strata/common/record_pool.hpp).
+  std::uint64_t slot_op_records = 0;
+};
+
 //! Thread-safe: slots may be allocated, written and read from any thread;
 //! reads and writes of different slots proceed in parallel, and several reads
 //! of one written slot may overlap. Writing a slot while it is being read or
@@ -80,7 +89,9 @@ class SwapStore {
   //! computed first, on the calling thread. Returns an error with no callback
   //! for a bad slot or misaligned data (an assertion in checked builds); else
   //! `done` runs once, on an engine thread (Note [Completion contract]).
-  //! `data` must stay valid and unchanged until then.
+  //! `data` must stay valid and unchanged until then. Allocates nothing when
+  //! a slot operation record is free and `done` is empty or small enough for
+  //! std::function to keep in place (two words; counters()).
   Status write_async(SlotId slot, ChunkId chunk, std::span<const std::byte> data, IoCallback done);
 
   //! Reads chunk `chunk` from `slot` into `out` (the length it was written with)
@@ -92,8 +103,11 @@ class SwapStore {
   Status write(SlotId slot, ChunkId chunk, std::span<const std::byte> data);
   Status read(SlotId slot, ChunkId chunk, std::span<std::byte> out);
 
-  //! Where the first `length_bytes` of `slot` live, stripe by stripe.
+  //! Where the first `length_bytes` of `slot` live, stripe by stripe (for
+  //! tests and tools; allocates: reads and writes do not call it).
   std::vector<SlotStripe> locate(SlotId slot, std::uint64_t length_bytes) const;
+  //! Thread-safe snapshot.
+  SwapStoreCounters counters() const;
 
   std::uint64_t slot_bytes() const { return slot_bytes_; }
   std::uint64_t stripe_bytes() const { return stripe_bytes_; }

@@ -186,6 +186,10 @@ struct HotPathCounters {
   std::uint64_t timeline_spans_dropped = 0;   //!< spans past timeline_events_max, counted, not kept
   std::uint64_t pool_handler_blocks = 0;      //!< the thread pool's operation blocks (Note [Handler memory])
   std::uint64_t pool_handlers_oversized = 0;  //!< posted functions too large for a block (heap)
+  std::uint64_t nvme_io_records =
+      0;  //!< NVMe pieces' completion records created (in flight at once, at most)
+  std::uint64_t nvme_slot_op_records =
+      0;  //!< the NVMe store's slot operation records (NvmeStore::io_records)
 };
 
 //! Whether the runtime runs optimizer `o`'s steps on a device of `kind` (so a plan

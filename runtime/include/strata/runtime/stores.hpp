@@ -36,6 +36,9 @@ class HostStore {
 };
 
 //! Called once with the outcome of an asynchronous NVMe transfer; must not block.
+//! The runtime's callbacks capture one pointer (std::function keeps them in
+//! place, Note [Completion records]), so a store that moves `done` along
+//! allocates nothing for it.
 using IoDone = std::function<void(Status)>;
 
 //! Chunk-sized slots on NVMe with checksums. Thread-safe.
@@ -60,6 +63,11 @@ class NvmeStore {
   }
   virtual std::uint64_t used_bytes() const = 0;
   virtual std::string describe() const = 0;
+  //! Records the store keeps for its I/O in flight, created so far (the store
+  //! over offload::SwapStore: its slot_op_records). A steady stream of reads and
+  //! writes stops growing it (HotPathCounters::nvme_slot_op_records). 0 for a
+  //! store that keeps none.
+  virtual std::uint64_t io_records() const { return 0; }
 };
 
 //! Bytes of the pinned region make_host_store maps for a host budget: the budget and
