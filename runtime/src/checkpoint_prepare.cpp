@@ -33,7 +33,7 @@ std::int64_t next_generation(const fs::path& root) {
 //! Everything of a save that can fail on one rank alone (Note [Sharded checkpoint]):
 //! after this, only collectives and the save thread. Core::mu held.
 Status prepare_save(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, CheckpointSave& s,
-                           const std::string& dir, bool wait_write_backs) {
+                    const std::string& dir, bool wait_write_backs) {
   STRATA_RETURN_IF_ERROR(m.checkpoint_finish(lock));
   STRATA_ASSIGN_OR_RETURN(s.root, checkpoint_dir(m.core, dir, "save_checkpoint"));
   const fs::path& root = s.root;
