@@ -27,16 +27,26 @@
 //   strata --no-huge-pages vs fio malloc. fio's huge pages need free hugetlb
 //   pages (/proc/sys/vm/nr_hugepages); without them those columns are null and
 //   fio_huge_note says what to set.
+// - Both sides hand the kernel one block per io_uring_enter: fio with its
+//   default iodepth_batch_submit=1, strata's engine always (Note [One piece per
+//   submission] in offload/src/uring_engine.cpp). Submitted together, adjacent
+//   blocks are merged by the block layer's plug into one device request, which
+//   is not the queue depth fio measures (/proc/diskstats shows the merges).
 // - The page cache plays no part (O_DIRECT). Runs interleave the engines so
 //   drift in the device's speed hits all of them alike, and each run starts
-//   with a different engine; medians are reported.
+//   with a different engine; medians are reported. The disk's speed drifts by
+//   tens of percent between runs, so the *_paired keys also give the median of
+//   each run's own strata / fio ratio, and --engines uring,fio_uring_huge runs
+//   only the pair the target compares (more pairs in the same time).
 // - Before every timed pass the device's write cache is flushed (syncfs) and
 //   the bench pauses 200 ms: fio's passes are separate processes with such a
 //   gap anyway, and a read must not race the flush of the write before it.
 #include <fcntl.h>
+#include <fmt/ranges.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -74,7 +84,12 @@ struct IoBenchOptions {
   bool json = false;
   bool skip_fio = false;
   bool no_huge_pages = false;
+  std::string engines;  // comma-separated subset of kEngines; empty: all
 };
+
+// Every engine the bench can run, in the order of a run's rotation.
+const std::vector<std::string> kEngines = {"uring", "fio_uring",  "fio_uring_huge",
+                                           "posix", "fio_libaio", "fio_libaio_huge"};
 
 struct Settings {
   std::filesystem::path file;
@@ -306,6 +321,25 @@ std::uint64_t anon_huge_bytes(const void* data, std::size_t size) {
   return total;
 }
 
+// The engines --engines names (comma-separated, each in kEngines, no repeats), or all.
+Result<std::vector<std::string>> parse_engines(const std::string& list) {
+  if (list.empty()) return kEngines;
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  while (at <= list.size()) {
+    const std::size_t comma = std::min(list.find(',', at), list.size());
+    std::string name = list.substr(at, comma - at);
+    if (std::find(kEngines.begin(), kEngines.end(), name) == kEngines.end() ||
+        std::find(out.begin(), out.end(), name) != out.end()) {
+      return invalid_argument("--engines {}: '{}' is unknown or repeated; use a comma-separated subset of {}",
+                              list, name, fmt::join(kEngines, ","));
+    }
+    out.push_back(std::move(name));
+    at = comma + 1;
+  }
+  return out;
+}
+
 std::optional<double> median_of(const std::map<std::string, Samples>& samples, const std::string& key,
                                 bool write) {
   auto it = samples.find(key);
@@ -322,6 +356,22 @@ nlohmann::json number_or_null(std::optional<double> v) {
 std::optional<double> ratio(std::optional<double> a, std::optional<double> b) {
   if (!a || !b || *b <= 0) return std::nullopt;
   return *a / *b;
+}
+
+// The median over runs of a's sample / b's sample in the same run: the two ran
+// seconds apart, so drift of the shared disk's speed between runs cancels.
+std::optional<double> paired_ratio(const std::map<std::string, Samples>& samples, const std::string& a,
+                                   const std::string& b, bool write) {
+  auto ia = samples.find(a), ib = samples.find(b);
+  if (ia == samples.end() || ib == samples.end()) return std::nullopt;
+  const auto& va = write ? ia->second.write : ia->second.read;
+  const auto& vb = write ? ib->second.write : ib->second.read;
+  std::vector<double> ratios;
+  for (std::size_t r = 0; r < std::min(va.size(), vb.size()); ++r) {
+    if (vb[r] > 0) ratios.push_back(va[r] / vb[r]);
+  }
+  if (ratios.empty()) return std::nullopt;
+  return median(ratios);
 }
 
 std::string cell(std::optional<double> v) {
@@ -358,6 +408,9 @@ int run_io(const IoBenchOptions& o) {
     return fail(invalid_argument("--qd {} x --block {}: the buffers would take more than a quarter of RAM",
                                  s.qd, o.block));
   }
+  auto parsed_engines = parse_engines(o.engines);
+  if (!parsed_engines.ok()) return fail(parsed_engines.status());
+  const std::vector<std::string> engines = std::move(parsed_engines).value();
   s.request = std::min(s.request, s.block);
   s.engine_depth = static_cast<std::uint32_t>(s.qd * div_ceil(s.block, s.request));
   if (!std::filesystem::is_directory(o.dir)) return fail(not_found("--dir {} is not a directory", o.dir));
@@ -388,8 +441,7 @@ int run_io(const IoBenchOptions& o) {
   std::map<std::string, Samples> samples;
   // Each run starts with a different engine (rotation), so a device that warms
   // up or slows down within a run favours none of them.
-  const std::vector<std::string> order = {"uring", "fio_uring",  "fio_uring_huge",
-                                          "posix", "fio_libaio", "fio_libaio_huge"};
+  const std::vector<std::string>& order = engines;
   for (int r = 0; r < o.runs; ++r) {
     for (std::size_t k = 0; k < order.size(); ++k) {
       const std::string& name = order[(k + static_cast<std::size_t>(r)) % order.size()];
@@ -444,6 +496,11 @@ int run_io(const IoBenchOptions& o) {
   j["read_ratio_vs_fio_huge"] = number_or_null(ratio(ur, m("fio_uring_huge", false)));
   j["write_ratio_vs_fio_libaio_huge"] = number_or_null(ratio(uw, m("fio_libaio_huge", true)));
   j["read_ratio_vs_fio_libaio_huge"] = number_or_null(ratio(ur, m("fio_libaio_huge", false)));
+  // The same two, as the median of each run's own ratio (information).
+  j["write_ratio_vs_fio_huge_paired"] =
+      number_or_null(paired_ratio(samples, "uring", "fio_uring_huge", true));
+  j["read_ratio_vs_fio_huge_paired"] =
+      number_or_null(paired_ratio(samples, "uring", "fio_uring_huge", false));
   j["write_ratio_vs_fio"] = number_or_null(ratio(uw, m("fio_uring", true)));
   j["read_ratio_vs_fio"] = number_or_null(ratio(ur, m("fio_uring", false)));
   j["write_ratio_vs_fio_libaio"] = number_or_null(ratio(uw, m("fio_libaio", true)));
@@ -506,6 +563,9 @@ Registrar reg{"io", "NVMe tier: strata's io_uring and posix engines vs fio (io_u
                 app.add_option("--qd", o->qd, "blocks in flight (fio iodepth)")->capture_default_str();
                 app.add_option("--runs", o->runs, "runs; medians are reported")->capture_default_str();
                 app.add_flag("--json", o->json, "print one JSON object");
+                app.add_option("--engines", o->engines,
+                               "comma-separated engines to run (default: all of uring,fio_uring,"
+                               "fio_uring_huge,posix,fio_libaio,fio_libaio_huge)");
                 app.add_flag("--skip-fio", o->skip_fio, "do not run fio (its keys are null)");
                 app.add_flag("--no-huge-pages", o->no_huge_pages,
                              "strata buffers in 4 KiB pages (as fio's) instead of transparent huge pages");

@@ -1,13 +1,16 @@
 // Note [Checkpoint overlap in the step benchmark]
-// After the run's steady steps, strata-bench step runs 2 x --steps more,
-// alternating: a step with an overlapped save begun just before it
-// (Runtime::begin_checkpoint, whose own time counts in the step), then a step
-// without one. Each step's time is the wall time from before its forward (or the
-// begin) to the end of step(); the save is then waited for (untimed), so every
-// "without" step starts with no save in flight. checkpoint_overlap_slowdown is
-// the median of the first kind over the median of the second: what a save costs
-// the step it overlaps. The save writes the whole model (params and AdamW
-// states, from host and NVMe) into a directory of its own under the temp dir.
+// After the run's steady steps, strata-bench step measures kSaves overlapped
+// saves. Each is begun (Runtime::begin_checkpoint, its own time counted in the
+// step) just before a step; steps then run as training would, and every step that
+// begins while the save is still in flight (checkpoint_in_flight() true after the
+// previous step) is a "with" step: a save spread over several steps is charged to
+// all of them. Once it is seen done, finish_checkpoint returns at once and
+// --steps steps without a save follow before the next save begins. Each step's
+// time is the wall time from before its forward (or the begin) to the end of
+// step(). checkpoint_overlap_slowdown is the mean of every "with" step over the
+// median of the "without" steps; first_step_slowdown is the first "with" step of
+// each save (median) over the same. The save writes the whole model (params and
+// AdamW states, from host and NVMe) into a directory of its own under the temp dir.
 #include "step_checkpoint.hpp"
 
 #include <unistd.h>
@@ -39,37 +42,69 @@ CheckpointOverlap::~CheckpointOverlap() {
   fs::remove_all(dir_, ec);
 }
 
-Status CheckpointOverlap::before_step(runtime::Runtime& rt, int i) {
+Status CheckpointOverlap::before_step(runtime::Runtime& rt) {
   t0_ = std::chrono::steady_clock::now();
-  if (i % 2 == 0) {
+  this_step_with_ = in_flight_;
+  if (!in_flight_ && saves_done_ < kSaves && (saves_done_ == 0 || since_save_ >= between_)) {
     save_t0_ = t0_;
     STRATA_RETURN_IF_ERROR(rt.begin_checkpoint(dir_.string()));
+    begin_.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count());
+    in_flight_ = true;
+    this_step_with_ = true;
+    steps_this_save_ = 0;
   }
   return Status::Ok();
 }
 
-Status CheckpointOverlap::after_step(runtime::Runtime& rt, int i) {
+Status CheckpointOverlap::after_step(runtime::Runtime& rt) {
   const auto t1 = std::chrono::steady_clock::now();
-  (i % 2 == 0 ? with_ : without_).push_back(std::chrono::duration<double>(t1 - t0_).count());
-  if (i % 2 == 0) {
-    STRATA_RETURN_IF_ERROR(rt.finish_checkpoint());
-    save_.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - save_t0_).count());
-    std::uint64_t bytes = 0;
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(dir_, ec)) bytes += e.file_size(ec);
-    bytes_ = bytes;
+  const double s = std::chrono::duration<double>(t1 - t0_).count();
+  if (!this_step_with_) {
+    without_.push_back(s);
+    ++since_save_;
+    return Status::Ok();
   }
+  with_.push_back(s);
+  if (steps_this_save_++ == 0) first_with_.push_back(s);
+  STRATA_ASSIGN_OR_RETURN(const bool running, rt.checkpoint_in_flight());
+  if (running) {
+    if (steps_this_save_ >= kMaxStepsPerSave)
+      return failed_precondition(
+          "strata-bench step: the checkpoint save into {} still runs after {} steps; the disk cannot keep up",
+          dir_.string(), steps_this_save_);
+    return Status::Ok();
+  }
+  STRATA_RETURN_IF_ERROR(rt.finish_checkpoint());
+  save_.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - save_t0_).count());
+  in_flight_ = false;
+  ++saves_done_;
+  since_save_ = 0;
+  std::uint64_t bytes = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir_, ec)) bytes += e.file_size(ec);
+  bytes_ = bytes;
   return Status::Ok();
 }
 
 double CheckpointOverlap::with_save_s() const {
-  return median(with_);
+  double sum = 0;
+  for (double s : with_) sum += s;
+  return with_.empty() ? 0.0 : sum / static_cast<double>(with_.size());
+}
+double CheckpointOverlap::worst_with_save_s() const {
+  return with_.empty() ? 0.0 : *std::max_element(with_.begin(), with_.end());
 }
 double CheckpointOverlap::without_save_s() const {
   return median(without_);
 }
 double CheckpointOverlap::slowdown() const {
   return without_save_s() > 0 ? with_save_s() / without_save_s() : 0.0;
+}
+double CheckpointOverlap::begin_s() const {
+  return median(begin_);
+}
+double CheckpointOverlap::first_step_slowdown() const {
+  return without_save_s() > 0 ? median(first_with_) / without_save_s() : 0.0;
 }
 double CheckpointOverlap::save_s() const {
   return median(save_);

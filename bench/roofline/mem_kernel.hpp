@@ -61,7 +61,8 @@ inline void store_n(void* base, std::size_t i, typename P::V x) {
 }
 
 //! Elements [begin, end) in steps of P::kWidth; returns the sink of the read-only streams.
-template <typename P, Shape S>
+//! kWritePrefetch: also prefetch the write-only param stream for writing (Note [Write prefetch]).
+template <typename P, Shape S, bool kWritePrefetch>
 typename P::V mem_loop(const MemPass& m, std::size_t begin, std::size_t end, typename P::V zero) {
   using V = typename P::V;
   V sink = P::zero();
@@ -74,6 +75,9 @@ typename P::V mem_loop(const MemPass& m, std::size_t begin, std::size_t end, typ
         if constexpr (S.master != 0) __builtin_prefetch(static_cast<const char*>(m.master.data) + at * 4);
         for (int k = 0; k < S.states; ++k) {
           __builtin_prefetch(static_cast<const char*>(m.state[k].data) + at * S.state);
+        }
+        if constexpr (kWritePrefetch && S.param != 0) {
+          __builtin_prefetch(static_cast<const char*>(m.param.data) + at * S.param, 1);
         }
       }
     }
@@ -105,13 +109,17 @@ typename P::V mem_loop(const MemPass& m, std::size_t begin, std::size_t end, typ
 //! Runs [begin, end) of m with the policy P's lanes and the scalar policy Q for
 //! the ragged tail. False when m's shape is not in kShapes.
 template <typename P, typename Q, std::size_t... I>
-bool mem_piece_with(const Shape& want, const MemPass& m, std::size_t begin, std::size_t end,
-                    std::uint32_t zero, std::uint64_t* sink, std::index_sequence<I...>) {
+bool mem_piece_with(const Shape& want, MemVariant variant, const MemPass& m, std::size_t begin,
+                    std::size_t end, std::uint32_t zero, std::uint64_t* sink, std::index_sequence<I...>) {
   auto one = [&]<std::size_t K>(std::integral_constant<std::size_t, K>) {
     if (!(want == kShapes[K])) return false;
     const std::size_t full = begin + (end - begin) / P::kWidth * P::kWidth;
-    *sink += P::hsum(mem_loop<P, kShapes[K]>(m, begin, full, P::set1(zero)));
-    if (full < end) *sink += Q::hsum(mem_loop<Q, kShapes[K]>(m, full, end, Q::set1(zero)));
+    if (variant == MemVariant::kWritePrefetch) {
+      *sink += P::hsum(mem_loop<P, kShapes[K], true>(m, begin, full, P::set1(zero)));
+    } else {
+      *sink += P::hsum(mem_loop<P, kShapes[K], false>(m, begin, full, P::set1(zero)));
+    }
+    if (full < end) *sink += Q::hsum(mem_loop<Q, kShapes[K], false>(m, full, end, Q::set1(zero)));
     return true;
   };
   return (one(std::integral_constant<std::size_t, I>{}) || ...);
@@ -128,9 +136,9 @@ inline Shape shape_of(const MemPass& m) {
 }
 
 template <typename P, typename Q>
-bool mem_piece(const MemPass& m, std::size_t begin, std::size_t end, std::uint32_t zero,
+bool mem_piece(const MemPass& m, MemVariant variant, std::size_t begin, std::size_t end, std::uint32_t zero,
                std::uint64_t* sink) {
-  return mem_piece_with<P, Q>(shape_of(m), m, begin, end, zero, sink,
+  return mem_piece_with<P, Q>(shape_of(m), variant, m, begin, end, zero, sink,
                               std::make_index_sequence<std::size(kShapes)>{});
 }
 

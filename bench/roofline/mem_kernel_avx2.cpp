@@ -33,9 +33,9 @@ struct Avx2 {
 
 namespace roofline {
 
-bool mem_piece_avx2(const MemPass& m, std::size_t begin, std::size_t end, std::uint32_t zero,
-                    std::uint64_t* sink) {
-  return mem_piece<Avx2, Scalar>(m, begin, end, zero, sink);
+bool mem_piece_avx2(const MemPass& m, MemVariant variant, std::size_t begin, std::size_t end,
+                    std::uint32_t zero, std::uint64_t* sink) {
+  return mem_piece<Avx2, Scalar>(m, variant, begin, end, zero, sink);
 }
 
 void triad_piece_avx2(float* a, const float* b, const float* c, float s, std::size_t begin, std::size_t end) {

@@ -5,9 +5,9 @@
 
 namespace strata::bench::roofline {
 
-bool mem_piece_scalar(const MemPass& m, std::size_t begin, std::size_t end, std::uint32_t zero,
-                      std::uint64_t* sink) {
-  return mem_piece<Scalar, Scalar>(m, begin, end, zero, sink);
+bool mem_piece_scalar(const MemPass& m, MemVariant variant, std::size_t begin, std::size_t end,
+                      std::uint32_t zero, std::uint64_t* sink) {
+  return mem_piece<Scalar, Scalar>(m, variant, begin, end, zero, sink);
 }
 
 void triad_piece_scalar(float* a, const float* b, const float* c, float s, std::size_t begin,

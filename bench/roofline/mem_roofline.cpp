@@ -81,7 +81,12 @@ double MemPass::bytes_per_elem() const {
   return b;
 }
 
-Result<MemTiming> run_mem_passes(std::span<const MemPass> passes, ThreadPool* pool, Isa isa) {
+const char* mem_variant_name(MemVariant v) {
+  return v == MemVariant::kWritePrefetch ? "write_prefetch" : "kernel_prefetch";
+}
+
+Result<MemTiming> run_mem_passes(std::span<const MemPass> passes, ThreadPool* pool, Isa isa,
+                                 MemVariant variant) {
   STRATA_RETURN_IF_ERROR(check_isa(isa));
   const roofline::MemPieceFn fn = isa_fns(isa).mem;
   const std::uint32_t zero = g_zero;
@@ -92,7 +97,7 @@ Result<MemTiming> run_mem_passes(std::span<const MemPass> passes, ThreadPool* po
     sinks.assign((m.n + kernels::kPieceElems - 1) / kernels::kPieceElems, 0);
     bool known = true;
     const std::size_t used = for_pieces(m.n, pool, [&](std::size_t lo, std::size_t hi, std::size_t k) {
-      if (!fn(m, lo, hi, zero, &sinks[k])) known = false;
+      if (!fn(m, variant, lo, hi, zero, &sinks[k])) known = false;
     });
     if (!known) {
       return internal_error(

@@ -23,8 +23,29 @@
 // - Same prefetch: the read streams are prefetched kernels::kPrefetchElems ahead,
 //   one prefetch per 16 elements, as the SIMD kernels do (Note [Software
 //   prefetch]); without it the kernels beat this "bound" on the bf16 rows.
+// - Two prefetch variants, the roofline the faster (Note [Write prefetch]):
+//   kKernelPrefetch is the kernels' prefetch exactly; kWritePrefetch also
+//   prefetches the write-only param stream for writing (prefetchw), the same
+//   distance ahead.
 // - Same pool and split: pieces of kernels::kPieceElems at fixed offsets, run by
 //   ThreadPool::parallel_for with the pool's default parts, as kernels::step does.
+//
+// Note [Write prefetch]
+// With the kernels' own prefetch the memory-only kernel was still not an upper
+// bound for the rows that write a 2-byte param: AdamW bf16 grad+param ran at
+// 1.006-1.028 of it. Timed on one thread's CPU time (so the load on the shared
+// machine drops out), best of 9, the same buffers: the kernel 0.0679-0.0682 s,
+// the memory-only kernel 0.0683-0.0693 s. Reordering its stores as the kernel
+// does, a prefetch distance of 1024, or a square root per lane to pace its
+// loads (the kernel's arithmetic) moved it by 1 % at most; a distance of 256
+// or no software prefetch made it 4-8 % slower. What did: prefetching the
+// write-only param stream for writing (prefetchw), 0.0646-0.0649 s, about 5 %
+// ahead of the kernel. The param is stored without a load, so each of its
+// lines costs a read-for-ownership that, without the hint, starts only when the
+// store reaches the cache; the hint changes when that read starts, not which
+// bytes move. The roofline runs both variants in every repeat and takes the
+// faster, so it stays at least the kernels' own access pattern if they ever
+// prefetch the param too. The kernels do not today: that 5 % is theirs to gain.
 
 #include <array>
 #include <cstddef>
@@ -59,6 +80,15 @@ struct MemPass {
   double bytes_per_elem() const;
 };
 
+//! How the memory-only kernel prefetches (Note [Write prefetch]).
+enum class MemVariant : std::uint8_t {
+  kKernelPrefetch,  //!< the read streams, as the SIMD kernels do (Note [Software prefetch])
+  kWritePrefetch,   //!< those and the write-only param stream, for writing
+};
+inline constexpr MemVariant kMemVariants[] = {MemVariant::kKernelPrefetch, MemVariant::kWritePrefetch};
+//! "kernel_prefetch" or "write_prefetch".
+const char* mem_variant_name(MemVariant v);
+
 //! What one timed run of a list of passes found.
 struct MemTiming {
   double seconds = 0.0;
@@ -68,7 +98,8 @@ struct MemTiming {
 //! Runs `passes` in order with the memory-only kernel of `isa` on `pool` (null:
 //! the calling thread) and times them together. Blocks. Fails: Unavailable when
 //! the CPU lacks `isa`, Internal for a stream shape kShapes lacks (a bench bug).
-Result<MemTiming> run_mem_passes(std::span<const MemPass> passes, ThreadPool* pool, kernels::Isa isa);
+Result<MemTiming> run_mem_passes(std::span<const MemPass> passes, ThreadPool* pool, kernels::Isa isa,
+                                 MemVariant variant = MemVariant::kKernelPrefetch);
 
 //! One STREAM triad a = b + s c over n floats with the kernel of `isa`, on `pool`; seconds.
 Result<double> run_triad(float* a, const float* b, const float* c, std::size_t n, ThreadPool* pool,

@@ -40,6 +40,24 @@ namespace strata::offload::detail {
 //   32 keeps smaller requests (stripes of small chunks) deep enough too; depth
 //   only bounds, it reserves nothing but SQ entries.
 // Re-measure on real NVMe: `strata-bench io --dir ... --qd N --request BYTES`.
+//
+// Note [One piece per submission]
+// pump() submits each piece with its own io_uring_enter, as fio does with its
+// default iodepth_batch_submit=1. Several SQEs in one enter run under a block
+// plug, which merges pieces at adjacent offsets into one device request: four
+// 256 KiB reads in flight reached this virtio disk as one 1 MiB request
+// (/proc/diskstats: 1040 reads, 3071 merged, for 4096 pieces), all four
+// completed together and the disk idled while the next four were prepared,
+// so the queue depth the caller asked for was never at the device. Submitted
+// one by one they stay 4096 requests, and the pipeline stays full. Measured
+// with a stand-alone liburing loop, 1 GiB in 256 KiB blocks, 4 in flight,
+// paired with fio run by run (medians of 8): batched reads 0.85x fio, one per
+// enter 1.04x; writes 1.31x and 1.51x. strata-bench io at that point, the
+// engine before and after, interleaved, 40 runs each paired with fio on
+// huge pages (load 4-12): read 0.86x -> 1.01x, write 1.15x -> 1.27x (medians of
+// the per-run ratios). The cost is one syscall per piece
+// (4 MiB by default). Pieces larger than the device's max_sectors_kb cannot
+// merge anyway, so the default 4 MiB / qd 8 point does not move.
 
 namespace {
 // user_data tags; Piece pointers are 8-byte aligned, so they never collide.
@@ -197,8 +215,12 @@ void UringEngine::wake_reaper() {
 }
 
 void UringEngine::pump() {
-  while (Piece* piece = tracker_.next_piece(files_)) prep_piece(piece);
-  submit_ring();
+  // One io_uring_enter per piece (Note [One piece per submission]).
+  while (Piece* piece = tracker_.next_piece(files_)) {
+    prep_piece(piece);
+    submit_ring();
+  }
+  submit_ring();  // retries handle_cqe prepared
 }
 
 void UringEngine::submit_ring() {

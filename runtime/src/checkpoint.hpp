@@ -4,7 +4,8 @@
 // fsync/rename publishing, Note [Checkpoint format], Note [Checkpoint publish],
 // Note [Sharded checkpoint]), the capture side (checkpoint_capture.cpp: the save's
 // buffers and its hold on optimizer updates, Note [Overlapped save]), the save
-// (checkpoint_save.cpp: save_checkpoint, begin_checkpoint, the save thread) and
+// (checkpoint_save.cpp: save_checkpoint, begin_checkpoint, the save thread, Note
+// [Save I/O priority]) and
 // the load (checkpoint_load.cpp: the check pass, then the apply pass). They may
 // call Core, Runtime::Impl (finalize, the pipeline's wait_all and launches,
 // with_host_copy, the data-parallel agreements) and each other through this
@@ -49,6 +50,9 @@ extern std::function<Status(const std::string& tmp_path)> before_create;
 //! Test hook: runs once a load has verified every file, before it applies any
 //! (tests/runtime/test_checkpoint.cpp writes a file there). Not thread-safe; tests only.
 extern std::function<void(const std::string& dir)> after_verify;
+//! Test hook: runs once a one-rank load has applied the host-held values, before it
+//! checks the files again and commits the NVMe ones (Note [Load in one read]).
+extern std::function<void(const std::string& dir)> after_host_apply;
 }  // namespace checkpoint_testing
 
 namespace checkpoint_detail {
@@ -65,8 +69,13 @@ constexpr std::size_t kIoThreads = 8;
 //! The save's buffers (outside the host store) hold at most host budget / this, or one
 //! family when that is larger (Note [Overlapped save]).
 constexpr std::uint64_t kSaveRoomDivisor = 4;
-//! The nice value of the save's threads (Note [Overlapped save]).
-constexpr int kSaveNice = 10;
+//! ioprio_set(2) for an overlapped save's threads: class idle (Note [Save I/O priority]).
+constexpr int kIoprioWhoProcess = 1;  // IOPRIO_WHO_PROCESS: a thread id
+constexpr int kIoprioClassIdle = 3;   // IOPRIO_CLASS_IDLE
+constexpr int kIoprioClassShift = 13;
+//! Families of an overlapped save whose NVMe pieces may wait while host copies are
+//! written first (each holds an open file and a part-filled stripe).
+constexpr std::size_t kDeferredMax = 64;
 //! Freed save buffers kept for reuse.
 constexpr std::size_t kSaveSpares = 4;
 constexpr const char* kManifestName = "manifest.json";
@@ -118,7 +127,11 @@ Status pwrite_all(int fd, const std::byte* p, std::size_t n, std::uint64_t offse
 //! flight, so a save holds at most that much memory beyond the chunk it copies.
 class StripeSink {
  public:
-  StripeSink() : thread_([this] { run(); }) {
+  //! `start_writeback`: each stripe's writeback starts as soon as it is written (a
+  //! blocking save, whose fsync then waits for little); else the stripes stay in the
+  //! page cache until the save's fsyncs (Note [Save I/O priority]).
+  explicit StripeSink(bool start_writeback = true)
+      : start_writeback_(start_writeback), thread_([this] { run(); }) {
     for (std::size_t i = 0; i < kSinkBuffers; ++i) free_.emplace_back(kStripeBytes);
   }
   ~StripeSink() {
@@ -132,9 +145,12 @@ class StripeSink {
   StripeSink(const StripeSink&) = delete;
   StripeSink& operator=(const StripeSink&) = delete;
 
+  //! A stripe buffer; waits while kSinkBuffers stripes are being written. Buffers a
+  //! writer holds part-filled (an overlapped save's deferred files) do not count.
   std::vector<std::byte> take() {
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return !free_.empty(); });
+    cv_.wait(lock, [&] { return jobs_.size() + static_cast<std::size_t>(busy_) < kSinkBuffers; });
+    if (free_.empty()) return std::vector<std::byte>(kStripeBytes);
     std::vector<std::byte> b = std::move(free_.back());
     free_.pop_back();
     return b;
@@ -179,12 +195,14 @@ class StripeSink {
         st = pwrite_all(job.fd->get(), job.buf.data(), job.n, job.offset, job.path);
         // Starts the stripe's writeback now (a hint: errors show at fsync), so the
         // final fsync waits for little.
-        ::sync_file_range(job.fd->get(), static_cast<off_t>(job.offset), static_cast<off_t>(job.n),
-                          SYNC_FILE_RANGE_WRITE);
+        if (start_writeback_)
+          ::sync_file_range(job.fd->get(), static_cast<off_t>(job.offset), static_cast<off_t>(job.n),
+                            SYNC_FILE_RANGE_WRITE);
       }
       lock.lock();
       if (!st.ok() && error_.ok()) error_ = st;
-      free_.push_back(std::move(job.buf));
+      if (free_.size() < kSinkBuffers) free_.push_back(std::move(job.buf));
+      job.buf = {};
       job.fd.reset();
       --busy_;
       cv_.notify_all();
@@ -198,6 +216,7 @@ class StripeSink {
   int busy_ = 0;
   bool stop_ = false;
   Status error_ = Status::Ok();
+  const bool start_writeback_;
   std::thread thread_;  // last: started once the rest is constructed
 };
 
@@ -286,10 +305,13 @@ Status publish_all(StripeSink& sink, std::vector<StripedWriter>& writers);
 Result<fs::path> checkpoint_dir(const Core& core, const std::string& dir, std::string_view what);
 //! The published manifest of `dir`, its format and version checked.
 Result<json> read_manifest(const fs::path& dir);
-//! Checks every data file the manifest names (size, every stripe's CRC32C); `fds`
-//! and `stats` get each file's descriptor and stat as verified.
-Status verify_files(const fs::path& dir, const json& files, std::uint64_t stripe_bytes, std::vector<Fd>* fds,
-                    std::vector<struct stat>* stats);
+//! Opens every data file the manifest names and checks its size; `fds` and `stats`
+//! get each file's descriptor and its stat before any read.
+Status open_files(const fs::path& dir, const json& files, std::vector<Fd>* fds,
+                  std::vector<struct stat>* stats);
+//! Checks every stripe's CRC32C of the files open_files opened, kIoThreads at once.
+Status verify_files(const fs::path& dir, const json& files, std::uint64_t stripe_bytes,
+                    const std::vector<Fd>& fds);
 //! Converts n elements between float dtypes (f32, bf16, f16).
 void convert(const std::byte* src, DType from, std::byte* dst, DType to, std::uint64_t n);
 //! The kinds a family of this runtime holds a chunk of, in file order.
@@ -319,6 +341,8 @@ struct CheckpointSave {
   std::vector<std::vector<StateKind>> kinds;  //!< per family
   std::vector<Stage> stage;
   std::vector<bool> held;  //!< the family's update waits for its capture
+  //! Captured, its host copies written, its NVMe pieces not yet (Note [Save I/O priority]).
+  std::vector<bool> deferred;
   std::vector<std::vector<Piece>> pieces;
   std::uint64_t room = 0;        //!< host bytes the training thread may capture into
   std::uint64_t held_bytes = 0;  //!< bytes of the save's buffers

@@ -23,19 +23,21 @@ namespace strata::runtime {
 //   - any other chunk: a copy into a host buffer of the host store (the budget).
 // The save thread captures ahead, in reverse family order (the order backward
 // completes them), as much as its room holds (a quarter of the host budget, in
-// ordinary memory: the plan gives the host store to training), and writes one
-// family at a time, captured ones first. The training thread captures a family
+// ordinary memory: the plan gives the host store to training), and writes
+// captured families first, host copies before NVMe pieces (Note [Save I/O
+// priority] in checkpoint_save.cpp). The training thread captures a family
 // not yet captured itself before launching its update (release, step()), waiting
 // while the room is full until the writer frees some; a family it could not
 // capture (an error) is held back and launched by the save thread once captured,
-// and step() waits for such held-back launches. The threads of a save begun by
-// begin_checkpoint run at nice kSaveNice (save_checkpoint's, which nothing runs
-// beside, do not). Metadata (step counters,
+// and step() waits for such held-back launches. Metadata (step counters,
 // groups, the step index) is taken at the call. Files are published as Note
 // [Checkpoint publish] says; an error ends the save, releases every held update
 // and surfaces in finish_checkpoint / checkpoint_in_flight, and the published
 // checkpoint is untouched. write_tensor, init_tensor and load_checkpoint wait
 // until every family is captured; a second begin_checkpoint waits for the first.
+// begin_checkpoint does not wait for the last step's NVMe write-backs (Note
+// [Write-back after step]): a family still writing back is captured once its
+// write-back ends (until then its slots hold the states before that step).
 
 namespace checkpoint_detail {
 
@@ -85,6 +87,9 @@ void release_pieces(Core& core, std::vector<CheckpointSave::Piece>& pieces, Chec
 //! save's room, in ordinary memory; else false when the copies do not fit the room.
 Result<bool> capture_family(Runtime::Impl& m, CheckpointSave& s, FamilyId f, bool force) {
   Core& core = m.core;
+  // Its slots hold the states before the last step until its write-back ends.
+  STRATA_CHECK(!force || !m.pipeline.writing_back(f));
+  if (m.pipeline.writing_back(f)) return false;
   std::uint64_t need = 0;
   for (StateKind k : s.kinds[f]) {
     const Chunk& c = core.chunk(f, k);

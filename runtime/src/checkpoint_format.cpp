@@ -192,14 +192,12 @@ Result<json> read_manifest(const fs::path& dir) {
   return m;
 }
 
-//! Checks one data file the manifest names: its size and every stripe's CRC32C.
-//! `*opened` is the descriptor it verified (the load reads that file, not whatever
-//! has the name later) and `*verified` its stat (the load checks it did not change).
-Status verify_file(const fs::path& dir, const json& f, std::uint64_t stripe_bytes,
-                   std::vector<std::byte>& buf, Fd* opened, struct stat* verified) {
+//! Opens one data file the manifest names and checks its size. `*opened` is the
+//! descriptor the load reads (not whatever has the name later) and `*as_opened` its
+//! stat before any read (the load checks it did not change).
+Status open_file(const fs::path& dir, const json& f, Fd* opened, struct stat* as_opened) {
   const fs::path path = dir / f.at("name").get<std::string>();
   const auto want = f.at("bytes").get<std::uint64_t>();
-  const auto& crcs = f.at("crc32c");
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) {
     return errno_status(errno, fmt::format("load_checkpoint: opening {} (named by {})", path.string(),
@@ -207,16 +205,26 @@ Status verify_file(const fs::path& dir, const json& f, std::uint64_t stripe_byte
   }
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return errno_status(errno, fmt::format("stat of {}", path.string()));
-  *verified = st;
+  *as_opened = st;
   if (static_cast<std::uint64_t>(st.st_size) != want) {
     return corrupt("load_checkpoint: {} is {} bytes, the manifest says {} (truncated or overwritten)",
                    path.string(), st.st_size, want);
   }
+  ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  *opened = std::move(fd);
+  return Status::Ok();
+}
+
+//! Checks every stripe's CRC32C of one opened data file.
+Status verify_stripes(const fs::path& dir, const json& f, std::uint64_t stripe_bytes, const Fd& fd,
+                      std::vector<std::byte>& buf) {
+  const fs::path path = dir / f.at("name").get<std::string>();
+  const auto want = f.at("bytes").get<std::uint64_t>();
+  const auto& crcs = f.at("crc32c");
   const std::uint64_t stripes = (want + stripe_bytes - 1) / stripe_bytes;
   if (crcs.size() != stripes)
     return corrupt("load_checkpoint: the manifest has {} CRCs for {} stripes of {}", crcs.size(), stripes,
                    path.string());
-  ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
   buf.resize(stripe_bytes);
   for (std::uint64_t i = 0; i < stripes; ++i) {
     const std::uint64_t off = i * stripe_bytes;
@@ -228,27 +236,40 @@ Status verify_file(const fs::path& dir, const json& f, std::uint64_t stripe_byte
                      path.string(), off, off + n, crc, crcs[i].get<std::uint32_t>());
     }
   }
-  *opened = std::move(fd);
   return Status::Ok();
 }
 
-//! Checks every data file the manifest names, kIoThreads at once (the disk serves
+//! Runs fn(i, buffer of its thread) for every file, kIoThreads at once (the disk serves
 //! several sequential readers better than one); the first failure in file order.
-Status verify_files(const fs::path& dir, const json& files, std::uint64_t stripe_bytes, std::vector<Fd>* fds,
-                    std::vector<struct stat>* stats) {
+static Status for_each_file(const fs::path& dir, const json& files,
+                            const std::function<Status(std::size_t, std::vector<std::byte>&)>& fn) {
   std::vector<Status> checked(files.size(), Status::Ok());
-  fds->resize(files.size());
-  stats->resize(files.size());
   std::vector<std::vector<std::byte>> bufs(kIoThreads);
   parallel_for(files.size(), [&](std::size_t i, std::size_t thread) {
     try {
-      checked[i] = verify_file(dir, files[i], stripe_bytes, bufs[thread], &(*fds)[i], &(*stats)[i]);
+      checked[i] = fn(i, bufs[thread]);
     } catch (const json::exception& e) {
       checked[i] = corrupt("load_checkpoint: {} is malformed: {}", (dir / kManifestName).string(), e.what());
     }
   });
   for (Status& st : checked) STRATA_RETURN_IF_ERROR(st);
   return Status::Ok();
+}
+
+Status open_files(const fs::path& dir, const json& files, std::vector<Fd>* fds,
+                  std::vector<struct stat>* stats) {
+  fds->resize(files.size());
+  stats->resize(files.size());
+  return for_each_file(dir, files, [&](std::size_t i, std::vector<std::byte>&) {
+    return open_file(dir, files[i], &(*fds)[i], &(*stats)[i]);
+  });
+}
+
+Status verify_files(const fs::path& dir, const json& files, std::uint64_t stripe_bytes,
+                    const std::vector<Fd>& fds) {
+  return for_each_file(dir, files, [&](std::size_t i, std::vector<std::byte>& buf) {
+    return verify_stripes(dir, files[i], stripe_bytes, fds[i], buf);
+  });
 }
 
 void convert(const std::byte* src, DType from, std::byte* dst, DType to, std::uint64_t n) {

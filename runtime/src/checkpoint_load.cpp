@@ -10,8 +10,31 @@ namespace strata::runtime {
 
 using namespace checkpoint_detail;
 
+// Note [Load in one read]
+// A load must never apply part of a checkpoint: on any failure the runtime's params,
+// masters, optimizer states, step counters and groups are as before the call. A
+// load with one rank:
+//   1. opens every file the manifest names (each size checked; its stat kept from
+//      before any read, and only these descriptors are read from then on);
+//   2. checks every stripe's CRC32C on kIoThreads threads while the calling thread
+//      builds each NVMe-homed optimizer state chunk's host image from the same
+//      files and writes it to fresh swap slots ("shadows"; 64 MiB of host-store
+//      buffers at a time), so the disk reads each byte once (the shadow's reads and
+//      the check's overlap; whichever comes second finds the page cache) and the
+//      NVMe writes overlap the reads. Nothing the runtime uses changes;
+//   3. refuses, freeing the shadows, if a check or a shadow write failed or a file
+//      was written since step 1 (its size or mtime moved);
+//   4. applies params, masters and host-held states from the files (the page
+//      cache) into their chunks, then checks the files again: one written during
+//      this step is refused too, but the host-held values may then be partly loaded
+//      (the error says so); the shadows are freed and the step counters untouched;
+//   5. commits: each shadow replaces its chunk's slots (the old ones are freed).
+// Data-parallel ranks (Note [Sharded checkpoint]) check every stripe first, agree,
+// then apply every chunk through a host copy, NVMe ones included.
+
 namespace checkpoint_testing {
 std::function<void(const std::string&)> after_verify;
+std::function<void(const std::string&)> after_host_apply;
 }  // namespace checkpoint_testing
 
 namespace {
@@ -36,8 +59,18 @@ struct LoadPlan {
   std::vector<fs::path> file_paths;
   std::vector<std::uint64_t> file_bytes;
   std::vector<std::pair<std::uint32_t, GroupHyper>> groups;
+  std::uint64_t stripe_bytes = 0;
   std::vector<Fd> fds;                // the verified files, read by the apply pass
-  std::vector<struct stat> verified;  // as they were when verified
+  std::vector<struct stat> verified;  // as they were when opened, before any read
+};
+
+//! An NVMe-homed optimizer state chunk loaded into fresh swap slots while the files
+//! are verified; it replaces the chunk's slots only once everything passed (Note
+//! [Load in one read]).
+struct Shadow {
+  FamilyId family = 0;
+  StateKind kind = StateKind::kState0;
+  std::vector<std::uint32_t> slots;
 };
 
 //! Checks one tensor entry of the manifest against this runtime's registered tensor
@@ -109,8 +142,8 @@ Status check_complete(Core& core, const LoadPlan& p) {
   return Status::Ok();
 }
 
-//! Checks the manifest against this runtime and every stripe of every file
-//! (Note [Checkpoint format]); changes no state.
+//! Checks the manifest against this runtime and opens every file it names (their
+//! stripes are checked by prepare_load); changes no state.
 Status check_manifest(Core& core, LoadPlan& p) {
   const std::string& mpath = p.mpath;
   const json& manifest = p.manifest;
@@ -148,15 +181,16 @@ Status check_manifest(Core& core, LoadPlan& p) {
         return corrupt("load_checkpoint: {}: group {} has a bad id, lr or weight decay", mpath, group);
       p.groups.emplace_back(group, h);
     }
-    STRATA_RETURN_IF_ERROR(verify_files(p.root, manifest.at("files"), stripe, &p.fds, &p.verified));
+    p.stripe_bytes = stripe;
+    STRATA_RETURN_IF_ERROR(open_files(p.root, manifest.at("files"), &p.fds, &p.verified));
   } catch (const json::exception& e) {
     return corrupt("load_checkpoint: {} is malformed: {}", mpath, e.what());
   }
   return Status::Ok();
 }
 
-//! The files read are the ones verified (their descriptors); one written since (its
-//! size or modification time moved) is refused before anything is applied.
+//! The files read are the ones verified (their descriptors); one written since they
+//! were opened (its size or modification time moved) is refused.
 Status check_unchanged(const LoadPlan& p) {
   for (std::size_t i = 0; i < p.fds.size(); ++i) {
     struct stat now {};
@@ -173,10 +207,170 @@ Status check_unchanged(const LoadPlan& p) {
   return Status::Ok();
 }
 
+//! Fills `base`, the host image of family f's `k` chunk, from the files: each
+//! tensor's bytes (converted when the dtypes differ); a state the checkpoint lacks
+//! (a frozen tensor's) is zeros. Padding is not written.
+Status fill_chunk(Core& core, const LoadPlan& p, FamilyId f, StateKind k, std::byte* base,
+                  std::vector<std::byte>& staging) {
+  const FamilyLayout& fam = core.layout.families[f];
+  const DType dtype = core.kind_dtype(k);
+  const std::uint64_t esize = dtype_bytes(dtype);
+  for (const TensorId id : fam.tensors) {
+    const TensorSlot& ts = core.layout.slots[id];
+    const Source& s = p.src[id];
+    // A master the checkpoint lacks (saved with fp32 compute) is its param.
+    auto sk = static_cast<std::size_t>(k);
+    if (!s.has[sk] && k == StateKind::kMaster) sk = static_cast<std::size_t>(StateKind::kParam);
+    // Masters and states: this rank's shard of the tensor (Note [Sharded step]).
+    Core::ShardPart part{.first = 0, .count = ts.numel, .at = ts.offset_elems};
+    if (is_optim_kind(k)) part = core.shard_part(id);
+    if (part.count == 0) continue;
+    std::byte* dst = base + part.at * esize;
+    if (!s.has[sk]) {  // a frozen tensor's optimizer state
+      std::memset(dst, 0, part.count * esize);
+      continue;
+    }
+    const std::uint64_t fsize = dtype_bytes(s.dtype[sk]);
+    const std::uint64_t n = part.count * fsize;
+    const std::uint64_t at = s.offset[sk] + part.first * fsize;
+    if (s.dtype[sk] == dtype) {
+      STRATA_RETURN_IF_ERROR(read_all(p.fds[s.file].get(), dst, n, at, p.file_paths[s.file]));
+    } else {
+      staging.resize(n);
+      STRATA_RETURN_IF_ERROR(read_all(p.fds[s.file].get(), staging.data(), n, at, p.file_paths[s.file]));
+      convert(staging.data(), s.dtype[sk], dst, dtype, part.count);
+    }
+  }
+  return Status::Ok();
+}
+
+//! True when family f's `k` chunk is loaded through a Shadow: an NVMe-homed
+//! optimizer state whose value is on NVMe (or not yet written).
+bool shadowed(Core& core, FamilyId f, StateKind k) {
+  return is_optim_kind(k) && core.on_nvme(f) && core.chunk(f, k).value != ChunkValue::kHost;
+}
+
+//! Frees the fresh slots of shadows not committed.
+void drop_shadows(Core& core, std::vector<Shadow>& shadows) {
+  for (Shadow& sh : shadows) {
+    for (std::uint32_t slot : sh.slots) core.nvme->free_slot(slot);
+  }
+  shadows.clear();
+}
+
+//! Writes NVMe chunks' shadows kShadowWindow bytes at a time (Core::mu held; unlocked
+//! while the writes run): fills each chunk's host image from the files into a buffer
+//! of the host store and writes it to fresh slots.
+class ShadowWriter {
+ public:
+  ShadowWriter(Core& core, std::unique_lock<std::mutex>& lock, std::vector<Shadow>& out)
+      : core_(core), lock_(lock), out_(out) {}
+  ~ShadowWriter() { (void)wait(); }
+
+  Status add(const LoadPlan& p, FamilyId f, StateKind k) {
+    Chunk& c = core_.chunk(f, k);
+    if (in_flight_bytes_ + c.bytes > kShadowWindow) STRATA_RETURN_IF_ERROR(wait());
+    auto buf = core_.host->allocate(c.bytes);
+    if (!buf.ok() && !bufs_.empty()) {  // the host budget is full: finish the writes in flight first
+      STRATA_RETURN_IF_ERROR(wait());
+      buf = core_.host->allocate(c.bytes);
+    }
+    STRATA_RETURN_IF_ERROR(buf.status());
+    bufs_.emplace_back(*buf, c.bytes);
+    in_flight_bytes_ += c.bytes;
+    std::memset(*buf, 0, c.bytes);
+    STRATA_RETURN_IF_ERROR(fill_chunk(core_, p, f, k, *buf, staging_));
+    Shadow sh{.family = f, .kind = k};
+    const std::uint64_t piece = core_.nvme->slot_bytes();
+    for (std::uint64_t begin = 0; begin < c.bytes; begin += piece) {
+      auto slot = core_.nvme->allocate_slot();
+      if (!slot.ok()) {
+        for (std::uint32_t s : sh.slots) core_.nvme->free_slot(s);
+        return slot.status();
+      }
+      sh.slots.push_back(*slot);
+    }
+    for (std::size_t i = 0; i < sh.slots.size(); ++i) {
+      const std::uint64_t begin = i * piece;
+      std::span<const std::byte> part(*buf + begin, std::min<std::uint64_t>(piece, c.bytes - begin));
+      {
+        std::lock_guard g(mu_);
+        ++pending_;
+      }
+      auto done = [this](Status st) {
+        std::lock_guard g(mu_);
+        if (!st.ok() && status_.ok()) status_ = std::move(st);
+        if (--pending_ == 0) cv_.notify_all();
+      };
+      Status st = core_.nvme->write(sh.slots[i], part, done);
+      if (!st.ok()) done(st);
+    }
+    out_.push_back(std::move(sh));
+    return Status::Ok();
+  }
+
+  //! Waits for every write in flight and frees their buffers; the first error.
+  Status wait() {
+    lock_.unlock();
+    {
+      std::unique_lock g(mu_);
+      cv_.wait(g, [&] { return pending_ == 0; });
+    }
+    lock_.lock();
+    for (auto& [buf, bytes] : bufs_) core_.host->free(buf, bytes);
+    bufs_.clear();
+    in_flight_bytes_ = 0;
+    std::lock_guard g(mu_);
+    return status_;
+  }
+
+ private:
+  //! Host bytes a load fills and writes to NVMe at once.
+  static constexpr std::uint64_t kShadowWindow = 64ull << 20;
+  Core& core_;
+  std::unique_lock<std::mutex>& lock_;
+  std::vector<Shadow>& out_;
+  std::vector<std::pair<std::byte*, std::uint64_t>> bufs_;
+  std::uint64_t in_flight_bytes_ = 0;
+  std::vector<std::byte> staging_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::size_t pending_ = 0;
+  Status status_ = Status::Ok();
+};
+
+//! Every shadowed chunk of this runtime, written to fresh slots (Note [Load in one read]).
+Status write_shadows(Core& core, std::unique_lock<std::mutex>& lock, const LoadPlan& p,
+                     std::vector<Shadow>& shadows) {
+  bool any = false;
+  for (FamilyId f = 0; f < core.layout.families.size() && !any; ++f) any = core.on_nvme(f);
+  if (!any) return Status::Ok();
+  STRATA_RETURN_IF_ERROR(core.ensure_nvme_store());
+  ShadowWriter w(core, lock, shadows);
+  for (FamilyId f = 0; f < core.layout.families.size(); ++f) {
+    for (StateKind k : family_kinds(core, f)) {
+      if (shadowed(core, f, k)) STRATA_RETURN_IF_ERROR(w.add(p, f, k));
+    }
+  }
+  return w.wait();
+}
+
+//! The shadows replace their chunks' slots (the old ones are freed).
+void commit_shadows(Runtime::Impl& m, std::vector<Shadow>& shadows) {
+  for (Shadow& sh : shadows) {
+    Chunk& c = m.core.chunk(sh.family, sh.kind);
+    m.pipeline.drop_read_ahead(sh.family);
+    for (std::uint32_t old : c.nvme_slots) m.core.free_nvme_slot(old);
+    c.nvme_slots = std::move(sh.slots);
+    c.move_value(ChunkValue::kNvme);
+  }
+  shadows.clear();
+}
+
 //! The check pass: everything a rank may find wrong on its own is found before the
 //! ranks agree (Note [Sharded checkpoint]): no rank applies anything unless every rank can.
-Status prepare_load(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, LoadPlan& p,
-                    const std::string& dir) {
+Status prepare_load(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, LoadPlan& p, const std::string& dir,
+                    std::vector<Shadow>* shadows) {
   STRATA_ASSIGN_OR_RETURN(p.root, checkpoint_dir(m.core, dir, "load_checkpoint"));
   if (m.leases_out > 0)
     return failed_precondition("load_checkpoint({}) while leases are held", p.root.string());
@@ -188,51 +382,30 @@ Status prepare_load(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, LoadPl
   STRATA_ASSIGN_OR_RETURN(p.manifest, read_manifest(p.root));
   p.mpath = (p.root / kManifestName).string();
   STRATA_RETURN_IF_ERROR(check_manifest(m.core, p));
-  if (checkpoint_testing::after_verify) checkpoint_testing::after_verify(p.root.string());
-  return check_unchanged(p);
+  // Every stripe is checked on threads of their own while this thread writes the
+  // shadows (Note [Load in one read]); the first error, the check's first.
+  Status verified = Status::Ok();
+  std::thread check([&] { verified = verify_files(p.root, p.manifest.at("files"), p.stripe_bytes, p.fds); });
+  Status written = shadows != nullptr ? write_shadows(m.core, lock, p, *shadows) : Status::Ok();
+  check.join();
+  if (verified.ok() && written.ok() && checkpoint_testing::after_verify)
+    checkpoint_testing::after_verify(p.root.string());
+  Status st = !verified.ok() ? verified : !written.ok() ? written : check_unchanged(p);
+  if (!st.ok() && shadows != nullptr) drop_shadows(m.core, *shadows);
+  return st;
 }
 
-//! Apply: chunk by chunk, each tensor's bytes read from its file (converted when the
-//! dtypes differ). Every tensor of the chunk is written (padding stays zero), so an
-//! NVMe chunk's old value is not read first.
+//! Apply: chunk by chunk through a host copy (Runtime::Impl::with_host_copy), every
+//! tensor of the chunk written (padding stays zero), so an NVMe chunk's old value is
+//! not read first. Chunks loaded through shadows are skipped.
 Status apply_family(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, const LoadPlan& p, FamilyId f,
-                    std::vector<std::byte>& staging) {
-  const FamilyLayout& fam = m.core.layout.families[f];
+                    std::vector<std::byte>& staging, bool skip_shadowed) {
   for (StateKind k : family_kinds(m.core, f)) {
-    const DType dtype = m.core.kind_dtype(k);
-    const std::uint64_t esize = dtype_bytes(dtype);
+    if (skip_shadowed && shadowed(m.core, f, k)) continue;
     Status read = Status::Ok();
     STRATA_RETURN_IF_ERROR(m.with_host_copy(
         lock, m.core.chunk(f, k), true,
-        [&](std::byte* base) {
-          for (std::size_t i = 0; i < fam.tensors.size() && read.ok(); ++i) {
-            const TensorId id = fam.tensors[i];
-            const TensorSlot& ts = m.core.layout.slots[id];
-            const Source& s = p.src[id];
-            // A master the checkpoint lacks (saved with fp32 compute) is its param.
-            auto sk = static_cast<std::size_t>(k);
-            if (!s.has[sk] && k == StateKind::kMaster) sk = static_cast<std::size_t>(StateKind::kParam);
-            // Masters and states: this rank's shard of the tensor (Note [Sharded step]).
-            Core::ShardPart part{.first = 0, .count = ts.numel, .at = ts.offset_elems};
-            if (is_optim_kind(k)) part = m.core.shard_part(id);
-            if (part.count == 0) continue;
-            std::byte* dst = base + part.at * esize;
-            if (!s.has[sk]) {  // a frozen tensor's optimizer state
-              std::memset(dst, 0, part.count * esize);
-              continue;
-            }
-            const std::uint64_t fsize = dtype_bytes(s.dtype[sk]);
-            const std::uint64_t n = part.count * fsize;
-            const std::uint64_t at = s.offset[sk] + part.first * fsize;
-            if (s.dtype[sk] == dtype) {
-              read = read_all(p.fds[s.file].get(), dst, n, at, p.file_paths[s.file]);
-            } else {
-              staging.resize(n);
-              read = read_all(p.fds[s.file].get(), staging.data(), n, at, p.file_paths[s.file]);
-              if (read.ok()) convert(staging.data(), s.dtype[sk], dst, dtype, part.count);
-            }
-          }
-        },
+        [&](std::byte* base) { read = fill_chunk(m.core, p, f, k, base, staging); },
         /*whole=*/true));
     STRATA_RETURN_IF_ERROR(read);
   }
@@ -249,14 +422,31 @@ Status Runtime::load_checkpoint(const std::string& dir) {
   LoadPlan p;
   p.src.resize(m.core.tensors.size());
   p.seen.assign(m.core.tensors.size(), false);
-  if (m.core.dp_ranks() == 1) {
-    STRATA_RETURN_IF_ERROR(prepare_load(m, lock, p, dir));
+  // One rank loads NVMe-homed states through shadows (Note [Load in one read]).
+  std::vector<Shadow> shadows;
+  const bool one_rank = m.core.dp_ranks() == 1;
+  if (one_rank) {
+    STRATA_RETURN_IF_ERROR(prepare_load(m, lock, p, dir, &shadows));
   } else {
-    STRATA_RETURN_IF_ERROR(m.dp_all_ok(lock, prepare_load(m, lock, p, dir), "load_checkpoint"));
+    STRATA_RETURN_IF_ERROR(m.dp_all_ok(lock, prepare_load(m, lock, p, dir, nullptr), "load_checkpoint"));
   }
   std::vector<std::byte> staging;
-  for (FamilyId f = 0; f < m.core.layout.families.size(); ++f)
-    STRATA_RETURN_IF_ERROR(apply_family(m, lock, p, f, staging));
+  for (FamilyId f = 0; f < m.core.layout.families.size(); ++f) {
+    Status st = apply_family(m, lock, p, f, staging, one_rank);
+    if (!st.ok()) drop_shadows(m.core, shadows);
+    STRATA_RETURN_IF_ERROR(st);
+  }
+  if (one_rank) {
+    if (checkpoint_testing::after_host_apply) checkpoint_testing::after_host_apply(p.root.string());
+    if (Status st = check_unchanged(p); !st.ok()) {
+      drop_shadows(m.core, shadows);
+      return corrupt(
+          "{}; it changed while host-held values were being applied, so those may be partly loaded (the "
+          "NVMe-held states and the step counters were not): load it again once the writer is done",
+          st.message());
+    }
+    commit_shadows(m, shadows);
+  }
   for (TensorId id = 0; id < p.src.size(); ++id) {
     m.core.tensors[id].updates = p.src[id].steps;
     m.core.tensors[id].group = p.src[id].group;

@@ -4,6 +4,8 @@
 // checkpoint.hpp, Core, and Runtime::Impl (finalize, wait_all, the data-parallel
 // agreements).
 
+#include <sys/syscall.h>
+
 #include "checkpoint.hpp"
 #include "dp.hpp"
 
@@ -11,64 +13,112 @@ namespace strata::runtime {
 
 using namespace checkpoint_detail;
 
-//! Appends family f's captured pieces to its file; entries get each state's dtype and offset.
-static Status write_family(Core& core, CheckpointSave& s, FamilyId f, StripedWriter& w,
-                           std::vector<json>& entries) {
+// Note [Save I/O priority]
+// An overlapped save must not hold training up, yet an update waits until its
+// family is captured, a capture waits for room in the save's buffers (Note
+// [Overlapped save]), and the NVMe tier shares the disk with the save. So:
+//   - the save thread appends each family's host copies (a param, host-held states)
+//     first and frees each as soon as it is appended; a family's pinned NVMe pieces
+//     cost no room and wait until no host copy is left to write (at most
+//     kDeferredMax files wait so, each holding its descriptor and one part-filled
+//     1 MiB stripe). A file is still written front to back, so it is the same file;
+//   - an overlapped save's stripes go to the page cache without starting their
+//     writeback, and its threads do I/O at class idle (ioprio_set; the writer and
+//     fsync threads it starts inherit it), so the fsyncs that write the files out
+//     yield the disk to training's NVMe reads and write-backs (mq-deadline and bfq
+//     dispatch idle requests after best-effort ones). The dirty pages are the
+//     kernel's, not the host budget's: the kernel's dirty limits (vm.dirty_ratio)
+//     bound them and throttle the save's writer, not training, when reached;
+//   - the save's threads run at the process's CPU priority: at nice 10, on a busy
+//     machine, the writer fell behind and updates waited for its room.
+// A blocking save_checkpoint keeps its priorities and starts each stripe's
+// writeback at once: nothing runs beside it.
+
+//! Reads a piece's pinned NVMe slots into a buffer of the save (null on error).
+static Result<std::byte*> read_pinned(Core& core, CheckpointSave& s, const CheckpointSave::Piece& p) {
+  std::byte* read_buf = nullptr;
+  {
+    std::lock_guard lock(core.mu);
+    read_buf = save_allocate(s, p.bytes, true);
+  }
+  const std::uint64_t piece = s.nvme->slot_bytes();
+  struct Latch {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::size_t pending = 0;
+    Status status;
+  } latch;
+  latch.pending = p.slots.size();
+  for (std::size_t i = 0; i < p.slots.size(); ++i) {
+    const std::uint64_t begin = i * piece;
+    std::span<std::byte> part(read_buf + begin, std::min<std::uint64_t>(piece, p.bytes - begin));
+    auto done = [&latch](Status st) {
+      std::lock_guard g(latch.mu);
+      if (!st.ok() && latch.status.ok()) latch.status = std::move(st);
+      if (--latch.pending == 0) latch.cv.notify_all();
+    };
+    Status st = s.nvme->read(p.slots[i], part, done);
+    if (!st.ok()) done(st);
+  }
+  Status read;
+  {
+    std::unique_lock g(latch.mu);
+    latch.cv.wait(g, [&] { return latch.pending == 0; });
+    read = latch.status;
+  }
+  if (!read.ok()) {
+    std::lock_guard lock(core.mu);
+    save_free(s, read_buf, p.bytes);
+    return read;
+  }
+  return read_buf;
+}
+
+//! One family's file while it is written: its pieces go in file order, and an
+//! overlapped save may stop before the first NVMe piece (Note [Save I/O priority]).
+struct FamilyFile {
+  std::optional<StripedWriter> w;
+  std::vector<json> entries;  //!< per tensor of the family: "states"
+  std::size_t next = 0;       //!< the next piece to append
+};
+
+//! Appends family f's captured pieces from file.next on to its file (each state's
+//! dtype and offset into file.entries). A host copy is freed as soon as it is
+//! appended (its room is training's again), pinned NVMe slots once read. With
+//! `host_only`, stops at the first NVMe piece. True once every piece is appended.
+static Result<bool> write_family(Runtime::Impl& m, CheckpointSave& s, FamilyId f, FamilyFile& file,
+                                 bool host_only) {
+  Core& core = m.core;
   const FamilyLayout& fam = core.layout.families[f];
-  for (CheckpointSave::Piece& p : s.pieces[f]) {
+  std::vector<CheckpointSave::Piece>& pieces = s.pieces[f];
+  for (; file.next < pieces.size(); ++file.next) {
+    CheckpointSave::Piece& p = pieces[file.next];
     const DType dtype = core.kind_dtype(p.kind);
     const std::uint64_t esize = dtype_bytes(dtype);
     std::byte* base = p.buf;
     std::byte* read_buf = nullptr;
     if (base == nullptr) {  // pinned NVMe slots: read them into a buffer of the save
-      {
-        std::lock_guard lock(core.mu);
-        read_buf = save_allocate(s, p.bytes, true);
-      }
-      const std::uint64_t piece = s.nvme->slot_bytes();
-      struct Latch {
-        std::mutex mu;
-        std::condition_variable cv;
-        std::size_t pending = 0;
-        Status status;
-      } latch;
-      latch.pending = p.slots.size();
-      for (std::size_t i = 0; i < p.slots.size(); ++i) {
-        const std::uint64_t begin = i * piece;
-        std::span<std::byte> part(read_buf + begin, std::min<std::uint64_t>(piece, p.bytes - begin));
-        auto done = [&latch](Status st) {
-          std::lock_guard g(latch.mu);
-          if (!st.ok() && latch.status.ok()) latch.status = std::move(st);
-          if (--latch.pending == 0) latch.cv.notify_all();
-        };
-        Status st = s.nvme->read(p.slots[i], part, done);
-        if (!st.ok()) done(st);
-      }
-      Status read;
-      {
-        std::unique_lock g(latch.mu);
-        latch.cv.wait(g, [&] { return latch.pending == 0; });
-        read = latch.status;
-      }
-      if (read.ok()) base = read_buf;
-      if (!read.ok()) {
-        std::lock_guard lock(core.mu);
-        save_free(s, read_buf, p.bytes);
-        return read;
-      }
+      if (host_only) return false;
+      STRATA_ASSIGN_OR_RETURN(read_buf, read_pinned(core, s, p));
+      base = read_buf;
     }
     for (std::size_t i = 0; i < fam.tensors.size(); ++i) {
       const TensorSlot& ts = core.layout.slots[fam.tensors[i]];
-      entries[i]["states"][std::string(state_kind_name(p.kind))] = {
-          {"dtype", std::string(runtime::dtype_name(dtype))}, {"offset", w.size()}};
-      w.append(base + ts.offset_elems * esize, ts.numel * esize);
+      file.entries[i]["states"][std::string(state_kind_name(p.kind))] = {
+          {"dtype", std::string(runtime::dtype_name(dtype))}, {"offset", file.w->size()}};
+      file.w->append(base + ts.offset_elems * esize, ts.numel * esize);
     }
-    if (read_buf != nullptr) {
-      std::lock_guard lock(core.mu);
-      save_free(s, read_buf, p.bytes);
-    }
+    std::lock_guard lock(core.mu);
+    if (read_buf != nullptr) save_free(s, read_buf, p.bytes);
+    // Appended: what the piece held goes back now (release_pieces skips it later).
+    if (p.buf != nullptr && !p.borrowed) save_free(s, p.buf, p.bytes);
+    p.buf = nullptr;
+    p.borrowed = false;
+    for (std::uint32_t slot : p.slots) core.unpin_nvme_slot(slot);
+    p.slots.clear();
+    core.cv.notify_all();
   }
-  return Status::Ok();
+  return true;
 }
 
 //! Captures ahead, in backward order, what the room holds (one family per lock hold),
@@ -76,52 +126,62 @@ static Status write_family(Core& core, CheckpointSave& s, FamilyId f, StripedWri
 static Status capture_ahead(Runtime::Impl& m, CheckpointSave& s) {
   for (FamilyId g = s.stage.size(); g-- > 0 && !s.blocking;) {
     std::unique_lock lock(m.core.mu);
-    if (s.stage[g] != CheckpointSave::Stage::kPending) continue;
+    if (s.stage[g] != CheckpointSave::Stage::kPending || m.pipeline.writing_back(g)) continue;
     STRATA_ASSIGN_OR_RETURN(const bool captured, capture_family(m, s, g, /*force=*/false));
     if (!captured) break;
   }
   return Status::Ok();
 }
 
-//! The family the save thread writes next, captured: captured ones first; then a
-//! held-back one; then in backward order (captured past the room if need be).
-static Result<FamilyId> next_family(Runtime::Impl& m, CheckpointSave& s) {
-  const std::size_t families = s.stage.size();
-  std::unique_lock lock(m.core.mu);
-  std::optional<FamilyId> pick;
-  for (FamilyId g = 0; g < families && !pick; ++g) {
-    if (s.stage[g] == CheckpointSave::Stage::kCaptured) pick = g;
-  }
-  for (FamilyId g = 0; g < families && !pick; ++g) {
-    if (s.held[g]) pick = g;
-  }
-  for (FamilyId g = families; g-- > 0 && !pick;) {
-    if (s.stage[g] == CheckpointSave::Stage::kPending) pick = g;
-  }
-  STRATA_CHECK(pick.has_value());
-  const FamilyId f = *pick;
-  if (s.stage[f] == CheckpointSave::Stage::kPending) {
-    STRATA_ASSIGN_OR_RETURN(const bool captured, capture_family(m, s, f, /*force=*/true));
-    STRATA_CHECK(captured);
-  }
-  return f;
-}
-
-//! Family f is written: frees its pieces, and captures and launches held-back
-//! updates whose copies fit the room freed.
-static Status mark_written(Runtime::Impl& m, CheckpointSave& s, FamilyId f) {
-  Core& core = m.core;
-  std::unique_lock lock(core.mu);
-  release_pieces(core, s.pieces[f], s);
-  s.stage[f] = CheckpointSave::Stage::kWritten;
+//! Captures and launches held-back updates whose copies fit the room. Core::mu held.
+static Status capture_held(Runtime::Impl& m, CheckpointSave& s) {
   for (FamilyId g = 0; g < s.stage.size(); ++g) {
     if (s.held[g] && s.stage[g] == CheckpointSave::Stage::kPending) {
       STRATA_ASSIGN_OR_RETURN(const bool captured, capture_family(m, s, g, /*force=*/false));
       if (!captured) break;
     }
   }
-  core.cv.notify_all();
+  m.core.cv.notify_all();
   return Status::Ok();
+}
+
+//! The family the save thread writes next, captured: a held-back one first (the
+//! training thread waits for exactly that capture); then captured ones; then
+//! pending ones in backward order (captured past the room if need be); last, the
+//! NVMe pieces deferred (Note [Save I/O priority]).
+static Result<FamilyId> next_family(Runtime::Impl& m, CheckpointSave& s) {
+  const std::size_t families = s.stage.size();
+  std::unique_lock lock(m.core.mu);
+  std::optional<FamilyId> pick;
+  for (FamilyId g = 0; g < families && !pick; ++g) {
+    if (s.held[g]) pick = g;
+  }
+  for (FamilyId g = 0; g < families && !pick; ++g) {
+    if (s.stage[g] == CheckpointSave::Stage::kCaptured && !s.deferred[g]) pick = g;
+  }
+  for (FamilyId g = families; g-- > 0 && !pick;) {
+    if (s.stage[g] == CheckpointSave::Stage::kPending) pick = g;
+  }
+  for (FamilyId g = 0; g < families && !pick; ++g) {
+    if (s.stage[g] == CheckpointSave::Stage::kCaptured) pick = g;
+  }
+  STRATA_CHECK(pick.has_value());
+  const FamilyId f = *pick;
+  if (s.stage[f] == CheckpointSave::Stage::kPending) {
+    m.core.cv.wait(lock, [&] { return !m.pipeline.writing_back(f); });
+    STRATA_ASSIGN_OR_RETURN(const bool captured, capture_family(m, s, f, /*force=*/true));
+    STRATA_CHECK(captured);
+  }
+  return f;
+}
+
+//! Family f is written: frees what its pieces still hold, and captures and launches
+//! held-back updates whose copies fit the room freed.
+static Status mark_written(Runtime::Impl& m, CheckpointSave& s, FamilyId f) {
+  std::unique_lock lock(m.core.mu);
+  release_pieces(m.core, s.pieces[f], s);
+  s.stage[f] = CheckpointSave::Stage::kWritten;
+  return capture_held(m, s);
 }
 
 //! A rank's save leaves its families' file and tensor entries for rank 0's manifest
@@ -145,18 +205,39 @@ static Status run_save(Runtime::Impl& m, CheckpointSave& s) {
   const std::size_t families = s.stage.size();
   std::vector<json> tensor_entries(core.tensors.size());
   std::uint64_t total = 0;
-  StripeSink sink;                     // its jobs keep their files open until written
-  std::vector<StripedWriter> writers;  // fsynced together once all are written
+  StripeSink sink(/*start_writeback=*/s.blocking);  // its jobs keep their files open until written
+  std::vector<StripedWriter> writers;               // fsynced together once all are written
   std::vector<json> files_by_family(families);
-  for (std::size_t written = 0; written < s.owned; ++written) {
+  std::vector<FamilyFile> open(families);
+  std::size_t deferred = 0;  // families whose NVMe pieces wait (Note [Save I/O priority])
+  for (std::size_t written = 0; written < s.owned;) {
     STRATA_RETURN_IF_ERROR(capture_ahead(m, s));
     STRATA_ASSIGN_OR_RETURN(const FamilyId f, next_family(m, s));
     const std::string name = fmt::format("family-{}.g{}.bin", f, s.generation);
-    STRATA_ASSIGN_OR_RETURN(StripedWriter w, StripedWriter::open(s.root / name, sink));
     const FamilyLayout& fam = core.layout.families[f];
-    std::vector<json> entries(fam.tensors.size());
-    STRATA_RETURN_IF_ERROR(write_family(core, s, f, w, entries));
+    FamilyFile& file = open[f];
+    if (!file.w) {
+      STRATA_ASSIGN_OR_RETURN(StripedWriter w, StripedWriter::open(s.root / name, sink));
+      file.w = std::move(w);
+      file.entries.resize(fam.tensors.size());
+    }
+    // An overlapped save appends host copies first, so their room is free for the
+    // training thread's captures at once; NVMe pieces cost no room and wait.
+    const bool host_only = !s.blocking && !s.deferred[f] && deferred < kDeferredMax;
+    STRATA_ASSIGN_OR_RETURN(const bool complete, write_family(m, s, f, file, host_only));
+    if (!complete) {
+      std::unique_lock lock(core.mu);
+      s.deferred[f] = true;
+      ++deferred;
+      STRATA_RETURN_IF_ERROR(capture_held(m, s));
+      continue;
+    }
+    if (s.deferred[f]) --deferred;
     STRATA_RETURN_IF_ERROR(mark_written(m, s, f));
+    ++written;
+    StripedWriter w = std::move(*file.w);
+    std::vector<json> entries = std::move(file.entries);
+    file = FamilyFile{};
     const std::uint64_t bytes = w.size();
     w.finish();
     total += bytes;
@@ -203,7 +284,7 @@ static std::int64_t next_generation(const fs::path& root) {
 //! Everything of a save that can fail on one rank alone (Note [Sharded checkpoint]):
 //! after this, only collectives and the save thread. Core::mu held.
 static Status prepare_save(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, CheckpointSave& s,
-                           const std::string& dir) {
+                           const std::string& dir, bool wait_write_backs) {
   STRATA_RETURN_IF_ERROR(m.checkpoint_finish(lock));
   STRATA_ASSIGN_OR_RETURN(s.root, checkpoint_dir(m.core, dir, "save_checkpoint"));
   const fs::path& root = s.root;
@@ -216,7 +297,9 @@ static Status prepare_save(Runtime::Impl& m, std::unique_lock<std::mutex>& lock,
         ec.value(), fmt::format("save_checkpoint: creating {} (choose a writable directory)", root.string()));
   }
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
-  STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
+  // An overlapped save captures a family still writing back once it is done (Note
+  // [Overlapped save]); no update runs between steps.
+  if (wait_write_backs) STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
   STRATA_RETURN_IF_ERROR(m.core.background_error);
   s.generation = next_generation(root);
   // A file that cannot be created fails here, at once (a read-only directory).
@@ -237,6 +320,7 @@ static void describe_save(Runtime::Impl& m, CheckpointSave& s) {
   s.nvme = m.core.nvme;
   s.stage.assign(families, CheckpointSave::Stage::kPending);
   s.held.assign(families, false);
+  s.deferred.assign(families, false);
   s.pieces.resize(families);
   for (FamilyId f = 0; f < families; ++f) {
     if (m.core.owns(f)) {
@@ -336,8 +420,8 @@ static Status assemble_shards(Runtime::Impl& m, std::unique_lock<std::mutex>& lo
   return Status::Ok();
 }
 
-//! Starts a save (Note [Overlapped save]); `background`: its threads run at kSaveNice
-//! (begin_checkpoint: training runs beside it), not for save_checkpoint, which waits.
+//! Starts a save (Note [Overlapped save]); `background`: its threads do I/O at idle
+//! priority (begin_checkpoint: training runs beside it), not for save_checkpoint, which waits.
 static Status begin_save(Runtime::Impl& m, const std::string& dir, bool background) {
   std::unique_lock lock(m.core.mu);
   InvariantCheck check(m, &lock);
@@ -352,9 +436,9 @@ static Status begin_save(Runtime::Impl& m, const std::string& dir, bool backgrou
   }
   auto s = std::make_shared<CheckpointSave>();
   if (!sharded) {
-    STRATA_RETURN_IF_ERROR(prepare_save(m, lock, *s, dir));
+    STRATA_RETURN_IF_ERROR(prepare_save(m, lock, *s, dir, /*wait_write_backs=*/!background));
   } else {
-    STRATA_RETURN_IF_ERROR(m.dp_all_ok(lock, prepare_save(m, lock, *s, dir), "save_checkpoint"));
+    STRATA_RETURN_IF_ERROR(m.dp_all_ok(lock, prepare_save(m, lock, *s, dir, true), "save_checkpoint"));
     // Params are written by their owner: they must be rank 0's initial values if
     // no step has run yet (Note [Sharded step]).
     STRATA_RETURN_IF_ERROR(m.dp_broadcast_initial(lock));
@@ -374,10 +458,11 @@ static Status begin_save(Runtime::Impl& m, const std::string& dir, bool backgrou
   }
   m.checkpoint = s;
   s->thread = std::thread([&m, s = s.get(), background] {
-    // Background work: the save (and its writer thread, which inherits this) yields the
-    // CPU to training's optimizer and copies (Linux nice is per thread).
-    if (background && ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kSaveNice) != 0)
-      STRATA_LOG_DEBUG("checkpoint: setpriority of the save thread: {}", std::strerror(errno));
+    // Its disk writes (the fsyncs that write its page cache out) go after training's
+    // (Note [Save I/O priority]); its writer and fsync threads inherit this.
+    if (background &&
+        ::syscall(SYS_ioprio_set, kIoprioWhoProcess, ::gettid(), kIoprioClassIdle << kIoprioClassShift) != 0)
+      STRATA_LOG_DEBUG("checkpoint: ioprio_set of the save thread: {}", std::strerror(errno));
     Status st = run_save(m, *s);
     std::lock_guard guard(m.core.mu);
     if (!st.ok()) {

@@ -198,6 +198,10 @@ class OptimizerPipeline {
   std::uint64_t launches() const { return launches_; }
   //! Some optimizer step is in flight (it will free slots and notify Core::cv).
   bool busy() const { return tasks_in_flight_ > 0; }
+  //! Family f's updated NVMe states are still on their way to fresh slots (Note
+  //! [Write-back after step]): its chunks' slots hold the value before the step
+  //! until the write-back ends (and notifies Core::cv).
+  bool writing_back(FamilyId f) const { return writebacks_[f].active; }
   //! Every launched family applied its update (none skipped for Inf/NaN).
   bool all_applied() const;
   //! LAMB or LARS with W > 1: a family's run all-reduces its tensors' norms

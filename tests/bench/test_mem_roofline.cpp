@@ -69,9 +69,11 @@ TEST_P(MemRoofline, KeepsValuesAndWritesParam) {
       h.momentum = c.momentum;
       const auto before = std::vector{master, grad, s0, s1};
       const std::vector<MemPass> passes = mem_passes_for_step(h, span, true);
-      Result<MemTiming> t = run_mem_passes(passes, pool.get(), isa);
-      ASSERT_TRUE(t.ok()) << t.status().to_string();
-      EXPECT_LE(t->threads_used, 1u);  // a pool of one: the caller alone
+      for (MemVariant variant : kMemVariants) {  // each keeps the values (Note [Write prefetch])
+        Result<MemTiming> t = run_mem_passes(passes, pool.get(), isa, variant);
+        ASSERT_TRUE(t.ok()) << t.status().to_string() << " " << mem_variant_name(variant);
+        EXPECT_LE(t->threads_used, 1u);  // a pool of one: the caller alone
+      }
       EXPECT_EQ(master, before[0]);
       EXPECT_EQ(grad, before[1]);
       EXPECT_EQ(s0, before[2]);

@@ -8,20 +8,26 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
+#include <vector>
 
 #include "mlp.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/memory/device_factory.hpp"
 #include "strata/runtime/runtime.hpp"
+#include "strata/runtime/stores.hpp"
 
 namespace strata::runtime {
 namespace checkpoint_testing {
-extern std::function<void(const std::string& dir)> after_verify;  // runtime/src/checkpoint.hpp
+extern std::function<void(const std::string& dir)> after_verify;      // runtime/src/checkpoint.hpp
+extern std::function<void(const std::string& dir)> after_host_apply;  // runtime/src/checkpoint.hpp
 }  // namespace checkpoint_testing
 namespace {
 
@@ -82,12 +88,14 @@ struct Trainer {
   std::unique_ptr<memory::Device> device;
   std::unique_ptr<Runtime> rt;
   Trainer(Placement placement, const fs::path& nvme_dir, std::size_t width = kWidth,
-          std::size_t layers = kLayers) {
+          std::size_t layers = kLayers, std::shared_ptr<NvmeStore> store = nullptr) {
     memory::DeviceOptions d;
     d.kind = memory::DeviceChoice::kSim;
     d.budget_bytes = 256 * kMiB;
     device = std::move(memory::make_device(d)).value();
-    auto made = Runtime::create(*device, options(placement, nvme_dir));
+    RuntimeOptions o = options(placement, nvme_dir);
+    if (store != nullptr) o.nvme_store = std::move(store);
+    auto made = Runtime::create(*device, o);
     EXPECT_TRUE(made.ok()) << made.status();
     rt = std::move(made).value();
     mlp.layers = layers;
@@ -211,6 +219,100 @@ TEST(Checkpoint, AnOverlappedSaveEqualsABlockingSaveAtTheSamePoint) {
     ASSERT_TRUE(d.rt->load_checkpoint(blocking_dir.path().string()).ok());
     EXPECT_TRUE(read_state(*c.rt) == read_state(*d.rt));
   }
+}
+
+//! An NVMe store whose writes, while its gate is closed, wait on threads of their own
+//! until it opens or kGateMax passes (a family keeps its NVMe place until its
+//! write-back ends, so a step whose writes all waited for the gate would never end).
+class GatedWritesNvme final : public NvmeStore {
+ public:
+  explicit GatedWritesNvme(std::unique_ptr<NvmeStore> inner) : inner_(std::move(inner)) {}
+  ~GatedWritesNvme() override {
+    open();
+    for (std::thread& t : threads_) t.join();
+  }
+  void close() {
+    std::lock_guard lock(mu_);
+    closed_ = true;
+  }
+  void open() {
+    {
+      std::lock_guard lock(mu_);
+      closed_ = false;
+    }
+    cv_.notify_all();
+  }
+  //! Writes waiting at the gate.
+  int held() {
+    std::lock_guard lock(mu_);
+    return held_;
+  }
+  std::uint64_t slot_bytes() const override { return inner_->slot_bytes(); }
+  Result<std::uint32_t> allocate_slot() override { return inner_->allocate_slot(); }
+  void free_slot(std::uint32_t s) override { inner_->free_slot(s); }
+  Status write(std::uint32_t s, std::span<const std::byte> d, IoDone done) override {
+    std::lock_guard lock(mu_);
+    if (!closed_) return inner_->write(s, d, std::move(done));
+    ++held_;
+    threads_.emplace_back([this, s, d, done = std::move(done)]() mutable {
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait_for(lock, kGateMax, [&] { return !closed_; });
+        --held_;
+      }
+      Status st = inner_->write(s, d, done);
+      if (!st.ok()) done(st);
+    });
+    return Status::Ok();
+  }
+  Status read(std::uint32_t s, std::span<std::byte> d, IoDone done) override {
+    return inner_->read(s, d, std::move(done));
+  }
+  std::uint64_t used_bytes() const override { return inner_->used_bytes(); }
+  std::string describe() const override { return "gated-writes(" + inner_->describe() + ")"; }
+
+ private:
+  static constexpr std::chrono::milliseconds kGateMax{600};
+  std::unique_ptr<NvmeStore> inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool closed_ = false;
+  int held_ = 0;
+  std::vector<std::thread> threads_;
+};
+
+// #13: begin_checkpoint does not wait for the last step's NVMe write-backs; a family
+// still writing back is captured once its write-back ends (its old slots hold the
+// states before the step), so the files are still a blocking save's at that point.
+TEST(Checkpoint, AnOverlappedSaveBegunWhileWriteBacksRunHoldsTheStateAfterTheStep) {
+  Dirs dirs;
+  TempDir blocking_dir("strata-ckpt-blocking");
+  auto store = make_nvme_store(
+      {.dirs = {dirs.nvme_a.path().string()}, .slot_bytes = kChunkElems * 4, .capacity_bytes = 64 * kMiB});
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto gated = std::make_shared<GatedWritesNvme>(std::move(store).value());
+  Trainer a(Placement::kNvme, dirs.nvme_a.path(), kWidth, kLayers, gated);
+  Trainer b(Placement::kNvme, dirs.nvme_b.path());
+  a.train(1);
+  gated->close();  // step 2's write-backs wait at the gate (each up to kGateMax)
+  a.train(1);
+  b.train(2);
+  if (gated->held() == 0) GTEST_SKIP() << "this machine ran step 2 slower than the gate holds a write";
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = a.rt->begin_checkpoint(dirs.ckpt.path().string());
+  const double begin_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(begin_s, 0.3) << "begin_checkpoint waited for the write-backs";
+  // The save thread gets to the families still writing back before they end.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  gated->open();
+  ASSERT_TRUE(st.ok()) << st;
+  a.train(2);
+  ASSERT_TRUE(a.rt->finish_checkpoint().ok());
+  ASSERT_TRUE(b.rt->save_checkpoint(blocking_dir.path().string()).ok());
+  b.train(2);
+  EXPECT_TRUE(read_state(*a.rt) == read_state(*b.rt)) << "the overlapped save changed the training";
+  EXPECT_TRUE(checkpoint_bytes(dirs.ckpt.path()) == checkpoint_bytes(blocking_dir.path()))
+      << "the overlapped checkpoint is not the state after step 2";
 }
 
 TEST(Checkpoint, AnOverlappedSaveFailsInFinishAndKeepsThePreviousCheckpoint) {
@@ -343,6 +445,86 @@ TEST(Checkpoint, RefusesAFileWrittenBetweenItsCheckAndItsLoad) {
   };
   expect_refused([](const fs::path&) {}, StatusCode::kCorrupt,
                  "family-2.g1.bin was written while it was being loaded");
+}
+
+//! Writes a byte into `file` and moves its mtime (a coarse clock may give the write the
+//! check's mtime).
+void write_into(const fs::path& file) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(100);
+  f.write("x", 1);
+  f.close();
+  const struct timespec times[2] = {{0, UTIME_OMIT}, {1, 0}};
+  ::utimensat(AT_FDCWD, file.c_str(), times, 0);
+}
+
+// #13: a load writes NVMe-homed states to fresh slots while it checks the files
+// (Note [Load in one read]); a refused load must leave trained NVMe states, and the
+// slots they live in, as they were.
+TEST(Checkpoint, ARefusedLoadLeavesTrainedNvmeStatesAsTheyWere) {
+  Dirs dirs;
+  {
+    Trainer a(Placement::kNvme, dirs.nvme_a.path());
+    a.train(2);
+    ASSERT_TRUE(a.rt->save_checkpoint(dirs.ckpt.path().string()).ok());
+  }
+  {  // the last family's file: the shadows of the others are written before it fails
+    std::fstream f(family_file(dirs.ckpt.path(), kLayers - 1),
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(70000);
+    f.write("\x5a\xa5", 2);
+  }
+  Trainer b(Placement::kNvme, dirs.nvme_b.path());
+  TempDir nvme_c("strata-ckpt-nvme-c");
+  Trainer c(Placement::kNvme, nvme_c.path());
+  b.train(1);
+  c.train(1);
+  bool nvme_states = false;
+  for (const auto& fam : b.rt->plan().families) nvme_states = nvme_states || fam.optim_home == Tier::kNvme;
+  ASSERT_TRUE(nvme_states) << "the placement must keep optimizer states on NVMe";
+  const State before = read_state(*b.rt);
+  Status st = b.rt->load_checkpoint(dirs.ckpt.path().string());
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt) << st;
+  EXPECT_TRUE(read_state(*b.rt) == before) << "a refused load changed the state";
+  // Training goes on exactly as in a runtime that never tried the load.
+  b.train(2);
+  c.train(2);
+  EXPECT_TRUE(read_state(*b.rt) == read_state(*c.rt));
+}
+
+// #13: a file written after the host-held values were applied is refused, and the
+// NVMe-held states and step counters are not loaded (Note [Load in one read]).
+TEST(Checkpoint, AFileWrittenWhileHostValuesAreAppliedIsRefusedAndNvmeStatesStay) {
+  struct Reset {
+    ~Reset() { checkpoint_testing::after_host_apply = nullptr; }
+  } reset;
+  checkpoint_testing::after_host_apply = [](const std::string& dir) { write_into(family_file(dir, 2)); };
+  Dirs dirs;
+  {
+    Trainer a(Placement::kNvme, dirs.nvme_a.path());
+    a.train(2);
+    ASSERT_TRUE(a.rt->save_checkpoint(dirs.ckpt.path().string()).ok());
+  }
+  Trainer b(Placement::kNvme, dirs.nvme_b.path());
+  b.train(1);
+  const State before = read_state(*b.rt);
+  Status st = b.rt->load_checkpoint(dirs.ckpt.path().string());
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt) << st;
+  EXPECT_NE(st.message().find("family-2.g1.bin was written while it was being loaded"), std::string::npos)
+      << st;
+  EXPECT_NE(st.message().find("partly loaded"), std::string::npos) << st;
+  const State after = read_state(*b.rt);
+  std::size_t nvme_values = 0;
+  for (TensorId t = 0; t < b.rt->tensor_count(); ++t) {
+    EXPECT_EQ(after.steps[t], before.steps[t]) << "tensor " << t;
+    if (b.rt->plan().families[b.rt->layout().slots[t].family].optim_home != Tier::kNvme) continue;
+    for (std::size_t k : {2, 3}) {  // state0, state1 in read_state's order
+      EXPECT_TRUE(after.values[4 * t + k] == before.values[4 * t + k])
+          << "tensor " << t << " state " << k - 2;
+      ++nvme_values;
+    }
+  }
+  EXPECT_GT(nvme_values, 0u);
 }
 
 TEST(Checkpoint, RefusesANewerFormatVersion) {
