@@ -16,8 +16,21 @@
 // tensor to its part in the shard (param and gradient at their chunk offsets,
 // master and states at the shard's), so a tensor crossing a shard boundary is
 // updated in parts by several ranks. Element-wise optimizers give the same bits
-// as one rank; LAMB and LARS, whose per-tensor trust ratio would need norms
-// summed across ranks, are refused with W > 1 (options.cpp).
+// as one rank. LAMB and LARS need per-tensor norms: each rank's phase 1
+// (kernels::trust_phase1) sums ||p||² and ||u||² (LARS ||g||²) over its part of
+// each tensor, a per-family all-reduce (two doubles per updated tensor and an
+// Inf/NaN flag, in rank order) gives every rank the whole tensors' sums, and
+// phase 2 applies the same trust ratio to every part
+// (OptimizerPipeline::run_trust_exchanged). For the all-reduces to be issued
+// in one order on every rank, step() runs the families one at a time in family
+// order then (no overlap of families' optimizer runs; read-ahead stops). The
+// result is not one rank's bit for bit where a tensor crosses a shard
+// boundary: the kernel sums each span in fp32 blocks and lanes from the span's
+// first element, so a part's sum rounds differently from the whole tensor's;
+// params and states stay within a few ulps of one rank's
+// (DataParallelTrust.*). Identity would need one rank to sum in blocks that
+// every W's shard boundaries respect (64-element groups, kShardAlignElems) and
+// the ranks to exchange those group sums, not their parts' totals.
 //
 // At start-up (finalize) every rank compares its model and options with rank
 // 0's (dp_check_config). At a rank's first acquire, host read or step(), every
@@ -86,8 +99,8 @@
 // What this is not yet: on CUDA the reduction still needs host buffers (the
 // nccl backend, which could reduce device memory, is refused here: options.cpp),
 // and the all-gather fills host param chunks (the first use loads them h2d);
-// LAMB/LARS with W > 1 (the per-tensor norms of tensors crossing a shard
-// boundary would need an all-reduce between the kernel's two phases). The
+// LAMB/LARS with W > 1 bit-identical to one rank (see above), nor with their
+// families' runs overlapped. The
 // clip norm² is summed per part of a tensor on every rank, which is not one
 // rank's order: the fp32 clip coefficient has matched one rank's in the tests
 // (DataParallelAgreement.ClippedRunsAreBitIdenticalToOneRank), but a last-bit

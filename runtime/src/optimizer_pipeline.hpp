@@ -130,10 +130,13 @@ struct GradCheckResult {
 //! stream) until it ends; one run per family at a time.
 struct KernelCall {
   std::vector<kernels::Span> spans;
-  std::vector<std::int64_t> keys;      //!< per span: (group << 48) | step number
-  std::vector<kernels::Hyper> hypers;  //!< per parameter group
-  std::vector<std::int64_t> distinct;  //!< run_kernels' distinct keys
-  std::vector<kernels::Span> group;    //!< run_kernels' spans of one key
+  std::vector<std::int64_t> keys;               //!< per span: (group << 48) | step number
+  std::vector<kernels::Hyper> hypers;           //!< per parameter group
+  std::vector<std::int64_t> distinct;           //!< run_kernels' distinct keys
+  std::vector<kernels::Span> group;             //!< run_kernels' spans of one key
+  std::vector<kernels::TrustPartial> partials;  //!< LAMB/LARS phase 1, per span of group
+  std::vector<double> norms;  //!< LAMB/LARS with W > 1: per updated tensor ||p||², other², then a flag
+  std::vector<float> trust;   //!< LAMB/LARS with W > 1: per span of group
   float scale = 1.0f;
   double enqueued_us = 0.0;
   std::uint64_t elems = 0;
@@ -218,6 +221,10 @@ class OptimizerPipeline {
   bool writing_back(FamilyId f) const { return writebacks_[f].active; }
   //! Every launched family applied its update (none skipped for Inf/NaN).
   bool all_applied() const;
+  //! LAMB or LARS with W > 1: a family's run all-reduces its tensors' norms
+  //! between the kernel's two phases, so step() runs the families one at a
+  //! time, in family order (Note [Sharded step]).
+  bool exchanges_trust() const;
   void check_invariants() const;
 
   float grad_scale = 1.0f;  //!< set_grad_scale's value
@@ -283,7 +290,12 @@ class OptimizerPipeline {
   //! one bias-correction step; hypers: the groups' hyperparameters, captured
   //! under the lock when the run was launched. `checked`: the family's gradient
   //! check (kCallerChecked), or null for the kernel's own pass (kSeparatePass).
-  Result<kernels::StepReport> run_kernels(KernelCall& call, const kernels::GradStats* checked);
+  Result<kernels::StepReport> run_kernels(FamilyId f, KernelCall& call, const kernels::GradStats* checked);
+  //! run_kernels for LAMB/LARS with W > 1: phase 1 on this rank's parts, the
+  //! per-tensor partial sums all-reduced over the ranks, phase 2 with the
+  //! whole tensors' trust ratios. Every rank takes part, even with no part of f.
+  Result<kernels::StepReport> run_trust_exchanged(FamilyId f, KernelCall& call,
+                                                  const kernels::GradStats* checked);
 
   Core& core_;
   Residency& residency_;

@@ -91,32 +91,102 @@ void gather_group(KernelCall& call, std::int64_t key) {
   }
 }
 
+//! The kernel arguments of key `key`'s spans (gathered into call.group): its
+//! group's hyperparameters and its step number.
+kernels::StepArgs group_args(KernelCall& call, std::int64_t key, ThreadPool* pool,
+                             const kernels::GradStats* checked) {
+  constexpr std::int64_t kStepMask = (std::int64_t{1} << 48) - 1;
+  gather_group(call, key);
+  const auto g = static_cast<std::size_t>(key >> 48);
+  STRATA_CHECK(g < call.hypers.size());
+  return kernels::StepArgs{
+      .hyper = call.hypers[g],
+      .step = key & kStepMask,
+      .grad_scale = call.scale,
+      .spans = call.group,
+      .pool = pool,
+      .check = checked != nullptr ? kernels::GradCheck::kCallerChecked : kernels::GradCheck::kSeparatePass,
+      .checked = checked};
+}
+
 }  // namespace
 
-Result<kernels::StepReport> OptimizerPipeline::run_kernels(KernelCall& call,
+Result<kernels::StepReport> OptimizerPipeline::run_kernels(FamilyId f, KernelCall& call,
                                                            const kernels::GradStats* checked) {
+  if (exchanges_trust()) return run_trust_exchanged(f, call, checked);
   // Tensors updated a different number of times (one was unused in some step)
   // need their own bias corrections, and each parameter group its own lr and
   // weight decay: one kernel call per distinct (group, step) key.
-  constexpr std::int64_t kStepMask = (std::int64_t{1} << 48) - 1;
   kernels::StepReport total{.grads_finite = true, .applied = true};
   for (std::int64_t key : call.distinct) {
-    gather_group(call, key);
-    const auto g = static_cast<std::size_t>(key >> 48);
-    STRATA_CHECK(g < call.hypers.size());
-    kernels::StepArgs args{
-        .hyper = call.hypers[g],
-        .step = key & kStepMask,
-        .grad_scale = call.scale,
-        .spans = call.group,
-        .pool = core_.pool.get(),
-        .check = checked != nullptr ? kernels::GradCheck::kCallerChecked : kernels::GradCheck::kSeparatePass,
-        .checked = checked};
+    const kernels::StepArgs args = group_args(call, key, core_.pool.get(), checked);
     STRATA_ASSIGN_OR_RETURN(kernels::StepReport r, kernels::step(args));
     total.grads_finite = total.grads_finite && r.grads_finite;
     total.applied = total.applied && r.applied;
   }
   return total;
+}
+
+bool OptimizerPipeline::exchanges_trust() const {
+  const kernels::Optimizer o = core_.opt.hyper.optimizer;
+  return core_.dp_ranks() > 1 && (o == kernels::Optimizer::kLamb || o == kernels::Optimizer::kLars);
+}
+
+Result<kernels::StepReport> OptimizerPipeline::run_trust_exchanged(FamilyId f, KernelCall& call,
+                                                                   const kernels::GradStats* checked) {
+  // Note [Sharded step]: a tensor crossing a shard boundary has parts on
+  // several ranks. Each rank's phase 1 sums ||p||² and ||u||² (LARS: ||g||²)
+  // over its part; the sums, laid out per updated tensor (the same list on
+  // every rank), are all-reduced in rank order, so every rank takes the same
+  // whole-tensor trust ratio. step() runs one family at a time in family order
+  // on every rank, so the all-reduces are issued in the same order everywhere.
+  const std::vector<TensorId>& updated = runs_[f].updated;  // (written by prepare_call; read-only now)
+  const bool lamb = core_.opt.hyper.optimizer == kernels::Optimizer::kLamb;
+  auto index_of = [&](std::uint32_t t) {
+    return static_cast<std::size_t>(std::find(updated.begin(), updated.end(), t) - updated.begin());
+  };
+  call.norms.assign(2 * updated.size() + 1, 0.0);
+  Status failed = Status::Ok();
+  bool finite = true;
+  for (std::int64_t key : call.distinct) {
+    const kernels::StepArgs args = group_args(call, key, core_.pool.get(), checked);
+    call.partials.assign(call.group.size(), kernels::TrustPartial{});
+    Result<kernels::StepReport> r = kernels::trust_phase1(args, call.partials);
+    if (!r.ok() || !r->grads_finite) {
+      failed = r.ok() ? Status::Ok() : r.status();
+      finite = false;
+      break;
+    }
+    for (std::size_t i = 0; i < call.group.size(); ++i) {
+      const std::size_t at = index_of(call.group[i].tensor);
+      STRATA_CHECK(at < updated.size());
+      call.norms[2 * at] += call.partials[i].param_sq;
+      call.norms[2 * at + 1] += call.partials[i].other_sq;
+    }
+  }
+  // Every rank reaches this all-reduce for family f, failed or not, so none waits in vain.
+  call.norms.back() = finite ? 0.0 : 1.0;
+  Result<comm::Handle> h = core_.opt.comm->all_reduce(call.norms, comm::ReduceOp::kSum);
+  Status waited = h.ok() ? h->wait() : h.status();
+  STRATA_RETURN_IF_ERROR(failed);
+  if (!waited.ok()) {
+    return waited.with_context(fmt::format("the all-reduce of family {}'s {} norms", f,
+                                           kernels::optimizer_name(core_.opt.hyper.optimizer)));
+  }
+  // Some rank saw Inf/NaN in its part: no rank applies phase 2 (LAMB's phase 1
+  // checks first and writes nothing then).
+  if (call.norms.back() != 0.0) return kernels::StepReport{.grads_finite = false, .applied = false};
+  for (std::int64_t key : call.distinct) {
+    const kernels::StepArgs args = group_args(call, key, core_.pool.get(), checked);
+    call.trust.resize(call.group.size());
+    for (std::size_t i = 0; i < call.group.size(); ++i) {
+      const std::size_t at = index_of(call.group[i].tensor);
+      const double p = call.norms[2 * at], o = call.norms[2 * at + 1];
+      call.trust[i] = lamb ? kernels::lamb_trust_ratio(p, o) : kernels::lars_trust_ratio(args.hyper, p, o);
+    }
+    STRATA_RETURN_IF_ERROR(kernels::trust_phase2(args, call.trust));
+  }
+  return kernels::StepReport{.grads_finite = true, .applied = true};
 }
 
 void OptimizerPipeline::launch_device_optimizer(FamilyId f) {
@@ -153,7 +223,7 @@ void OptimizerPipeline::launch_device_optimizer(FamilyId f) {
     st = core_.device.launch_host(core_.opt_stream, [this, f] {
       KernelCall& c = calls_[f];
       // The device kernel's own pass checks the gradient in device memory.
-      Result<kernels::StepReport> r = run_kernels(c, nullptr);
+      Result<kernels::StepReport> r = run_kernels(f, c, nullptr);
       c.status = r.ok() ? Status::Ok() : r.status();
       if (r.ok()) c.report = *r;
       core_.record_span(Track::kGpuOptimizer, SpanName{"optimizer", f}, c.enqueued_us, c.elems);
@@ -281,7 +351,7 @@ void OptimizerPipeline::compute_family(FamilyId f) {
   // (An NVMe-homed param was read into its staging beside the states.)
   if (nvme_family && !core_.param_on_nvme(f))
     std::memcpy(ptrs.at[static_cast<int>(StateKind::kParam)], p.host, p.bytes);
-  Result<kernels::StepReport> r = run_kernels(call, checked ? &*checked : nullptr);
+  Result<kernels::StepReport> r = run_kernels(f, call, checked ? &*checked : nullptr);
   core_.timeline.add(Track::kCpuOptimizer, SpanName{"optimizer", f}, t0, core_.timeline.now_us(), call.elems);
 
   lock.lock();

@@ -210,16 +210,6 @@ Status validate_options(const RuntimeOptions& o) {
         "step]); the nccl backend reduces device buffers and is not wired into it yet: use the mpi or local "
         "backend");
   }
-  if (o.comm != nullptr && o.comm->size() > 1 &&
-      (o.hyper.optimizer == kernels::Optimizer::kLamb || o.hyper.optimizer == kernels::Optimizer::kLars)) {
-    return invalid_argument(
-        "comm: {} ranks with optimizer {}: each rank updates 1/W of every chunk (Note [Sharded step]), and "
-        "{}'s per-tensor trust ratio would need the norms of tensors that cross a shard boundary summed "
-        "across ranks, which is not implemented yet; use one rank, or an element-wise optimizer (adamw, "
-        "adam, sgd, lion, adagrad)",
-        o.comm->size(), kernels::optimizer_name(o.hyper.optimizer),
-        kernels::optimizer_name(o.hyper.optimizer));
-  }
   if (!std::isfinite(o.clip_max_norm) || o.clip_max_norm < 0) {
     return invalid_argument("clip_max_norm = {} must be finite and >= 0 (0 = off)", o.clip_max_norm);
   }

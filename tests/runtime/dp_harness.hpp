@@ -5,6 +5,8 @@
 // params (every tensor) and states (the rank's own families) bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
@@ -154,6 +156,57 @@ inline void expect_bit_identical(const DpResult& single, const DpResult& ranked,
         << ")";
   }
   EXPECT_GT(states_compared, 0u) << "rank " << rank << " holds no states to compare";
+}
+
+//! LAMB or LARS in options `o` (made by dp_options), with a learning rate that
+//! moves the params well above their rounding.
+inline void use_trust_optimizer(RuntimeOptions& o, kernels::Optimizer optimizer) {
+  o.hyper.optimizer = optimizer;
+  if (optimizer == kernels::Optimizer::kLars) {
+    o.hyper.momentum = 0.9f;
+    o.hyper.lr = 1.0f;  // LARS scales the step by eta ||p|| / ||g||
+  }
+}
+
+//! The largest difference between a and b in units of the last place of the
+//! largest magnitude in b (the tensor's scale; 0: bit-identical). An element
+//! near zero has tiny ulps of its own, so it is measured against its tensor.
+inline double max_ulps(const float* a, const float* b, std::size_t n) {
+  float scale = 0.0f;
+  for (std::size_t i = 0; i < n; ++i) scale = std::max(scale, std::fabs(b[i]));
+  const double ulp = std::nextafter(scale, INFINITY) - scale;
+  double worst = 0.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (std::memcmp(&a[i], &b[i], 4) == 0) continue;
+    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]) / ulp);
+  }
+  return worst;
+}
+
+//! max_ulps of rank `ranked`'s every param and its part of each tensor's
+//! states against the single rank's (LAMB/LARS with W > 1, Note [Sharded step]).
+inline double max_ulps_from_one_rank(const DpResult& single, const DpResult& ranked) {
+  EXPECT_TRUE(single.status.ok()) << single.status;
+  EXPECT_TRUE(ranked.status.ok()) << ranked.status;
+  EXPECT_EQ(single.params.size(), ranked.params.size());
+  if (!single.status.ok() || !ranked.status.ok() || single.params.size() != ranked.params.size())
+    return INFINITY;
+  double worst = 0.0;
+  for (std::size_t t = 0; t < single.params.size(); ++t) {
+    EXPECT_EQ(single.params[t].size(), ranked.params[t].size()) << "tensor t" << t;
+    if (single.params[t].size() != ranked.params[t].size()) return INFINITY;
+    worst =
+        std::max(worst, max_ulps(single.params[t].data(), ranked.params[t].data(), ranked.params[t].size()));
+    const std::uint64_t first = ranked.state_first[t], count = ranked.state_count[t];
+    if (count == 0) continue;
+    worst =
+        std::max(worst, max_ulps(single.state0[t].data() + first, ranked.state0[t].data() + first, count));
+    if (!single.state1[t].empty()) {
+      worst =
+          std::max(worst, max_ulps(single.state1[t].data() + first, ranked.state1[t].data() + first, count));
+    }
+  }
+  return worst;
 }
 
 //! The params actually changed (the comparison above is not of two untouched copies).
