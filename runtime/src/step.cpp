@@ -93,6 +93,21 @@ void Runtime::Impl::discard_gradients() {
   for (TensorInfo& t : core.tensors) t.grad_written = false;
 }
 
+//! LAMB/LARS with W > 1: each family's run all-reduces its tensors' norms between
+//! the kernel's phases, so the families run one at a time, in family order, on
+//! every rank: the all-reduces are issued in the same order everywhere (Note
+//! [Sharded step]). States read ahead for a later family would hold the NVMe
+//! places the current one waits for: read-ahead stops.
+static Status run_families_in_order(Runtime::Impl& m, std::unique_lock<std::mutex>& lock) {
+  m.pipeline.stop_read_ahead();
+  for (FamilyId f = 0; f < m.core.layout.families.size(); ++f) {
+    if (!m.checkpoint_allows_update(f)) continue;
+    m.pipeline.launch_optimizer(f);
+    STRATA_RETURN_IF_ERROR(m.pipeline.wait_step_work(lock));
+  }
+  return Status::Ok();
+}
+
 Result<StepStats> Runtime::step() {
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);
@@ -131,19 +146,7 @@ Result<StepStats> Runtime::step() {
   for (FamilyId f = 0; f < m.core.layout.families.size(); ++f) {
     STRATA_RETURN_IF_ERROR(m.checkpoint_capture_for_update(lock, f));  // Note [Overlapped save]
   }
-  if (m.pipeline.exchanges_trust() && !skip) {
-    // LAMB/LARS with W > 1: each family's run all-reduces its tensors' norms
-    // between the kernel's phases, so the families run one at a time, in family
-    // order, on every rank: the all-reduces are issued in the same order
-    // everywhere (Note [Sharded step]). States read ahead for a later family
-    // would hold the NVMe places the current one waits for: read-ahead stops.
-    m.pipeline.stop_read_ahead();
-    for (FamilyId f = 0; f < m.core.layout.families.size(); ++f) {
-      if (!m.checkpoint_allows_update(f)) continue;
-      m.pipeline.launch_optimizer(f);
-      STRATA_RETURN_IF_ERROR(m.pipeline.wait_step_work(lock));
-    }
-  }
+  if (m.pipeline.exchanges_trust() && !skip) STRATA_RETURN_IF_ERROR(run_families_in_order(m, lock));
   m.schedule(SchedulerEvent::kStepEnds).ignore();            // (never fails)
   STRATA_RETURN_IF_ERROR(m.checkpoint_wait_captured(lock));  // updates a save held back
   // NVMe write-backs go on past step() (Note [Write-back after step]).
