@@ -4,6 +4,7 @@
 // of W with 1/W of the batch, and on one rank with the whole batch, and compare
 // params (every tensor) and states (the rank's own families) bit for bit.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -15,6 +16,7 @@
 
 #include "bench/dp_model.hpp"
 #include "strata/common/bytes.hpp"
+#include "strata/common/scratch_dir.hpp"
 #include "strata/memory/device_factory.hpp"
 #include "strata/runtime/runtime.hpp"
 
@@ -24,6 +26,14 @@ constexpr std::uint64_t kDpChunkElems = 4096;
 constexpr int kDpSteps = 3;
 
 //! Ten tensors in (with kDpChunkElems) nine families, one oversized, one frozen.
+//! A scratch directory under the temp dir for this process's test `name`, removed with it.
+inline ScratchDir dp_scratch(const std::string& name) {
+  auto d = ScratchDir::create(std::filesystem::temp_directory_path(),
+                              fmt::format("strata-dp-{}-{}", ::getpid(), name));
+  EXPECT_TRUE(d.ok()) << d.status();
+  return std::move(d).value();
+}
+
 inline bench::DpModel dp_model() {
   bench::DpModel m;
   m.numels = {3000, 1000, 5000, 9000, 2000, 2500, 700, 4096, 1500, 3500};
@@ -88,6 +98,15 @@ struct DpResult {
   std::uint64_t bytes_d2h = 0;  //!< device -> host bytes over the steps after the first
 };
 
+//! Moves a collected outcome's params and states into `out`.
+inline void take_outcome(DpResult& out, bench::DpModel::Outcome&& got) {
+  out.params = std::move(got.params);
+  out.state0 = std::move(got.state0);
+  out.state1 = std::move(got.state1);
+  out.state_first = std::move(got.state_first);
+  out.state_count = std::move(got.state_count);
+}
+
 //! Trains kDpSteps steps: with `rank` < 0 on one rank with the whole batch as
 //! `ranks` micro-batches; otherwise as rank `rank` of `ranks` (options.comm set).
 inline DpResult dp_train(RuntimeOptions options, int rank, int ranks, bench::DpModel model = dp_model()) {
@@ -108,11 +127,7 @@ inline DpResult dp_train(RuntimeOptions options, int rank, int ranks, bench::DpM
       if (s > 0) out.bytes_d2h += st.bytes_d2h;  // the first step traces, then plans
     }
     STRATA_ASSIGN_OR_RETURN(bench::DpModel::Outcome got, model.collect(rt, state_count));
-    out.params = std::move(got.params);
-    out.state0 = std::move(got.state0);
-    out.state1 = std::move(got.state1);
-    out.state_first = std::move(got.state_first);
-    out.state_count = std::move(got.state_count);
+    take_outcome(out, std::move(got));
     for (FamilyId f = 0; f < rt.layout().families.size(); ++f) {
       bool trainable = false;
       for (TensorId t : rt.layout().families[f].tensors)
