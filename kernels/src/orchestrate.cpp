@@ -92,6 +92,10 @@ Status validate_grad_spans(std::span<const Span> spans, float grad_scale) {
     }
     if (s.n != 0 && s.grad == nullptr)
       return invalid_argument("grad_stats: span {} has n = {} but no grad", i, s.n);
+    if (s.group_phase >= kGroupElems) {
+      return invalid_argument("grad_stats: span {} group_phase = {} must be below {}", i, s.group_phase,
+                              kGroupElems);
+    }
   }
   return Status::Ok();
 }
@@ -107,10 +111,16 @@ Result<GradStats> run_grad_stats(const PassRunner& run, std::span<const Span> sp
   pa.scale = grad_scale;
   STRATA_ASSIGN_OR_RETURN(PassOutcome o, run(Pass::kGradStats, Hyper{}, spans, pa, {}));
   GradStats stats;
+  stats.exact = true;
   for (std::size_t i = 0; i < spans.size(); ++i) {
     per_span[i] = o.per_span[i].param_sq;
     stats.sum_squares += per_span[i];
+    stats.sum_exact.add(o.per_span[i].param_exact);
+    stats.exact = stats.exact && o.per_span[i].exact;
   }
+  // The exact sum where the backend gives one (Note [Exact norms]): the same
+  // bits however the spans cut the tensors.
+  if (stats.exact) stats.sum_squares = stats.sum_exact.to_double();
   stats.finite = !o.nonfinite && std::isfinite(stats.sum_squares);
   return stats;
 }
@@ -169,12 +179,21 @@ Result<StepReport> run_step(const PassRunner& run, const StepArgs& a) {
     std::vector<TrustPartial> partials(a.spans.size());
     STRATA_ASSIGN_OR_RETURN(StepReport r1, run_trust_phase1(run, a, partials));
     if (!r1.grads_finite) return r1;
-    // Per tensor, spans in call order (Note [Two-phase trust ratio]).
+    // Per tensor, spans in call order (Note [Two-phase trust ratio]); exactly
+    // where the backend gives exact sums (Note [Exact norms]).
     std::map<std::uint32_t, TrustPartial> per_tensor;
     for (std::size_t i = 0; i < a.spans.size(); ++i) {
       TrustPartial& t = per_tensor[a.spans[i].tensor];
       t.param_sq += partials[i].param_sq;
       t.other_sq += partials[i].other_sq;
+      t.param_exact.add(partials[i].param_exact);
+      t.other_exact.add(partials[i].other_exact);
+      t.exact = partials[i].exact;  // one backend ran every span
+    }
+    for (auto& [tensor, t] : per_tensor) {
+      if (!t.exact) continue;
+      t.param_sq = t.param_exact.to_double();
+      t.other_sq = t.other_exact.to_double();
     }
     std::vector<float> trust(a.spans.size());
     for (std::size_t i = 0; i < a.spans.size(); ++i) {

@@ -25,9 +25,14 @@ detail::PassOutcome run_pieces(cpu::PieceFn fn, Pass pass, const Hyper& h, std::
   thread_local std::vector<cpu::PieceResult> t_results;
   std::vector<Piece>& pieces = t_pieces;
   pieces.clear();
+  // Pieces end on group boundaries of the chunk (Span::group_phase): a piece
+  // never splits a group of an exact norm (Note [Exact norms]).
   for (std::size_t si = 0; si < spans.size(); ++si) {
-    for (std::size_t b = 0; b < spans[si].n; b += kPieceElems) {
-      pieces.push_back({si, b, std::min(spans[si].n, b + kPieceElems)});
+    const std::size_t phase = spans[si].group_phase;
+    for (std::size_t b = 0; b < spans[si].n;) {
+      const std::size_t e = std::min(spans[si].n, ((b + phase) / kPieceElems + 1) * kPieceElems - phase);
+      pieces.push_back({si, b, e});
+      b = e;
     }
   }
   std::vector<cpu::PieceResult>& results = t_results;
@@ -58,10 +63,24 @@ detail::PassOutcome run_pieces(cpu::PieceFn fn, Pass pass, const Hyper& h, std::
   }
   detail::PassOutcome out;
   out.per_span = detail::per_span_scratch(spans.size());
+  const bool exact = cpu::sums_exactly(pass);
   for (std::size_t k = 0; k < pieces.size(); ++k) {  // fixed order: span, then offset
-    out.per_span[pieces[k].span].param_sq += results[k].a;
-    out.per_span[pieces[k].span].other_sq += results[k].b;
+    TrustPartial& t = out.per_span[pieces[k].span];
+    if (exact) {
+      t.param_exact.add(results[k].ea);
+      t.other_exact.add(results[k].eb);
+    } else {
+      t.param_sq += results[k].a;
+      t.other_sq += results[k].b;
+    }
     out.nonfinite = out.nonfinite || results[k].nonfinite;
+  }
+  if (exact) {
+    for (TrustPartial& t : out.per_span) {
+      t.param_sq = t.param_exact.to_double();
+      t.other_sq = t.other_exact.to_double();
+      t.exact = true;
+    }
   }
   return out;
 }

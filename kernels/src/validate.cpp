@@ -141,6 +141,11 @@ Status validate_spans(const Hyper& h, std::span<const Span> spans) {
           "{}: span {} state dtype {} is unsupported; states are f32 (bf16 only for adam, adamw, lamb)", o, i,
           dtype_name(s.state_dtype));
     }
+    if (s.group_phase >= kGroupElems) {
+      return invalid_argument(
+          "{}: span {} group_phase = {} must be below {} (its first element's chunk offset mod {})", o, i,
+          s.group_phase, kGroupElems, kGroupElems);
+    }
     if (s.n == 0) continue;  // nothing is touched
     if (s.master == nullptr || s.grad == nullptr) {
       return invalid_argument("{}: span {} ({} elements) lacks its {} span", o, i, s.n,

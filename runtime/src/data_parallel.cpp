@@ -18,19 +18,17 @@
 // updated in parts by several ranks. Element-wise optimizers give the same bits
 // as one rank. LAMB and LARS need per-tensor norms: each rank's phase 1
 // (kernels::trust_phase1) sums ||p||² and ||u||² (LARS ||g||²) over its part of
-// each tensor, a per-family all-reduce (two doubles per updated tensor and an
-// Inf/NaN flag, in rank order) gives every rank the whole tensors' sums, and
-// phase 2 applies the same trust ratio to every part
-// (OptimizerPipeline::run_trust_exchanged). For the all-reduces to be issued
-// in one order on every rank, step() runs the families one at a time in family
-// order then (no overlap of families' optimizer runs; read-ahead stops). The
-// result is not one rank's bit for bit where a tensor crosses a shard
-// boundary: the kernel sums each span in fp32 blocks and lanes from the span's
-// first element, so a part's sum rounds differently from the whole tensor's;
-// params and states stay within a few ulps of one rank's
-// (DataParallelTrust.*). Identity would need one rank to sum in blocks that
-// every W's shard boundaries respect (64-element groups, kShardAlignElems) and
-// the ranks to exchange those group sums, not their parts' totals.
+// each tensor, exactly (Note [Exact norms] in kernels/exact_sum.hpp: fp32 sums
+// of 64-element groups aligned to the chunk, which no shard boundary splits,
+// added into a fixed-point integer); a per-family all-reduce (two exact sums
+// per updated tensor as limbs in doubles, and an Inf/NaN flag) gives every
+// rank the whole tensors' exact sums, the very sums one rank has, and phase 2
+// applies the same trust ratio to every part
+// (OptimizerPipeline::run_trust_exchanged). Params and states are one rank's
+// bit for bit (DataParallelTrust.*, DataParallelMpiTrust.*). For the
+// all-reduces to be issued in one order on every rank, step() runs the
+// families one at a time in family order then (no overlap of families'
+// optimizer runs; read-ahead stops).
 //
 // At start-up (finalize) every rank compares its model and options with rank
 // 0's (dp_check_config). At a rank's first acquire, host read or step(), every
@@ -69,11 +67,11 @@
 //      tensor without a gradient is refused by name), then waits for each in
 //      issue order and writes the shard's sum where the gradient is (device
 //      slot or host). step() only waits.
-//   3. deferred_prepass: each rank's shard sums give local norm² (per part of a
-//      tensor) and Inf/NaN, which dp_agree all-reduces (per family, rank and
-//      part, so every rank sums the same values in the same order), so clipping
-//      and the Inf/NaN skip agree on every rank. The 1/W averaging folds into
-//      the gradient scale.
+//   3. deferred_prepass: each rank's shard sums give its exact norm² (Note
+//      [Exact norms]) and Inf/NaN, which dp_agree all-reduces in one call, so
+//      every rank has the exact norm² of the whole gradient, rounded as one
+//      rank rounds it: clipping is one rank's bit for bit and the Inf/NaN skip
+//      agrees on every rank. The 1/W averaging folds into the gradient scale.
 //   4. the optimizer runs on each rank's shard of every family; every rank
 //      counts each updated tensor's step;
 //   5. dp_gather_params (the end of step(), once every optimizer step ran):
@@ -99,12 +97,10 @@
 // What this is not yet: on CUDA the reduction still needs host buffers (the
 // nccl backend, which could reduce device memory, is refused here: options.cpp),
 // and the all-gather fills host param chunks (the first use loads them h2d);
-// LAMB/LARS with W > 1 bit-identical to one rank (see above), nor with their
-// families' runs overlapped. The
-// clip norm² is summed per part of a tensor on every rank, which is not one
-// rank's order: the fp32 clip coefficient has matched one rank's in the tests
-// (DataParallelAgreement.ClippedRunsAreBitIdenticalToOneRank), but a last-bit
-// difference of the fp64 norm² could change it.
+// LAMB/LARS with their families' runs overlapped. (On CUDA the runtime runs
+// LAMB/LARS on the CPU kernels only, gpu_optimizer_supported in
+// plan_adoption.cpp, so their exact norms hold there too; the CUDA LAMB/LARS
+// kernels themselves sum in their own blocks, not exactly.)
 //
 // Checkpoints (Note [Sharded checkpoint] in checkpoint_format.cpp): the files are
 // per family, as one rank's. At save_checkpoint the ranks all-gather each
@@ -230,35 +226,19 @@ Status Runtime::Impl::dp_check_config(std::unique_lock<std::mutex>& lock) {
   return Status::Ok();
 }
 
-Status Runtime::Impl::dp_agree(std::unique_lock<std::mutex>& lock, const std::vector<FamilyId>& checked,
-                               bool* finite, double* sum_squares) {
+Status Runtime::Impl::dp_agree(std::unique_lock<std::mutex>& lock, bool* finite, kernels::ExactSum* norm_sq) {
   if (core.dp_ranks() == 1) return Status::Ok();
   comm::Communicator& c = *core.opt.comm;
-  std::vector<double> bad{*finite ? 0.0 : 1.0};
-  STRATA_RETURN_IF_ERROR(run_collective(lock, c.all_reduce(bad, comm::ReduceOp::kMax)));
-  *finite = bad[0] == 0.0;
-  // Every rank's per-span sums of squares (the parts of the tensors in its
-  // shards) reach every rank, laid out by family, then rank, then span: each
-  // element is non-zero on one rank only, so the rank-ordered sum adds exact
-  // zeros, and every rank sums the same values in the same order (Note
-  // [Sharded step]).
-  const std::size_t families = core.layout.families.size();
-  const auto w = static_cast<std::size_t>(c.size()), me = static_cast<std::size_t>(c.rank());
-  std::vector<double> counts(families * w, 0.0);
-  for (FamilyId f : checked) counts[f * w + me] = static_cast<double>(pipeline.grad_check(f).span_sq.size());
-  STRATA_RETURN_IF_ERROR(run_collective(lock, c.all_reduce(counts, comm::ReduceOp::kSum)));
-  std::vector<std::size_t> offset(families * w + 1, 0);
-  for (std::size_t i = 0; i < families * w; ++i)
-    offset[i + 1] = offset[i] + static_cast<std::size_t>(counts[i]);
-  std::vector<double> spans(offset[families * w], 0.0);
-  for (FamilyId f : checked) {
-    const std::vector<double>& sq = pipeline.grad_check(f).span_sq;
-    std::copy(sq.begin(), sq.end(), spans.begin() + static_cast<std::ptrdiff_t>(offset[f * w + me]));
-  }
-  STRATA_RETURN_IF_ERROR(run_collective(lock, c.all_reduce(spans, comm::ReduceOp::kSum)));
-  double sum = 0.0;
-  for (double v : spans) sum += v;
-  *sum_squares = sum;
+  // This rank's exact norm² of its shards (Note [Exact norms]), then its
+  // Inf/NaN flag: the limbs add exactly in any order, so every rank gets the
+  // exact norm² of the whole gradient, which one rank rounds the same way.
+  constexpr std::size_t kWire = kernels::ExactSum::kWireDoubles;
+  std::vector<double> wire(kWire + 1, 0.0);
+  norm_sq->to_wire(std::span<double>(wire).first(kWire));
+  wire[kWire] = *finite ? 0.0 : 1.0;
+  STRATA_RETURN_IF_ERROR(run_collective(lock, c.all_reduce(wire, comm::ReduceOp::kSum)));
+  *finite = wire[kWire] == 0.0;
+  *norm_sq = kernels::ExactSum::from_wire(std::span<const double>(wire).first(kWire));
   return Status::Ok();
 }
 

@@ -29,12 +29,6 @@
 
 namespace strata::runtime {
 
-double GradCheckResult::sum_squares() const {
-  double sum = 0.0;
-  for (double s : span_sq) sum += s;
-  return sum;
-}
-
 void OptimizerPipeline::grad_spans(FamilyId f, std::byte* grad, std::vector<kernels::Span>* spans) {
   FamilyPtrs ptrs;
   ptrs.at[static_cast<int>(StateKind::kGrad)] = grad;
@@ -72,6 +66,7 @@ Status OptimizerPipeline::check_on_device(FamilyId f, std::byte* grad, float sca
     // grad_stats fails only on bad spans (a runtime bug); a non-finite verdict
     // keeps the kernel from writing, and its own pass reports the error.
     c.finite = stats.ok() && stats->finite;
+    c.sum_exact = stats.ok() ? stats->sum_exact : kernels::ExactSum{};
   });
 }
 
@@ -83,6 +78,7 @@ Status OptimizerPipeline::check_on_host(FamilyId f, std::byte* grad, float scale
                           kernels::grad_stats_per_span(check.spans, scale, check.span_sq, core_.pool.get()));
   check.valid = true;
   check.finite = stats.finite;
+  check.sum_exact = stats.sum_exact;
   check.scale = scale;
   for (const kernels::Span& s : check.spans) host_check_bytes_ += s.n * kernels::dtype_size(s.grad_dtype);
   return Status::Ok();

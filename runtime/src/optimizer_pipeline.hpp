@@ -120,8 +120,9 @@ struct GradCheckResult {
   bool finite = true;                //!< written by the check (d2h stream) before the gradient lands
   float scale = 1.0f;                //!< the gradient scale it was taken with
   std::vector<double> span_sq;       //!< per span of grad_spans(), in span order (reused across steps)
+  kernels::ExactSum sum_exact;       //!< the exact sum of span_sq's sums (Note [Exact norms])
   std::vector<kernels::Span> spans;  //!< the spans checked (reused across steps)
-  double sum_squares() const;
+  double sum_squares() const { return sum_exact.to_double(); }
 };
 
 //! A family's kernel arguments, kept across steps so that their vectors keep
@@ -135,8 +136,11 @@ struct KernelCall {
   std::vector<std::int64_t> distinct;           //!< run_kernels' distinct keys
   std::vector<kernels::Span> group;             //!< run_kernels' spans of one key
   std::vector<kernels::TrustPartial> partials;  //!< LAMB/LARS phase 1, per span of group
-  std::vector<double> norms;  //!< LAMB/LARS with W > 1: per updated tensor ||p||², other², then a flag
-  std::vector<float> trust;   //!< LAMB/LARS with W > 1: per span of group
+  //! LAMB/LARS with W > 1: per updated tensor the exact ||p||² and other² (Note [Exact norms])...
+  std::vector<kernels::ExactSum> tensor_sums;
+  //! ... and on the wire: kWireDoubles for each of those, then the Inf/NaN flag.
+  std::vector<double> norms;
+  std::vector<float> trust;  //!< LAMB/LARS with W > 1: per span of group
   float scale = 1.0f;
   double enqueued_us = 0.0;
   std::uint64_t elems = 0;

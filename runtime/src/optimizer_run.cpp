@@ -43,6 +43,10 @@ void OptimizerPipeline::spans_for(FamilyId f, const FamilyPtrs& ptrs, std::vecto
     kernels::Span s;
     s.n = part.count;
     s.tensor = t;
+    // Norms sum in groups aligned to the chunk, which shard boundaries never
+    // split (Note [Exact norms] in kernels/exact_sum.hpp).
+    static_assert(kShardAlignElems % kernels::kGroupElems == 0, "a shard boundary is a group boundary");
+    s.group_phase = static_cast<std::uint32_t>(off % kernels::kGroupElems);
     s.grad = ptrs.at[static_cast<int>(StateKind::kGrad)] + off * cb;
     s.grad_dtype = cdt;
     if (core_.separate_master) {
@@ -136,16 +140,16 @@ Result<kernels::StepReport> OptimizerPipeline::run_trust_exchanged(FamilyId f, K
                                                                    const kernels::GradStats* checked) {
   // Note [Sharded step]: a tensor crossing a shard boundary has parts on
   // several ranks. Each rank's phase 1 sums ||p||² and ||u||² (LARS: ||g||²)
-  // over its part; the sums, laid out per updated tensor (the same list on
-  // every rank), are all-reduced in rank order, so every rank takes the same
-  // whole-tensor trust ratio. step() runs one family at a time in family order
-  // on every rank, so the all-reduces are issued in the same order everywhere.
+  // over its part, exactly (Note [Exact norms]); the sums, laid out per updated
+  // tensor (the same list on every rank), are all-reduced, so every rank takes
+  // the same whole-tensor trust ratio as one rank with the whole tensor. step() runs one family at a time in
+  // family order on every rank, so the all-reduces are issued in the same order everywhere.
   const std::vector<TensorId>& updated = runs_[f].updated;  // (written by prepare_call; read-only now)
   const bool lamb = core_.opt.hyper.optimizer == kernels::Optimizer::kLamb;
   auto index_of = [&](std::uint32_t t) {
     return static_cast<std::size_t>(std::find(updated.begin(), updated.end(), t) - updated.begin());
   };
-  call.norms.assign(2 * updated.size() + 1, 0.0);
+  call.tensor_sums.assign(2 * updated.size(), kernels::ExactSum{});
   Status failed = Status::Ok();
   bool finite = true;
   for (std::int64_t key : call.distinct) {
@@ -160,9 +164,17 @@ Result<kernels::StepReport> OptimizerPipeline::run_trust_exchanged(FamilyId f, K
     for (std::size_t i = 0; i < call.group.size(); ++i) {
       const std::size_t at = index_of(call.group[i].tensor);
       STRATA_CHECK(at < updated.size());
-      call.norms[2 * at] += call.partials[i].param_sq;
-      call.norms[2 * at + 1] += call.partials[i].other_sq;
+      STRATA_CHECK(call.partials[i].exact);  // the CPU kernels' sums
+      call.tensor_sums[2 * at].add(call.partials[i].param_exact);
+      call.tensor_sums[2 * at + 1].add(call.partials[i].other_exact);
     }
+  }
+  // Exact sums on the wire: the limbs add exactly in any order, so every rank
+  // gets the whole tensors' sums bit for bit as one rank has them.
+  constexpr std::size_t kWire = kernels::ExactSum::kWireDoubles;
+  call.norms.assign(kWire * call.tensor_sums.size() + 1, 0.0);
+  for (std::size_t k = 0; k < call.tensor_sums.size(); ++k) {
+    call.tensor_sums[k].to_wire(std::span<double>(call.norms).subspan(k * kWire, kWire));
   }
   // Every rank reaches this all-reduce for family f, failed or not, so none waits in vain.
   call.norms.back() = finite ? 0.0 : 1.0;
@@ -176,12 +188,16 @@ Result<kernels::StepReport> OptimizerPipeline::run_trust_exchanged(FamilyId f, K
   // Some rank saw Inf/NaN in its part: no rank applies phase 2 (LAMB's phase 1
   // checks first and writes nothing then).
   if (call.norms.back() != 0.0) return kernels::StepReport{.grads_finite = false, .applied = false};
+  for (std::size_t k = 0; k < call.tensor_sums.size(); ++k) {
+    call.tensor_sums[k] =
+        kernels::ExactSum::from_wire(std::span<const double>(call.norms).subspan(k * kWire, kWire));
+  }
   for (std::int64_t key : call.distinct) {
     const kernels::StepArgs args = group_args(call, key, core_.pool.get(), checked);
     call.trust.resize(call.group.size());
     for (std::size_t i = 0; i < call.group.size(); ++i) {
       const std::size_t at = index_of(call.group[i].tensor);
-      const double p = call.norms[2 * at], o = call.norms[2 * at + 1];
+      const double p = call.tensor_sums[2 * at].to_double(), o = call.tensor_sums[2 * at + 1].to_double();
       call.trust[i] = lamb ? kernels::lamb_trust_ratio(p, o) : kernels::lars_trust_ratio(args.hyper, p, o);
     }
     STRATA_RETURN_IF_ERROR(kernels::trust_phase2(args, call.trust));

@@ -115,10 +115,9 @@ struct Runtime::Impl {
   std::size_t dp_rounds_posted = 0;  //!< families posted this step (from the last family down)
   //! The communicator's counters when the last step ended (StepStats::bytes_comm, comm_s).
   comm::CommStats dp_stats_mark;
-  //! Agrees on the step's Inf/NaN (max) and grad norm² over ranks: the norm² of
-  //! every rank's `checked` families' per-span sums, summed in one rank's order.
-  Status dp_agree(std::unique_lock<std::mutex>& lock, const std::vector<FamilyId>& checked, bool* finite,
-                  double* sum_squares);
+  //! Agrees on the step's Inf/NaN and grad norm² over ranks: *finite becomes
+  //! every rank's, *norm_sq the exact sum of every rank's (one all-reduce).
+  Status dp_agree(std::unique_lock<std::mutex>& lock, bool* finite, kernels::ExactSum* norm_sq);
   //! Starts the all-gather of each family's updated param shards (after the step's
   //! optimizer work); the params are marked awaiting_gather.
   Status dp_gather_params(std::unique_lock<std::mutex>& lock);

@@ -60,15 +60,17 @@ Status Runtime::Impl::deferred_prepass(std::unique_lock<std::mutex>& lock, bool*
   }
   lock.lock();
   STRATA_RETURN_IF_ERROR(st);
-  // The global norm: per-span sums in family, then span order (as grad_stats over them all).
-  double sum_squares = 0.0;
+  // The global norm², exactly (Note [Exact norms]): the same bits in any order,
+  // and with W > 1 ranks the same as one rank's.
+  kernels::ExactSum norm_sq;
   bool finite = true;
   for (FamilyId f : checked) {
     const GradCheckResult& c = pipeline.grad_check(f);
-    for (double s : c.span_sq) sum_squares += s;
+    norm_sq.add(c.sum_exact);
     finite = finite && c.finite;
   }
-  STRATA_RETURN_IF_ERROR(dp_agree(lock, checked, &finite, &sum_squares));  // every rank decides alike
+  STRATA_RETURN_IF_ERROR(dp_agree(lock, &finite, &norm_sq));  // every rank decides alike
+  const double sum_squares = norm_sq.to_double();
   if (!finite || !std::isfinite(sum_squares)) {
     *skip = true;
     return Status::Ok();

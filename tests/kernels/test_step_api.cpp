@@ -194,7 +194,11 @@ TEST(StepApi, TrustNormsOverSpansSplitAcrossCallsMatchOneCall) {
     for (int k = 0; k < 2; ++k) {
       ASSERT_TRUE(trust_phase1({.hyper = h, .spans = {&ss[k], 1}, .isa = Isa::kScalar}, {&parts[k], 1}).ok());
     }
-    const double p2 = parts[0].param_sq + parts[1].param_sq, o2 = parts[0].other_sq + parts[1].other_sq;
+    // Exact sums, as step() combines them (Note [Exact norms]).
+    ExactSum pe = parts[0].param_exact, oe = parts[0].other_exact;
+    pe.add(parts[1].param_exact);
+    oe.add(parts[1].other_exact);
+    const double p2 = pe.to_double(), o2 = oe.to_double();
     const float ratio = o == Optimizer::kLamb ? lamb_trust_ratio(p2, o2) : lars_trust_ratio(h, p2, o2);
     for (int k = 0; k < 2; ++k) {
       ASSERT_TRUE(trust_phase2({.hyper = h, .spans = {&ss[k], 1}, .isa = Isa::kScalar}, {&ratio, 1}).ok());

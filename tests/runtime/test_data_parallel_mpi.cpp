@@ -3,8 +3,8 @@
 // and states bit for bit with one rank holding the whole batch (which each
 // process also runs, alone), with the states on the GPU (sim), on host and on
 // NVMe; then a model mismatch between ranks is refused on every rank; and a
-// checkpoint the ranks save loads on one rank and resumes bit-exact; LAMB stays
-// within 2 ulps of one rank's.
+// checkpoint the ranks save loads on one rank and resumes bit-exact; LAMB (three
+// tiers) and LARS match one rank bit for bit too.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -190,21 +190,29 @@ TEST(DataParallelMpiCheckpoint, SavedByTheRanksLoadsOnOneRankAndOnTheRanksAndRes
 }
 
 // #14 follow-up: LAMB with W > 1 on the mpi backend (the per-tensor norms
-// all-reduced from the pool thread that runs a family's kernel): within 2 ulps
-// of each tensor's largest value of one rank's run (Note [Sharded step]).
-TEST(DataParallelMpiTrust, LambRanksMatchOneRankWithinTwoUlps) {
+// all-reduced from the pool thread that runs a family's kernel): bit-identical
+// to one rank's run (Note [Sharded step], Note [Exact norms]).
+TEST(DataParallelMpiTrust, LambAndLarsRanksMatchOneRankBitForBit) {
   auto c = world();
   const int w = c->size();
-  ScratchDir single_dir = scratch("trust-single"), rank_dir = scratch("trust-rank");
-  RuntimeOptions so = testing::dp_options(Tier::kHost, single_dir.path().string());
-  testing::use_trust_optimizer(so, kernels::Optimizer::kLamb);
-  const testing::DpResult single = testing::dp_train(std::move(so), -1, w);
-  testing::expect_trained(single);
-  RuntimeOptions o = testing::dp_options(Tier::kHost, rank_dir.path().string(), w);
-  testing::use_trust_optimizer(o, kernels::Optimizer::kLamb);
-  o.comm = c;
-  const testing::DpResult mine = testing::dp_train(std::move(o), c->rank(), w);
-  EXPECT_LE(testing::max_ulps_from_one_rank(single, mine), 2.0) << "rank " << c->rank();
+  const std::pair<kernels::Optimizer, Tier> cases[] = {{kernels::Optimizer::kLamb, Tier::kGpu},
+                                                       {kernels::Optimizer::kLamb, Tier::kHost},
+                                                       {kernels::Optimizer::kLamb, Tier::kNvme},
+                                                       {kernels::Optimizer::kLars, Tier::kHost}};
+  for (const auto& [optimizer, tier] : cases) {
+    SCOPED_TRACE(fmt::format("{} on {}", kernels::optimizer_name(optimizer), tier_name(tier)));
+    ScratchDir single_dir = scratch("trust-single"), rank_dir = scratch("trust-rank");
+    RuntimeOptions so = testing::dp_options(tier, single_dir.path().string());
+    testing::use_trust_optimizer(so, optimizer);
+    const testing::DpResult single = testing::dp_train(std::move(so), -1, w);
+    testing::expect_trained(single);
+    RuntimeOptions o = testing::dp_options(tier, rank_dir.path().string(), w);
+    testing::use_trust_optimizer(o, optimizer);
+    o.comm = c;
+    const testing::DpResult mine = testing::dp_train(std::move(o), c->rank(), w);
+    testing::expect_bit_identical(single, mine, c->rank());
+    EXPECT_EQ(testing::max_ulps_from_one_rank(single, mine), 0.0) << "rank " << c->rank();
+  }
 }
 
 }  // namespace

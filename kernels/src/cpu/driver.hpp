@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "cpu/table.hpp"
 #include "strata/kernels/ops.hpp"
@@ -139,13 +140,63 @@ PieceResult drive(const Op& op, const Span& span, std::size_t begin, std::size_t
   return r;
 }
 
+//! Sums of squares an op makes (sums_exactly passes): 1 (acc.a) or 2 (acc.a, acc.b); 0 for the rest.
+template <typename Op>
+inline constexpr int kNormSums = 0;
+template <DType G>
+inline constexpr int kNormSums<GradStatsOp<G>> = 1;
+template <DType G, DType S>
+inline constexpr int kNormSums<LambPhase1Op<G, S>> = 2;
+template <DType G>
+inline constexpr int kNormSums<LarsPhase1Op<G>> = 2;
+
+//! drive() for the passes that sum squares (sums_exactly): fp32 sums per group
+//! of kGroupElems elements aligned to the chunk (Span::group_phase), each added
+//! to an exact sum (Note [Exact norms]); a group's order depends only on where
+//! its elements are. kSecond: the op also sums into acc.b.
+template <typename T, bool kSecond, typename Op>
+PieceResult drive_grouped(const Op& op, const Span& span, std::size_t begin, std::size_t end,
+                          const PassArgs& args, const PrefetchStreams& streams) {
+  constexpr std::size_t kW = Lanes<T>::kWidth;
+  static_assert(kGroupElems % kW == 0, "groups hold whole lane groups");
+  const Span s = span;
+  const PassArgs pa = args;
+  const PrefetchStreams pf = streams;
+  const std::size_t phase = s.group_phase;
+  PieceResult r;
+  Acc<T> acc;  // bad over the piece; a and b per group
+  for (std::size_t b = begin; b < end;) {
+    const std::size_t e = std::min(end, ((b + phase) / kGroupElems + 1) * kGroupElems - phase);
+    const std::size_t full = b + (e - b) / kW * kW;
+    acc.a = T(0.0f);
+    acc.b = T(0.0f);
+    for (std::size_t i = b; i < full; i += kW) {
+      prefetch_streams<T>(pf, i);
+      op(s, i, pa, acc);
+    }
+    if (full < e) run_tail<T>(op, s, full, e - full, pa, acc);
+    r.ea.add(Lanes<T>::hsum(acc.a));
+    if constexpr (kSecond) r.eb.add(Lanes<T>::hsum(acc.b));
+    b = e;
+  }
+  r.nonfinite = !std::isfinite(Lanes<T>::hsum(acc.bad));
+  return r;
+}
+
 //! The body of each ISA's run_piece_<isa>().
 template <typename T>
 PieceResult run_piece_with(Pass pass, const Hyper& h, const Span& s, std::size_t begin, std::size_t end,
                            const PassArgs& pa) {
   PieceResult r;
   const PrefetchStreams pf = PrefetchStreams::of(pass, h, s);
-  const bool known = with_op(pass, h, s, [&](const auto& op) { r = drive<T>(op, s, begin, end, pa, pf); });
+  const bool known = with_op(pass, h, s, [&](const auto& op) {
+    using Op = std::decay_t<decltype(op)>;
+    if constexpr (kNormSums < Op >> 0) {
+      r = drive_grouped<T, kNormSums<Op> == 2>(op, s, begin, end, pa, pf);
+    } else {
+      r = drive<T>(op, s, begin, end, pa, pf);
+    }
+  });
   STRATA_CHECK(known);  // validate_spans() admits only instantiated combinations
   return r;
 }

@@ -4,6 +4,7 @@
 #include <cstddef>
 
 #include "strata/common/assert.hpp"
+#include "strata/kernels/exact_sum.hpp"
 #include "strata/kernels/ops.hpp"
 #include "strata/kernels/optim.hpp"
 
@@ -14,9 +15,17 @@ struct PieceResult {
   double a = 0.0;
   double b = 0.0;
   bool nonfinite = false;
+  //! Passes that sum squares (sums_exactly): the exact sums of the piece's groups; a and b stay 0.
+  ExactSum ea;
+  ExactSum eb;
 };
 
-//! Runs `pass` over [begin, end) of s. begin is a multiple of kBlockElems.
+//! Passes whose sums are norms, summed in groups and exactly (Note [Exact norms]).
+inline bool sums_exactly(Pass pass) {
+  return pass == Pass::kGradStats || pass == Pass::kTrustPhase1;
+}
+
+//! Runs `pass` over [begin, end) of s. begin + s.group_phase is a multiple of kPieceElems, or begin is 0.
 using PieceFn = PieceResult (*)(Pass pass, const Hyper& h, const Span& s, std::size_t begin, std::size_t end,
                                 const PassArgs& pa);
 

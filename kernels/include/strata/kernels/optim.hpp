@@ -18,9 +18,13 @@
 //
 // Note [Deterministic threading]
 // Work is cut into pieces of kPieceElems elements at fixed offsets of each span
-// (never by thread count); sums are kept per 1024-element block in the compute
-// width, then in double per piece, and pieces are added in span/offset order.
-// So results are bit-identical for any thread count (for a given Isa).
+// (never by thread count; the offsets are multiples of kPieceElems from the
+// chunk's start, Span::group_phase). Norms (grad_stats, LAMB/LARS phase 1) are
+// summed in the compute width per 64-element group aligned to the chunk and
+// added exactly (Note [Exact norms] in exact_sum.hpp); other passes' sums per
+// 1024-element block, then in double per piece, pieces in span/offset order.
+// So results are bit-identical for any thread count (for a given Isa), and
+// norms for any cut of a tensor into spans at group boundaries.
 
 #include <array>
 #include <cstddef>
@@ -31,6 +35,7 @@
 
 #include "strata/common/status.hpp"
 #include "strata/kernels/dtype.hpp"
+#include "strata/kernels/exact_sum.hpp"
 #include "strata/kernels/hyper.hpp"
 #include "strata/kernels/rules/lamb.hpp"  // lamb_trust_ratio
 #include "strata/kernels/rules/lars.hpp"  // lars_trust_ratio
@@ -66,6 +71,9 @@ enum class GradCheck : std::uint8_t {
 struct GradStats {
   double sum_squares = 0.0;  //!< sum of (scale * g)^2 over all spans, in double
   bool finite = true;        //!< false when any gradient was Inf/NaN (or overflowed when scaled)
+  //! The exact sum sum_squares rounds (CPU kernels: exact = true; Note [Exact norms]).
+  ExactSum sum_exact;
+  bool exact = false;
 };
 
 //! One call's work.
@@ -123,6 +131,11 @@ Result<StepReport> step(const StepArgs& args);
 struct TrustPartial {
   double param_sq = 0.0;  //!< ||p||^2 over the span (before the update)
   double other_sq = 0.0;  //!< LAMB: ||u||^2 ; LARS: ||g||^2 (scaled)
+  //! The exact sums the two round (CPU kernels: exact = true; Note [Exact norms]):
+  //! adding them per tensor gives the same bits however the tensor is split.
+  ExactSum param_exact;
+  ExactSum other_exact;
+  bool exact = false;
 };
 
 //! Phase 1 of LAMB/LARS for spans whose tensors may span several calls:

@@ -30,6 +30,9 @@ struct Span {
   DType state_dtype = DType::kF32;   //!< kBF16 allowed for Adam, AdamW and LAMB
   std::size_t n = 0;                 //!< elements (0 is allowed: nothing to do)
   std::uint32_t tensor = 0;          //!< tensor id: LAMB/LARS norms are per tensor
+  //! Where element 0 lies in its 64-element group (its chunk offset mod 64):
+  //! norms are summed in groups aligned to the chunk (Note [Exact norms] in exact_sum.hpp).
+  std::uint32_t group_phase = 0;
 };
 
 }  // namespace strata::kernels
