@@ -436,6 +436,42 @@ TEST(DataParallelAgreement, ClippedRunsAreBitIdenticalToOneRank) {
   }
 }
 
+TEST(DataParallelAgreement, ClippedSgdAndLambRunsAreBitIdenticalToOneRankOnThreeTiers) {
+  // #14: clipping (with SGD, whose update is proportional to the clip
+  // coefficient, and with LAMB), tensors crossing shard boundaries, W = 2 and 4,
+  // states on the GPU (sim), host and NVMe. The clip norm² is an exact sum
+  // (Note [Exact norms]): each rank's shards' sum, all-reduced as limbs, is one
+  // rank's sum bit for bit, whatever the parts (ExactNorms.* show data where
+  // adding the parts' rounded sums would not be).
+  for (const kernels::Optimizer optimizer : {kernels::Optimizer::kSgd, kernels::Optimizer::kLamb}) {
+    auto clip = [optimizer](RuntimeOptions& o) {
+      if (optimizer == kernels::Optimizer::kSgd) {
+        o.hyper.optimizer = kernels::Optimizer::kSgd;
+        o.hyper.momentum = 0.9f;
+        o.hyper.lr = 1.0f;
+        o.hyper.weight_decay = 0.0f;
+      } else {
+        testing::use_trust_optimizer(o, optimizer);
+      }
+      o.clip_max_norm = 0.1;  // below the gradients' norm: every step is clipped
+    };
+    for (const Tier tier : {Tier::kGpu, Tier::kHost, Tier::kNvme}) {
+      for (const int w : {2, 4}) {
+        SCOPED_TRACE(fmt::format("{} {} W {}", kernels::optimizer_name(optimizer), tier_name(tier), w));
+        ScratchDir dir = testing::dp_scratch("clip-lamb-single");
+        RuntimeOptions so = testing::dp_options(tier, dir.path().string());
+        clip(so);
+        const DpResult single = testing::dp_train(so, -1, w);
+        ASSERT_TRUE(single.status.ok()) << single.status;
+        testing::expect_trained(single);
+        const std::vector<DpResult> ranked = run_ranks(tier, w, clip);
+        for (int r = 0; r < w; ++r)
+          testing::expect_bit_identical(single, ranked[static_cast<std::size_t>(r)], r);
+      }
+    }
+  }
+}
+
 TEST(DataParallelAgreement, AnInfOnOneRankSkipsTheStepOnEveryRank) {
   auto group = comm::make_local_group(2);
   ASSERT_TRUE(group.ok());

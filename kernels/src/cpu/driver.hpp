@@ -175,8 +175,8 @@ PieceResult drive_grouped(const Op& op, const Span& span, std::size_t begin, std
       op(s, i, pa, acc);
     }
     if (full < e) run_tail<T>(op, s, full, e - full, pa, acc);
-    r.ea.add(Lanes<T>::hsum(acc.a));
-    if constexpr (kSecond) r.eb.add(Lanes<T>::hsum(acc.b));
+    r.ea.add(Lanes<T>::hsum_tree(acc.a));
+    if constexpr (kSecond) r.eb.add(Lanes<T>::hsum_tree(acc.b));
     b = e;
   }
   r.nonfinite = !std::isfinite(Lanes<T>::hsum(acc.bad));

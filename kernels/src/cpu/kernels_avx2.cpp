@@ -76,6 +76,13 @@ struct Lanes<V8> {
     for (float f : l) s += f;
     return s;
   }
+  //! Lanes summed as a fixed tree (halves, then quarters...): a short
+  //! dependency chain for the per-group norm sums (Note [Exact norms]).
+  static float hsum_tree(V8 x) {
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(x.v), _mm256_extractf128_ps(x.v, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+  }
 };
 
 namespace cpu {

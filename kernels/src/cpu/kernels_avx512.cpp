@@ -73,6 +73,18 @@ struct Lanes<V16> {
     for (float f : l) s += f;
     return s;
   }
+  //! Lanes summed as a fixed tree (halves, then quarters...): a short
+  //! dependency chain for the per-group norm sums (Note [Exact norms]).
+  static float hsum_tree(V16 x) {
+    const __m256 lo = _mm512_castps512_ps256(x.v);
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x.v), 1));
+    return hsum_tree8(_mm256_add_ps(lo, hi));
+  }
+  static float hsum_tree8(__m256 x) {
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+  }
 };
 
 namespace cpu {

@@ -32,6 +32,8 @@ struct Lanes<float> {
   STRATA_HD static void store_f16(std::uint16_t* p, float x) { *p = float_to_f16(x); }
   //! Sum of the lanes (here: the value).
   STRATA_HD static float hsum(float x) { return x; }
+  //! The same in a fixed tree order (the per-group norm sums, Note [Exact norms]).
+  STRATA_HD static float hsum_tree(float x) { return x; }
 };
 
 //! Lanes [i, i + W) of a span of dtype D, as T.
