@@ -570,18 +570,25 @@ struct TrustCase {
   kernels::Optimizer optimizer;
   Tier tier;
   int ranks;
+  //! Tensor offset alignment: below 64 (kernels::kGroupElems), tensors start
+  //! inside a norm group and the kernels' Span::group_phase matters.
+  std::uint64_t offset_align = 64;
 };
 
 std::string trust_case_name(const ::testing::TestParamInfo<TrustCase>& info) {
-  return fmt::format("{}_{}_W{}", kernels::optimizer_name(info.param.optimizer), tier_name(info.param.tier),
-                     info.param.ranks);
+  return fmt::format("{}_{}_W{}{}", kernels::optimizer_name(info.param.optimizer), tier_name(info.param.tier),
+                     info.param.ranks,
+                     info.param.offset_align == 64 ? "" : fmt::format("_align{}", info.param.offset_align));
 }
 
 class DataParallelTrust : public ::testing::TestWithParam<TrustCase> {};
 
 TEST_P(DataParallelTrust, RanksMatchOneRankWithTensorsCrossingShardBoundaries) {
-  const auto [optimizer, tier, w] = GetParam();
-  auto edit = [optimizer = optimizer](RuntimeOptions& o) { testing::use_trust_optimizer(o, optimizer); };
+  const auto [optimizer, tier, w, align] = GetParam();
+  auto edit = [optimizer = optimizer, align = align](RuntimeOptions& o) {
+    testing::use_trust_optimizer(o, optimizer);
+    o.layout.offset_align_elems = align;
+  };
   ScratchDir dir = testing::dp_scratch("trust-single");
   RuntimeOptions so = testing::dp_options(tier, dir.path().string());
   edit(so);
@@ -631,6 +638,8 @@ INSTANTIATE_TEST_SUITE_P(LambLars, DataParallelTrust,
                                            TrustCase{kernels::Optimizer::kLars, Tier::kGpu, 4},
                                            TrustCase{kernels::Optimizer::kLars, Tier::kHost, 2},
                                            TrustCase{kernels::Optimizer::kLars, Tier::kHost, 4},
+                                           TrustCase{kernels::Optimizer::kLamb, Tier::kHost, 4, 1},
+                                           TrustCase{kernels::Optimizer::kLars, Tier::kGpu, 2, 4},
                                            TrustCase{kernels::Optimizer::kLars, Tier::kNvme, 2},
                                            TrustCase{kernels::Optimizer::kLars, Tier::kNvme, 4}),
                          trust_case_name);
