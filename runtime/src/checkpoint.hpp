@@ -47,6 +47,10 @@ namespace checkpoint_testing {
 //! as a real one would (tests/runtime/test_checkpoint.cpp fails one rank's file).
 //! Set before the runtimes run; tests only.
 extern std::function<Status(const std::string& tmp_path)> before_create;
+//! Test hook: runs on each rank before it copies family f's shards for a save's
+//! assembly (assemble_shards); an error fails that rank's copy as a real one would.
+//! Set before the runtimes run; tests only.
+extern std::function<Status(int rank, FamilyId f)> before_assemble;
 //! Test hook: runs once a load has verified every file, before it applies any
 //! (tests/runtime/test_checkpoint.cpp writes a file there). Not thread-safe; tests only.
 extern std::function<void(const std::string& dir)> after_verify;

@@ -5,13 +5,22 @@
 #include "checkpoint.hpp"
 #include "dp.hpp"
 
-namespace strata::runtime::checkpoint_detail {
+namespace strata::runtime {
+
+namespace checkpoint_testing {
+std::function<Status(int rank, FamilyId f)> before_assemble;
+}  // namespace checkpoint_testing
+
+namespace checkpoint_detail {
 
 //! Data parallelism (Note [Sharded checkpoint]): family f's file is written by rank
 //! f mod W, but every rank holds a shard of its masters and states. Before the save
 //! thread starts, the ranks all-gather each family's shards (family by family, in
 //! one order) and the writer keeps the whole chunks as the family's captured pieces,
-//! so the files are the same as one rank's and load at any W. Core::mu held.
+//! so the files are the same as one rank's and load at any W. A rank whose own
+//! part fails (memory, reading its shard) aborts the group with the cause, so the
+//! others' collectives fail at once instead of waiting out the comm timeout.
+//! Core::mu held.
 Status assemble_shards(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, CheckpointSave& s) {
   Core& core = m.core;
   const auto w = static_cast<std::uint64_t>(core.dp_ranks());
@@ -23,8 +32,12 @@ Status assemble_shards(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Che
   for (FamilyId f = 0; f < s.stage.size(); ++f) {
     const bool writer = core.owns(f);
     std::vector<CheckpointSave::Piece> pieces;
-    Status st = Status::Ok();
+    Status st = checkpoint_testing::before_assemble
+                    ? checkpoint_testing::before_assemble(static_cast<int>(me), f)
+                    : Status::Ok();
+    bool collective_failed = false;  // else the failure is this rank's own
     for (StateKind k : s.kinds[f]) {
+      if (!st.ok()) break;
       Chunk& c = core.chunk(f, k);
       const std::uint64_t esize = dtype_bytes(core.kind_dtype(k));
       if (!is_optim_kind(k)) {  // every rank holds the whole param
@@ -58,10 +71,15 @@ Status assemble_shards(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Che
       std::memcpy(whole + me * shard, mine.data(), shard);
       st = dp_detail::run_collective(
           lock, core.opt.comm->all_gather(whole + me * shard, whole, shard / 4, comm::DType::kF32));
+      collective_failed = !st.ok();
       if (!st.ok()) break;
     }
     if (!st.ok()) {
       release_pieces(core, pieces, s);
+      st.with_context(fmt::format("rank {} assembling family {}'s checkpoint shards", me, f));
+      // The others are in (or will reach) this family's all-gathers: without
+      // this they would wait out the comm timeout. The MPI backend ends the job.
+      if (!collective_failed) core.opt.comm->abort(st.to_string());
       return st;
     }
     if (!writer) continue;
@@ -72,4 +90,5 @@ Status assemble_shards(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Che
   return Status::Ok();
 }
 
-}  // namespace strata::runtime::checkpoint_detail
+}  // namespace checkpoint_detail
+}  // namespace strata::runtime

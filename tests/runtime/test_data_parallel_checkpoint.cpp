@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -21,6 +22,7 @@
 namespace strata::runtime {
 namespace checkpoint_testing {
 extern std::function<Status(const std::string& tmp_path)> before_create;  // runtime/src/checkpoint.hpp
+extern std::function<Status(int rank, FamilyId f)> before_assemble;       // runtime/src/checkpoint.hpp
 }  // namespace checkpoint_testing
 namespace {
 
@@ -237,6 +239,48 @@ TEST(DataParallelCheckpointFaults, AnOverlappedSaveIsRefusedOnADataParallelRank)
     EXPECT_NE(st.message().find("call save_checkpoint on every rank"), std::string::npos) << st;
   }
   EXPECT_FALSE(std::filesystem::exists(ckpt.path));
+}
+
+// #14: a rank whose own part of the save-time shard assembly fails (here: an
+// injected failure before it copies family 2's shards) aborts the group, so the
+// other rank's save fails at once with the cause instead of waiting out the
+// comm timeout (CommOptions' default, 30 s) in the all-gather.
+TEST(DataParallelCheckpointFaults, ARankThatFailsToAssembleItsShardsFailsTheOthersAtOnce) {
+  CheckpointDir ckpt;
+  const std::string dir = ckpt.path.string();
+  checkpoint_testing::before_assemble = [](int rank, FamilyId f) -> Status {
+    if (rank != 1 || f != 2) return Status::Ok();
+    return make_status(StatusCode::kOutOfBudget, "injected: no memory for family {}'s shards", f);
+  };
+  struct Reset {
+    ~Reset() { checkpoint_testing::before_assemble = nullptr; }
+  } reset;
+  std::vector<Status> saved(2);
+  std::vector<double> seconds(2, 0.0);
+  std::atomic<bool> rank0_done{false};
+  on_ranks(Tier::kHost, 2, [&](Runtime& rt, bench::DpModel& m, int rank, int ranks) {
+    STRATA_RETURN_IF_ERROR(train(rt, m, rank, ranks, 2, kStepsBeforeSave));
+    const auto t0 = std::chrono::steady_clock::now();
+    saved[static_cast<std::size_t>(rank)] = rt.save_checkpoint(dir);
+    seconds[static_cast<std::size_t>(rank)] =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rank == 0) rank0_done = true;
+    // The failed rank lives on (a real job would carry on or report): rank 0
+    // must not learn of the failure from its runtime going away.
+    while (rank == 1 && !rank0_done && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return Status::Ok();
+  });
+  for (int r = 0; r < 2; ++r) {
+    const auto ri = static_cast<std::size_t>(r);
+    EXPECT_FALSE(saved[ri].ok()) << "rank " << r << "'s save succeeded";
+    // Both name the failed rank, its family and the cause.
+    EXPECT_NE(saved[ri].message().find("rank 1 assembling family 2"), std::string::npos) << saved[ri];
+    EXPECT_NE(saved[ri].message().find("injected"), std::string::npos) << saved[ri];
+    EXPECT_LT(seconds[ri], 10.0) << "rank " << r << " waited for the comm timeout";
+  }
+  EXPECT_FALSE(std::filesystem::exists(ckpt.path / "manifest.json"));
 }
 
 }  // namespace
