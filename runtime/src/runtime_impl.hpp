@@ -172,6 +172,8 @@ struct Runtime::Impl {
   //! The checks of Note [Chunk state machine] and Note [Pipeline places]; aborts
   //! on a violation. Caller holds mu.
   void check_invariants() const;
+  //! Its data-parallel part: the awaiting_* flags, gathers in flight, shard sizes.
+  void check_dp_invariants() const;
 };
 
 //! Runs Runtime::Impl::check_invariants when it goes out of scope, in checked

@@ -20,10 +20,15 @@
 #include <thread>
 
 #include "dp_harness.hpp"
+#include "runtime/src/runtime_impl.hpp"
 #include "strata/comm/local.hpp"
 #include "strata/common/scratch_dir.hpp"
 
 namespace strata::runtime {
+//! Runtime's friend for tests (runtime.hpp): its implementation, to break an invariant on purpose.
+struct RuntimeTestAccess {
+  static Runtime::Impl& impl(Runtime& rt) { return *rt.impl_; }
+};
 namespace {
 
 using testing::DpResult;
@@ -643,6 +648,66 @@ INSTANTIATE_TEST_SUITE_P(LambLars, DataParallelTrust,
                                            TrustCase{kernels::Optimizer::kLars, Tier::kNvme, 2},
                                            TrustCase{kernels::Optimizer::kLars, Tier::kNvme, 4}),
                          trust_case_name);
+
+// #14: check_invariants covers the data-parallel state (Note [Sharded step]):
+// it holds through W = 2 steps and gathers, and a broken flag is caught.
+TEST(DataParallelInvariants, HoldThroughStepsAndGathers) {
+  auto group = comm::make_local_group(2);
+  ASSERT_TRUE(group.ok());
+  std::vector<Status> status(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      BuiltRank b(std::move((*group)[static_cast<std::size_t>(r)]), static_cast<std::size_t>(r), true);
+      status[static_cast<std::size_t>(r)] = [&]() -> Status {
+        STRATA_RETURN_IF_ERROR(b.status);
+        b.rt->check_invariants();  // gradients reduced or awaiting it
+        STRATA_RETURN_IF_ERROR(b.rt->step().status());
+        b.rt->check_invariants();  // params awaiting their gathers
+        Runtime::Impl& m = RuntimeTestAccess::impl(*b.rt);
+        std::lock_guard lock(m.core.mu);
+        if (m.dp_gathers.empty()) return internal_error("no gather in flight after a W = 2 step");
+        return Status::Ok();
+      }();
+      if (!status[static_cast<std::size_t>(r)].ok()) return;
+      std::vector<float> p(b.model.numels[0]);
+      status[static_cast<std::size_t>(r)] = b.rt->read_tensor(b.model.ids[0], StateKind::kParam, p);
+      b.rt->check_invariants();  // that family's gather finished
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r)
+    ASSERT_TRUE(status[static_cast<std::size_t>(r)].ok()) << status[static_cast<std::size_t>(r)];
+}
+
+TEST(DataParallelInvariantsDeathTest, ABrokenFlagIsCaughtNamingIt) {
+  // One rank: no flag may be set. Breaking one aborts naming the condition.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        auto device = testing::dp_device();
+        auto made = testing::create_runtime(*device, testing::dp_options(Tier::kHost, ""));
+        if (!made.ok()) std::abort();
+        bench::DpModel model = testing::dp_model();
+        if (!model.build(**made).ok()) std::abort();
+        Runtime::Impl& m = RuntimeTestAccess::impl(**made);
+        m.core.chunk(0, StateKind::kParam).awaiting_gather = true;
+        (*made)->check_invariants();
+      },
+      "awaiting_gather");
+  EXPECT_DEATH(
+      {
+        auto device = testing::dp_device();
+        auto made = testing::create_runtime(*device, testing::dp_options(Tier::kHost, ""));
+        if (!made.ok()) std::abort();
+        bench::DpModel model = testing::dp_model();
+        if (!model.build(**made).ok()) std::abort();
+        Runtime::Impl& m = RuntimeTestAccess::impl(**made);
+        m.core.chunk(0, StateKind::kParam).awaiting_reduction = true;  // a param never awaits a reduction
+        (*made)->check_invariants();
+      },
+      "awaiting_reduction");
+}
 
 }  // namespace
 }  // namespace strata::runtime

@@ -367,6 +367,7 @@ class Runtime {
 
  private:
   friend class Lease;
+  friend struct RuntimeTestAccess;  //!< defined by tests only (breaking invariants on purpose)
   explicit Runtime(std::unique_ptr<Impl> impl);
   Released release(Lease& lease);
   std::unique_ptr<Impl> impl_;
