@@ -1,8 +1,13 @@
-// The nccl backend (compiled only when CMake finds NCCL and CUDA).
+// The nccl backend (built only when CMake finds NCCL and CUDA; compiled, never
+// linked, against comm/nccl_api/nccl.h wherever CUDA is found: comm/CMakeLists.txt).
 #include "strata/comm/nccl.hpp"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
+
+#if defined(STRATA_NCCL_COMPILE_CHECK) && !defined(STRATA_NCCL_API_DECLARATIONS_H)
+#error "the NCCL compile check must see comm/nccl_api/nccl.h, not a real nccl.h first on the include path"
+#endif
 
 #include <thread>
 
