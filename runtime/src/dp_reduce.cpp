@@ -170,10 +170,11 @@ Status Runtime::Impl::dp_land_device_round(DpRound& round) {
 }
 
 Status Runtime::Impl::dp_land_done_rounds() {
-  // A round holding a device slot that landing frees (the family's states are
-  // off the GPU) counts against half the slots; past that, the oldest is waited
-  // for here, with mu held: what completes a collective (the communicator's
-  // stream, the other ranks issuing it in the same order) never takes mu.
+  // A round holding a device slot (in_collective: not evictable) counts against
+  // half the slots; past that, the oldest is waited for here, with mu held: what
+  // completes a collective (the communicator's stream, the other ranks issuing
+  // it in the same order) never takes mu. Landing frees an off-GPU family's
+  // slot and lets a GPU-homed family's be evicted again.
   const std::size_t limit = std::max<std::size_t>(1, residency.device_slots().size() / 2);
   std::size_t holding = 0;
   for (DpRound& round : dp_inflight) {
@@ -184,12 +185,11 @@ Status Runtime::Impl::dp_land_done_rounds() {
       round.landed = true;
       continue;
     }
-    if (!round.staging.valid() && !sum_on_device(core, round.first)) ++holding;
+    if (!round.staging.valid()) ++holding;
   }
   for (DpRound& round : dp_inflight) {
     if (holding <= limit) break;
-    if (round.dev == nullptr || round.landed || round.staging.valid() || sum_on_device(core, round.first))
-      continue;
+    if (round.dev == nullptr || round.landed || round.staging.valid()) continue;
     if (!round.started) STRATA_RETURN_IF_ERROR(dp_start_packed(true));
     STRATA_RETURN_IF_ERROR(round.handle.wait());
     STRATA_RETURN_IF_ERROR(dp_land_device_round(round));

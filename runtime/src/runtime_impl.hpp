@@ -115,8 +115,8 @@ struct Runtime::Impl {
     bool landed = false;  //!< waited for and landed during backward (dp_land_done_rounds)
   };
   //! Device-buffer communicator: lands the rounds whose collectives are done, and
-  //! waits for the oldest while too many hold device slots that their families'
-  //! off-GPU states release once landed (back-pressure: the slots are backward's).
+  //! waits for the oldest while too many hold device slots (back-pressure: the
+  //! slots are backward's).
   Status dp_land_done_rounds();
   //! Device-buffer communicator: points `round` at gradient g's device slot (or
   //! a device buffer of `whole` bytes holding it) after the writes to it.

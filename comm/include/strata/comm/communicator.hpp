@@ -13,7 +13,13 @@
 // require); a call starts the collective and returns a Handle at once, and
 // Handle::wait() blocks until this rank's output is ready and its input may be
 // reused. Backends: `local` (threads of one process, local.hpp), `mpi` (MPICH,
-// mpi.hpp), `nccl` (compiled only when NCCL is found, nccl.hpp).
+// mpi.hpp), `nccl` (built only when NCCL is found, nccl.hpp; compiled wherever
+// CUDA is, against declarations of NCCL's API: comm/nccl_api/nccl.h). For
+// `nccl` the chunk collectives (reduce_scatter, all_gather) take device memory
+// (device_buffers()), and the runtime reduces and gathers in its device slots
+// (Note [Sharded step]); all_reduce and broadcast take host memory everywhere.
+// reduce_scatter may run in place (recv = send + rank * count), as NCCL's does.
+// The nccl backend has been compiled here, never run on a GPU.
 //
 // Note [Deterministic reduction]
 // In deterministic mode a sum is formed in rank order, rounding to the buffer's
