@@ -119,7 +119,8 @@
 //   5. a param on the device (updated there, or a clean copy whose host value
 //      took the update: only this rank's shard goes up) is all-gathered in
 //      place in its slot, pinned until its first use, which makes the slot the
-//      value (no whole chunk moves h2d); a param not on the device has its
+//      value (no whole chunk moves h2d; clean copies up to half the slots, the
+//      rest go the next way); a param not on the device has its
 //      shard copied up into a device buffer, gathered there, and the whole
 //      chunk copied down into its host copy at the first use.
 // The nccl backend is refused on the sim device (host memory) and in
@@ -134,8 +135,7 @@
 // (the gradient is copied down first), and their all-gather fills host param
 // chunks (the first use loads them h2d); the planner does not count the device
 // buffers of the device-buffer path's host-resident chunks (one chunk each, in
-// flight), and params gathered in place pin their slots until first use with no
-// back-pressure; LAMB/LARS with W > 1 bit-identical to one rank (see above), nor
+// flight); LAMB/LARS with W > 1 bit-identical to one rank (see above), nor
 // with their families' runs overlapped. The
 // clip norm² is summed per part of a tensor on every rank, which is not one
 // rank's order: the fp32 clip coefficient has matched one rank's in the tests

@@ -60,7 +60,15 @@ Status Runtime::Impl::dp_gather_params(std::unique_lock<std::mutex>& lock) {
 Status Runtime::Impl::dp_stage_gather_on_device(std::unique_lock<std::mutex>& lock, DpGather& g, Chunk& p) {
   const Rounds rounds(core);
   const std::uint64_t mine = rounds.me * g.slice;
-  if (p.device_copy && (p.dirty() || p.value == ChunkValue::kHost) && p.readers == 0 && p.writers == 0) {
+  // In place pins the slot until the param's first use: at most half the slots
+  // (the rest are the next forward's), as dp_land_done_rounds does for gradients.
+  const std::size_t limit = std::max<std::size_t>(1, residency.device_slots().size() / 2);
+  const auto pinned =
+      static_cast<std::size_t>(std::count_if(dp_gathers.begin(), dp_gathers.end(), [](const DpGather& d) {
+        return d.dev != nullptr && !d.staging.valid();
+      }));
+  if (p.device_copy && (p.dirty() || p.value == ChunkValue::kHost) && p.readers == 0 && p.writers == 0 &&
+      (pinned < limit || p.dirty())) {
     // On the device: the gather fills the param's slot in place from this
     // rank's shard there (updated there, or a clean copy whose host value has
     // the update: only the shard goes up), so no whole chunk moves h2d. The
