@@ -110,7 +110,8 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 //! Every rank of a local group on its own thread (testing::run_ranks), each
 //! through a DeviceBufferLocal on a stream of its own device. `on_stream`
 //! (optional) gets how many collectives each rank ran on its stream.
-std::vector<DpResult> run_device_ranks(Tier tier, int w, std::vector<int>* on_stream = nullptr) {
+std::vector<DpResult> run_device_ranks(Tier tier, int w, std::vector<int>* on_stream = nullptr,
+                                       const bench::DpModel& model = testing::dp_model()) {
   std::vector<std::atomic<int>> ran(static_cast<std::size_t>(w));
   auto wrap = [&ran](std::unique_ptr<comm::Communicator> inner,
                      memory::Device& device) -> std::shared_ptr<comm::Communicator> {
@@ -120,7 +121,7 @@ std::vector<DpResult> run_device_ranks(Tier tier, int w, std::vector<int>* on_st
     std::atomic<int>* count = &ran[static_cast<std::size_t>(inner->rank())];
     return std::make_shared<DeviceBufferLocal>(std::move(inner), device, std::move(stream).value(), count);
   };
-  std::vector<DpResult> results = testing::run_ranks(tier, w, {}, testing::dp_model(), wrap);
+  std::vector<DpResult> results = testing::run_ranks(tier, w, {}, model, wrap);
   if (on_stream != nullptr) {
     on_stream->clear();
     for (auto& n : ran) on_stream->push_back(n.load());
@@ -162,6 +163,30 @@ INSTANTIATE_TEST_SUITE_P(Tiers, DataParallelDeviceBuffers,
                          ::testing::Values(Case{Tier::kGpu, 2}, Case{Tier::kGpu, 4}, Case{Tier::kHost, 2},
                                            Case{Tier::kHost, 4}, Case{Tier::kNvme, 2}, Case{Tier::kNvme, 4}),
                          case_name);
+
+// Gradients written on host (host leases) are not in a device slot: each goes
+// up into a device buffer of its own for the reduce-scatter, and only the
+// shard's sum comes down; the result is still one rank's, bit for bit.
+TEST(DataParallelDeviceBuffersHost, GradientsWrittenOnHostGoUpThroughADeviceBuffer) {
+  bench::DpModel model = testing::dp_model();
+  model.grad_where = Where::kHost;
+  for (const int w : {2, 4}) {
+    ScratchDir dir = testing::dp_scratch("dev-host-single");
+    const DpResult single =
+        testing::dp_train(testing::dp_options(Tier::kHost, dir.path().string()), -1, w, model);
+    ASSERT_TRUE(single.status.ok()) << single.status;
+    testing::expect_trained(single);
+    const std::vector<DpResult> ranked = run_device_ranks(Tier::kHost, w, nullptr, model);
+    for (int r = 0; r < w; ++r) {
+      testing::expect_bit_identical(single, ranked[static_cast<std::size_t>(r)], r);
+      // The gradients went up (h2d) and only the shards' sums came down: at
+      // most the gathered params plus 1/W of the gradient chunks.
+      const DpResult& res = ranked[static_cast<std::size_t>(r)];
+      const std::uint64_t params_down = res.offgpu_param_bytes * (testing::kDpSteps - 1);
+      EXPECT_LE(res.bytes_d2h, params_down + params_down / static_cast<std::uint64_t>(w)) << "W " << w;
+    }
+  }
+}
 
 // The gradients are reduced in their device slots: a rank copies down only its
 // shard of each off-GPU family's gradient sum (1/W of what one rank copies),
