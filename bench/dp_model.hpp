@@ -22,6 +22,8 @@ struct DpModel {
   std::vector<std::uint64_t> numels;     //!< one tensor each
   std::size_t frozen = ~std::size_t{0};  //!< index of a frozen tensor (none by default)
   std::size_t samples = 8;               //!< the whole batch (a multiple of every W used)
+  //! Where backward's leases are: kHost computes the gradients on the host thread.
+  runtime::Where grad_where = runtime::Where::kDevice;
   std::vector<runtime::TensorId> ids;
 
   static float hash01(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
@@ -56,28 +58,39 @@ struct DpModel {
     const std::size_t per = samples / parts;
     for (std::size_t t = numels.size(); t-- > 0;) {
       if (t == frozen) continue;
-      STRATA_ASSIGN_OR_RETURN(runtime::Lease p,
-                              rt.acquire(ids[t], runtime::StateKind::kParam, runtime::Access::kRead));
+      STRATA_ASSIGN_OR_RETURN(runtime::Lease p, rt.acquire(ids[t], runtime::StateKind::kParam,
+                                                           runtime::Access::kRead, grad_where));
       STRATA_ASSIGN_OR_RETURN(
-          runtime::Lease g, rt.acquire(ids[t], runtime::StateKind::kGrad,
-                                       accumulate ? runtime::Access::kAccumulate : runtime::Access::kWrite));
+          runtime::Lease g,
+          rt.acquire(ids[t], runtime::StateKind::kGrad,
+                     accumulate ? runtime::Access::kAccumulate : runtime::Access::kWrite, grad_where));
       const float* P = p.as<float>();
       float* G = g.as<float>();
       const std::uint64_t n = numels[t];
-      STRATA_RETURN_IF_ERROR(rt.launch([=] {
-        for (std::uint64_t i = 0; i < n; ++i) {
-          float sum = 0.0f;
-          for (std::size_t s = part * per; s < (part + 1) * per; ++s) {
-            const float x = hash01(t, s, i) + 0.5f;
-            const float y = hash01(t, s + 1000, i) - 0.5f;
-            sum += (P[i] * x - y) * x;
-          }
-          const float mean = sum / static_cast<float>(per);
-          G[i] = accumulate ? G[i] + mean : mean;
-        }
-      }));
+      if (grad_where == runtime::Where::kHost) {
+        STRATA_RETURN_IF_ERROR(rt.wait(p));
+        STRATA_RETURN_IF_ERROR(rt.wait(g));
+        gradient(P, G, t, n, part * per, per, accumulate);
+        continue;
+      }
+      STRATA_RETURN_IF_ERROR(rt.launch([=] { gradient(P, G, t, n, part * per, per, accumulate); }));
     }
     return Status::Ok();
+  }
+
+  //! Tensor t's gradient over samples [first, first + per) into G (or added to it).
+  static void gradient(const float* P, float* G, std::size_t t, std::uint64_t n, std::size_t first,
+                       std::size_t per, bool accumulate) {
+    for (std::uint64_t i = 0; i < n; ++i) {
+      float sum = 0.0f;
+      for (std::size_t s = first; s < first + per; ++s) {
+        const float x = hash01(t, s, i) + 0.5f;
+        const float y = hash01(t, s + 1000, i) - 0.5f;
+        sum += (P[i] * x - y) * x;
+      }
+      const float mean = sum / static_cast<float>(per);
+      G[i] = accumulate ? G[i] + mean : mean;
+    }
   }
 
   //! What a run ends with: every tensor's param, and the optimizer states this run

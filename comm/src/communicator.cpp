@@ -113,9 +113,12 @@ Result<Handle> Communicator::reduce_scatter(const void* send, void* recv, std::s
     return invalid_argument("comm {}: reduce_scatter of {} x {} got a null buffer", backend(), count,
                             dtype_name(dtype));
   }
-  if (count > 0 && overlaps(send, bytes * static_cast<std::size_t>(size_), recv, bytes)) {
-    return invalid_argument("comm {}: reduce_scatter's recv buffer overlaps its send buffer; give it its own",
-                            backend());
+  const auto* own = static_cast<const std::byte*>(send) + bytes * static_cast<std::size_t>(rank_);
+  if (count > 0 && recv != own && overlaps(send, bytes * static_cast<std::size_t>(size_), recv, bytes)) {
+    return invalid_argument(
+        "comm {}: reduce_scatter's recv buffer overlaps its send buffer other than at this rank's slice {}; "
+        "give it its own, or pass send + rank * count for in place",
+        backend(), rank_);
   }
   return finish_start(start_reduce_scatter(send, recv, count, dtype));
 }

@@ -146,6 +146,14 @@ void LocalOp::compute(const Op& op) {
       for (std::size_t r = 0; r < w; ++r) {
         src[r] = static_cast<const std::byte*>(op.parts[r].send) + bytes * static_cast<std::size_t>(rank_);
       }
+      if (mine.recv == src[static_cast<std::size_t>(rank_)] && rank_ != 0) {
+        // In place: the sum starts from rank 0's slice, so this rank's own is
+        // read before it is overwritten (no other rank reads this slice).
+        std::vector<std::byte> sum(bytes);
+        sum_in_rank_order(src, sum.data(), op.count, op.dtype);
+        if (bytes > 0) std::memcpy(mine.recv, sum.data(), bytes);
+        return;
+      }
       sum_in_rank_order(src, mine.recv, op.count, op.dtype);
       return;
     }

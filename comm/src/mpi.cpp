@@ -115,6 +115,12 @@ class MpiCommunicator final : public Communicator {
     stats_.reduce_scatter_bytes += peer_bytes(bytes);
     MPI_Request req;
     if (!options().deterministic && dtype == DType::kF32) {
+      if (recv == static_cast<const std::byte*>(send) + bytes * static_cast<std::size_t>(rank())) {
+        return invalid_argument(
+            "comm mpi: {} in place is not supported (MPI needs MPI_IN_PLACE for it); give "
+            "recv its own buffer",
+            what);
+      }
       std::lock_guard lk(mpi_mutex());
       const int rc =
           MPI_Ireduce_scatter_block(send, recv, static_cast<int>(count), MPI_FLOAT, MPI_SUM, s_->comm, &req);

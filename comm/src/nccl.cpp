@@ -1,8 +1,13 @@
-// The nccl backend (compiled only when CMake finds NCCL and CUDA).
+// The nccl backend (built only when CMake finds NCCL and CUDA; compiled, never
+// linked, against comm/nccl_api/nccl.h wherever CUDA is found: comm/CMakeLists.txt).
 #include "strata/comm/nccl.hpp"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
+
+#if defined(STRATA_NCCL_COMPILE_CHECK) && !defined(STRATA_NCCL_API_DECLARATIONS_H)
+#error "the NCCL compile check must see comm/nccl_api/nccl.h, not a real nccl.h first on the include path"
+#endif
 
 #include <thread>
 
@@ -44,9 +49,17 @@ Status cuda_status(cudaError_t e, std::string_view what) {
 
 class NcclOp final : public PendingOp {
  public:
-  NcclOp(std::shared_ptr<Shared> s, cudaEvent_t ev, std::string what)
-      : s_(std::move(s)), ev_(ev), what_(std::move(what)) {}
-  ~NcclOp() override { cudaEventDestroy(ev_); }
+  //! `staging` (device memory, may be null) is freed once the op is done.
+  NcclOp(std::shared_ptr<Shared> s, cudaEvent_t ev, std::string what, void* staging)
+      : s_(std::move(s)), ev_(ev), what_(std::move(what)), staging_(staging) {}
+  ~NcclOp() override {
+    if (staging_ != nullptr) {
+      cudaEventSynchronize(ev_);  // (done already unless the wait failed)
+      cudaFree(staging_);
+    }
+    cudaEventDestroy(ev_);
+  }
+  bool done() override { return cudaEventQuery(ev_) == cudaSuccess; }
   Status wait() override {
     const auto deadline = std::chrono::steady_clock::now() + s_->options.timeout;
     for (;;) {
@@ -74,6 +87,7 @@ class NcclOp final : public PendingOp {
   std::shared_ptr<Shared> s_;
   cudaEvent_t ev_;
   std::string what_;
+  void* staging_;
 };
 
 class NcclCommunicator final : public Communicator {
@@ -85,6 +99,7 @@ class NcclCommunicator final : public Communicator {
     cudaFree(s_->scalars);
   }
   std::string_view backend() const override { return "nccl"; }
+  bool device_buffers() const override { return true; }
   void abort(std::string_view reason) override {
     if (s_->broken.ok()) s_->broken = unavailable("comm nccl rank {}: aborted: {}", rank(), reason);
     ncclCommAbort(s_->comm);
@@ -133,22 +148,40 @@ class NcclCommunicator final : public Communicator {
     STRATA_RETURN_IF_ERROR(s_->broken);
     if (rank() == root) stats_.broadcast_bytes += peer_bytes(bytes);
     const std::string what = fmt::format("broadcast #{} of {} bytes from rank {}", seq_++, bytes, root);
-    STRATA_RETURN_IF_ERROR(
-        nccl_status(ncclBroadcast(data, data, bytes, ncclUint8, root, s_->comm, s_->stream), what));
-    return record(what);
+    // Host memory (start-up values, config text): staged through a device buffer
+    // of its own, freed when the op is done.
+    void* dev = nullptr;
+    if (bytes > 0) STRATA_RETURN_IF_ERROR(cuda_status(cudaMalloc(&dev, bytes), what));
+    Status st = cuda_status(cudaMemcpyAsync(dev, data, bytes, cudaMemcpyHostToDevice, s_->stream), what);
+    if (st.ok())
+      st = nccl_status(ncclBroadcast(dev, dev, bytes, ncclUint8, root, s_->comm, s_->stream), what);
+    if (st.ok())
+      st = cuda_status(cudaMemcpyAsync(data, dev, bytes, cudaMemcpyDeviceToHost, s_->stream), what);
+    if (!st.ok()) {
+      cudaStreamSynchronize(s_->stream);
+      cudaFree(dev);
+      return st;
+    }
+    return record(what, dev);
   }
 
  private:
   std::uint64_t peer_bytes(std::size_t bytes) const { return bytes * static_cast<std::uint64_t>(size() - 1); }
-  Result<std::unique_ptr<PendingOp>> record(const std::string& what) {
+  //! The op's completion event; `staging` (device, may be null) is freed after it.
+  Result<std::unique_ptr<PendingOp>> record(const std::string& what, void* staging = nullptr) {
     cudaEvent_t ev;
-    STRATA_RETURN_IF_ERROR(cuda_status(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), what));
-    const cudaError_t e = cudaEventRecord(ev, s_->stream);
-    if (e != cudaSuccess) {
+    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e == cudaSuccess) {
+      e = cudaEventRecord(ev, s_->stream);
+      if (e == cudaSuccess)
+        return std::unique_ptr<PendingOp>(std::make_unique<NcclOp>(s_, ev, what, staging));
       cudaEventDestroy(ev);
-      return cuda_status(e, what);
     }
-    return std::unique_ptr<PendingOp>(std::make_unique<NcclOp>(s_, ev, what));
+    if (staging != nullptr) {
+      cudaStreamSynchronize(s_->stream);
+      cudaFree(staging);
+    }
+    return cuda_status(e, what);
   }
   std::shared_ptr<Shared> s_;
   std::uint64_t seq_ = 0;

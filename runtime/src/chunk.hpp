@@ -90,6 +90,9 @@ struct Chunk {
   //! [Sharded step]): its host and device copies are stale; not prefetched; its
   //! first use waits for the gather (Runtime::Impl::dp_finish_gather).
   bool awaiting_gather = false;
+  //! Its device slot is read or written by a collective in flight (a
+  //! device-buffer communicator, Note [Sharded step]): the slot is not reused.
+  bool in_collective = false;
   std::uint64_t tick = 0;  //!< last use, for LRU
   //! The last copy that reads the host copy (a load); the host copy is not
   //! written or freed before it completes (Residency::wait_host_reads).

@@ -49,7 +49,8 @@
 //      goes on. Rank r receives the sum over ranks of shard r, in rank order in
 //      deterministic mode (Note [Deterministic reduction] in comm/). On the sim
 //      device the slot is host memory the communicator reads (on CUDA the
-//      mpi/local backends need it copied down first), and a family whose states
+//      mpi/local backends need it copied down first; a device-buffer
+//      communicator reads the slot itself: below), and a family whose states
 //      are not on the GPU drops its gradient once packed: only the shard's sum
 //      lands, in host memory, at step(), so no gradient is copied d2h at all
 //      (DataParallelTraffic.GradientsAreReducedFromTheDevice…: d2h per rank <= 1/W
@@ -94,11 +95,46 @@
 // Bytes sent per step: (W - 1)/W of the gradient and of the param chunks, the
 // theory's 2 (W - 1)/W, plus the chunk padding and a few scalars.
 //
-// What this is not yet: on CUDA the reduction still needs host buffers (the
-// nccl backend, which could reduce device memory, is refused here: options.cpp),
-// and the all-gather fills host param chunks (the first use loads them h2d);
-// LAMB/LARS with their families' runs overlapped. (On CUDA the runtime runs
-// LAMB/LARS on the CPU kernels only, gpu_optimizer_supported in
+// Device-buffer communicators (Communicator::device_buffers(): nccl). The
+// reduce-scatter and all-gather take device memory, so steps 1, 2 and 5 use the
+// slots themselves (dp_stage_round_on_device, dp_land_device_round,
+// dp_land_done_rounds in dp_reduce.cpp; dp_stage_gather_on_device in
+// dp_gather.cpp):
+//   1. a complete gradient in its device slot is not packed: an event on the
+//      compute stream after the backward that wrote it is recorded, and once
+//      the host sees it complete (at a hand-over, or blocking at step()) the
+//      reduce-scatter is issued on the slot in place (recv = slot + this
+//      shard's offset, NCCL's in-place form). The ordering goes through the
+//      host, so it holds whatever stream the communicator issues on. The slot
+//      is pinned meanwhile (Chunk::in_collective: not evicted); a gradient on
+//      host instead goes up into a device buffer of its own (h2d) first.
+//   2. once its collective is done (Handle::done at a later hand-over, or the
+//      wait at step(); at most half the slots are pinned at once, past that
+//      the oldest is waited for), a GPU-homed family's shard sum stays in
+//      place in its slot; an off-GPU family's shard alone is copied d2h (1/W of
+//      the chunk) and the slot is released. Each rank thus copies at most 1/W
+//      of the gradient bytes down (DataParallelDeviceBuffersTraffic.*).
+//   5. a param on the device (updated there, or a clean copy whose host value
+//      took the update: only this rank's shard goes up) is all-gathered in
+//      place in its slot, pinned until its first use, which makes the slot the
+//      value (no whole chunk moves h2d; clean copies up to half the slots, the
+//      rest go the next way); a param not on the device has its
+//      shard copied up into a device buffer, gathered there, and the whole
+//      chunk copied down into its host copy at the first use.
+// The nccl backend is refused on the sim device (host memory) and in
+// deterministic mode (no rank-ordered sum), each with what to use instead. The
+// path is tested on the sim device through a local-backend wrapper that issues
+// every collective as a launch_host function on a stream of the runtime's
+// device (tests/runtime/test_data_parallel_device.cpp: W = 2 and 4, three tiers,
+// bit-identical to one rank). With real NCCL it has been compiled only: it has
+// never run on a GPU here.
+//
+// What this is not yet: on CUDA the mpi/local backends still need host buffers
+// (the gradient is copied down first), and their all-gather fills host param
+// chunks (the first use loads them h2d); the planner does not count the device
+// buffers of the device-buffer path's host-resident chunks (one chunk each, in
+// flight); LAMB/LARS with their families' runs overlapped. (On CUDA the
+// runtime runs LAMB/LARS on the CPU kernels only, gpu_optimizer_supported in
 // plan_adoption.cpp, so their exact norms hold there too; the CUDA LAMB/LARS
 // kernels themselves sum in their own blocks, not exactly.)
 //

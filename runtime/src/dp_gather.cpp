@@ -28,6 +28,14 @@ Status Runtime::Impl::dp_gather_params(std::unique_lock<std::mutex>& lock) {
     DpGather g;
     g.first = f;
     g.slice = core.shard_elems(f) * rounds.elem_bytes;
+    if (c.device_buffers()) {
+      STRATA_RETURN_IF_ERROR(dp_stage_gather_on_device(lock, g, p));
+      STRATA_ASSIGN_OR_RETURN(g.handle, c.all_gather(g.dev + rounds.me * g.slice, g.dev,
+                                                     g.slice / rounds.elem_bytes, rounds.dtype));
+      p.awaiting_gather = true;
+      dp_gathers.push_back(std::move(g));
+      continue;
+    }
     g.all.resize(g.slice * rounds.w);
     std::byte* mine = g.all.data() + rounds.me * g.slice;
     if (p.dirty() && device_memory_host_readable(core.device)) {
@@ -49,6 +57,52 @@ Status Runtime::Impl::dp_gather_params(std::unique_lock<std::mutex>& lock) {
   return Status::Ok();
 }
 
+Status Runtime::Impl::dp_stage_gather_on_device(std::unique_lock<std::mutex>& lock, DpGather& g, Chunk& p) {
+  const Rounds rounds(core);
+  const std::uint64_t mine = rounds.me * g.slice;
+  // In place pins the slot until the param's first use: at most half the slots
+  // (the rest are the next forward's), as dp_land_done_rounds does for gradients.
+  const std::size_t limit = std::max<std::size_t>(1, residency.device_slots().size() / 2);
+  const auto pinned =
+      static_cast<std::size_t>(std::count_if(dp_gathers.begin(), dp_gathers.end(), [](const DpGather& d) {
+        return d.dev != nullptr && !d.staging.valid();
+      }));
+  if (p.device_copy && (p.dirty() || p.value == ChunkValue::kHost) && p.readers == 0 && p.writers == 0 &&
+      (pinned < limit || p.dirty())) {
+    // On the device: the gather fills the param's slot in place from this
+    // rank's shard there (updated there, or a clean copy whose host value has
+    // the update: only the shard goes up), so no whole chunk moves h2d. The
+    // slot stays put (in_collective) until the first use waits for the gather.
+    DeviceSlot& slot = residency.slot_of(p);
+    g.dev = slot.ptr;
+    if (!p.dirty()) {
+      STRATA_RETURN_IF_ERROR(residency.wait_host_reads(p));
+      STRATA_RETURN_IF_ERROR(core.device.wait(core.h2d, slot.fence));
+      STRATA_RETURN_IF_ERROR(core.device.copy_async(core.h2d, g.dev + mine, p.host + mine, g.slice,
+                                                    memory::CopyKind::kHostToDevice));
+      STRATA_RETURN_IF_ERROR(core.device.record(slot.fence, core.h2d));
+    }
+    // The update's writes (compute or h2d) are done before the collective starts.
+    STRATA_RETURN_IF_ERROR(core.device.synchronize(slot.fence));
+    p.in_collective = true;
+    return Status::Ok();
+  }
+  // Not on the device: this rank's shard goes up into a device buffer of its
+  // own, the gather fills it, and the whole chunk comes down into the host
+  // copy at the first use (dp_finish_gather).
+  STRATA_ASSIGN_OR_RETURN(g.staging, core.device.allocate(g.slice * rounds.w));
+  g.dev = static_cast<std::byte*>(g.staging.data());
+  STRATA_RETURN_IF_ERROR(with_host_copy(lock, p, false, [&](std::byte* h) {
+    g.all.assign(h + mine, h + mine + g.slice);  // (a host copy may be a temporary: NVMe)
+  }));
+  STRATA_RETURN_IF_ERROR(
+      core.device.copy_async(core.h2d, g.dev + mine, g.all.data(), g.slice, memory::CopyKind::kHostToDevice));
+  STRATA_RETURN_IF_ERROR(core.device.synchronize(core.h2d));
+  g.all.clear();
+  if (p.device_copy && p.readers == 0 && !p.dirty()) residency.drop_device_copy(p);  // stale
+  return Status::Ok();
+}
+
 Status Runtime::Impl::dp_finish_gather(std::unique_lock<std::mutex>& lock, FamilyId f) {
   Chunk& p = core.chunk(f, StateKind::kParam);
   if (!p.awaiting_gather) return Status::Ok();
@@ -61,7 +115,20 @@ Status Runtime::Impl::dp_finish_gather(std::unique_lock<std::mutex>& lock, Famil
   lock.unlock();
   Status st = g.handle.wait();
   lock.lock();
+  if (g.dev != nullptr && !g.staging.valid()) p.in_collective = false;
   STRATA_RETURN_IF_ERROR(st);
+  if (g.dev != nullptr) {
+    if (!g.staging.valid()) {
+      // Gathered in place in its slot, which now holds the only current copy.
+      if (!p.dirty()) p.move_value(ChunkValue::kDevice);
+      return Status::Ok();
+    }
+    g.all.resize(g.slice * static_cast<std::uint64_t>(core.dp_ranks()));
+    STRATA_RETURN_IF_ERROR(
+        core.device.copy_async(core.d2h, g.all.data(), g.dev, g.all.size(), memory::CopyKind::kDeviceToHost));
+    STRATA_RETURN_IF_ERROR(core.device.synchronize(core.d2h));
+    g.staging = memory::DeviceAllocation();
+  }
   // Every shard (this rank's is unchanged) into the param chunk: into its device
   // slot when that holds the only copy and the host can write it (no copy down and
   // up again), else into the host copy.

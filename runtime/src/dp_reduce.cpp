@@ -18,8 +18,8 @@ namespace {
 
 //! The communicator may read and write device slots directly where the host can
 //! (device_access.hpp). Elsewhere (CUDA) the mpi/local backends need host buffers,
-//! so a gradient is copied down first (the nccl backend, which could reduce device
-//! buffers, is refused by options.cpp).
+//! so a gradient is copied down first; a device-buffer communicator (nccl) takes
+//! the device path of dp_post_round instead.
 bool comm_reads_device(const Core& core) {
   return device_memory_host_readable(core.device);
 }
@@ -62,6 +62,12 @@ Status Runtime::Impl::dp_post_round(bool at_step) {
   DpRound round;
   round.first = f;
   round.slice = shard;
+  if (c.device_buffers()) {
+    STRATA_RETURN_IF_ERROR(dp_stage_round_on_device(round, g, whole));
+    dp_inflight.push_back(std::move(round));
+    STRATA_RETURN_IF_ERROR(dp_start_packed(false));
+    return dp_land_done_rounds();
+  }
   round.send.resize(whole);
   round.recv.resize(shard);
   std::byte* dst = round.send.data();
@@ -97,6 +103,102 @@ Status Runtime::Impl::dp_post_round(bool at_step) {
   dp_inflight.push_back(std::move(round));
   return dp_start_packed(false);
 }
+Status Runtime::Impl::dp_stage_round_on_device(DpRound& round, Chunk& g, std::uint64_t whole) {
+  if (g.dirty()) {
+    // In its device slot: the reduce-scatter reads the whole chunk there and
+    // writes this rank's shard's sum in place (ncclReduceScatter's in-place
+    // form), so the slot stays put (in_collective) until step() waits for it.
+    // It starts once an event on the compute stream after the backward that
+    // wrote the slot completes (dp_start_packed): ordered after those kernels
+    // whatever stream the communicator issues on.
+    DeviceSlot& slot = residency.slot_of(g);
+    round.dev = slot.ptr;
+    STRATA_RETURN_IF_ERROR(core.device.wait(core.compute, slot.fence));
+    STRATA_ASSIGN_OR_RETURN(memory::Event e, core.device.create_event());
+    round.packed.emplace(std::move(e));
+    STRATA_RETURN_IF_ERROR(core.device.record(*round.packed, core.compute));
+    g.in_collective = true;
+    return Status::Ok();
+  }
+  // On host (written there, or evicted before its round): up into a device
+  // buffer of its own, which the collective reads and writes.
+  STRATA_RETURN_IF_ERROR(residency.ensure_on_host(g));
+  STRATA_ASSIGN_OR_RETURN(round.staging, core.device.allocate(whole));
+  round.dev = static_cast<std::byte*>(round.staging.data());
+  STRATA_RETURN_IF_ERROR(
+      core.device.copy_async(core.h2d, round.dev, g.host, whole, memory::CopyKind::kHostToDevice));
+  STRATA_ASSIGN_OR_RETURN(memory::Event e, core.device.create_event());
+  round.packed.emplace(std::move(e));
+  return core.device.record(*round.packed, core.h2d);
+}
+
+Status Runtime::Impl::dp_land_device_round(DpRound& round) {
+  const Rounds rounds(core);
+  Chunk& g = core.chunk(round.first, StateKind::kGrad);
+  const std::uint64_t at = core.shard_begin(round.first) * rounds.elem_bytes;
+  const std::byte* sum = round.dev + at;
+  if (!round.staging.valid()) {
+    g.in_collective = false;
+    // A GPU-homed family: the shard's sum is in place in its slot, where the
+    // device kernel reads it; nothing moves.
+    if (sum_on_device(core, round.first)) return Status::Ok();
+  }
+  // Only this rank's shard of the sum comes down (1/W of the chunk). The rest
+  // of the host copy is other ranks' shards: nothing reads it here.
+  STRATA_ASSIGN_OR_RETURN(std::byte * h, core.host_buffer(g));
+  STRATA_RETURN_IF_ERROR(residency.wait_host_reads(g));
+  if (g.dirty()) {
+    DeviceSlot& slot = residency.slot_of(g);
+    STRATA_RETURN_IF_ERROR(core.device.wait(core.d2h, slot.fence));
+    STRATA_RETURN_IF_ERROR(
+        core.device.copy_async(core.d2h, h + at, sum, round.slice, memory::CopyKind::kDeviceToHost));
+    STRATA_RETURN_IF_ERROR(core.device.record(slot.fence, core.d2h));
+    STRATA_RETURN_IF_ERROR(core.device.synchronize(slot.fence));
+    g.move_value(ChunkValue::kHost);
+    residency.drop_device_copy(g);
+    return Status::Ok();
+  }
+  STRATA_RETURN_IF_ERROR(
+      core.device.copy_async(core.d2h, h + at, sum, round.slice, memory::CopyKind::kDeviceToHost));
+  STRATA_RETURN_IF_ERROR(core.device.synchronize(core.d2h));
+  round.staging = memory::DeviceAllocation();
+  if (g.device_copy) {  // a clean copy of the gradient on the device: refreshed
+    STRATA_RETURN_IF_ERROR(residency.load_to_slot(g, residency.slot_of(g)));
+    STRATA_RETURN_IF_ERROR(core.device.synchronize(core.h2d));
+  }
+  return Status::Ok();
+}
+
+Status Runtime::Impl::dp_land_done_rounds() {
+  // A round holding a device slot (in_collective: not evictable) counts against
+  // half the slots; past that, the oldest is waited for here, with mu held: what
+  // completes a collective (the communicator's stream, the other ranks issuing
+  // it in the same order) never takes mu. Landing frees an off-GPU family's
+  // slot and lets a GPU-homed family's be evicted again.
+  const std::size_t limit = std::max<std::size_t>(1, residency.device_slots().size() / 2);
+  std::size_t holding = 0;
+  for (DpRound& round : dp_inflight) {
+    if (round.dev == nullptr || round.landed) continue;
+    if (round.started && round.handle.done()) {
+      STRATA_RETURN_IF_ERROR(round.handle.wait());
+      STRATA_RETURN_IF_ERROR(dp_land_device_round(round));
+      round.landed = true;
+      continue;
+    }
+    if (!round.staging.valid()) ++holding;
+  }
+  for (DpRound& round : dp_inflight) {
+    if (holding <= limit) break;
+    if (round.dev == nullptr || round.landed || round.staging.valid()) continue;
+    if (!round.started) STRATA_RETURN_IF_ERROR(dp_start_packed(true));
+    STRATA_RETURN_IF_ERROR(round.handle.wait());
+    STRATA_RETURN_IF_ERROR(dp_land_device_round(round));
+    round.landed = true;
+    --holding;
+  }
+  return Status::Ok();
+}
+
 Status Runtime::Impl::dp_start_packed(bool block) {
   comm::Communicator& c = *core.opt.comm;
   const Rounds rounds(core);
@@ -110,8 +212,14 @@ Status Runtime::Impl::dp_start_packed(bool block) {
         if (!done) return Status::Ok();  // later rounds start after it: the same order on every rank
       }
     }
-    STRATA_ASSIGN_OR_RETURN(round.handle, c.reduce_scatter(round.send.data(), round.recv.data(),
-                                                           round.slice / rounds.elem_bytes, rounds.dtype));
+    if (round.dev != nullptr) {
+      const std::uint64_t at = core.shard_begin(round.first) * rounds.elem_bytes;
+      STRATA_ASSIGN_OR_RETURN(round.handle, c.reduce_scatter(round.dev, round.dev + at,
+                                                             round.slice / rounds.elem_bytes, rounds.dtype));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(round.handle, c.reduce_scatter(round.send.data(), round.recv.data(),
+                                                             round.slice / rounds.elem_bytes, rounds.dtype));
+    }
     round.started = true;
   }
   return Status::Ok();
@@ -126,6 +234,7 @@ Status Runtime::Impl::dp_post_complete_rounds() {
     STRATA_RETURN_IF_ERROR(dp_post_round(false));
   }
   STRATA_RETURN_IF_ERROR(dp_start_packed(false));  // reductions whose packs ended since
+  if (core.opt.comm->device_buffers()) STRATA_RETURN_IF_ERROR(dp_land_done_rounds());
   // Complete gradients not posted yet (a later family, in the fixed order, is
   // incomplete) stay on the device for their reduction.
   for (FamilyId f = 0; f < static_cast<FamilyId>(total - dp_rounds_posted); ++f) {
@@ -144,10 +253,15 @@ Status Runtime::Impl::dp_reduce_gradients(std::unique_lock<std::mutex>& lock) {
   dp_inflight.clear();
   dp_rounds_posted = 0;
   for (DpRound& round : inflight) {
+    if (round.landed) continue;
     lock.unlock();
     Status st = round.handle.wait();
     lock.lock();
     STRATA_RETURN_IF_ERROR(st);
+    if (round.dev != nullptr) {
+      STRATA_RETURN_IF_ERROR(dp_land_device_round(round));
+      continue;
+    }
     Chunk& g = core.chunk(round.first, StateKind::kGrad);
     const std::uint64_t at = core.shard_begin(round.first) * rounds.elem_bytes;
     // The sum over ranks of this rank's shard replaces it where the gradient is

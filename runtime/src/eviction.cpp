@@ -40,7 +40,7 @@ Status failed(Core& core, Status st) {
 bool Residency::movable(const DeviceSlot& slot) const {
   if (slot.chunk < 0) return true;
   const Chunk& c = core_.chunks[static_cast<std::size_t>(slot.chunk)];
-  if (c.readers > 0 || c.writers > 0) return false;
+  if (c.readers > 0 || c.writers > 0 || c.in_collective) return false;
   // A complete gradient waiting for the optimizer pipeline leaves by itself;
   // writing it back to host would spend host memory the plan did not give it.
   // Waiting for the pipeline is the back-pressure (ensure_on_device).

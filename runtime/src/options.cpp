@@ -204,11 +204,11 @@ Status validate_options(const RuntimeOptions& o) {
   if (o.io_engine != "auto" && o.io_engine != "uring" && o.io_engine != "posix") {
     return invalid_argument("io_engine = \"{}\": use auto, uring or posix", o.io_engine);
   }
-  if (o.comm != nullptr && o.comm->backend() == "nccl") {
+  if (o.comm != nullptr && o.comm->backend() == "nccl" && o.comm->options().deterministic) {
     return invalid_argument(
-        "comm: the sharded runtime moves gradient and param chunks through host memory (Note [Sharded "
-        "step]); the nccl backend reduces device buffers and is not wired into it yet: use the mpi or local "
-        "backend");
+        "comm: the nccl backend has no rank-ordered sum, so it cannot run deterministic mode (Note "
+        "[Deterministic reduction]); set CommOptions::deterministic = false, or use the mpi or local backend "
+        "for bit-identical runs");
   }
   if (!std::isfinite(o.clip_max_norm) || o.clip_max_norm < 0) {
     return invalid_argument("clip_max_norm = {} must be finite and >= 0 (0 = off)", o.clip_max_norm);

@@ -73,6 +73,13 @@ Runtime::Runtime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Result<std::unique_ptr<Runtime>> Runtime::create(memory::Device& device, RuntimeOptions options) {
   STRATA_RETURN_IF_ERROR(validate_options(options));
+  if (options.comm != nullptr && options.comm->backend() == "nccl" &&
+      device.kind() != memory::DeviceKind::kCuda) {
+    return invalid_argument(
+        "comm: the nccl backend reduces CUDA device memory, but this runtime's device is {} (host memory); "
+        "use the local or mpi backend with it (Note [Sharded step])",
+        memory::device_kind_name(device.kind()));
+  }
   auto impl = std::make_unique<Impl>(device, std::move(options));
   Impl& m = *impl;
   STRATA_ASSIGN_OR_RETURN(m.core.pool, ThreadPool::create({.threads = m.core.opt.threads}));

@@ -107,7 +107,23 @@ struct Runtime::Impl {
     //! the reduce-scatter starts after it (started).
     std::optional<memory::Event> packed;
     bool started = false;
+    //! A device-buffer communicator (nccl): the collective reads `dev` (the
+    //! gradient's device slot, or `staging` for a gradient on host) and writes
+    //! this rank's shard's sum in place there; `send`/`recv` stay empty.
+    std::byte* dev = nullptr;
+    memory::DeviceAllocation staging;
+    bool landed = false;  //!< waited for and landed during backward (dp_land_done_rounds)
   };
+  //! Device-buffer communicator: lands the rounds whose collectives are done, and
+  //! waits for the oldest while too many hold device slots (back-pressure: the
+  //! slots are backward's).
+  Status dp_land_done_rounds();
+  //! Device-buffer communicator: points `round` at gradient g's device slot (or
+  //! a device buffer of `whole` bytes holding it) after the writes to it.
+  Status dp_stage_round_on_device(DpRound& round, Chunk& g, std::uint64_t whole);
+  //! Device-buffer communicator, once `round` is done: a GPU-homed family keeps
+  //! its shard's sum in its slot; otherwise only the shard comes down to host.
+  Status dp_land_device_round(DpRound& round);
   //! Starts, in issue order, the reduce-scatters whose packs are done (with
   //! block, waits for each pack). Caller holds mu.
   Status dp_start_packed(bool block);
@@ -148,8 +164,15 @@ struct Runtime::Impl {
     std::uint64_t slice = 0;
     std::vector<std::byte> all;
     comm::Handle handle;
+    //! A device-buffer communicator: the gather fills `dev` (the param's device
+    //! slot, or `staging` for a param not on the device); `all` stays empty.
+    std::byte* dev = nullptr;
+    memory::DeviceAllocation staging;
   };
   std::vector<DpGather> dp_gathers;  //!< started at the last step's end, in issue order
+  //! Device-buffer communicator: points `g` at param p's device slot (in place) or
+  //! a device buffer, with this rank's updated shard in it.
+  Status dp_stage_gather_on_device(std::unique_lock<std::mutex>& lock, DpGather& g, Chunk& p);
   //! Runs fn on a host copy of chunk c (reading NVMe into a temporary when it lives
   //! there); with write, the change is stored back to c's home. With whole (and
   //! write), fn overwrites every byte of the chunk, so an NVMe copy is not read

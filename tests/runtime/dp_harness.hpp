@@ -10,11 +10,15 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench/dp_model.hpp"
+#include "strata/comm/local.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/common/scratch_dir.hpp"
 #include "strata/memory/device_factory.hpp"
@@ -96,6 +100,9 @@ struct DpResult {
   std::vector<Tier> homes;  //!< optimizer home of each trainable family (this rank's shard of it)
   std::uint64_t bytes_comm = 0;
   std::uint64_t bytes_d2h = 0;  //!< device -> host bytes over the steps after the first
+  //! Param chunk bytes of the trainable families whose states are off the GPU
+  //! (this rank's plan), per step: what a device-buffer all-gather brings down.
+  std::uint64_t offgpu_param_bytes = 0;
 };
 
 //! Moves a collected outcome's params and states into `out`.
@@ -109,10 +116,14 @@ inline void take_outcome(DpResult& out, bench::DpModel::Outcome&& got) {
 
 //! Trains kDpSteps steps: with `rank` < 0 on one rank with the whole batch as
 //! `ranks` micro-batches; otherwise as rank `rank` of `ranks` (options.comm set).
-inline DpResult dp_train(RuntimeOptions options, int rank, int ranks, bench::DpModel model = dp_model()) {
+//! `prepare` (optional) edits the options once the device exists (a communicator
+//! that issues on a stream of it).
+inline DpResult dp_train(RuntimeOptions options, int rank, int ranks, bench::DpModel model = dp_model(),
+                         const std::function<void(memory::Device&, RuntimeOptions&)>& prepare = {}) {
   DpResult out;
   const std::uint32_t state_count = kernels::optimizer_state_count(options.hyper);
   auto device = dp_device();
+  if (prepare) prepare(*device, options);
   auto made = create_runtime(*device, std::move(options));
   if (!made.ok()) {
     out.status = made.status();
@@ -133,6 +144,8 @@ inline DpResult dp_train(RuntimeOptions options, int rank, int ranks, bench::DpM
       for (TensorId t : rt.layout().families[f].tensors)
         trainable = trainable || model.frozen >= model.ids.size() || t != model.ids[model.frozen];
       if (trainable) out.homes.push_back(rt.plan().families[f].optim_home);
+      if (trainable && rt.plan().families[f].optim_home != Tier::kGpu)
+        out.offgpu_param_bytes += rt.layout().families[f].capacity_elems * 4;
     }
     out.state_bytes = got.state_bytes;
     return Status::Ok();
@@ -140,6 +153,42 @@ inline DpResult dp_train(RuntimeOptions options, int rank, int ranks, bench::DpM
   out.status = run();
   made->reset();
   return out;
+}
+
+//! Makes rank r's communicator from the local group's (`inner`), once its
+//! device exists (a communicator that issues on a stream of that device).
+using WrapComm = std::function<std::shared_ptr<comm::Communicator>(std::unique_ptr<comm::Communicator> inner,
+                                                                   memory::Device&)>;
+
+//! Runs rank r's part on its own thread for every rank of a local group.
+//! `edit` (optional) changes every rank's options alike; `wrap` (optional)
+//! wraps each rank's communicator.
+inline std::vector<DpResult> run_ranks(Tier tier, int w,
+                                       const std::function<void(RuntimeOptions&)>& edit = {},
+                                       const bench::DpModel& model = dp_model(), const WrapComm& wrap = {}) {
+  auto group = comm::make_local_group(w, {});
+  EXPECT_TRUE(group.ok()) << group.status();
+  std::vector<DpResult> results(static_cast<std::size_t>(w));
+  std::vector<ScratchDir> dirs;
+  for (int r = 0; r < w; ++r) dirs.push_back(dp_scratch(fmt::format("r{}", r)));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < w; ++r) {
+    RuntimeOptions o = dp_options(tier, dirs[static_cast<std::size_t>(r)].path().string(), w);
+    if (edit) edit(o);
+    std::unique_ptr<comm::Communicator> c = std::move((*group)[static_cast<std::size_t>(r)]);
+    if (!wrap) o.comm = std::move(c);
+    threads.emplace_back([&results, &model, &wrap, o = std::move(o), c = std::move(c), r, w]() mutable {
+      auto prepare = [&](memory::Device& device, RuntimeOptions& opts) {
+        opts.comm = wrap(std::move(c), device);
+      };
+      results[static_cast<std::size_t>(r)] =
+          dp_train(std::move(o), r, w, model,
+                   wrap ? std::function<void(memory::Device&, RuntimeOptions&)>(prepare)
+                        : std::function<void(memory::Device&, RuntimeOptions&)>());
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
 }
 
 //! Rank `rank`'s result equals the single rank's: every param, and the part of

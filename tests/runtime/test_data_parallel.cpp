@@ -42,28 +42,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return fmt::format("{}_W{}", tier_name(info.param.tier), info.param.ranks);
 }
 
-//! Runs rank r's part on its own thread for every rank of a local group.
-//! `edit` (optional) changes every rank's options alike.
-std::vector<DpResult> run_ranks(Tier tier, int w, const std::function<void(RuntimeOptions&)>& edit = {},
-                                const bench::DpModel& model = testing::dp_model()) {
-  const comm::CommOptions copts;
-  auto group = comm::make_local_group(w, copts);
-  EXPECT_TRUE(group.ok()) << group.status();
-  std::vector<DpResult> results(static_cast<std::size_t>(w));
-  std::vector<ScratchDir> dirs;
-  for (int r = 0; r < w; ++r) dirs.push_back(testing::dp_scratch(fmt::format("r{}", r)));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < w; ++r) {
-    RuntimeOptions o = testing::dp_options(tier, dirs[static_cast<std::size_t>(r)].path().string(), w);
-    if (edit) edit(o);
-    o.comm = std::move((*group)[static_cast<std::size_t>(r)]);
-    threads.emplace_back([&results, &model, o = std::move(o), r, w]() mutable {
-      results[static_cast<std::size_t>(r)] = testing::dp_train(std::move(o), r, w, model);
-    });
-  }
-  for (auto& t : threads) t.join();
-  return results;
-}
+using testing::run_ranks;
 
 class DataParallel : public ::testing::TestWithParam<Case> {};
 
@@ -226,7 +205,8 @@ namespace {
 //! A communicator that says it is nccl (the runtime must refuse it before using it).
 class NamedNccl final : public comm::Communicator {
  public:
-  NamedNccl() : Communicator(0, 2, {}) {}
+  explicit NamedNccl(comm::CommOptions o = {}) : Communicator(0, 2, o) {}
+  bool device_buffers() const override { return true; }
   std::string_view backend() const override { return "nccl"; }
   void abort(std::string_view) override {}
 
@@ -250,14 +230,23 @@ class NamedNccl final : public comm::Communicator {
   static Status unused() { return internal_error("NamedNccl: the runtime should have refused this backend"); }
 };
 
+// #14: the nccl backend is refused where it cannot run: in deterministic mode
+// (no rank-ordered sum) and on the sim device (host memory), each saying what
+// to use instead.
 TEST(DataParallelOptions, TheNcclBackendIsRefusedWithTheReason) {
-  RuntimeOptions o = testing::dp_options(Tier::kHost, "");
-  o.comm = std::make_shared<NamedNccl>();
   auto device = testing::dp_device();
-  auto rt = Runtime::create(*device, std::move(o));
+  RuntimeOptions o = testing::dp_options(Tier::kHost, "");
+  o.comm = std::make_shared<NamedNccl>();  // deterministic (the default)
+  auto rt = Runtime::create(*device, o);
   ASSERT_FALSE(rt.ok());
   EXPECT_EQ(rt.status(), StatusCode::kInvalidArgument);
-  EXPECT_NE(rt.status().message().find("nccl backend reduces device buffers"), std::string::npos)
+  EXPECT_NE(rt.status().message().find("cannot run deterministic mode"), std::string::npos) << rt.status();
+  EXPECT_NE(rt.status().message().find("use the mpi or local backend"), std::string::npos) << rt.status();
+  o.comm = std::make_shared<NamedNccl>(comm::CommOptions{.deterministic = false});
+  rt = Runtime::create(*device, o);
+  ASSERT_FALSE(rt.ok());
+  EXPECT_EQ(rt.status(), StatusCode::kInvalidArgument);
+  EXPECT_NE(rt.status().message().find("this runtime's device is sim (host memory)"), std::string::npos)
       << rt.status();
 }
 

@@ -13,7 +13,13 @@
 // require); a call starts the collective and returns a Handle at once, and
 // Handle::wait() blocks until this rank's output is ready and its input may be
 // reused. Backends: `local` (threads of one process, local.hpp), `mpi` (MPICH,
-// mpi.hpp), `nccl` (compiled only when NCCL is found, nccl.hpp).
+// mpi.hpp), `nccl` (built only when NCCL is found, nccl.hpp; compiled wherever
+// CUDA is, against declarations of NCCL's API: comm/nccl_api/nccl.h). For
+// `nccl` the chunk collectives (reduce_scatter, all_gather) take device memory
+// (device_buffers()), and the runtime reduces and gathers in its device slots
+// (Note [Sharded step]); all_reduce and broadcast take host memory everywhere.
+// reduce_scatter may run in place (recv = send + rank * count), as NCCL's does.
+// The nccl backend has been compiled here, never run on a GPU.
 //
 // Note [Deterministic reduction]
 // In deterministic mode a sum is formed in rank order, rounding to the buffer's
@@ -87,6 +93,9 @@ class PendingOp {
   virtual ~PendingOp() = default;
   //! Blocks until this rank's part is done or the timeout; called once.
   virtual Status wait() = 0;
+  //! Whether wait() would return at once; never blocks. A backend that cannot
+  //! tell says false (the caller then waits when it must).
+  virtual bool done() { return false; }
 };
 
 //! A collective in flight. Move-only. wait() blocks until this rank's output is
@@ -107,6 +116,8 @@ class Handle {
 
   bool valid() const { return op_ != nullptr || waited_; }
   Status wait();
+  //! Whether wait() would return at once (PendingOp::done); never blocks.
+  bool done() { return waited_ || (op_ != nullptr && op_->done()); }
 
  private:
   std::unique_ptr<PendingOp> op_;
@@ -131,9 +142,16 @@ class Communicator {
   const CommOptions& options() const { return options_; }
   //! "local", "mpi" or "nccl".
   virtual std::string_view backend() const = 0;
+  //! Whether reduce_scatter's and all_gather's buffers are device memory (nccl):
+  //! the runtime then reduces gradients in their device slots and gathers params
+  //! into them (Note [Sharded step]). all_reduce and broadcast take host memory
+  //! on every backend. A device-buffer collective is ordered on the backend's
+  //! stream; Handle::wait() returns once it is done there.
+  virtual bool device_buffers() const { return false; }
 
   //! `send` holds size() * count elements; `recv` (count elements, not
-  //! overlapping `send`) receives the sum over ranks of slice rank() of send.
+  //! overlapping `send`, or exactly send + rank() * count: in place, as NCCL
+  //! allows) receives the sum over ranks of slice rank() of send.
   //! Fails: InvalidArgument (null buffer with count > 0, overlap), or the
   //! communicator's first failure.
   Result<Handle> reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype);

@@ -1,8 +1,9 @@
 #pragma once
 // The `nccl` backend: GPU clusters. Compiled only when CMake finds NCCL (and
-// CUDA); otherwise make_nccl_communicator says so. Chunk buffers are device
-// memory; all_reduce's scalars are host memory (staged through a small device
-// buffer); broadcast's data is device memory. The NCCL unique id travels over a
+// CUDA); otherwise make_nccl_communicator says so. Chunk buffers
+// (reduce_scatter, all_gather) are device memory (device_buffers() is true);
+// all_reduce's scalars and broadcast's data are host memory, staged through
+// device buffers (a small fixed one; one per broadcast, at start-up). The NCCL unique id travels over a
 // bootstrap communicator (mpi), as NCCL's own examples do with MPI_Bcast.
 //
 // NCCL has no rank-ordered reduction: deterministic mode is refused
