@@ -140,8 +140,10 @@ struct TrustPartial {
 
 //! Phase 1 of LAMB/LARS for spans whose tensors may span several calls:
 //! LAMB updates m and v, LARS only reads. Writes one partial per span. The
-//! caller sums partials per tensor (in a fixed order, for determinism), turns
-//! them into ratios (lamb_trust_ratio / lars_trust_ratio) and calls phase 2.
+//! caller sums partials per tensor (ExactSum::add of param_exact/other_exact:
+//! any order and any cut of the tensor at group boundaries give the same bits,
+//! Note [Exact norms]), turns them into ratios (lamb_trust_ratio /
+//! lars_trust_ratio) and calls phase 2.
 //! Checks gradients as step() does. Fails as step().
 Result<StepReport> trust_phase1(const StepArgs& args, std::span<TrustPartial> partials);
 //! Phase 2: applies the update with one trust ratio per span. Never reads the gradient for LAMB.

@@ -13,8 +13,11 @@
 // it can move, so LAMB runs in two passes: phase 1 updates m and v and sums
 // ||p||^2 and ||u||^2; phase 2 recomputes u from the new m, v (cheaper than
 // storing it: u would need a span of its own) and applies it. LARS is the same
-// with a read-only phase 1. Partial sums per span are combined per tensor in a
-// fixed order, so a tensor split over spans (or chunks, or calls) is handled.
+// with a read-only phase 1. Partial sums per span are exact sums of 64-element
+// groups aligned to the chunk (CPU kernels, Note [Exact norms] in
+// exact_sum.hpp), combined per tensor exactly, so a tensor split over spans (or
+// chunks, calls, or ranks) gets the same ratio bit for bit; the CUDA and
+// emulated-grid backends combine double partials in a fixed order instead.
 
 #include <cmath>
 #include <cstdint>
