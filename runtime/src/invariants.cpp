@@ -126,7 +126,12 @@ void Runtime::Impl::check_dp_invariants() const {
   for (const DpGather& g : dp_gathers) {
     STRATA_CHECK(
         core.chunks[g.first * kStateKindCount + static_cast<std::size_t>(StateKind::kParam)].awaiting_gather);
-    STRATA_CHECK(g.all.size() == g.slice * w);
+    // A host gather fills `all`; a device-buffer one fills `dev` and leaves `all` empty.
+    if (g.dev != nullptr) {
+      STRATA_CHECK(g.all.empty());
+    } else {
+      STRATA_CHECK(g.all.size() == g.slice * w);
+    }
   }
   STRATA_CHECK(dp_rounds_posted <= core.layout.families.size());
   for (FamilyId f = 0; f < core.layout.families.size(); ++f) {
