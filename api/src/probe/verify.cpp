@@ -202,18 +202,29 @@ std::vector<VerifyTerm> verify_terms(const VerifyResult& r) {
   };
 }
 
-Result<double> measure_verify_compute(std::uint64_t hidden, std::uint64_t tokens) {
-  if (hidden == 0 || tokens == 0)
-    return invalid_argument("verify compute: hidden {} and tokens {} must be >= 1", hidden, tokens);
+Result<double> measure_verify_compute(std::uint64_t hidden, std::uint64_t tokens, std::uint64_t layers) {
+  if (hidden == 0 || tokens == 0 || layers == 0) {
+    return invalid_argument("verify compute: hidden {}, tokens {} and layers {} must be >= 1", hidden, tokens,
+                            layers);
+  }
   const LayerShape s(tokens, hidden);
-  LayerScratch m(s, /*own_weights=*/true);
+  LayerScratch m(s, /*own_weights=*/false);
+  // Note [Verify compute]: distinct weights and gradients, as the run's layers.
+  const std::uint64_t pair_bytes = 2 * sizeof(float) * s.hidden * s.cols;
+  const std::size_t n =
+      std::clamp<std::uint64_t>((kVerifyColdBytes + pair_bytes - 1) / pair_bytes, 1, layers);
+  std::vector<std::vector<float>> w(n, std::vector<float>(s.hidden * s.cols, 1e-2f));
+  std::vector<std::vector<float>> dw(n, std::vector<float>(s.hidden * s.cols));
   std::vector<double> rates;
   for (int i = 0; i < 4; ++i) {
     const auto start = Clock::now();
-    layer_forward(m.w.data(), m.x.data(), m.y.data(), s.tokens, s.hidden, s.cols);
-    layer_backward(m.w.data(), m.x.data(), m.dy.data(), m.dw.data(), m.dx.data(), s.tokens, s.hidden, s.cols);
+    for (std::size_t l = 0; l < n; ++l) {
+      layer_forward(w[l].data(), m.x.data(), m.y.data(), s.tokens, s.hidden, s.cols);
+      layer_backward(w[l].data(), m.x.data(), m.dy.data(), dw[l].data(), m.dx.data(), s.tokens, s.hidden,
+                     s.cols);
+    }
     const double t = std::chrono::duration<double>(Clock::now() - start).count();
-    if (i > 0) rates.push_back(s.flops() / t);  // the first one warms up
+    if (i > 0) rates.push_back(static_cast<double>(n) * s.flops() / t);  // the first pass warms up
   }
   std::sort(rates.begin(), rates.end());
   return rates[rates.size() / 2];
@@ -239,12 +250,13 @@ Result<VerifyResult> verify(const VerifyOptions& options) {
   // Note [Verify host memory]: up front, before the products' scratch is allocated.
   if (Status fits = fits_host_memory(o, o.spec, 1); !fits.ok()) return too_large(o, fits);
   constexpr std::uint64_t kProbeTokens = 16;
-  STRATA_ASSIGN_OR_RETURN(double rate, measure_verify_compute(o.spec.shape.hidden, kProbeTokens));
+  const std::uint64_t layers = o.spec.shape.layers + 1;  // and the embedding, one layer's size
+  STRATA_ASSIGN_OR_RETURN(double rate, measure_verify_compute(o.spec.shape.hidden, kProbeTokens, layers));
   std::uint64_t tokens = o.tokens;
   if (tokens == 0) {
     STRATA_ASSIGN_OR_RETURN(tokens, choose_tokens(o, rate));
   }
-  STRATA_ASSIGN_OR_RETURN(r.compute_flops_per_s, measure_verify_compute(o.spec.shape.hidden, tokens));
+  STRATA_ASSIGN_OR_RETURN(r.compute_flops_per_s, measure_verify_compute(o.spec.shape.hidden, tokens, layers));
   o.spec.shape.seq = tokens;
   o.spec.shape.batch = 1;
   o.spec.device_flops_per_s = r.compute_flops_per_s;

@@ -21,7 +21,16 @@
 // compute stream), not BLAS: nothing the probe links may replace a trainer's
 // BLAS. Its rate is measured before the run on the same shapes
 // (measure_verify_compute), and that rate, not --tflops, is the prediction's
-// device compute rate. T is chosen so the compute is about half the step's
+// device compute rate. The measurement cycles through distinct weight and
+// gradient matrices (64 MiB in all, at most one pair per layer), as the run's
+// layers each read their own weights and write their own gradient: timed on one
+// matrix that stayed in cache, the product ran 1.5-3x faster than in the run
+// (compute busy 0.027-0.047 s against 0.012-0.025 s predicted at optim-host,
+// 24M params, on this 2-core sandbox; ratio 1.06-1.67). Cycling raised the
+// predicted compute about 1.3x; in the run it is still 1.2-2x the prediction,
+// as the product shares the 2 cores with the CPU optimizer's workers and the sim
+// device's memcpy copies, which the host-cores term counts only in part (ratio
+// 1.06-1.60 over 6 runs). T is chosen so the compute is about half the step's
 // other busiest resource: large enough to overlap the copies, the optimizer and
 // the disk, small enough that a step takes well under a second.
 
@@ -105,9 +114,15 @@ std::vector<VerifyTerm> verify_terms(const VerifyResult& r);
 //! options.nvme_dir and are removed when it returns, with or without an error.
 Result<VerifyResult> verify(const VerifyOptions& options);
 
+//! Bytes of distinct weights and gradients the compute measurement cycles
+//! through, at most one pair per layer (Note [Verify compute]).
+inline constexpr std::uint64_t kVerifyColdBytes = std::uint64_t{64} << 20;
+
 //! FLOPs a second of the verify model's layer (Note [Verify compute]) on this
-//! thread: forward and backward of an h x 12h layer over `tokens` tokens, the
-//! median of 3 after a warm-up. Fails (InvalidArgument) on a zero size.
-Result<double> measure_verify_compute(std::uint64_t hidden, std::uint64_t tokens);
+//! thread: forward and backward of h x 12h layers over `tokens` tokens, each
+//! product on its own weights and gradient (up to `layers` of them, kVerifyColdBytes
+//! in all), the median of 3 passes after a warm-up. Fails (InvalidArgument) on a
+//! zero size.
+Result<double> measure_verify_compute(std::uint64_t hidden, std::uint64_t tokens, std::uint64_t layers);
 
 }  // namespace strata::probe
