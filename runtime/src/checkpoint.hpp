@@ -82,6 +82,8 @@ constexpr int kIoprioClassShift = 13;
 constexpr std::size_t kDeferredMax = 64;
 //! Freed save buffers kept for reuse.
 constexpr std::size_t kSaveSpares = 4;
+//! NVMe reads a save keeps in flight ahead of its writer (Note [Save read-ahead]).
+constexpr std::uint64_t kSaveReadAheadBytes = std::uint64_t{32} << 20;
 constexpr const char* kManifestName = "manifest.json";
 constexpr const char* kFormatName = "strata-checkpoint";
 
@@ -353,7 +355,8 @@ struct CheckpointSave {
   std::uint64_t high_water = 0;  //!< the most held_bytes
   std::vector<std::pair<std::uint64_t, std::byte*>> spares;  //!< freed buffers kept for reuse (in held_bytes)
   //! save_checkpoint: nothing runs beside it, so host copies are written in place
-  //! (borrowed) and nothing is captured ahead.
+  //! (borrowed), and families are captured ahead only for the read-ahead (Note
+  //! [Save read-ahead]).
   bool blocking = false;
   ~CheckpointSave() {
     for (auto& [bytes, p] : spares) std::free(p);

@@ -34,45 +34,140 @@ using namespace checkpoint_detail;
 // A blocking save_checkpoint keeps its priorities and starts each stripe's
 // writeback at once: nothing runs beside it.
 
-//! Reads a piece's pinned NVMe slots into a buffer of the save (null on error).
-static Result<std::byte*> read_pinned(Core& core, CheckpointSave& s, const CheckpointSave::Piece& p) {
-  std::byte* read_buf = nullptr;
-  {
-    std::lock_guard lock(core.mu);
-    read_buf = save_allocate(s, p.bytes, true);
-  }
-  const std::uint64_t piece = s.nvme->slot_bytes();
+// Note [Save read-ahead]
+// A family's NVMe-held states are not in host memory: the save reads their pinned
+// slots into buffers of its own before appending them. Read one piece at a time,
+// the disk sat idle while the save thread copied and checksummed, and the writes
+// waited while it read: the save took the read time plus the write time. So the
+// save thread keeps up to kSaveReadAheadBytes of reads in flight ahead of the
+// piece it appends: the rest of the current family's NVMe pieces, then those of
+// the captured families next_family picks next — in a blocking save the captured
+// ones (it captures ahead for this: its host pieces are borrowed, its NVMe pieces
+// only pinned, so capturing costs no room but a device copy's); in an overlapped
+// save, once it writes the deferred NVMe pieces, the other deferred families'
+// (before, a captured family's NVMe pieces wait, and so would their buffers). The buffers are
+// ordinary memory past the room (as the one-piece reads' were), kSaveReadAheadBytes
+// at most; a read's buffer and its pins live until the piece is appended, or until
+// the save fails and ReadAhead's destructor has waited for the read.
+
+//! One piece's NVMe read in flight (or done) into a buffer of the save.
+struct PieceRead {
+  FamilyId family = 0;
+  std::size_t piece = 0;
+  std::byte* buf = nullptr;
+  std::uint64_t bytes = 0;
   struct Latch {
     std::mutex mu;
     std::condition_variable cv;
     std::size_t pending = 0;
     Status status;
-  } latch;
-  latch.pending = p.slots.size();
+  };
+  std::shared_ptr<Latch> latch = std::make_shared<Latch>();
+
+  Status wait() const {
+    std::unique_lock g(latch->mu);
+    latch->cv.wait(g, [&] { return latch->pending == 0; });
+    return latch->status;
+  }
+};
+
+//! Starts reading a piece's pinned NVMe slots into a buffer of the save.
+static PieceRead start_read(Core& core, CheckpointSave& s, FamilyId f, std::size_t index) {
+  const CheckpointSave::Piece& p = s.pieces[f][index];
+  PieceRead r{.family = f, .piece = index, .bytes = p.bytes};
+  {
+    std::lock_guard lock(core.mu);
+    r.buf = save_allocate(s, p.bytes, true);
+  }
+  const std::uint64_t piece = s.nvme->slot_bytes();
+  r.latch->pending = p.slots.size();
   for (std::size_t i = 0; i < p.slots.size(); ++i) {
     const std::uint64_t begin = i * piece;
-    std::span<std::byte> part(read_buf + begin, std::min<std::uint64_t>(piece, p.bytes - begin));
-    auto done = [&latch](Status st) {
-      std::lock_guard g(latch.mu);
-      if (!st.ok() && latch.status.ok()) latch.status = std::move(st);
-      if (--latch.pending == 0) latch.cv.notify_all();
+    std::span<std::byte> part(r.buf + begin, std::min<std::uint64_t>(piece, p.bytes - begin));
+    auto done = [latch = r.latch](Status st) {
+      std::lock_guard g(latch->mu);
+      if (!st.ok() && latch->status.ok()) latch->status = std::move(st);
+      if (--latch->pending == 0) latch->cv.notify_all();
     };
     Status st = s.nvme->read(p.slots[i], part, done);
     if (!st.ok()) done(st);
   }
-  Status read;
-  {
-    std::unique_lock g(latch.mu);
-    latch.cv.wait(g, [&] { return latch.pending == 0; });
-    read = latch.status;
-  }
-  if (!read.ok()) {
-    std::lock_guard lock(core.mu);
-    save_free(s, read_buf, p.bytes);
-    return read;
-  }
-  return read_buf;
+  return r;
 }
+
+//! The save's reads ahead of its writer (Note [Save read-ahead]).
+class ReadAhead {
+ public:
+  ReadAhead(Core& core, CheckpointSave& s) : core_(core), s_(s) {}
+  ReadAhead(const ReadAhead&) = delete;
+  ReadAhead& operator=(const ReadAhead&) = delete;
+  //! Waits for every read still in flight (a failed save) and frees its buffer.
+  ~ReadAhead() {
+    for (PieceRead& r : reads_) {
+      (void)r.wait();
+      std::lock_guard lock(core_.mu);
+      save_free(s_, r.buf, r.bytes);
+    }
+  }
+
+  //! Piece `index` of family f, read: the read ahead's buffer, or a read started now.
+  //! The caller frees the buffer (save_free) once appended.
+  Result<std::byte*> take(FamilyId f, std::size_t index) {
+    auto it = std::find_if(reads_.begin(), reads_.end(),
+                           [&](const PieceRead& r) { return r.family == f && r.piece == index; });
+    PieceRead r = it != reads_.end() ? std::move(*it) : start_read(core_, s_, f, index);
+    if (it != reads_.end()) {
+      reads_.erase(it);
+      bytes_ -= r.bytes;
+    }
+    Status read = r.wait();
+    if (!read.ok()) {
+      std::lock_guard lock(core_.mu);
+      save_free(s_, r.buf, r.bytes);
+      return read;
+    }
+    return r.buf;
+  }
+
+  //! Starts reads of the NVMe pieces the writer appends next: family f's from piece
+  //! `from` on, then the captured families' next_family picks next, up to
+  //! kSaveReadAheadBytes in flight.
+  void fill(FamilyId f, std::size_t from) {
+    add_family(f, from);
+    std::vector<FamilyId> next;
+    {
+      std::lock_guard lock(core_.mu);
+      const bool deferred_phase = !s_.blocking && s_.deferred[f];
+      for (FamilyId g = 0; g < s_.stage.size(); ++g) {
+        if (g == f || s_.stage[g] != CheckpointSave::Stage::kCaptured) continue;
+        if (s_.blocking ? !s_.deferred[g] : deferred_phase && s_.deferred[g]) next.push_back(g);
+      }
+    }
+    for (FamilyId g : next) {
+      if (bytes_ >= kSaveReadAheadBytes) break;
+      add_family(g, 0);
+    }
+  }
+
+ private:
+  void add_family(FamilyId f, std::size_t from) {
+    // The save thread alone changes a captured family's pieces (appending them).
+    const std::vector<CheckpointSave::Piece>& pieces = s_.pieces[f];
+    for (std::size_t i = from; i < pieces.size() && bytes_ < kSaveReadAheadBytes; ++i) {
+      if (pieces[i].buf != nullptr || pieces[i].slots.empty()) continue;
+      const bool started = std::any_of(reads_.begin(), reads_.end(),
+                                       [&](const PieceRead& r) { return r.family == f && r.piece == i; });
+      if (started) continue;
+      reads_.push_back(start_read(core_, s_, f, i));
+      bytes_ += pieces[i].bytes;
+    }
+  }
+
+  Core& core_;
+  CheckpointSave& s_;
+  std::deque<PieceRead> reads_;
+  std::uint64_t bytes_ = 0;
+};
 
 //! One family's file while it is written: its pieces go in file order, and an
 //! overlapped save may stop before the first NVMe piece (Note [Save I/O priority]).
@@ -87,7 +182,7 @@ struct FamilyFile {
 //! appended (its room is training's again), pinned NVMe slots once read. With
 //! `host_only`, stops at the first NVMe piece. True once every piece is appended.
 static Result<bool> write_family(Runtime::Impl& m, CheckpointSave& s, FamilyId f, FamilyFile& file,
-                                 bool host_only) {
+                                 bool host_only, ReadAhead& ahead) {
   Core& core = m.core;
   const FamilyLayout& fam = core.layout.families[f];
   std::vector<CheckpointSave::Piece>& pieces = s.pieces[f];
@@ -97,9 +192,10 @@ static Result<bool> write_family(Runtime::Impl& m, CheckpointSave& s, FamilyId f
     const std::uint64_t esize = dtype_bytes(dtype);
     std::byte* base = p.buf;
     std::byte* read_buf = nullptr;
-    if (base == nullptr) {  // pinned NVMe slots: read them into a buffer of the save
+    if (base == nullptr) {  // pinned NVMe slots: read into a buffer of the save (Note [Save read-ahead])
       if (host_only) return false;
-      STRATA_ASSIGN_OR_RETURN(read_buf, read_pinned(core, s, p));
+      ahead.fill(f, file.next);
+      STRATA_ASSIGN_OR_RETURN(read_buf, ahead.take(f, file.next));
       base = read_buf;
     }
     for (std::size_t i = 0; i < fam.tensors.size(); ++i) {
@@ -122,9 +218,10 @@ static Result<bool> write_family(Runtime::Impl& m, CheckpointSave& s, FamilyId f
 }
 
 //! Captures ahead, in backward order, what the room holds (one family per lock hold),
-//! so the training thread finds its families captured and copies nothing itself.
+//! so the training thread finds its families captured and copies nothing itself,
+//! and the read-ahead finds the NVMe pieces to read (Note [Save read-ahead]).
 static Status capture_ahead(Runtime::Impl& m, CheckpointSave& s) {
-  for (FamilyId g = s.stage.size(); g-- > 0 && !s.blocking;) {
+  for (FamilyId g = s.stage.size(); g-- > 0;) {
     std::unique_lock lock(m.core.mu);
     if (s.stage[g] != CheckpointSave::Stage::kPending || m.pipeline.writing_back(g)) continue;
     STRATA_ASSIGN_OR_RETURN(const bool captured, capture_family(m, s, g, /*force=*/false));
@@ -210,6 +307,7 @@ static Status run_save(Runtime::Impl& m, CheckpointSave& s) {
   std::vector<json> files_by_family(families);
   std::vector<FamilyFile> open(families);
   std::size_t deferred = 0;  // families whose NVMe pieces wait (Note [Save I/O priority])
+  ReadAhead ahead(core, s);  // after `sink` and `writers`: destroyed first, its reads waited for
   for (std::size_t written = 0; written < s.owned;) {
     STRATA_RETURN_IF_ERROR(capture_ahead(m, s));
     STRATA_ASSIGN_OR_RETURN(const FamilyId f, next_family(m, s));
@@ -224,7 +322,7 @@ static Status run_save(Runtime::Impl& m, CheckpointSave& s) {
     // An overlapped save appends host copies first, so their room is free for the
     // training thread's captures at once; NVMe pieces cost no room and wait.
     const bool host_only = !s.blocking && !s.deferred[f] && deferred < kDeferredMax;
-    STRATA_ASSIGN_OR_RETURN(const bool complete, write_family(m, s, f, file, host_only));
+    STRATA_ASSIGN_OR_RETURN(const bool complete, write_family(m, s, f, file, host_only, ahead));
     if (!complete) {
       std::unique_lock lock(core.mu);
       s.deferred[f] = true;

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "chunk.hpp"
+#include "file_remover.hpp"
 #include "record_pool.hpp"
 #include "strata/common/thread_pool.hpp"
 #include "strata/kernels/hyper.hpp"
@@ -95,6 +96,8 @@ struct Core {
   std::unique_ptr<ThreadPool> pool;
   std::shared_ptr<HostStore> host;
   std::shared_ptr<NvmeStore> nvme;  //!< null until a plan puts states on NVMe
+  //! An older checkpoint's files, removed after a save published (Note [Stale checkpoint files]).
+  FileRemover stale_checkpoint_files;
   memory::Stream compute, h2d, d2h, opt_stream;
 
   // Note [Lock discipline]

@@ -191,6 +191,7 @@ Status Runtime::flush() {
   std::unique_lock lock(m.core.mu);
   InvariantCheck check(m, &lock);
   STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
+  m.core.stale_checkpoint_files.wait();  // Note [Stale checkpoint files]
   return m.core.take_prefetch_error();
 }
 

@@ -8,6 +8,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
@@ -340,6 +342,48 @@ TEST(Checkpoint, AnOverlappedSaveFailsInFinishAndKeepsThePreviousCheckpoint) {
   a.train(1);  // training goes on after a failed save
 }
 
+// Note [Save read-ahead]: the save reads NVMe-held states ahead of its writer. When
+// those reads fail (EIO), the save fails naming the swap file, waits for the reads
+// still in flight before their buffers go (ASan would see a write into freed
+// memory), keeps the previous checkpoint, and training and the next save go on.
+TEST(Checkpoint, ASaveWhoseNvmeReadsFailKeepsThePreviousCheckpoint) {
+  Dirs dirs;
+  std::atomic<bool> eio_reads{false};
+  std::atomic<int> injected{0};
+  NvmeStoreOptions so{
+      .dirs = {dirs.nvme_a.path().string()}, .slot_bytes = kChunkElems * 4, .capacity_bytes = 64 * kMiB};
+  so.io_result_filter = [&](bool write, std::uint64_t, std::int64_t result) -> std::int64_t {
+    if (write || result <= 0 || !eio_reads) return result;
+    ++injected;
+    return -EIO;
+  };
+  auto store = make_nvme_store(so);
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::shared_ptr<NvmeStore> shared = std::move(store).value();
+  Trainer a(Placement::kNvme, dirs.nvme_a.path(), kWidth, kLayers, shared);
+  a.train(1);
+  ASSERT_TRUE(a.rt->save_checkpoint(dirs.ckpt.path().string()).ok());
+  ASSERT_TRUE(a.rt->flush().ok());
+  const auto first = checkpoint_bytes(dirs.ckpt.path());
+  a.train(1);
+  ASSERT_TRUE(a.rt->flush().ok());  // the step's write-backs are done: only the save reads now
+  eio_reads = true;
+  const Status failed = a.rt->save_checkpoint(dirs.ckpt.path().string());
+  eio_reads = false;
+  ASSERT_FALSE(failed.ok()) << "the injected EIO went unnoticed";
+  EXPECT_GT(injected.load(), 0);
+  EXPECT_EQ(failed.code(), StatusCode::kIoError) << failed;
+  EXPECT_NE(failed.message().find(dirs.nvme_a.path().string()), std::string::npos) << failed;
+  ASSERT_TRUE(a.rt->flush().ok());
+  EXPECT_TRUE(checkpoint_bytes(dirs.ckpt.path()) == first);
+  a.train(1);
+  ASSERT_TRUE(a.rt->save_checkpoint(dirs.ckpt.path().string()).ok());
+  const State at3 = read_state(*a.rt);
+  Trainer b(Placement::kResident, dirs.nvme_b.path());
+  ASSERT_TRUE(b.rt->load_checkpoint(dirs.ckpt.path().string()).ok());
+  EXPECT_TRUE(read_state(*b.rt) == at3);
+}
+
 TEST(Checkpoint, SecondSaveReplacesTheFirstAndLeavesNoStaleFiles) {
   Dirs dirs;
   Trainer a(Placement::kNvme, dirs.nvme_a.path());
@@ -348,6 +392,8 @@ TEST(Checkpoint, SecondSaveReplacesTheFirstAndLeavesNoStaleFiles) {
   a.train(1);
   ASSERT_TRUE(a.rt->save_checkpoint(dirs.ckpt.path().string()).ok());
   const State at2 = read_state(*a.rt);
+  // The first save's files go in the background (Note [Stale checkpoint files]); flush waits.
+  ASSERT_TRUE(a.rt->flush().ok());
   std::size_t files = 0;
   for (const auto& e : fs::directory_iterator(dirs.ckpt.path())) {
     const std::string name = e.path().filename().string();

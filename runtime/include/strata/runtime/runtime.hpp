@@ -253,7 +253,8 @@ class Runtime {
   //! (created when missing), from whichever tier holds each state (Note
   //! [Checkpoint format], Note [Checkpoint publish] in runtime/src/checkpoint_format.cpp).
   //! Atomic: a crash or error at any point leaves the previous checkpoint in `dir`
-  //! loadable. Valid between steps; blocks (flushes first). Fails: InvalidArgument
+  //! loadable; the older files are removed in the background once it has published
+  //! (flush() waits for that). Valid between steps; blocks (flushes first). Fails: InvalidArgument
   //! (`dir` is inside an NVMe swap directory), FailedPrecondition (leases held),
   //! PermissionDenied / NoSpace / IoError naming the file. With data parallelism
   //! (W > 1 ranks) a collective call: every rank calls it on the same directory; the
@@ -339,7 +340,9 @@ class Runtime {
   //! write-backs go on after step() returns, overlapping the next forward (Note
   //! [Write-back after step] in runtime/src/nvme_pipeline.cpp). Returns the first background error
   //! (a failed write-back keeps that step's states in host memory; read_tensor
-  //! reads them). Blocks. read_tensor, init_tensor and the destructor flush by themselves.
+  //! reads them). Also waits until the files of checkpoints older than the last one
+  //! saved are removed (a save leaves that to a thread of its own once it has
+  //! published). Blocks. read_tensor, init_tensor and the destructor flush by themselves.
   Status flush();
 
   const ChunkLayout& layout() const;
