@@ -232,6 +232,11 @@ class StripeSink {
 class StripedWriter {
  public:
   static Result<StripedWriter> open(fs::path final_path, StripeSink& sink) {
+    STRATA_ASSIGN_OR_RETURN(Fd fd, create_tmp(final_path));
+    return adopt(std::move(final_path), std::move(fd), sink);
+  }
+  //! Creates (or truncates) `<final_path>.tmp` for writing.
+  static Result<Fd> create_tmp(const fs::path& final_path) {
     fs::path tmp = final_path;
     tmp += ".tmp";
     if (checkpoint_testing::before_create)
@@ -242,11 +247,16 @@ class StripedWriter {
                                              "writable by this process)",
                                              tmp.string()));
     }
+    return fd;
+  }
+  //! A writer of `fd`, which create_tmp(final_path) made.
+  static StripedWriter adopt(fs::path final_path, Fd fd, StripeSink& sink) {
     StripedWriter w;
     w.sink_ = &sink;
     w.fd_ = std::make_shared<Fd>(std::move(fd));
+    w.tmp_ = final_path;
+    w.tmp_ += ".tmp";
     w.final_ = std::move(final_path);
-    w.tmp_ = std::move(tmp);
     return w;
   }
 

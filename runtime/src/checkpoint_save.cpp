@@ -169,6 +169,79 @@ class ReadAhead {
   std::uint64_t bytes_ = 0;
 };
 
+// Note [Save file creation]
+// Creating a file took 0.6-0.8 ms here (ext4 on a virtio disk; creates in one
+// directory take its lock one at a time, so more threads do not help): 0.09-0.14 s
+// for the 170 files of a 256 MiB save with 512 KiB chunks, on the save thread
+// between the families it wrote. So a thread of the save creates the families'
+// files ahead of the writer, last family first (the order a save captures pending
+// families in); the writer takes a file created, waits for one being created, or
+// creates it itself when the creator has not reached it. The files, and their
+// errors, are the ones the writer would have made (before_create runs for each). A
+// failed save removes its temporaries, written or not (remove_temporaries); a
+// crashed save's are removed by the next publish.
+
+//! Creates a save's files ahead of its writer (Note [Save file creation]).
+class FileCreator {
+ public:
+  //! `paths[f]`: family f's final path, empty for a family this rank does not write.
+  explicit FileCreator(std::vector<fs::path> paths)
+      : paths_(std::move(paths)), state_(paths_.size(), State::kTodo), made_(paths_.size()) {
+    thread_ = std::thread([this] { run(); });
+  }
+  FileCreator(const FileCreator&) = delete;
+  FileCreator& operator=(const FileCreator&) = delete;
+  ~FileCreator() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+
+  //! Family f's temporary file, created.
+  Result<Fd> take(FamilyId f) {
+    std::unique_lock lock(mu_);
+    if (state_[f] == State::kTodo) {
+      state_[f] = State::kTaken;
+      lock.unlock();
+      return StripedWriter::create_tmp(paths_[f]);
+    }
+    cv_.wait(lock, [&] { return state_[f] == State::kMade; });
+    state_[f] = State::kTaken;
+    Result<Fd> fd = std::move(*made_[f]);
+    made_[f].reset();
+    return fd;
+  }
+
+ private:
+  enum class State : std::uint8_t { kTodo, kCreating, kMade, kTaken };
+
+  void run() {
+    for (std::size_t f = paths_.size(); f-- > 0;) {
+      {
+        std::lock_guard lock(mu_);
+        if (stop_) return;
+        if (paths_[f].empty() || state_[f] != State::kTodo) continue;
+        state_[f] = State::kCreating;
+      }
+      Result<Fd> fd = StripedWriter::create_tmp(paths_[f]);
+      std::lock_guard lock(mu_);
+      made_[f].emplace(std::move(fd));
+      state_[f] = State::kMade;
+      cv_.notify_all();
+    }
+  }
+
+  const std::vector<fs::path> paths_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<State> state_;
+  std::vector<std::optional<Result<Fd>>> made_;
+  bool stop_ = false;
+  std::thread thread_;  // last: started once the rest is constructed
+};
+
 //! One family's file while it is written: its pieces go in file order, and an
 //! overlapped save may stop before the first NVMe piece (Note [Save I/O priority]).
 struct FamilyFile {
@@ -308,6 +381,12 @@ static Status run_save(Runtime::Impl& m, CheckpointSave& s) {
   std::vector<FamilyFile> open(families);
   std::size_t deferred = 0;  // families whose NVMe pieces wait (Note [Save I/O priority])
   ReadAhead ahead(core, s);  // after `sink` and `writers`: destroyed first, its reads waited for
+  std::vector<fs::path> paths(families);
+  for (FamilyId f = 0; f < families; ++f) {
+    if (core.owns(f))  // another rank writes the rest (Note [Sharded checkpoint])
+      paths[f] = s.root / fmt::format("family-{}.g{}.bin", f, s.generation);
+  }
+  FileCreator creator(std::move(paths));
   for (std::size_t written = 0; written < s.owned;) {
     STRATA_RETURN_IF_ERROR(capture_ahead(m, s));
     STRATA_ASSIGN_OR_RETURN(const FamilyId f, next_family(m, s));
@@ -315,8 +394,8 @@ static Status run_save(Runtime::Impl& m, CheckpointSave& s) {
     const FamilyLayout& fam = core.layout.families[f];
     FamilyFile& file = open[f];
     if (!file.w) {
-      STRATA_ASSIGN_OR_RETURN(StripedWriter w, StripedWriter::open(s.root / name, sink));
-      file.w = std::move(w);
+      STRATA_ASSIGN_OR_RETURN(Fd fd, creator.take(f));
+      file.w = StripedWriter::adopt(s.root / name, std::move(fd), sink);
       file.entries.resize(fam.tensors.size());
     }
     // An overlapped save appends host copies first, so their room is free for the
@@ -359,6 +438,16 @@ static Status run_save(Runtime::Impl& m, CheckpointSave& s) {
     for (TensorId id : fam.tensors) tensors.push_back(std::move(tensor_entries[id]));
   }
   return publish_manifest(core, s, std::move(files), std::move(tensors), total);
+}
+
+//! A failed save's temporaries go (Note [Save file creation]): every `.tmp` it or its
+//! file creator made; the published checkpoint stays as it was.
+static void remove_temporaries(const Core& core, const CheckpointSave& s) {
+  std::error_code ec;
+  for (FamilyId f = 0; f < s.stage.size(); ++f) {
+    if (core.owns(f)) fs::remove(s.root / fmt::format("family-{}.g{}.bin.tmp", f, s.generation), ec);
+  }
+  if (!s.sharded || core.dp_rank() == 0) fs::remove(s.root / (std::string(kManifestName) + ".tmp"), ec);
 }
 
 //! Starts a save (Note [Overlapped save]); `background`: its threads do I/O at idle
@@ -405,6 +494,7 @@ static Status begin_save(Runtime::Impl& m, const std::string& dir, bool backgrou
         ::syscall(SYS_ioprio_set, kIoprioWhoProcess, ::gettid(), kIoprioClassIdle << kIoprioClassShift) != 0)
       STRATA_LOG_DEBUG("checkpoint: ioprio_set of the save thread: {}", std::strerror(errno));
     Status st = run_save(m, *s);
+    if (!st.ok()) remove_temporaries(m.core, *s);
     std::lock_guard guard(m.core.mu);
     if (!st.ok()) {
       STRATA_LOG_WARN("checkpoint: the save into {} failed (the published checkpoint is untouched): {}",
