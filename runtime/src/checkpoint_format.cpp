@@ -358,9 +358,8 @@ Status publish_manifest(Core& core, CheckpointSave& s, json files, json tensors,
   const std::size_t removed = stale.size();
   core.stale_checkpoint_files.remove(std::move(stale));
   STRATA_LOG_DEBUG(
-      "checkpoint: {} generation {} ({} bytes, {} files) in {:.3f} s; {} stale files being removed; buffers "
-      "held "
-      "at most {} bytes",
+      "checkpoint: {} generation {} ({} bytes, {} files) in {:.3f} s; {} stale files being removed; "
+      "buffers held at most {} bytes",
       s.root.string(), s.generation, total, families, (core.timeline.now_us() - s.t0) * 1e-6, removed,
       s.high_water);
   return Status::Ok();

@@ -34,6 +34,11 @@ using namespace checkpoint_detail;
 // A blocking save_checkpoint keeps its priorities and starts each stripe's
 // writeback at once: nothing runs beside it.
 
+//! Family f's data file name in this save (Note [Checkpoint format]).
+static std::string family_file(const CheckpointSave& s, FamilyId f) {
+  return fmt::format("family-{}.g{}.bin", f, s.generation);
+}
+
 // Note [Save read-ahead]
 // A family's NVMe-held states are not in host memory: the save reads their pinned
 // slots into buffers of its own before appending them. Read one piece at a time,
@@ -186,7 +191,7 @@ class FileCreator {
  public:
   //! `paths[f]`: family f's final path, empty for a family this rank does not write.
   explicit FileCreator(std::vector<fs::path> paths)
-      : paths_(std::move(paths)), state_(paths_.size(), State::kTodo), made_(paths_.size()) {
+      : paths_(std::move(paths)), state_(paths_.size(), State::kUnclaimed), made_(paths_.size()) {
     thread_ = std::thread([this] { run(); });
   }
   FileCreator(const FileCreator&) = delete;
@@ -202,7 +207,7 @@ class FileCreator {
   //! Family f's temporary file, created.
   Result<Fd> take(FamilyId f) {
     std::unique_lock lock(mu_);
-    if (state_[f] == State::kTodo) {
+    if (state_[f] == State::kUnclaimed) {
       state_[f] = State::kTaken;
       lock.unlock();
       return StripedWriter::create_tmp(paths_[f]);
@@ -215,14 +220,14 @@ class FileCreator {
   }
 
  private:
-  enum class State : std::uint8_t { kTodo, kCreating, kMade, kTaken };
+  enum class State : std::uint8_t { kUnclaimed, kCreating, kMade, kTaken };
 
   void run() {
     for (std::size_t f = paths_.size(); f-- > 0;) {
       {
         std::lock_guard lock(mu_);
         if (stop_) return;
-        if (paths_[f].empty() || state_[f] != State::kTodo) continue;
+        if (paths_[f].empty() || state_[f] != State::kUnclaimed) continue;
         state_[f] = State::kCreating;
       }
       Result<Fd> fd = StripedWriter::create_tmp(paths_[f]);
@@ -384,13 +389,13 @@ static Status run_save(Runtime::Impl& m, CheckpointSave& s) {
   std::vector<fs::path> paths(families);
   for (FamilyId f = 0; f < families; ++f) {
     if (core.owns(f))  // another rank writes the rest (Note [Sharded checkpoint])
-      paths[f] = s.root / fmt::format("family-{}.g{}.bin", f, s.generation);
+      paths[f] = s.root / family_file(s, f);
   }
   FileCreator creator(std::move(paths));
   for (std::size_t written = 0; written < s.owned;) {
     STRATA_RETURN_IF_ERROR(capture_ahead(m, s));
     STRATA_ASSIGN_OR_RETURN(const FamilyId f, next_family(m, s));
-    const std::string name = fmt::format("family-{}.g{}.bin", f, s.generation);
+    const std::string name = family_file(s, f);
     const FamilyLayout& fam = core.layout.families[f];
     FamilyFile& file = open[f];
     if (!file.w) {
@@ -445,7 +450,7 @@ static Status run_save(Runtime::Impl& m, CheckpointSave& s) {
 static void remove_temporaries(const Core& core, const CheckpointSave& s) {
   std::error_code ec;
   for (FamilyId f = 0; f < s.stage.size(); ++f) {
-    if (core.owns(f)) fs::remove(s.root / fmt::format("family-{}.g{}.bin.tmp", f, s.generation), ec);
+    if (core.owns(f)) fs::remove(s.root / (family_file(s, f) + ".tmp"), ec);
   }
   if (!s.sharded || core.dp_rank() == 0) fs::remove(s.root / (std::string(kManifestName) + ".tmp"), ec);
 }

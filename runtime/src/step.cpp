@@ -188,10 +188,11 @@ Result<StepStats> Runtime::step() {
 
 Status Runtime::flush() {
   Impl& m = *impl_;
+  // Outside Core::mu, which its removal never takes (Note [Stale checkpoint files]).
+  m.core.stale_checkpoint_files.wait();
   std::unique_lock lock(m.core.mu);
   InvariantCheck check(m, &lock);
   STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
-  m.core.stale_checkpoint_files.wait();  // Note [Stale checkpoint files]
   return m.core.take_prefetch_error();
 }
 
