@@ -38,13 +38,17 @@ std::map<int, long> thread_cpu_ticks() {
 
 // The threads that ran a measurement: those whose CPU time grew between its
 // first progress report (after the warm-up step) and its last (after the timed
-// steps) by at least a quarter of the busiest thread's growth.
+// steps) by at least half the busiest thread's growth. (A quarter counted the calling
+// thread once in CI: at a few clock ticks per worker, the tick its own /proc reads
+// took was a quarter of theirs. The threads that share a measurement share it about
+// equally, so half still counts each of them, and counted the calling thread when it
+// worked too.)
 std::size_t threads_that_worked(const std::map<int, long>& before, const std::map<int, long>& after) {
   long most = 0;
   for (const auto& [tid, t] : after) most = std::max(most, t - (before.contains(tid) ? before.at(tid) : 0));
   std::size_t n = 0;
   for (const auto& [tid, t] : after)
-    n += (t - (before.contains(tid) ? before.at(tid) : 0)) * 4 >= most ? 1 : 0;
+    n += (t - (before.contains(tid) ? before.at(tid) : 0)) * 2 >= most ? 1 : 0;
   return most > 0 ? n : 0;
 }
 
@@ -58,8 +62,9 @@ TEST(ProbeMeasure, CpuOptimizerRateIsMeasuredOnTheThreadsItNames) {
     if (fraction == 0.25) before = thread_cpu_ticks();  // after the warm-up step
     if (fraction == 1.0) after = thread_cpu_ticks();    // after the timed steps, workers still alive
   };
-  // Large enough that each timed step takes tens of clock ticks of CPU.
-  auto rate = measure_cpu_optimizer(24'000'000, kThreads, progress);
+  // Large enough that the timed steps take tens of clock ticks of CPU (at 24M it was
+  // a few per worker on this machine).
+  auto rate = measure_cpu_optimizer(48'000'000, kThreads, progress);
   ASSERT_TRUE(rate.ok()) << rate.status().to_string();
   EXPECT_GT(*rate, 0.0);
   ASSERT_FALSE(before.empty());
