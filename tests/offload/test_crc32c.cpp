@@ -37,10 +37,13 @@ TEST(Crc32c, HardwareMatchesTableForEveryLengthAndAlignment) {
   if (!crc32c_hardware_available())
     GTEST_SKIP() << "this CPU has no SSE4.2 crc32 instruction; the table is used";
   EXPECT_EQ(crc32c_implementation(), "sse4.2");
-  std::vector<std::byte> data(4096 + 64);
+  // Lengths around the three-stream blocks (3 x 256 and 3 x 4096 bytes, Note [Three
+  // CRC streams]) and past several of them.
+  std::vector<std::byte> data(100003 + 64);
   testing::fill_random(data, 11);
   for (std::size_t offset = 0; offset < 9; ++offset) {
-    for (std::size_t length : {0, 1, 7, 8, 31, 32, 33, 100, 1023, 4096}) {
+    for (std::size_t length : {0,    1,    7,    8,     31,    32,    33,    100,         767,   768,   769,
+                               1023, 1536, 4096, 12287, 12288, 12289, 13056, 24576 + 775, 65536, 100003}) {
       auto span = std::span<const std::byte>(data).subspan(offset, length);
       ASSERT_EQ(crc32c_hardware(span, 0x1234), crc32c_table(span, 0x1234)) << offset << " " << length;
     }
