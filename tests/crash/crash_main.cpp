@@ -25,10 +25,10 @@
 //    in a data file, a truncated data file, a deleted manifest) is refused by a
 //    fresh runtime, whose state stays unchanged.
 // At the end it saves and loads a larger model (--bench-mib) on host and NVMe to
-// measure seconds per GiB, and runs fio on the same number of bytes in the same
-// directory (sequential 1 MiB psync writes ending with fsync, and reads, fio's
-// page-cache invalidation on) for comparison. The checkpoint files are dropped from
-// the page cache (fadvise) before the load, so both read from the disk.
+// measure seconds per GiB, and runs fio in the same directory for comparison: the
+// same bytes written and read, and the same I/O as the save and the load do (Note
+// [Checkpoint I/O baselines]). The checkpoint files are dropped from the page cache
+// (fadvise) before the load, so both read from the disk.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -81,6 +81,7 @@ struct Settings {
   std::size_t width = 256;
   std::uint64_t seed = 0;
   std::uint64_t bench_mib = 256;
+  std::uint64_t bench_chunk_elems = 0;  //!< the benchmark's chunk size; 0: the runtime's search
   std::string work_dir;
   bool json = false;
 };
@@ -233,10 +234,7 @@ struct Figures {
   int kills_in[4] = {};
   int corruptions_injected = 0, corruptions_detected = 0, lost_checkpoints = 0;
   int disk_full_saves = 0, disk_full_refused = 0, failures = 0;
-  double save_s_per_gib = 0, load_s_per_gib = 0;
-  std::uint64_t bench_bytes = 0;
-  std::optional<double> fio_write_s_per_gib, fio_read_s_per_gib;
-  std::string fio_note;
+  nlohmann::json bench;  //!< the save/load benchmark's figures (bench())
 };
 
 //! Injects corruption `kind` (0 flipped byte, 1 truncated file, 2 missing manifest) into `ckpt`.
@@ -411,31 +409,100 @@ void one_run(const Settings& s, int run, const fs::path& root, const std::string
   fs::remove_all(dir);
 }
 
-//! fio's seconds per GiB for `rw` of `bytes` in `dir` (sequential 1 MiB psync, buffered, fsync at the end).
-std::optional<double> fio_seconds_per_gib(const fs::path& dir, const char* rw, std::uint64_t bytes,
-                                          std::string& note) {
+//! One job of a fio run: its name and its options (after --name).
+struct FioJob {
+  std::string name, options;
+  bool end_fsync = false;  //!< its time includes its final fsync (fio's "sync" latency)
+};
+
+//! Runs `jobs` at once in one fio run in `dir`; the seconds until the last one is
+//! done, or nullopt (`note` says why).
+std::optional<double> fio_seconds(const fs::path& dir, const std::vector<FioJob>& jobs, std::string& note) {
   const fs::path out = dir / "fio.json";
-  const std::string cmd = fmt::format(
-      "fio --name=strata-crash --filename={} --size={} --bs=1M --rw={} --ioengine=psync --end_fsync=1 "
-      "--invalidate=1 --output-format=json --output={} > /dev/null 2>&1",
-      (dir / "fio.dat").string(), bytes, rw, out.string());
-  if (std::system(cmd.c_str()) != 0) {
+  std::string cmd = fmt::format("cd {} && fio --output-format=json --output={}", dir.string(), out.string());
+  for (const FioJob& job : jobs) cmd += fmt::format(" --name={} {}", job.name, job.options);
+  if (std::system((cmd + " > /dev/null 2>&1").c_str()) != 0) {
     note = "fio failed or is not installed: " + cmd;
     return std::nullopt;
   }
   const nlohmann::json j = nlohmann::json::parse(read_file(out), nullptr, false);
-  if (j.is_discarded()) {
-    note = "fio's JSON could not be parsed";
+  if (j.is_discarded() || !j.contains("jobs") || j["jobs"].size() != jobs.size()) {
+    note = "fio's JSON could not be parsed: " + cmd;
     return std::nullopt;
   }
-  const auto& job = j["jobs"][0][rw[0] == 'w' ? "write" : "read"];
-  const double ms = job.value("runtime", 0.0);
-  const double done = job.value("io_bytes", 0.0);
-  if (ms <= 0 || done <= 0) return std::nullopt;
-  // fio's runtime for writes leaves out the final fsync; its job "sync" latency covers it.
-  double seconds = ms * 1e-3;
-  if (rw[0] == 'w') seconds += j["jobs"][0]["sync"]["lat_ns"].value("mean", 0.0) * 1e-9;
-  return seconds / (done / static_cast<double>(strata::kGiB));
+  double longest = 0;
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    const auto& job = j["jobs"][i];
+    const double ms = std::max(job["read"].value("runtime", 0.0), job["write"].value("runtime", 0.0));
+    if (ms <= 0) {
+      note = "fio's job " + jobs[i].name + " did no I/O: " + cmd;
+      return std::nullopt;
+    }
+    // fio's runtime for writes leaves out the final fsync; its job "sync" latency covers it.
+    double seconds = ms * 1e-3;
+    if (jobs[i].end_fsync) seconds += job["sync"]["lat_ns"].value("mean", 0.0) * 1e-9;
+    longest = std::max(longest, seconds);
+  }
+  return longest;
+}
+
+//! The fio runs a save and a load are compared with (Note [Checkpoint I/O baselines]).
+struct FioFigures {
+  double write = 1e30, read = 1e30, save_io = 1e30, load_io = 1e30;  // seconds, best of the runs
+};
+
+// Note [Checkpoint I/O baselines]
+// fio runs beside the save and the load, on the same disk, in the same directory:
+//   - write, read: the checkpoint's bytes in one file, 1 MiB psync through the page
+//     cache (a save writes 1 MiB stripes so), the write ending with fsync, the read
+//     from the disk (invalidate). The disk's best case: the write lands on blocks fio
+//     allocated and wrote before.
+//   - save_io: the I/O a save must do, at once: write the checkpoint's bytes to a
+//     file created anew (a save never overwrites the published checkpoint; creating
+//     and allocating is part of its cost), and read the NVMe-held states' bytes
+//     O_DIRECT in swap-slot pieces, 16 in flight (the swap store's reads).
+//   - load_io: the I/O a load must do, at once: read the checkpoint's bytes, and write
+//     the NVMe-held states' bytes O_DIRECT to slots already allocated (a load writes
+//     the states it restores to fresh swap slots, Note [Load in one read]).
+// Every figure is seconds per GiB of the checkpoint's bytes.
+void fio_best(FioFigures& best, const fs::path& dir, std::uint64_t bytes, std::uint64_t nvme_bytes,
+              std::uint64_t slot_bytes, std::string& note, bool& ok) {
+  const std::string file = fmt::format("--filename=fio.dat --size={} --bs=1M --ioengine=psync", bytes);
+  const std::string nvme =
+      fmt::format("--filename=fio-nvme.dat --size={} --bs={} --ioengine=io_uring --iodepth=16 --direct=1",
+                  nvme_bytes, slot_bytes);
+  const double gib = static_cast<double>(bytes) / static_cast<double>(strata::kGiB);
+  auto run = [&](double& figure, const std::vector<FioJob>& jobs) {
+    if (!ok) return;
+    const auto s = fio_seconds(dir, jobs, note);
+    ok = s.has_value();
+    if (ok) figure = std::min(figure, *s / gib);
+  };
+  run(best.write, {{"write", file + " --rw=write --end_fsync=1", true}});
+  run(best.read, {{"read", file + " --rw=read --invalidate=1"}});
+  if (nvme_bytes == 0) {
+    best.save_io = best.write;
+    best.load_io = best.read;
+    return;
+  }
+  std::error_code ec;
+  fs::remove(dir / "fio.dat", ec);
+  ::sync();  // the removal done before the timed write, as a save's older files are
+  run(best.save_io,
+      {{"write", file + " --rw=write --fallocate=none --end_fsync=1", true}, {"nvme", nvme + " --rw=read"}});
+  run(best.load_io, {{"read", file + " --rw=read --invalidate=1"}, {"nvme", nvme + " --rw=write"}});
+}
+
+//! This process's bytes read from and written to the disk so far (/proc/self/io); 0, 0 where unreadable.
+std::pair<std::uint64_t, std::uint64_t> disk_io() {
+  std::ifstream in("/proc/self/io");
+  std::string key;
+  std::uint64_t value = 0, read = 0, written = 0;
+  while (in >> key >> value) {
+    if (key == "read_bytes:") read = value;
+    if (key == "write_bytes:") written = value;
+  }
+  return {read, written};
 }
 
 //! Saves and loads a --bench-mib model with states on host and NVMe; fills fig's figures.
@@ -446,11 +513,12 @@ void bench(const Settings& s, const fs::path& root, Figures& fig) {
   const int rc = run_child([&] {
     // fp32 AdamW: param + 2 states = 12 bytes per element in the checkpoint.
     const std::uint64_t elems = s.bench_mib * strata::kMiB / 12;
-    // Tensors of 512 KiB, a family each (chunks of the trainer's order of size).
+    // Tensors of 512 KiB, packed into chunks as a user's default layout packs them
+    // (--bench-chunk-elems 131072: a family each, 1.5 MiB files).
     const std::uint64_t per = 131072, tensors = std::max<std::uint64_t>(4, elems / per);
     RuntimeOptions o;
     o.hyper.optimizer = strata::kernels::Optimizer::kAdamW;
-    o.layout.chunk_elems = per;
+    o.layout.chunk_elems = s.bench_chunk_elems;
     o.threads = 2;
     const std::uint64_t state_bytes = tensors * per * 4 * 4;
     // As the trainer's: GPU 1/4 and host 1/2 of the model state, optimizer states on host and NVMe.
@@ -483,18 +551,24 @@ void bench(const Settings& s, const fs::path& root, Figures& fig) {
       if (Status st = r.launch([p, per] { std::fill_n(p, per, 0.5f); }); !st.ok())
         child_fail(64, st, "launch");
     }
-    if (auto st = r.step(); !st.ok()) child_fail(65, st.status(), "step");
+    auto stats = r.step();
+    if (!stats.ok()) child_fail(65, stats.status(), "step");
+    // The states the save reads from NVMe and the load writes there (Note [Checkpoint I/O baselines]).
+    const std::uint64_t nvme_bytes = stats->nvme_bytes;
     if (Status st = r.flush(); !st.ok()) child_fail(65, st, "flush");
     // Best of 3 of each (the machine may be shared), interleaved with fio's passes on
     // as many bytes in the same directory.
-    double save_s = 1e30, load_s = 1e30, fio_w = 1e30, fio_r = 1e30;
-    std::uint64_t bytes = 0;
+    double save_s = 1e30, load_s = 1e30;
+    std::uint64_t bytes = 0, save_read = 0, save_written = 0, load_read = 0, load_written = 0;
     std::string note;
     bool fio_ok = true;
+    FioFigures fio;
     for (int rep = 0; rep < 3; ++rep) {
+      const auto io0 = disk_io();
       const auto t0 = Clock::now();
       if (Status st = r.save_checkpoint(ckpt.string()); !st.ok()) child_fail(66, st, "save");
       save_s = std::min(save_s, std::chrono::duration<double>(Clock::now() - t0).count());
+      const auto io1 = disk_io();
       // The save returned once published; the last one's files are removed in the
       // background (Note [Stale checkpoint files]): not timed, and not counted below.
       if (Status st = r.flush(); !st.ok()) child_fail(66, st, "flush after save");
@@ -507,24 +581,33 @@ void bench(const Settings& s, const fs::path& root, Figures& fig) {
           ::close(fd);
         }
       }
+      const auto io2 = disk_io();
       const auto t1 = Clock::now();
       if (Status st = r.load_checkpoint(ckpt.string()); !st.ok()) child_fail(67, st, "load");
       load_s = std::min(load_s, std::chrono::duration<double>(Clock::now() - t1).count());
-      if (fio_ok) {
-        const auto w = fio_seconds_per_gib(dir, "write", bytes, note);
-        const auto rd = w ? fio_seconds_per_gib(dir, "read", bytes, note) : std::nullopt;
-        fio_ok = w && rd;
-        if (fio_ok) {
-          fio_w = std::min(fio_w, *w);
-          fio_r = std::min(fio_r, *rd);
-        }
-      }
+      const auto io3 = disk_io();
+      save_read = io1.first - io0.first;
+      save_written = io1.second - io0.second;
+      load_read = io3.first - io2.first;
+      load_written = io3.second - io2.second;
+      // The swap slots hold a chunk each (nvme_slot_bytes): the NVMe side's pieces.
+      fio_best(fio, dir, bytes, nvme_bytes, r.layout().chunk_elems * 4, note, fio_ok);
     }
     const double gib = static_cast<double>(bytes) / static_cast<double>(strata::kGiB);
-    nlohmann::json j = {{"bytes", bytes}, {"save", save_s / gib}, {"load", load_s / gib}, {"fio_note", note}};
+    nlohmann::json j = {{"bytes", bytes},
+                        {"files", std::distance(fs::directory_iterator(ckpt), fs::directory_iterator())},
+                        {"chunk_elems", r.layout().chunk_elems},
+                        {"nvme_bytes", nvme_bytes},
+                        {"save", save_s / gib},
+                        {"load", load_s / gib},
+                        {"save_disk_read", save_read},
+                        {"save_disk_written", save_written},
+                        {"load_disk_read", load_read},
+                        {"load_disk_written", load_written},
+                        {"fio_note", note}};
     if (fio_ok) {
-      j["fio_write"] = fio_w;
-      j["fio_read"] = fio_r;
+      j["fio"] = {
+          {"write", fio.write}, {"read", fio.read}, {"save_io", fio.save_io}, {"load_io", fio.load_io}};
     }
     rt->reset();
     write_file(out, j.dump());
@@ -535,15 +618,7 @@ void bench(const Settings& s, const fs::path& root, Figures& fig) {
     ++fig.failures;
     return;
   }
-  const nlohmann::json j = nlohmann::json::parse(read_file(out));
-  fig.bench_bytes = j["bytes"].get<std::uint64_t>();
-  fig.save_s_per_gib = j["save"].get<double>();
-  fig.load_s_per_gib = j["load"].get<double>();
-  fig.fio_note = j["fio_note"].get<std::string>();
-  if (j.contains("fio_write")) {
-    fig.fio_write_s_per_gib = j["fio_write"].get<double>();
-    fig.fio_read_s_per_gib = j["fio_read"].get<double>();
-  }
+  fig.bench = nlohmann::json::parse(read_file(out));
 }
 
 }  // namespace
@@ -559,6 +634,10 @@ int main(int argc, char** argv) {
   app.add_option("--width", s.width, "MLP width")->check(CLI::Range(8, 4096));
   app.add_option("--seed", s.seed, "random seed (0: from the clock)");
   app.add_option("--bench-mib", s.bench_mib, "checkpoint size of the save/load benchmark (0: skip)");
+  app.add_option("--bench-chunk-elems", s.bench_chunk_elems,
+                 "the benchmark's chunk size in elements, a multiple of 4096 (0: the runtime's search, as a "
+                 "user's default)")
+      ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{1} << 31));
   app.add_option("--work-dir", s.work_dir, "scratch directory (default: a new one under the temp dir)");
   app.add_flag("--json", s.json, "print the figures as JSON");
   CLI11_PARSE(app, argc, argv);
@@ -625,17 +704,31 @@ int main(int argc, char** argv) {
                       {"failures", fig.failures},
                       {"seed", s.seed},
                       {"seconds", seconds}};
-  if (s.bench_mib > 0) {
-    j["checkpoint_bytes"] = fig.bench_bytes;
-    j["save_seconds_per_gib"] = fig.save_s_per_gib;
-    j["load_seconds_per_gib"] = fig.load_s_per_gib;
-    if (fig.fio_write_s_per_gib && fig.fio_read_s_per_gib) {
-      j["fio_write_seconds_per_gib"] = *fig.fio_write_s_per_gib;
-      j["fio_read_seconds_per_gib"] = *fig.fio_read_s_per_gib;
-      j["save_vs_fio"] = fig.save_s_per_gib / *fig.fio_write_s_per_gib;
-      j["load_vs_fio"] = fig.load_s_per_gib / *fig.fio_read_s_per_gib;
+  if (s.bench_mib > 0 && fig.bench.is_object()) {
+    const nlohmann::json& b = fig.bench;
+    const double save = b["save"].get<double>(), load = b["load"].get<double>();
+    j["checkpoint_bytes"] = b["bytes"];
+    j["checkpoint_files"] = b["files"];
+    j["chunk_elems"] = b["chunk_elems"];
+    j["nvme_state_bytes"] = b["nvme_bytes"];
+    j["save_seconds_per_gib"] = save;
+    j["load_seconds_per_gib"] = load;
+    j["save_disk_read_bytes"] = b["save_disk_read"];
+    j["save_disk_written_bytes"] = b["save_disk_written"];
+    j["load_disk_read_bytes"] = b["load_disk_read"];
+    j["load_disk_written_bytes"] = b["load_disk_written"];
+    if (b.contains("fio")) {  // Note [Checkpoint I/O baselines]
+      const nlohmann::json& f = b["fio"];
+      j["fio_write_seconds_per_gib"] = f["write"];
+      j["fio_read_seconds_per_gib"] = f["read"];
+      j["fio_save_io_seconds_per_gib"] = f["save_io"];
+      j["fio_load_io_seconds_per_gib"] = f["load_io"];
+      j["save_vs_fio"] = save / f["write"].get<double>();
+      j["load_vs_fio"] = load / f["read"].get<double>();
+      j["save_vs_fio_same_io"] = save / f["save_io"].get<double>();
+      j["load_vs_fio_same_io"] = load / f["load_io"].get<double>();
     } else {
-      j["fio_note"] = fig.fio_note;
+      j["fio_note"] = b["fio_note"];
     }
   }
   if (s.json) {
