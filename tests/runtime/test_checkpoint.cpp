@@ -258,8 +258,8 @@ class GatedWritesNvme final : public NvmeStore {
     ++held_;
     threads_.emplace_back([this, s, d, done = std::move(done)]() mutable {
       {
-        std::unique_lock lock(mu_);
-        cv_.wait_for(lock, kGateMax, [&] { return !closed_; });
+        std::unique_lock gate(mu_);
+        cv_.wait_for(gate, kGateMax, [&] { return !closed_; });
         --held_;
       }
       Status st = inner_->write(s, d, done);
