@@ -52,6 +52,7 @@
 #include "mlp.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/memory/device_factory.hpp"
+#include "strata/runtime/planner.hpp"
 #include "strata/runtime/runtime.hpp"
 
 namespace {
@@ -478,19 +479,20 @@ void fio_best(FioFigures& best, const fs::path& dir, std::uint64_t bytes, std::u
     ok = s.has_value();
     if (ok) figure = std::min(figure, *s / gib);
   };
+  const FioJob read{"read", file + " --rw=read --invalidate=1"};
   run(best.write, {{"write", file + " --rw=write --end_fsync=1", true}});
-  run(best.read, {{"read", file + " --rw=read --invalidate=1"}});
-  if (nvme_bytes == 0) {
-    best.save_io = best.write;
-    best.load_io = best.read;
-    return;
-  }
+  run(best.read, {read});
   std::error_code ec;
   fs::remove(dir / "fio.dat", ec);
   ::sync();  // the removal done before the timed write, as a save's older files are
-  run(best.save_io,
-      {{"write", file + " --rw=write --fallocate=none --end_fsync=1", true}, {"nvme", nvme + " --rw=read"}});
-  run(best.load_io, {{"read", file + " --rw=read --invalidate=1"}, {"nvme", nvme + " --rw=write"}});
+  std::vector<FioJob> save{{"write", file + " --rw=write --fallocate=none --end_fsync=1", true}};
+  std::vector<FioJob> load{read};
+  if (nvme_bytes > 0) {  // no NVMe-held states: the save only writes, the load only reads
+    save.push_back({"nvme", nvme + " --rw=read"});
+    load.push_back({"nvme", nvme + " --rw=write"});
+  }
+  run(best.save_io, save);
+  run(best.load_io, load);
 }
 
 //! This process's bytes read from and written to the disk so far (/proc/self/io); 0, 0 where unreadable.
@@ -590,8 +592,9 @@ void bench(const Settings& s, const fs::path& root, Figures& fig) {
       save_written = io1.second - io0.second;
       load_read = io3.first - io2.first;
       load_written = io3.second - io2.second;
-      // The swap slots hold a chunk each (nvme_slot_bytes): the NVMe side's pieces.
-      fio_best(fio, dir, bytes, nvme_bytes, r.layout().chunk_elems * 4, note, fio_ok);
+      // The swap store's pieces: a slot each, as the planner sizes them (fp32 states).
+      fio_best(fio, dir, bytes, nvme_bytes, strata::runtime::nvme_slot_bytes(r.layout().chunk_elems * 4),
+               note, fio_ok);
     }
     const double gib = static_cast<double>(bytes) / static_cast<double>(strata::kGiB);
     nlohmann::json j = {{"bytes", bytes},
