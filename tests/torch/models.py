@@ -3,6 +3,8 @@
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.nn.utils.parametrize as parametrize
+import torch.nn.utils.prune as prune
 import torch.utils.checkpoint as cp
 
 
@@ -110,6 +112,68 @@ class Deep(nn.Module):
         return self.out(x)
 
 
+class Branch(nn.Module):
+    def __init__(self, shared, d):
+        super().__init__()
+        self.shared, self.own = shared, nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.own(torch.tanh(self.shared(x)))
+
+
+class SharedTree(nn.Module):
+    """One submodule under two parents (model.a.shared is model.b.shared), a frozen layer and
+    BatchNorm buffers."""
+
+    def __init__(self, d=64, out=10):
+        super().__init__()
+        shared = nn.Linear(d, d)
+        self.frozen = nn.Linear(d, d)
+        self.frozen.requires_grad_(False)
+        self.a, self.b = Branch(shared, d), Branch(shared, d)
+        self.norm = nn.BatchNorm1d(d)
+        self.out = nn.Linear(d, out)
+
+    def forward(self, x):
+        h = torch.tanh(self.frozen(x))
+        return self.out(self.norm(self.a(h) + self.b(h)))
+
+
+class FunctionalTie(nn.Module):
+    """Tied's model with the tie written as F.linear(h, self.emb.weight): no module owns the head."""
+
+    def __init__(self, vocab=200, d=64):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.mid = nn.Linear(d, d)
+        self.mid2 = nn.Linear(d, d)
+
+    def forward(self, idx):
+        return F.linear(torch.tanh(self.mid2(torch.tanh(self.mid(self.emb(idx))))), self.emb.weight)
+
+
+class Half(nn.Module):
+    def forward(self, w):
+        return w * 0.5
+
+
+class Reparametrized(nn.Module):
+    """Weights computed by forward pre-hooks registered before wrap (the old nn.utils.weight_norm and
+    spectral_norm, pruning) and by a parametrization (nn.utils.parametrize)."""
+
+    def __init__(self, d=64, out=10):
+        super().__init__()
+        self.wn = nn.utils.weight_norm(nn.Linear(d, d))
+        self.sn = nn.utils.spectral_norm(nn.Linear(d, d))
+        self.pruned = nn.Linear(d, d)
+        prune.l1_unstructured(self.pruned, "weight", amount=0.25)
+        self.out = nn.Linear(d, out)
+        parametrize.register_parametrization(self.out, "weight", Half())
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.pruned(torch.tanh(self.sn(torch.tanh(self.wn(x)))))))
+
+
 # name -> (class, input kind, GPU chunk slots: the fewest its working set needs)
 MODELS = {
     "mlp": (Mlp, "dense", 3),
@@ -119,6 +183,9 @@ MODELS = {
     "frozen_unused": (FrozenUnused, "dense", 3),
     "checkpoint": (Checkpointed, "dense", 3),
     "deep": (Deep, "dense", 3),
+    "shared": (SharedTree, "dense", 6),
+    "ftied": (FunctionalTie, "tokens", 3),  # as many as "tied"
+    "reparam": (Reparametrized, "dense", 4),
 }
 
 

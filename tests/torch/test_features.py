@@ -114,7 +114,8 @@ def test_loss_scale_skips_non_finite_steps(tmp_path):
 
 
 class Sneaky(nn.Module):
-    """Uses a sibling's weight without calling the sibling: a hook strata cannot see."""
+    """Uses a sibling's weight without calling the sibling and without attribute access (which strata
+    sees: Note [Parameters read by another module]): a read strata cannot see."""
 
     def __init__(self):
         super().__init__()
@@ -122,7 +123,7 @@ class Sneaky(nn.Module):
         self.b = nn.Linear(16, 16)
 
     def forward(self, x):
-        return self.a(x) @ self.b.weight
+        return self.a(x) @ next(self.b.parameters())
 
 
 def test_a_missed_hook_is_an_error_naming_the_parameter(tmp_path):

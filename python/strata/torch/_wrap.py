@@ -37,7 +37,7 @@ import weakref
 
 import torch
 
-from . import _C
+from . import _C, _state
 
 PARAM, GRAD, MASTER, STATE0, STATE1 = range(5)
 StrataError = _C.StrataError
@@ -176,7 +176,10 @@ class Wrapped:
         self._collect()
         self._check_devices_early()
         _C.validate_config(json.dumps(self._runtime_config(None)))  # unknown keys fail here, not later
+        self._module_pids.setdefault(model, [])  # the root's call: Note [Parameters read by another module]
         self._install_hooks()
+        self._state = _state.ModelState(self)
+        self._state.install()  # state_dict, load_state_dict, copy (python/strata/torch/_state.py)
         model._strata_wrapped = self
         self._signature = self._model_signature()
         _WRAPPED_REGISTRY.add(self)
@@ -349,6 +352,7 @@ class Wrapped:
             h.remove()
         self._handles.clear()
         self._acc_nodes.clear()
+        self._state.uninstall()
         self.model._strata_wrapped = None
         if error is not None:
             raise error
@@ -361,7 +365,6 @@ class Wrapped:
         for module in self._module_pids:
             self._handles.append(module.register_forward_pre_hook(self._pre_forward))
             self._handles.append(module.register_forward_hook(self._post_forward))
-        self._handles.append(root._register_state_dict_hook(self._state_dict_hook))
         for pid, p in enumerate(self.params):
             if p.requires_grad:
                 acc = p.expand_as(p).grad_fn.next_functions[0][0]
@@ -396,7 +399,8 @@ class Wrapped:
                 "module called without its hooks, or a parameter read directly). The values read were zeros. "
                 "Use parameters only inside the module that owns them, read them with model.state_dict(), or, "
                 "for a module that reads its children's parameters, name its class in the wrap config's "
-                "\"bind_subtree\" list (Note [Modules that read their children's parameters]).")
+                "\"bind_subtree\" list (Note [Modules that read their children's parameters])." +
+                self._state.poison_context())
 
     def _root_pre_forward(self, module, inputs):
         self._check_unchanged()
@@ -522,80 +526,10 @@ class Wrapped:
         p = self.params[pid]
         return self.engine.read(pid, PARAM).to(p.dtype)
 
-    def _state_dict_hook(self, module, state_dict, prefix, local_metadata):
-        if self.engine is None:
-            return state_dict
-        self.engine.flush()
-        by_key = {}
-        for mname, m in self.model.named_modules():
-            for pname, p in m.named_parameters(recurse=False):
-                if p is not None and id(p) in self._pid:
-                    by_key[prefix + (f"{mname}.{pname}" if mname else pname)] = self._pid[id(p)]
-        for key, pid in by_key.items():
-            if key in state_dict:
-                state_dict[key] = self.read_param(pid)
-        return state_dict
-
     def load_state_dict(self, state_dict, strict=True):
-        """torch's Module.load_state_dict for a wrapped model: every key and shape is checked before
-        anything is written, so a bad checkpoint loads nothing."""
-        if self.engine is None:
-            return _ORIGINAL_LOAD(self.model, state_dict, strict)
-        expected = {}  # key -> ("param", pid) | ("buffer", module, name)
-        for mname, m in self.model.named_modules():
-            pre = f"{mname}." if mname else ""
-            for pname, p in m._parameters.items():
-                if p is None:
-                    continue
-                if id(p) in self._pid:
-                    expected[pre + pname] = ("param", self._pid[id(p)], p)
-                else:
-                    expected[pre + pname] = ("plain", m, pname, p)
-            for bname, b in m._buffers.items():
-                if b is not None and bname not in m._non_persistent_buffers_set:
-                    expected[pre + bname] = ("plain", m, bname, b)
-        missing = [k for k in expected if k not in state_dict]
-        unexpected = [k for k in state_dict if k not in expected]
-        errors = []
-        if strict and missing:
-            errors.append(f"missing keys: {', '.join(missing)}")
-        if strict and unexpected:
-            errors.append(f"unexpected keys: {', '.join(unexpected)}")
-        for key, entry in expected.items():
-            if key not in state_dict:
-                continue
-            value = state_dict[key]
-            target = entry[-1]
-            if not isinstance(value, torch.Tensor):
-                errors.append(f"{key}: not a tensor ({type(value).__name__})")
-            elif tuple(value.shape) != tuple(target.shape):
-                errors.append(f"{key}: shape {tuple(value.shape)} in the checkpoint, {tuple(target.shape)} in the model")
-        if errors:
-            raise RuntimeError("strata.torch: load_state_dict refused, nothing was loaded: " + "; ".join(errors))
-        self.engine.flush()
-        done = set()
-        with torch.no_grad():
-            for key, entry in expected.items():
-                if key not in state_dict:
-                    continue
-                if entry[0] == "param":
-                    if entry[1] in done:
-                        continue
-                    done.add(entry[1])
-                    self.engine.write(entry[1], PARAM, state_dict[key])
-                else:
-                    entry[-1].copy_(state_dict[key])
-        return torch.nn.modules.module._IncompatibleKeys(missing, unexpected)
-
-
-_ORIGINAL_LOAD = torch.nn.Module.load_state_dict
-
-
-def _load_state_dict(self, state_dict, strict=True):
-    wrapped = getattr(self, "_strata_wrapped", None)
-    if wrapped is not None and wrapped.model is self:
-        return wrapped.load_state_dict(state_dict, strict)
-    return _ORIGINAL_LOAD(self, state_dict, strict)
+        """torch's Module.load_state_dict for the wrapped model (Note [load_state_dict of a wrapped model]):
+        a dict that torch refuses loads nothing."""
+        return self._state.load(self.model, state_dict, strict)
 
 
 def wrap(model, config=None):
@@ -609,7 +543,6 @@ def wrap(model, config=None):
     """
     wrapped = Wrapped(model, config)
     # An instance attribute (not a Parameter, Module or Tensor) shadows the class's methods.
-    object.__setattr__(model, "load_state_dict", _load_state_dict.__get__(model))
     object.__setattr__(model, "strata", wrapped)
     return model
 
