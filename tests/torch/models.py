@@ -135,8 +135,8 @@ class SharedTree(nn.Module):
         self.out = nn.Linear(d, out)
 
     def forward(self, x):
-        h = torch.tanh(self.frozen(x))
-        return self.out(self.norm(self.a(h) + self.b(h)))
+        h = self.norm(torch.tanh(self.frozen(x)))  # (a bias right before a BatchNorm gets ~0 gradients)
+        return self.out(torch.tanh(self.a(h) + self.b(h)))
 
 
 class FunctionalTie(nn.Module):

@@ -195,9 +195,13 @@ class _StrataOptimizer(torch.optim.Optimizer):
         """One parameter's state as torch.optim holds it, or None where torch holds none."""
         w = self._wrapped
         pid = w._pid[id(p)]
+        if w._frozen[pid]:
+            # torch.optim.Adagrad holds a state for every parameter from the start, even one without gradients
+            return {"step": torch.tensor(0.0), "sum": torch.zeros_like(p, device="cpu")} \
+                if self._name == "adagrad" else None
         steps = w.engine.steps(pid)
-        if w._frozen[pid] or (steps == 0 and self._name != "adagrad"):
-            return None  # torch.optim.Adagrad holds a state for every parameter from the start
+        if steps == 0 and self._name != "adagrad":
+            return None
         s = {} if self._name == "sgd" else {"step": torch.tensor(float(steps))}
         if self._name == "sgd" and not names:
             s["momentum_buffer"] = None  # what torch.optim.SGD keeps without momentum
@@ -343,7 +347,7 @@ class _StrataOptimizer(torch.optim.Optimizer):
                 w.engine.write(pid, _wrap.MASTER, s["master_param"])
             step = s.get("step", 0)
             step = int(step.item() if isinstance(step, torch.Tensor) else step)
-            if self._name == "sgd" and names:
+            if self._name == "sgd":
                 step = max(step, 1)  # torch's buffers carry no step; strata's step 1 would restart the buffer
             w.engine.set_steps(pid, step)
 
