@@ -141,9 +141,9 @@ class ModelState:
         object.__setattr__(m, "__reduce_ex__", reduce_ex)
 
     def uninstall(self):
+        """After close(): a copy of the model still leaves model.strata behind, so the copy attributes stay."""
         for m in self.w.model.modules():
-            for name in ("load_state_dict", "__deepcopy__", "__reduce_ex__", "_strata_owner"):
-                m.__dict__.pop(name, None)
+            m.__dict__.pop("_strata_owner", None)
         self.active.clear()
         self._aliases.clear()
 
