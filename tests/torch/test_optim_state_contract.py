@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import strata.torch as st
-from harness import config
+from harness import assert_identical, config
 from models import inputs, loss_of, make
 
 TORCH = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
@@ -141,3 +141,42 @@ def test_lr_and_weight_decay_come_from_the_state_dict_as_in_torch():
     opt.load_state_dict(torch_opt.state_dict())
     assert opt.param_groups[0]["lr"] == 0.5 and opt.param_groups[0]["weight_decay"] == 0.25
     model.strata.close()
+
+
+@pytest.mark.parametrize("opt_name", ["lamb", "lars", "lion", "adamw", "sgd"])
+def test_strata_state_dict_round_trip_continues_bit_exactly(opt_name):
+    # LAMB, LARS and Lion have no torch.optim equivalent: strata's own dict into a fresh model and
+    # optimizer continues to the bits of a straight run (every state and step counter carried).
+    cls = {"lamb": st.LAMB, "lars": st.LARS, "lion": st.Lion, "adamw": st.AdamW, "sgd": st.SGD}[opt_name]
+    hyper = {"lr": 0.125, "momentum": 0.5} if opt_name in ("sgd", "lars") else {"lr": 1e-2}
+    runs = []
+    for split in (None, 3):
+        model, kind = make(NAME, 0)
+        model = st.wrap(model, config(model))
+        opt = cls(model.parameters(), **hyper)
+        losses = []
+        train(model, opt, kind, range(3 if split else 6), losses)
+        if split:
+            model_sd, opt_sd = model.state_dict(), opt.state_dict()
+            assert len(opt_sd["state"]) == 10  # every trained parameter (the frozen two have none)
+            model.strata.close()
+            model, kind = make(NAME, 5)
+            model = st.wrap(model, config(model))
+            opt = cls(model.parameters(), **hyper)
+            model.load_state_dict(model_sd)
+            opt.load_state_dict(opt_sd)
+            train(model, opt, kind, range(3, 6), losses)
+        runs.append((losses, {k: v.clone() for k, v in model.state_dict().items()}))
+        model.strata.close()
+    assert_identical(runs[0], runs[1])
+
+
+def test_trained_state_of_a_parameter_frozen_here_is_refused():
+    # torch trained the layer that strata's model holds frozen: its state cannot be kept.
+    model, kind = make(NAME, 0)
+    model.frozen.requires_grad_(True)
+    torch_opt = torch.optim.SGD(model.parameters(), **CASES["sgd"])
+    x, y = inputs(model, kind, 0)
+    loss_of(model, x, y).backward()
+    torch_opt.step()
+    refused("sgd", CASES["sgd"], torch_opt.state_dict(), r"state of param 0: the parameter is frozen here")

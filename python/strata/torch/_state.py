@@ -38,8 +38,13 @@ such read goes through Module.__getattr__ (parameters live in _parameters, not i
 strata.torch wraps Module.__getattr__ (one dict look-up more per module attribute read; nothing
 more for modules that own no strata parameter): a strata parameter read while a forward runs and
 while nothing binds it is bound there and then, as a parameter of the innermost module whose
-forward is running (the root's at least). It is unbound with that module's other parameters at
-its forward's end, and bound again while backward runs that module's part, like its own. A read
+forward is running (the root's at least; modules above an owner push a frame too, naming the
+reader exactly). It is unbound with that module's other parameters at its forward's end and bound
+again when backward reaches that module, like its own; with gradients on, the read returns an
+alias (a view made by an autograd Function, the same one for every read in that call) whose
+backward runs once backward is past every use of it, and unbinds the parameter there rather than
+with the rest of the call. So F.linear(h, self.wte.weight) holds the weight's slot in backward
+for as long as a head module owning it would, and the tie needs the module tie's slots. A read
 that does not go through attribute access (a reference stored earlier, iterating
 module.parameters() inside forward) is still missed; the poison error names the parameter, and
 the class of the module whose forward must bind it goes into the config's "bind_subtree".
@@ -105,10 +110,8 @@ class ModelState:
         w = self.w
         model = w.model
         torch.nn.Module.__getattr__ = _module_getattr
-        owners = set()
         for m in model.modules():
             if any(p is not None and id(p) in w._pid for p in m._parameters.values()):
-                owners.add(m)
                 object.__setattr__(m, "_strata_owner", w)
                 w._handles.append(m._register_state_dict_hook(self._state_dict_hook))
             self._set_copy_attrs(m)

@@ -305,6 +305,11 @@ class _StrataOptimizer(torch.optim.Optimizer):
                         f"{group['initial_accumulator_value']!r} (strata starts a sum of squares at 0)"]
             return []
         errors = []
+        w = self._wrapped
+        if w._frozen[w._pid[id(p)]] and any(
+                isinstance(v, torch.Tensor) and v.count_nonzero() > 0 for k, v in s.items() if k != "master_param"):
+            return [f"state of param {index}: the parameter is frozen here (requires_grad=False or not in the "
+                    "optimizer when the engine was built) but its state holds values; they would be dropped"]
         allowed = {"step", "master_param", *names} | ({"momentum_buffer"} if self._name == "sgd" else set())
         for key in s:
             if key not in allowed:
