@@ -119,3 +119,24 @@ def test_reparametrisations_in_pre_hooks_train_bit_identically():
     assert_identical(reference, strata)
     assert "wn.weight_g" in strata[1] and "pruned.weight_orig" in strata[1]
     strata[2].strata.close()
+
+
+def test_a_weight_normed_root_module_trains_bit_identically():
+    results = []
+    for use_strata in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.utils.weight_norm(torch.nn.Linear(64, 10))
+        if use_strata:
+            model = st.wrap(model, {"device": {"kind": "sim"}, "budgets": {"gpu": "1MiB", "host": "64MiB"},
+                                    "layout": {"chunk_elems": 4096}})
+        opt = (st.SGD if use_strata else torch.optim.SGD)(model.parameters(), lr=0.125)
+        losses = []
+        for step in range(5):
+            x, y = inputs(model, "dense", step)
+            loss = loss_of(model, x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.detach().clone())
+        results.append((losses, {k: v.clone() for k, v in model.state_dict().items()}))
+    assert_identical(results[0], results[1])

@@ -173,3 +173,48 @@ def test_a_missed_read_names_the_class_to_add_and_that_class_fixes_it():
     for k, v in reference.state_dict().items():
         assert torch.equal(model.state_dict()[k], v), k
     model.strata.close()
+
+
+def test_functional_tie_under_no_grad_and_in_a_head_module():
+    # Without gradients the read is bound for the reading call only (no alias); and a head module
+    # that owns nothing (its forward reads the embedding through the parent) frames the read too.
+    reference, strata = run("ftied", 3), run("ftied", 3, config(make("ftied")[0]))
+    x, _ = inputs(reference[2], "tokens", 99)
+    with torch.no_grad():
+        assert torch.equal(reference[2](x), strata[2](x))
+
+    class Head(nn.Module):
+        def __init__(self, owner):
+            super().__init__()
+            object.__setattr__(self, "owner", owner)  # not a submodule: a plain reference
+
+        def forward(self, h):
+            return torch.nn.functional.linear(h, self.owner.emb.weight)
+
+    class WithHead(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = make("ftied")[0]
+            self.head = Head(self.body)
+
+        def forward(self, idx):
+            b = self.body
+            return self.head(torch.tanh(b.mid2(torch.tanh(b.mid(b.emb(idx))))))
+
+    torch.manual_seed(0)
+    ref_model, model = WithHead(), WithHead()
+    model.load_state_dict(ref_model.state_dict())
+    model = st.wrap(model, config(model.body, gpu_slots=MODELS["tied"][2]))
+    opt, ref_opt = st.SGD(model.parameters(), lr=0.125), torch.optim.SGD(ref_model.parameters(), lr=0.125)
+    for step in range(5):
+        x, y = inputs(model, "tokens", step)
+        a, b = loss_of(ref_model, x, y), loss_of(model, x, y)
+        assert torch.equal(a, b), step
+        a.backward()
+        b.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        opt.step()
+    for k, v in ref_model.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v), k
+    model.strata.close()
