@@ -183,7 +183,7 @@ MODELS = {
     "frozen_unused": (FrozenUnused, "dense", 3),
     "checkpoint": (Checkpointed, "dense", 3),
     "deep": (Deep, "dense", 3),
-    "shared": (SharedTree, "dense", 6),
+    "shared": (SharedTree, "dense", 5),  # a.shared, b.shared: inputs without grad (Limits)
     "ftied": (FunctionalTie, "tokens", 3),  # as many as "tied"
     "reparam": (Reparametrized, "dense", 4),
 }
