@@ -293,3 +293,40 @@ def test_parameters_without_a_gradient_step_as_in_torch(set_to_none, grad_reads,
             assert moved != set_to_none, "an unused step moves the branch only with zero grads"
         branch = model.branch.weight.clone()
     assert_same_params(ref, model)
+
+
+def test_a_submodules_zero_grad_set_to_none_is_seen(tmp_path):
+    # torch's own Module.zero_grad on a submodule sets p.grad = None: the branch is then skipped in
+    # the steps where it gets no gradient, as in torch.
+    hyper = {"lr": 0.125, "momentum": 0.5}
+    ref, ref_opt, model, opt, kind = pair("frozen_unused", tmp_path, opt=("sgd", hyper), grad_reads=False)
+    for step in range(6):
+        ref.use_branch = model.use_branch = step % 2 == 0
+        for m, o in ((ref, ref_opt), (model, opt)):
+            x, y = inputs(ref, kind, step)
+            loss_of(m, x, y).backward()
+            o.step()
+            o.zero_grad()
+            if step == 2:
+                torch.nn.Module.zero_grad(m.branch, set_to_none=True)
+    assert_same_params(ref, model)
+
+
+def test_bf16_parameters_read_and_write_between_steps(tmp_path):
+    model, kind = make("mlp")
+    model = model.to(torch.bfloat16)
+    cfg = config(model, None)
+    model = st.wrap(model, cfg)
+    opt = st.AdamW(model.parameters(), lr=1e-3)
+    x, y = inputs(model, kind, 0)
+    loss_of(model, x.to(torch.bfloat16), y).backward()
+    opt.step()
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    assert model.fc1.weight.dtype == torch.bfloat16
+    assert torch.equal(model.fc1.weight.clone().float(), saved["fc1.weight"])
+    with torch.no_grad():
+        model.fc1.weight.mul_(2)
+    assert torch.equal(model.state_dict()["fc1.weight"], saved["fc1.weight"] * 2)
+    loss_of(model, x.to(torch.bfloat16), y).backward()  # the next forward takes the write
+    opt.step()
+    assert model.strata.engine.poison_hits() == []

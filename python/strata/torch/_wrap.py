@@ -79,7 +79,7 @@ _METADATA = frozenset((
     "nelement", "ndimension", "storage_offset", "data_ptr", "register_hook", "retain_grad", "__format__"))
 # Ops on a gradient placeholder that keep torch's zero_grad() working (Note [Gradients in torch]).
 _GRAD_NOOPS = frozenset(("zero_", "detach_", "requires_grad_"))
-_LAZY_OWNER = {}  # id(parameter) -> (Wrapped, pid) while it is lazy
+_LAZY_OWNER = {}  # id(parameter) -> (weakref to Wrapped, pid) while it is lazy
 _LAZY_CLASSES = {}  # torch class -> its lazy subclass
 
 
@@ -102,21 +102,32 @@ def _tensors_of(obj, cls, out):
     return out
 
 
+def _lazy_owner(t):
+    """(Wrapped, pid) of a lazy parameter, or (None, None) for a copy of one."""
+    owner = _LAZY_OWNER.get(id(t))
+    if owner is None:
+        return None, None
+    w = owner[0]()
+    if w is None or w.params[owner[1]] is not t:
+        return None, None
+    return w, owner[1]
+
+
 def _lazy_torch_function(cls, func, types, args=(), kwargs=None):
     kwargs = kwargs or {}
     name = _func_name(func)
     setter = getattr(func, "__name__", "") == "__set__"  # reads no value (p.grad = g, p.data = t)
     if name not in _METADATA and not setter:
         for t in _tensors_of((args, kwargs), _LazyBase, []):
-            owner = _LAZY_OWNER.get(id(t))
-            if owner is not None and owner[0].params[owner[1]] is t:
-                owner[0]._materialise(owner[1], name)
+            w, pid = _lazy_owner(t)
+            if w is not None:
+                w._materialise(pid, name)
             else:  # a copy of a lazy parameter (deepcopy builds type(p)(...)): plain torch
                 t.__class__ = type(t).__mro__[1]
     elif setter and name == "data":
-        owner = _LAZY_OWNER.get(id(args[0]))
-        if owner is not None:
-            owner[0]._check_window(owner[1], "p.data = ...")
+        w, pid = _lazy_owner(args[0])
+        if w is not None:
+            w._check_window(pid, "p.data = ...")
     with torch._C.DisableTorchFunction():
         return func(*args, **kwargs)
 
@@ -133,6 +144,7 @@ def _lazy_class(base):
         cls = type(f"Strata{base.__name__}", (base, _LazyBase),
                    {"__torch_function__": classmethod(_lazy_torch_function), "__module__": __name__})
         _LAZY_CLASSES[base] = cls
+        globals().setdefault(cls.__name__, cls)  # pickle finds classes by name
     return cls
 
 
@@ -676,11 +688,15 @@ class Wrapped:
         return ph
 
     def _clear_placeholders(self):
-        """Takes placeholders out of p.grad before a backward (autograd would accumulate into them)."""
+        """Takes placeholders out of p.grad before a backward (autograd would accumulate into them).
+        One that is gone was set to None by torch code (a submodule's zero_grad(set_to_none=True)):
+        torch would skip that parameter in a step without a gradient (Note [Zero gradients])."""
         for pid, ph in self._placeholders.items():
             p = self.params[pid]
             if p.grad is ph:
                 p.grad = None
+            elif p.grad is None:
+                self._grad_live[pid] = False
 
     # --- parameters between steps (Note [Lazy parameters]) --------------------------------
 
@@ -689,8 +705,9 @@ class Wrapped:
             return
         self._lazy = on
         if on:
+            me = weakref.ref(self)
             for pid, p in enumerate(self.params):
-                _LAZY_OWNER[id(p)] = (self, pid)
+                _LAZY_OWNER[id(p)] = (me, pid)
                 p.__class__ = self._lazy_classes[pid]
         else:
             for pid, p in enumerate(self.params):
@@ -770,6 +787,8 @@ class Wrapped:
             if self._grad_live[pid] and not self._grad_written[pid] and not self._frozen[pid]:
                 self.engine.hand_grad(pid, torch.zeros(p.shape, dtype=p.dtype, device=p.device), False)
                 self._grad_written[pid] = True
+                if self._access and p.grad is None:
+                    p.grad = self._placeholder(pid)  # torch's zero gradient stays in p.grad
 
     def _next_keep_grads(self):
         if self.grad_reads == "auto":
