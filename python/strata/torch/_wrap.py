@@ -767,8 +767,10 @@ class Wrapped:
     def _hand_kept_grads(self):
         """Hands torch's gradients to strata at step() (Note [Gradients in torch]); p.grad stays torch's.
         Besides the kept ones, a tensor found in p.grad that strata did not get (a gradient set by hand,
-        or one whose accumulator hook was lost to p.set_()) is handed too, as torch.optim would use it."""
-        for pid, p in enumerate(self.params):
+        or one whose accumulator hook was lost to p.set_()) is handed too, as torch.optim would use it.
+        Last parameter first, the order backward produces gradients in."""
+        for pid in reversed(range(len(self.params))):
+            p = self.params[pid]
             g = p.grad
             if g is None or self._frozen[pid] or isinstance(g, _StrataGrad) or self._grad_written[pid]:
                 continue
