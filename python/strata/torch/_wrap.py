@@ -79,7 +79,7 @@ _METADATA = frozenset((
     "nelement", "ndimension", "storage_offset", "data_ptr", "register_hook", "retain_grad", "__format__"))
 # Ops on a gradient placeholder that keep torch's zero_grad() working (Note [Gradients in torch]).
 _GRAD_NOOPS = frozenset(("zero_", "detach_", "requires_grad_"))
-_LAZY_OWNER = {}  # id(parameter) -> (weakref to Wrapped, pid) while it is lazy
+_LAZY_OWNER = {}  # id(parameter) -> (weakref to Wrapped, pid), from wrap() to close()
 _LAZY_CLASSES = {}  # torch class -> its lazy subclass
 
 
@@ -404,6 +404,9 @@ class Wrapped:
         self._grad_live = [False] * len(self.params)
         self._classes = [type(p) for p in self.params]
         self._lazy_classes = [_lazy_class(c) for c in self._classes]
+        me = weakref.ref(self)
+        for pid, p in enumerate(self.params):
+            _LAZY_OWNER[id(p)] = (me, pid)
 
     def _device_kind_wanted(self):
         kind = self.config.get("device", {}).get("kind", "auto") if isinstance(self.config.get("device"), dict) \
@@ -515,6 +518,8 @@ class Wrapped:
             h.remove()
         self._handles.clear()
         self._acc_nodes.clear()
+        for p in self.params:
+            _LAZY_OWNER.pop(id(p), None)
         self.model._strata_wrapped = None
         if error is not None:
             raise error
@@ -704,15 +709,9 @@ class Wrapped:
         if on == self._lazy or not self._access:
             return
         self._lazy = on
-        if on:
-            me = weakref.ref(self)
-            for pid, p in enumerate(self.params):
-                _LAZY_OWNER[id(p)] = (me, pid)
-                p.__class__ = self._lazy_classes[pid]
-        else:
-            for pid, p in enumerate(self.params):
-                p.__class__ = self._classes[pid]
-                _LAZY_OWNER.pop(id(p), None)
+        classes = self._lazy_classes if on else self._classes
+        for p, cls in zip(self.params, classes):
+            p.__class__ = cls
 
     def _materialise(self, pid, what):
         p = self.params[pid]
@@ -720,7 +719,6 @@ class Wrapped:
             self._check_window(pid, what)
             self.engine.materialise(pid)
         p.__class__ = self._classes[pid]
-        _LAZY_OWNER.pop(id(p), None)
 
     def _check_window(self, pid, what):
         if self.engine is not None:
