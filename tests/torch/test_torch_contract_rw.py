@@ -330,3 +330,15 @@ def test_bf16_parameters_read_and_write_between_steps(tmp_path):
     loss_of(model, x.to(torch.bfloat16), y).backward()  # the next forward takes the write
     opt.step()
     assert model.strata.engine.poison_hits() == []
+
+
+def test_a_parameter_left_out_of_the_optimizer_keeps_torchs_gradient(tmp_path):
+    ref, kind = make("mlp")
+    model, _ = make("mlp")
+    model = st.wrap(model, config(model, None))
+    ref_opt = torch.optim.SGD([p for n, p in ref.named_parameters() if not n.startswith("fc1")], lr=0.125)
+    opt = st.SGD([p for n, p in model.named_parameters() if not n.startswith("fc1")], lr=0.125)
+    for step in range(3):  # no zero_grad of fc1: its gradient adds up in torch
+        step_both(ref, ref_opt, model, opt, kind, step)
+        assert torch.equal(model.fc1.weight.grad, ref.fc1.weight.grad)
+    assert_same_params(ref, model)

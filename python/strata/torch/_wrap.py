@@ -669,8 +669,7 @@ class Wrapped:
             if g is None or self.engine is None:
                 return
             if self._frozen[pid]:
-                p.grad = None  # not in the optimizer: torch would not update it either
-                return
+                return  # not in the optimizer: torch keeps its gradient in p.grad and updates nothing
             if self._keep_grads:  # handed at step() (Note [Gradients in torch])
                 if self.grad_reads == "auto" and type(g) is torch.Tensor:
                     g.__class__ = _WatchedGrad
