@@ -164,10 +164,11 @@ bool PoisonRegion::hit() const {
 
 void PoisonRegion::rearm() {
   if (base_ == nullptr) return;
-  ::mmap(base_, bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
-  g_entries[slot_].hit.store(false, std::memory_order_release);
+  // Poison before the pages go: a touch in between is a recorded hit, never a view's write.
   g_entries[slot_].mode.store(kPoison, std::memory_order_release);
   g_entries[slot_].dirty.store(false, std::memory_order_release);
+  ::mmap(base_, bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  g_entries[slot_].hit.store(false, std::memory_order_release);
   // g_any_hit is cleared by the binding once it has looked at every region.
 }
 
