@@ -15,6 +15,11 @@ SGD (power-of-two lr) both ways in this process and compares every loss and para
 torch.equal. fit_overhead compares whole steps, so it includes the optimizers' difference
 (torch.optim's AdamW against strata's fused kernel, which also overlaps backward);
 fit_fwd_bwd_overhead compares forward + backward alone: the cost of strata's hooks and moves.
+--access-ab measures what torch's contract between steps costs (#25: parameters readable and writable
+between steps, Note [Lazy parameters] in strata/torch/_wrap.py; gradient placeholders): it adds
+strata_fit_no_access and strata_offload_no_access, the same runs with the binding as before #25
+(STRATA_TORCH_BENCH_NO_ACCESS=1), interleaved, and reports access_cost_fit / access_cost_offload
+(median tokens/s without over with; > 1 means the contract costs that factor).
 --check exits 1 when a target is missed (fit_overhead <= 1.10, state_over_device_budget >= 4,
 bit_identical_sgd).
 """
@@ -53,6 +58,12 @@ def config(model, nvme_dir, device_budget, host_bytes, threads):
 
 def train(kind, args, data, nvme_dir):
     """tokens/s of one copy over the measured steps, and the wrapped model's figures."""
+    if kind.endswith("_no_access"):
+        os.environ["STRATA_TORCH_BENCH_NO_ACCESS"] = "1"
+        try:
+            return train(kind[:-len("_no_access")], args, data, nvme_dir)
+        finally:
+            del os.environ["STRATA_TORCH_BENCH_NO_ACCESS"]
     torch.manual_seed(0)
     model = Gpt(d=args.d_model, layers=args.layers, seq=args.seq)
     n = unique_numel(model)
@@ -139,6 +150,8 @@ def main():
     ap.add_argument("--offload-ratio", type=int, default=4, help="model state / device budget")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    ap.add_argument("--access-ab", action="store_true",
+                    help="also run strata without torch's contract between steps (#25) and report its cost")
     args = ap.parse_args()
     if min(args.runs, args.steps, args.batch, args.layers, args.offload_ratio) < 1 or args.warmup < 1:
         ap.error("--runs, --steps, --batch, --layers, --offload-ratio and --warmup must be >= 1")
@@ -147,6 +160,8 @@ def main():
     nvme_dir = tempfile.mkdtemp(prefix="strata-bench-gpt-")
     try:
         rates = {"plain": [], "strata_fit": [], "strata_offload": []}
+        if args.access_ab:
+            rates.update({"strata_fit_no_access": [], "strata_offload_no_access": []})
         info = {}
         for run in range(args.runs):
             order = list(rates) if run % 2 == 0 else list(reversed(rates))
@@ -184,6 +199,9 @@ def main():
                                  for k in rates},
         "all_runs_tokens_per_s": {k: [round(r, 1) for r in v] for k, v in rates.items()},
     }
+    if args.access_ab:
+        out["access_cost_fit"] = round(med["strata_fit_no_access"] / med["strata_fit"], 3)
+        out["access_cost_offload"] = round(med["strata_offload_no_access"] / med["strata_offload"], 3)
     met = out["fit_overhead"] <= 1.10 and out["state_over_device_budget"] >= 4 and identical
     # The binding's own cost, like with like: forward + backward with strata's hooks over torch's.
     out["fit_fwd_bwd_overhead"] = round(out["fwd_bwd_s_per_step"]["strata_fit"] / out["fwd_bwd_s_per_step"]["plain"], 3)

@@ -9,6 +9,44 @@
 // parameters]). Views autograd saved share the StorageImpl, so they follow. A
 // parameter bound by several modules at once (tied weights, a layer called twice)
 // keeps one lease and a count of binds.
+//
+// Note [Parameters between steps]
+// Between steps an unbound parameter's storage points at its poison region. torch
+// code that reads or writes it there (p.data, print(p), p.norm(), ema.copy_(p),
+// nn.init.*, p.mul_ under no_grad) must see and change strata's value:
+//   - Reads materialise on demand. Between steps (after step(), after wrap, after a
+//     no_grad forward) _wrap.py switches each parameter's Python class to a
+//     subclass with __torch_function__ (Note [Lazy parameters] in _wrap.py); the
+//     first torch call on it calls materialise(): open_view() maps fresh pages over
+//     the region, read_tensor copies the current value in (from whichever tier holds
+//     it: host, the sim device, NVMe) and seal_view() makes it read-only. The
+//     storage pointer does not change. Cost: nothing for a parameter no one reads
+//     (two class assignments per step); one copy of the parameter (an NVMe read for an
+//     NVMe-homed one) for one that is read.
+//   - Why a copy and not the chunk's own host memory: a pointer into the runtime's
+//     memory is valid only until the runtime's next call or background move (the
+//     next step's re-plan, an NVMe write-back freeing a staging buffer, an evicted
+//     device slot), and the runtime would not see writes to it. A binding-owned copy
+//     can never dangle and costs only what is read.
+//   - Writes are caught by page protection: the first write to a sealed view faults,
+//     the handler marks it dirty and makes it writable (poison.hpp), so writes through
+//     any alias (p.data, numpy, a raw pointer) are seen. `p.data = t` gives the tensor
+//     another storage, which sync_views() sees by comparing with the one adopt() found.
+//   - sync_views() runs before every runtime call that reads or writes state
+//     (begin_micro_batch, read, write, flush, checkpoints): it hands each written
+//     parameter to the runtime with init_tensor (param and fp32 master, every stale
+//     copy dropped) and seals its view again (it holds the value handed). A replaced
+//     storage is swapped back after its values are taken (a wrong shape or dtype is
+//     dropped and raises, naming the parameter). Views end where the runtime's value
+//     changes or a lease takes over: bind() (the next forward) and step() hand what was
+//     written and put the region back to poison (_wrap.py makes the parameters lazy
+//     again after step()); write() and load_checkpoint() read an existing view again.
+//   - The read window: between step() and the next forward, and after a no_grad
+//     forward. Between the last backward of a step and step() strata's optimizer may
+//     already have updated a parameter (it overlaps backward) while torch would show
+//     the old value, so a read there raises, naming the parameter (_wrap.py).
+//   - CUDA: the region is host memory, so a read raises at the read naming
+//     model.strata.read_param and model.state_dict() (not served yet).
 #include <torch/extension.h>
 
 #include <optional>
@@ -63,6 +101,11 @@ struct Param {
   PoisonRegion poison;
   std::optional<Lease> lease;
   int binds = 0;
+  //! The StorageImpl adopt() found: the one strata rebinds. `p.data = t` gives the
+  //! tensor another one (Note [Parameters between steps]).
+  at::Storage home;
+  std::vector<std::int64_t> shape;  //!< the registered shape and dtype (a replacement must keep them)
+  at::ScalarType dtype = at::kFloat;
 };
 
 class Engine {
@@ -98,6 +141,8 @@ class Engine {
     p.tensor = param;
     p.id = id;
     p.numel = static_cast<std::uint64_t>(param.numel());
+    p.shape.assign(param.sizes().begin(), param.sizes().end());
+    p.dtype = param.scalar_type();
     params_.push_back(std::move(p));
     return id;
   }
@@ -112,6 +157,7 @@ class Engine {
       throw_if(rt_->init_tensor(p.id, std::span<const float>(values.data_ptr<float>(), p.numel)));
     }
     p.poison = value_or_throw(PoisonRegion::create(p.tensor.nbytes()));
+    p.home = p.tensor.storage();
     storage(p)->set_data_ptr_noswap(at::DataPtr(p.poison.data(), device_));
   }
 
@@ -119,6 +165,7 @@ class Engine {
   //! engine is about to be closed or rebuilt).
   void restore(std::uint32_t id) {
     Param& p = param(id);
+    drop_view(p);
     unbind_now(p);
     at::Tensor values = read(id, static_cast<int>(StateKind::kParam)).to(p.tensor.scalar_type());
     auto* impl = storage(p);
@@ -129,6 +176,7 @@ class Engine {
   //! Makes the parameter's storage hold its value (counted; Note [Rebinding storage]).
   void bind(std::uint32_t id) {
     Param& p = param(id);
+    if (p.binds == 0 && (p.poison.in_view() || replaced(p))) drop_view(p);
     if (p.binds++ > 0) return;
     auto lease = rt_->acquire(p.id, StateKind::kParam, Access::kRead, Where::kDevice);
     if (!lease.ok()) {
@@ -195,7 +243,10 @@ class Engine {
     return names;
   }
 
-  void begin_micro_batch(bool last) { throw_if(rt_->begin_micro_batch(last)); }
+  void begin_micro_batch(bool last) {
+    sync_views();
+    throw_if(rt_->begin_micro_batch(last));
+  }
   void set_grad_scale(float scale) { rt_->set_grad_scale(scale); }
   void set_group(std::uint32_t id, std::uint32_t group) {
     throw_if(rt_->set_tensor_group(param(id).id, group));
@@ -207,6 +258,7 @@ class Engine {
   //! A state of a parameter as a new fp32 CPU tensor of the parameter's shape.
   at::Tensor read(std::uint32_t id, int kind) {
     Param& p = param(id);
+    sync_views();
     at::Tensor out = at::empty(p.tensor.sizes(), at::TensorOptions().dtype(at::kFloat));
     py::gil_scoped_release release;
     throw_if(rt_->read_tensor(p.id, std::span<float>(out.data_ptr<float>(), p.numel), to_kind(kind)));
@@ -218,9 +270,13 @@ class Engine {
     if (values.numel() != static_cast<std::int64_t>(p.numel))
       throw py::value_error(
           fmt::format("parameter \"{}\": {} values for {} elements", p.name, values.numel(), p.numel));
+    sync_views();
     at::Tensor v = values.detach().to(at::kCPU).to(at::kFloat).contiguous();
-    py::gil_scoped_release release;
-    throw_if(rt_->write_tensor(p.id, std::span<const float>(v.data_ptr<float>(), p.numel), to_kind(kind)));
+    {
+      py::gil_scoped_release release;
+      throw_if(rt_->write_tensor(p.id, std::span<const float>(v.data_ptr<float>(), p.numel), to_kind(kind)));
+    }
+    refresh_view(p);  // this helper's block (Note [Parameters between steps]); a no-op without a view
   }
 
   std::int64_t steps(std::uint32_t id) { return value_or_throw(rt_->tensor_steps(param(id).id)); }
@@ -231,6 +287,7 @@ class Engine {
   //! Ends the step (optimizer, re-planning); the step's figures as a dict.
   py::dict step() {
     check_open();
+    drop_views();
     std::optional<Result<StepStats>> result;
     {
       py::gil_scoped_release release;
@@ -256,6 +313,7 @@ class Engine {
 
   void flush() {
     check_open();
+    sync_views();
     py::gil_scoped_release release;
     throw_if(rt_->flush());
   }
@@ -263,12 +321,14 @@ class Engine {
   //! Runtime::save_checkpoint / load_checkpoint (docs/checkpoint.md).
   void save_checkpoint(const std::string& dir) {
     check_open();
+    sync_views();
     py::gil_scoped_release release;
     throw_if(rt_->save_checkpoint(dir));
   }
   //! Runtime::begin_checkpoint / finish_checkpoint (Note [Overlapped save]).
   void begin_checkpoint(const std::string& dir) {
     check_open();
+    sync_views();
     py::gil_scoped_release release;
     throw_if(rt_->begin_checkpoint(dir));
   }
@@ -285,8 +345,12 @@ class Engine {
   }
   void load_checkpoint(const std::string& dir) {
     check_open();
-    py::gil_scoped_release release;
-    throw_if(rt_->load_checkpoint(dir));
+    sync_views();
+    {
+      py::gil_scoped_release release;
+      throw_if(rt_->load_checkpoint(dir));
+    }
+    for (Param& p : params_) refresh_view(p);
   }
 
   std::string describe() {
@@ -298,6 +362,50 @@ class Engine {
   bool separate_master() { return rt_->config().runtime.compute_dtype != runtime::DType::kF32; }
   void write_trace(const std::string& path) { throw_if(rt_->write_chrome_trace(path)); }
 
+  // --- Parameters between steps (Note [Parameters between steps]) -------------------------------
+
+  //! Fills an unbound parameter's poison region with its current value and seals it
+  //! read-only: its storage (which points there) reads the value until the next
+  //! sync_views(). A no-op when it is bound, already a view, or replaced by
+  //! `p.data = t`. Blocks (may read NVMe). Throws StrataError on CUDA (the region
+  //! is host memory) naming the parameter and the calls that return its value.
+  void materialise(std::uint32_t id) {
+    Param& p = param(id);
+    if (p.binds > 0 || p.poison.in_view() || replaced(p) || p.poison.data() == nullptr) return;
+    if (device_.is_cuda()) {
+      throw StrataError(fmt::format(
+          "strata.torch: parameter \"{}\" was read between steps, which strata serves on the sim device "
+          "only; read it with model.strata.read_param(\"{}\") or model.state_dict()",
+          p.name, p.name));
+    }
+    fill_view(p);
+  }
+
+  //! Hands every parameter written between steps (through a view, or replaced by
+  //! `p.data = t`) to the runtime and puts every view back to poison. Returns the
+  //! names of the parameters written. O(parameters) pointer checks when none is.
+  std::vector<std::string> sync_views() {
+    std::vector<std::string> written;
+    if (rt_ == nullptr) return written;
+    for (Param& p : params_) {
+      if (p.binds > 0 || !(p.poison.in_view() || replaced(p))) continue;
+      if (push_written(p)) written.push_back(p.name);
+    }
+    return written;
+  }
+
+  //! sync_views(), then every view back to poison: the runtime is about to change
+  //! the values (step()); _wrap.py makes the parameters lazy again.
+  void drop_views() {
+    if (rt_ == nullptr) return;
+    for (Param& p : params_) {
+      if (p.binds == 0 && (p.poison.in_view() || replaced(p))) drop_view(p);
+    }
+  }
+
+  //! Whether parameter `id` is a view between steps (for tests).
+  bool is_view(std::uint32_t id) { return param(id).poison.in_view(); }
+
  private:
   void check_open() const {
     if (rt_ == nullptr) throw StrataError("strata.torch: this engine is closed");
@@ -307,11 +415,101 @@ class Engine {
     if (id >= params_.size()) throw py::value_error(fmt::format("no parameter with id {}", id));
     return params_[id];
   }
-  static c10::StorageImpl* storage(Param& p) { return p.tensor.storage().unsafeGetStorageImpl(); }
+  //! The storage strata rebinds (the tensor's own until adopt(), then the one adopt() found).
+  static c10::StorageImpl* storage(Param& p) {
+    return p.home.unsafeGetStorageImpl() != nullptr ? p.home.unsafeGetStorageImpl()
+                                                    : p.tensor.storage().unsafeGetStorageImpl();
+  }
   static StateKind to_kind(int kind) {
     if (kind < 0 || kind > static_cast<int>(StateKind::kState1))
       throw py::value_error(fmt::format("bad state kind {}", kind));
     return static_cast<StateKind>(kind);
+  }
+  //! `p.data = t` (or set_) gave the parameter another storage than the one strata rebinds.
+  static bool replaced(Param& p) {
+    return p.home.unsafeGetStorageImpl() != nullptr &&
+           p.tensor.storage().unsafeGetStorageImpl() != p.home.unsafeGetStorageImpl();
+  }
+  //! Reads the runtime's current value into the parameter's region and seals it
+  //! read-only (Note [Parameters between steps]). Blocks; throws on a failed read.
+  void fill_view(Param& p) {
+    throw_if(p.poison.open_view());
+    Status st = Status::Ok();
+    {
+      py::gil_scoped_release release;
+      if (p.dtype == at::kFloat) {
+        st = rt_->read_tensor(p.id, std::span<float>(static_cast<float*>(p.poison.data()), p.numel));
+      } else {
+        std::vector<float> values(p.numel);
+        st = rt_->read_tensor(p.id, values);
+        if (st.ok()) view_of(p).copy_(at::from_blob(values.data(), {static_cast<std::int64_t>(p.numel)}));
+      }
+    }
+    if (!st.ok()) {
+      p.poison.rearm();
+      throw_if(st.with_context(fmt::format("reading parameter \"{}\" between steps", p.name)));
+    }
+    p.poison.seal_view();
+  }
+  //! The region as a flat tensor of the parameter's dtype (open views only).
+  static at::Tensor view_of(Param& p) {
+    return at::from_blob(p.poison.data(), {static_cast<std::int64_t>(p.numel)},
+                         at::TensorOptions().dtype(p.dtype));
+  }
+  //! Values of parameters whose view the runtime changed (write, load_checkpoint) are read again.
+  void refresh_view(Param& p) {
+    if (p.binds == 0 && p.poison.in_view() && !replaced(p)) fill_view(p);
+  }
+  //! push_written(), then the region back to poison.
+  void drop_view(Param& p) {
+    push_written(p);
+    restore_home(p);
+  }
+  //! Hands a parameter written between steps (a dirty view, or `p.data = t`) to the
+  //! runtime; afterwards its region is a sealed view holding the value handed. True
+  //! when it was written. A replacement of another shape or dtype is dropped and raises.
+  bool push_written(Param& p) {
+    const bool swapped = replaced(p);
+    const bool dirty = swapped || p.poison.view_dirty();
+    if (dirty) {
+      if (p.tensor.sizes() != at::IntArrayRef(p.shape) || p.tensor.scalar_type() != p.dtype) {
+        const std::string message = fmt::format(
+            "strata.torch: parameter \"{}\" was given a tensor of shape [{}] and dtype {} between steps; "
+            "strata "
+            "keeps it as shape [{}] and dtype {}, so the assignment was dropped: assign values of that shape "
+            "and dtype (p.data.copy_(t)), or build the model with the new shape before wrapping",
+            p.name, fmt::join(p.tensor.sizes(), ", "), std::string(c10::toString(p.tensor.scalar_type())),
+            fmt::join(p.shape, ", "), std::string(c10::toString(p.dtype)));
+        restore_home(p);
+        throw py::value_error(message);
+      }
+      at::Tensor values = p.tensor.detach().to(at::kCPU).to(at::kFloat).contiguous().reshape({-1});
+      Status st;
+      {
+        py::gil_scoped_release release;
+        st = rt_->init_tensor(p.id, std::span<const float>(values.data_ptr<float>(), p.numel));
+      }
+      throw_if(st.with_context(fmt::format("parameter \"{}\" written between steps", p.name)));
+      if (swapped) {
+        restore_home(p);
+        throw_if(p.poison.open_view());
+        view_of(p).copy_(values);
+      }
+      p.poison.seal_view();
+    }
+    return dirty;
+  }
+  //! Points the tensor at the storage strata rebinds again (after `p.data = t`) and the region at poison.
+  static void restore_home(Param& p) {
+    if (replaced(p)) {
+      // set_data, as `p.data = t` does: set_ would give the parameter a new gradient
+      // accumulator, and the binding's gradient hook is on the old one.
+      at::NoGradGuard no_grad;
+      at::Tensor home = at::empty({0}, p.tensor.options().requires_grad(false));
+      home.set_(p.home, 0, at::IntArrayRef(p.shape));
+      p.tensor.set_data(home);
+    }
+    p.poison.rearm();
   }
   void unbind_now(Param& p) {
     p.binds = 0;
@@ -434,7 +632,12 @@ PYBIND11_MODULE(_C, m) {
       .def("describe", &Engine::describe)
       .def("device_kind", &Engine::device_kind)
       .def("separate_master", &Engine::separate_master)
-      .def("write_trace", &Engine::write_trace);
+      .def("write_trace", &Engine::write_trace)
+      // Parameters between steps (Note [Parameters between steps]).
+      .def("materialise", &Engine::materialise)
+      .def("sync_views", &Engine::sync_views)
+      .def("drop_views", &Engine::drop_views)
+      .def("is_view", &Engine::is_view);
   m.def("validate_config", &strata::torch_binding::validate_config, py::arg("config_json"));
   m.def("fused_step", &strata::torch_binding::fused_step, py::arg("optimizer"), py::arg("param"),
         py::arg("grad"), py::arg("states"), py::arg("step"), py::arg("hyper"), py::arg("grad_scale") = 1.0f);

@@ -17,10 +17,15 @@
 namespace strata::torch_binding {
 namespace {
 
+// What a fault in a region means (Note [Poisoned parameters]).
+enum Mode : int { kPoison = 0, kViewReadOnly = 1, kViewWritable = 2 };
+
 struct Entry {
   std::atomic<std::uintptr_t> base{0};  // 0: free
   std::atomic<std::size_t> bytes{0};
   std::atomic<bool> hit{false};
+  std::atomic<int> mode{kPoison};
+  std::atomic<bool> dirty{false};  // a sealed view was written
 };
 
 Entry g_entries[kPoisonRegionsMax];
@@ -42,6 +47,16 @@ void on_segv(int sig, siginfo_t* info, void* context) {
     const std::uintptr_t base = g_entries[i].base.load(std::memory_order_acquire);
     if (base == 0) continue;
     if (address >= base && address < base + g_entries[i].bytes.load(std::memory_order_relaxed)) {
+      const int mode = g_entries[i].mode.load(std::memory_order_acquire);
+      if (mode != kPoison) {
+        // A write to a sealed view: remember it and let it through. (kViewWritable:
+        // another thread made it writable between this fault and now.)
+        g_entries[i].dirty.store(true, std::memory_order_release);
+        ::mprotect(reinterpret_cast<void*>(base), g_entries[i].bytes.load(std::memory_order_relaxed),
+                   PROT_READ | PROT_WRITE);
+        g_entries[i].mode.store(kViewWritable, std::memory_order_release);
+        return;
+      }
       g_entries[i].hit.store(true, std::memory_order_release);
       g_any_hit.store(true, std::memory_order_release);
       map_zero_pages(reinterpret_cast<void*>(base), g_entries[i].bytes.load(std::memory_order_relaxed));
@@ -107,6 +122,8 @@ Result<PoisonRegion> PoisonRegion::create(std::size_t bytes) {
   }
   Entry& e = g_entries[slot];
   e.hit.store(false);
+  e.mode.store(kPoison);
+  e.dirty.store(false);
   e.bytes.store(rounded);
   e.base.store(reinterpret_cast<std::uintptr_t>(base), std::memory_order_release);
   if (static_cast<std::size_t>(slot) == used) g_used.store(used + 1, std::memory_order_release);
@@ -147,9 +164,42 @@ bool PoisonRegion::hit() const {
 
 void PoisonRegion::rearm() {
   if (base_ == nullptr) return;
+  // Poison before the pages go: a touch in between is a recorded hit, never a view's write.
+  g_entries[slot_].mode.store(kPoison, std::memory_order_release);
+  g_entries[slot_].dirty.store(false, std::memory_order_release);
   ::mmap(base_, bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
   g_entries[slot_].hit.store(false, std::memory_order_release);
   // g_any_hit is cleared by the binding once it has looked at every region.
+}
+
+Status PoisonRegion::open_view() {
+  STRATA_CHECK(base_ != nullptr);
+  // Writable before the pages exist, so the binding's own fill does not fault.
+  g_entries[slot_].mode.store(kViewWritable, std::memory_order_release);
+  void* got = ::mmap(base_, bytes_, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  if (got == MAP_FAILED) {
+    const int err = errno;
+    rearm();
+    return out_of_memory("a view of {} bytes over a parameter's poison region: mmap failed: {}", bytes_,
+                         std::strerror(err));
+  }
+  return Status::Ok();
+}
+
+void PoisonRegion::seal_view() {
+  STRATA_CHECK(in_view());
+  g_entries[slot_].dirty.store(false, std::memory_order_release);
+  g_entries[slot_].mode.store(kViewReadOnly, std::memory_order_release);
+  ::mprotect(base_, bytes_, PROT_READ);
+}
+
+bool PoisonRegion::in_view() const {
+  return base_ != nullptr && g_entries[slot_].mode.load(std::memory_order_acquire) != kPoison;
+}
+
+bool PoisonRegion::view_dirty() const {
+  return base_ != nullptr && g_entries[slot_].dirty.load(std::memory_order_acquire);
 }
 
 void clear_any_poison_hit() {

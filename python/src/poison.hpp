@@ -13,6 +13,13 @@
 // region go to the handler that was installed before (Python's faulthandler, or
 // the default). The table has a fixed capacity and entries never move, so the
 // handler reads it without locks.
+//
+// A region can also serve as a *view* between steps (Note [Parameters between
+// steps] in binding.cpp): open_view() maps fresh read-write pages over it, the
+// binding copies the parameter's current value in, and seal_view() makes it
+// read-only. The first write then faults; the handler marks the region dirty and
+// makes it writable, so a write through any alias (p.data, numpy, a raw pointer)
+// is seen at no cost to the reads. rearm() puts the region back to poison.
 
 #include <cstddef>
 #include <cstdint>
@@ -41,6 +48,17 @@ class PoisonRegion {
   //! mark and makes the region fault again.
   bool hit() const;
   void rearm();
+
+  //! Maps fresh read-write zero pages over the region (a view, Note [Parameters
+  //! between steps]). Fails: OutOfMemory (mmap refused).
+  Status open_view();
+  //! Makes an open view read-only and clean: its next write faults once, marks it
+  //! dirty and makes it writable again.
+  void seal_view();
+  //! Whether the region is a view (open_view() since the last rearm()).
+  bool in_view() const;
+  //! Whether a sealed view was written since seal_view().
+  bool view_dirty() const;
 
  private:
   void* base_ = nullptr;

@@ -43,7 +43,7 @@ PARAM, GRAD, MASTER, STATE0, STATE1 = range(5)
 StrataError = _C.StrataError
 
 # Keys of the wrap config that the binding handles itself (not the runtime's).
-_BINDING_KEYS = ("gradient_accumulation_steps", "bind_subtree")
+_BINDING_KEYS = ("gradient_accumulation_steps", "bind_subtree", "grad_reads")
 
 # Note [Modules that read their children's parameters]
 # Some modules use a child's parameters without calling the child: nn.MultiheadAttention
@@ -57,6 +57,151 @@ _SUBTREE_CLASSES = (torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLaye
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _live_engines = weakref.WeakSet()
 _WRAPPED_REGISTRY = weakref.WeakSet()
+
+
+# Note [Lazy parameters]
+# Between steps a parameter's storage points at its poison region (Note [Parameters
+# between steps] in python/src/binding.cpp). To serve torch code that reads or writes
+# it there, each parameter's Python class is switched, between steps only, to a
+# subclass whose __torch_function__ asks the engine to fill the region with the
+# current value (Engine.materialise) and switches the class back; the op then runs
+# on torch's ordinary path. Metadata (shape, dtype, device, grad, requires_grad, ...)
+# needs no value and does not materialise. The switch costs two class assignments
+# per parameter and step; during forward and backward the class is torch's own, so
+# the hot path has no Python in it. Tensors that share the parameter's storage
+# (p.data, p.detach()) follow it: they read the value until the next forward and
+# poison after it (copy with .clone() to keep values).
+_METADATA = frozenset((
+    "shape", "dtype", "device", "grad", "requires_grad", "is_leaf", "layout", "ndim", "is_sparse", "is_cuda",
+    "is_quantized", "is_meta", "grad_fn", "names", "_version", "_base", "is_mkldnn", "output_nr", "is_nested",
+    "_grad", "_grad_fn", "_backward_hooks", "is_mps", "is_complex", "is_floating_point", "size", "dim",
+    "numel", "element_size", "stride", "is_contiguous", "get_device", "__len__", "requires_grad_", "__hash__",
+    "nelement", "ndimension", "storage_offset", "data_ptr", "register_hook", "retain_grad", "__format__"))
+# Ops on a gradient placeholder that keep torch's zero_grad() working (Note [Gradients in torch]).
+_GRAD_NOOPS = frozenset(("zero_", "detach_", "requires_grad_"))
+_LAZY_OWNER = {}  # id(parameter) -> (weakref to Wrapped, pid), from wrap() to close()
+_LAZY_CLASSES = {}  # torch class -> its lazy subclass
+
+
+def _func_name(func):
+    name = getattr(func, "__name__", "")
+    if name in ("__get__", "__set__", "__delete__"):
+        return getattr(getattr(func, "__self__", None), "__name__", name)
+    return name
+
+
+def _tensors_of(obj, cls, out):
+    if isinstance(obj, cls):
+        out.append(obj)
+    elif isinstance(obj, (tuple, list)):
+        for o in obj:
+            _tensors_of(o, cls, out)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            _tensors_of(o, cls, out)
+    return out
+
+
+def _lazy_owner(t):
+    """(Wrapped, pid) of a lazy parameter, or (None, None) for a copy of one."""
+    owner = _LAZY_OWNER.get(id(t))
+    if owner is None:
+        return None, None
+    w = owner[0]()
+    if w is None or w.params[owner[1]] is not t:
+        return None, None
+    return w, owner[1]
+
+
+def _lazy_torch_function(cls, func, types, args=(), kwargs=None):
+    kwargs = kwargs or {}
+    name = _func_name(func)
+    setter = getattr(func, "__name__", "") == "__set__"  # reads no value (p.grad = g, p.data = t)
+    if name not in _METADATA and not setter:
+        for t in _tensors_of((args, kwargs), _LazyBase, []):
+            w, pid = _lazy_owner(t)
+            if w is not None:
+                w._materialise(pid, name)
+            else:  # a copy of a lazy parameter (deepcopy builds type(p)(...)): plain torch
+                t.__class__ = type(t).__mro__[1]
+    elif setter and name == "data":
+        w, pid = _lazy_owner(args[0])
+        if w is not None:
+            w._check_window(pid, "p.data = ...")
+    with torch._C.DisableTorchFunction():
+        return func(*args, **kwargs)
+
+
+class _LazyBase:
+    """Marks the lazy subclasses (Note [Lazy parameters])."""
+
+    __slots__ = ()
+
+
+def _lazy_class(base):
+    cls = _LAZY_CLASSES.get(base)
+    if cls is None:
+        cls = type(f"Strata{base.__name__}", (base, _LazyBase),
+                   {"__torch_function__": classmethod(_lazy_torch_function), "__module__": __name__})
+        _LAZY_CLASSES[base] = cls
+        globals().setdefault(cls.__name__, cls)  # pickle finds classes by name
+    return cls
+
+
+# Note [Gradients in torch]
+# strata hands each gradient to its grad chunk during backward and its optimizer may
+# run at once, overlapping the rest of backward. torch code that reads or changes
+# gradients between backward and step() (torch.nn.utils.clip_grad_norm_,
+# clip_grad_value_, logging a gradient norm) needs them as torch tensors, so the wrap
+# config's "grad_reads" chooses:
+#   - true: gradients stay torch's (p.grad accumulates as in torch) until
+#     optimizer.step(), which hands them to strata and runs every family's optimizer
+#     there (no overlap with backward; torch's memory for the gradients, as torch alone);
+#   - false: gradients are handed during backward, and p.grad is a placeholder (no
+#     memory) whose use raises, saying how to get gradients;
+#   - "auto" (default): true for the first step, whose optimizer strata defers to
+#     step() anyway (the warm-up step); a gradient used by a torch call in it (other
+#     than zero_grad's) keeps it true for good, else false from the second step on.
+# Either way `p.grad is None` matches torch: a parameter that got a gradient keeps one
+# until zero_grad(set_to_none=True) (Note [Zero gradients]).
+
+
+class _StrataGrad(torch.Tensor):
+    """p.grad of a wrapped parameter whose gradient strata holds (Note [Gradients in torch])."""
+
+    _strata_name = "?"
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = _func_name(func)
+        if name in _GRAD_NOOPS:
+            return args[0]
+        if name not in _METADATA or getattr(func, "__name__", "") == "__set__":
+            t = _tensors_of((args, kwargs or {}), _StrataGrad, [None])[-1]
+            raise RuntimeError(
+                f"strata.torch: the gradient of {getattr(t, '_strata_name', '?')!r} was handed to strata's optimizer "
+                "during backward (it overlaps backward), so torch cannot read or change it. To use gradients in "
+                "torch (clip_grad_norm_, clip_grad_value_, logging), wrap with the config key \"grad_reads\": true "
+                "(gradients stay torch tensors until optimizer.step()), or pass max_grad_norm= to the strata "
+                "optimizer for clipping by global norm (Note [Gradients in torch] in strata/torch/_wrap.py)")
+        with torch._C.DisableTorchFunction():
+            return func(*args, **(kwargs or {}))
+
+
+class _WatchedGrad(torch.Tensor):
+    """A torch gradient during the first step of "grad_reads": "auto": notes that torch code used it."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = _func_name(func)
+        if name not in _METADATA and name not in _GRAD_NOOPS:
+            for t in _tensors_of((args, kwargs or {}), _WatchedGrad, []):
+                w = getattr(t, "_strata_owner", None)
+                if w is not None:
+                    w._grads_used = True
+                t.__class__ = torch.Tensor
+        with torch._C.DisableTorchFunction():
+            return func(*args, **(kwargs or {}))
 
 
 def _strip_json_comments(text):
@@ -153,6 +298,21 @@ class Wrapped:
             raise ValueError(
                 f"strata.torch.wrap: gradient_accumulation_steps = {accum!r}: must be an integer >= 1")
         self.accumulation_steps = accum
+        grad_reads = self.config.get("grad_reads", "auto")
+        if grad_reads not in (True, False, "auto"):
+            raise ValueError(f"strata.torch.wrap: grad_reads = {grad_reads!r}: must be true, false or \"auto\" "
+                             "(Note [Gradients in torch])")
+        self.grad_reads = grad_reads
+        self._keep_grads = False  # this step keeps gradients in torch (Note [Gradients in torch])
+        self._grads_used = False  # a torch call used a gradient ("auto")
+        self._grad_live = []  # pid -> torch's p.grad would not be None (Note [Zero gradients])
+        self._placeholders = {}  # pid -> _StrataGrad currently in p.grad
+        self._classes = []  # pid -> the parameter's own class
+        self._lazy_classes = []  # pid -> its lazy subclass (Note [Lazy parameters])
+        self._lazy = False
+        # bench/torch_gpt.py --access-ab only: the binding as before #25 (poison between steps, p.grad
+        # None after backward), to measure what Note [Lazy parameters] and the placeholders cost.
+        self._access = os.environ.get("STRATA_TORCH_BENCH_NO_ACCESS") != "1"
         self.model = model
         self.engine = None
         self.optimizer = None
@@ -244,6 +404,12 @@ class Wrapped:
             raise ValueError("strata.torch.wrap: the model has no parameters to hand over")
         self.dtype = dtype
         self._grad_written = [False] * len(self.params)
+        self._grad_live = [False] * len(self.params)
+        self._classes = [type(p) for p in self.params]
+        self._lazy_classes = [_lazy_class(c) for c in self._classes]
+        me = weakref.ref(self)
+        for pid, p in enumerate(self.params):
+            _LAZY_OWNER[id(p)] = (me, pid)
 
     def _device_kind_wanted(self):
         kind = self.config.get("device", {}).get("kind", "auto") if isinstance(self.config.get("device"), dict) \
@@ -327,12 +493,15 @@ class Wrapped:
         self.engine = engine
         _live_engines.add(engine)
         self._pushed_groups = None
+        self._keep_grads = self._next_keep_grads()
+        self._set_lazy(True)
 
     def _ensure_engine(self):
         if self.engine is None:
             self._build(None)
 
     def _restore_all(self):
+        self._set_lazy(False)
         for pid in range(len(self.params)):
             self.engine.restore(pid)
         self.engine.close()
@@ -353,6 +522,8 @@ class Wrapped:
         self._handles.clear()
         self._acc_nodes.clear()
         self._state.uninstall()
+        for p in self.params:
+            _LAZY_OWNER.pop(id(p), None)
         self.model._strata_wrapped = None
         if error is not None:
             raise error
@@ -365,6 +536,7 @@ class Wrapped:
         for module in self._module_pids:
             self._handles.append(module.register_forward_pre_hook(self._pre_forward))
             self._handles.append(module.register_forward_hook(self._post_forward))
+        self._handles.append(root.register_forward_hook(self._root_post_forward))
         for pid, p in enumerate(self.params):
             if p.requires_grad:
                 acc = p.expand_as(p).grad_fn.next_functions[0][0]
@@ -403,8 +575,12 @@ class Wrapped:
                 self._state.poison_context())
 
     def _root_pre_forward(self, module, inputs):
+        self._set_lazy(False)
         self._check_unchanged()
         self._ensure_engine()
+        if self._access:
+            self.engine.sync_views()  # writes between steps reach the chunks (Note [Parameters between steps])
+        self._clear_placeholders()
         self._check_poison()
         if self._phase != "idle":
             # An earlier forward or backward raised before its hooks ended (the root module is
@@ -483,7 +659,13 @@ class Wrapped:
         self._calls.clear()
         self._phase = "idle"
         self._micro_in_step += 1
+        self._set_lazy(True)
         self._check_poison()
+
+    def _root_post_forward(self, module, inputs, output):
+        if self._phase == "idle":  # a forward without grad: parameters are readable again
+            self._set_lazy(True)
+        return None
 
     def _make_grad_hook(self, pid, p):
         def hook(*unused):
@@ -491,29 +673,158 @@ class Wrapped:
             if g is None or self.engine is None:
                 return
             if self._frozen[pid]:
-                p.grad = None  # not in the optimizer: torch would not update it either
+                return  # not in the optimizer: torch keeps its gradient in p.grad and updates nothing
+            if self._keep_grads:  # handed at step() (Note [Gradients in torch])
+                if self.grad_reads == "auto" and type(g) is torch.Tensor:
+                    g.__class__ = _WatchedGrad
+                    g._strata_owner = self
                 return
             self.engine.hand_grad(pid, g, self._grad_written[pid])
             self._grad_written[pid] = True
             self._grads_handed += 1
-            p.grad = None
+            self._grad_live[pid] = True
+            p.grad = self._placeholder(pid) if self._access else None
         return hook
+
+    def _placeholder(self, pid):
+        ph = self._placeholders.get(pid)
+        if ph is None:
+            p = self.params[pid]
+            ph = torch.zeros((), dtype=p.dtype, device=p.device).expand(p.shape).as_subclass(_StrataGrad)
+            ph._strata_name = self.names[pid]
+            self._placeholders[pid] = ph
+        return ph
+
+    def _clear_placeholders(self):
+        """Takes placeholders out of p.grad before a backward (autograd would accumulate into them).
+        One that is gone was set to None by torch code (a submodule's zero_grad(set_to_none=True)):
+        torch would skip that parameter in a step without a gradient (Note [Zero gradients])."""
+        for pid, ph in self._placeholders.items():
+            p = self.params[pid]
+            if p.grad is ph:
+                p.grad = None
+            elif p.grad is None:
+                self._grad_live[pid] = False
+
+    # --- parameters between steps (Note [Lazy parameters]) --------------------------------
+
+    def _set_lazy(self, on):
+        if on == self._lazy or not self._access:
+            return
+        self._lazy = on
+        classes = self._lazy_classes if on else self._classes
+        for p, cls in zip(self.params, classes):
+            p.__class__ = cls
+
+    def _materialise(self, pid, what):
+        p = self.params[pid]
+        if self.engine is not None:
+            self._check_window(pid, what)
+            self.engine.materialise(pid)
+        p.__class__ = self._classes[pid]
+
+    def _check_window(self, pid, what):
+        if self.engine is not None:
+            if self._micro_in_step >= self.accumulation_steps and not self._keep_grads:
+                raise RuntimeError(
+                    f"strata.torch: parameter {self.names[pid]!r} was used ({what}) between the last backward of a "
+                    "step and optimizer.step(): strata's optimizer runs during backward and may already have "
+                    "updated it, while torch would show the old value. Use parameters after optimizer.step() "
+                    "(or before the forward), or wrap with \"grad_reads\": true, which defers the optimizer to "
+                    "step() (Note [Parameters between steps] in python/src/binding.cpp)")
+
+    # Note [Zero gradients]
+    # torch.optim skips a parameter whose p.grad is None and steps one whose p.grad is
+    # a tensor of zeros (SGD's momentum and weight decay, Adam's moments go on). torch
+    # 1.13's zero_grad() leaves zeros (set_to_none=False) unless asked for None, so a
+    # parameter that got a gradient once and none in this step is still updated. strata
+    # keeps torch's answer to "is p.grad None" per parameter (_grad_live: set when a
+    # gradient is handed, cleared by zero_grad(set_to_none=True)) and, at step(),
+    # hands a zero gradient for each live one that got none in this step. With
+    # gradients kept in torch (Note [Gradients in torch]) p.grad is torch's own and
+    # this needs nothing.
+
+    def zero_grad(self, params, set_to_none):
+        for p in params:
+            pid = self._pid.get(id(p))
+            g = p.grad
+            if g is None:
+                continue
+            if set_to_none:
+                p.grad = None
+                if pid is not None:
+                    self._grad_live[pid] = False
+            elif isinstance(g, _StrataGrad):
+                continue  # strata's gradient is consumed; the next is written whole
+            else:
+                if g.grad_fn is not None:
+                    g.detach_()
+                else:
+                    g.requires_grad_(False)
+                g.zero_()
 
     # --- steps -----------------------------------------------------------------------------
 
+    def _hand_kept_grads(self):
+        """Hands torch's gradients to strata at step() (Note [Gradients in torch]); p.grad stays torch's.
+        Besides the kept ones, a tensor found in p.grad that strata did not get (a gradient set by hand,
+        or one whose accumulator hook was lost to p.set_()) is handed too, as torch.optim would use it.
+        Last parameter first, the order backward produces gradients in."""
+        for pid in reversed(range(len(self.params))):
+            p = self.params[pid]
+            g = p.grad
+            if g is None or self._frozen[pid] or isinstance(g, _StrataGrad) or self._grad_written[pid]:
+                continue
+            if type(g) is _WatchedGrad:
+                g.__class__ = torch.Tensor
+            self.engine.hand_grad(pid, g.detach(), False)
+            self._grad_written[pid] = True
+            self._grads_handed += 1
+            self._grad_live[pid] = True
+
+    def _hand_zero_grads(self):
+        """A zero gradient for each parameter whose p.grad torch would hold but that got none (Note [Zero gradients])."""
+        if self._keep_grads:
+            return  # p.grad is torch's own: a zero one was handed with the others
+        for pid, p in enumerate(self.params):
+            if self._grad_live[pid] and not self._grad_written[pid] and not self._frozen[pid]:
+                self.engine.hand_grad(pid, torch.zeros(p.shape, dtype=p.dtype, device=p.device), False)
+                self._grad_written[pid] = True
+                if self._access and p.grad is None:
+                    p.grad = self._placeholder(pid)  # torch's zero gradient stays in p.grad
+
+    def _next_keep_grads(self):
+        if self.grad_reads == "auto":
+            return self._steps == 0 or self._grads_used
+        return bool(self.grad_reads)
+
     def step(self):
+        if self._phase == "backward":
+            raise RuntimeError("strata.torch: optimizer.step() during backward")
+        if self.engine is not None:
+            self._set_lazy(False)
+            self.engine.sync_views()
+            if self._micro_in_step > 0:
+                self._hand_kept_grads()
         if self.engine is None or self._grads_handed == 0:
             raise RuntimeError(
                 "strata.torch: optimizer.step() without a backward since the last step: no gradient reached "
                 "strata (call loss.backward() first)")
-        if self._phase == "backward":
-            raise RuntimeError("strata.torch: optimizer.step() during backward")
+        self._hand_zero_grads()
         stats = self.engine.step()
         self._steps += 1
+        self._set_lazy(True)
         self._micro_in_step = 0
         self._grads_handed = 0
         self._grad_written = [False] * len(self.params)
         self._phase = "idle"
+        was_keeping = self._keep_grads
+        self._keep_grads = self._next_keep_grads()
+        if was_keeping and not self._keep_grads:
+            # "auto" stops keeping gradients: torch's p.grad from this step become placeholders.
+            for pid, p in enumerate(self.params):
+                if p.grad is not None and not isinstance(p.grad, _StrataGrad) and not self._frozen[pid]:
+                    p.grad = self._placeholder(pid)
         self.last_stats = stats
         self.totals["steps"] += 1
         for k in ("bytes_h2d", "bytes_d2h", "bytes_disk_read", "bytes_disk_write", "stall_s"):
@@ -532,6 +843,15 @@ class Wrapped:
         return self._state.load(self.model, state_dict, strict)
 
 
+def _zero_grad(self, set_to_none=False):
+    """Module.zero_grad for a wrapped model (Note [Zero gradients])."""
+    wrapped = getattr(self, "_strata_wrapped", None)
+    if wrapped is None:
+        return torch.nn.Module.zero_grad(self, set_to_none)
+    wrapped.zero_grad(list(self.parameters()), set_to_none)
+    return None
+
+
 def wrap(model, config=None):
     """Hands `model`'s parameters to strata and returns the model (the same object).
 
@@ -543,6 +863,7 @@ def wrap(model, config=None):
     """
     wrapped = Wrapped(model, config)
     # An instance attribute (not a Parameter, Module or Tensor) shadows the class's methods.
+    object.__setattr__(model, "zero_grad", _zero_grad.__get__(model))
     object.__setattr__(model, "strata", wrapped)
     return model
 

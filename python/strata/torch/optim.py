@@ -1,8 +1,9 @@
 """strata.torch optimizers: torch.optim.Optimizer subclasses whose step() is strata's.
 
 The optimizer runs inside strata's runtime, on whichever tier each chunk family's
-states live (GPU, pinned host, NVMe), overlapping backward; p.grad is always None
-(gradients live in strata's grad chunks). Param groups carry their own lr and
+states live (GPU, pinned host, NVMe), overlapping backward; gradients live in strata's
+grad chunks, and p.grad is a placeholder, or torch's own gradient while torch code reads
+gradients (Note [Gradients in torch] in _wrap.py). Param groups carry their own lr and
 weight_decay (read at each step, so torch LR schedulers work unchanged); every
 other hyperparameter is shared by all groups. Gradient clipping by global norm
 (``max_grad_norm``) and a loss scale (``loss_scale``: strata divides the gradients
@@ -167,11 +168,11 @@ class _StrataOptimizer(torch.optim.Optimizer):
         self.last_step_applied = stats["applied"]
         return loss
 
-    def zero_grad(self, set_to_none=True):
-        """Nothing to do: strata hands each gradient to its grad chunk and sets p.grad = None."""
-        for g in self.param_groups:
-            for p in g["params"]:
-                p.grad = None
+    def zero_grad(self, set_to_none=False):
+        """torch.optim's zero_grad (torch 1.13's default set_to_none=False): a parameter that got a gradient
+        keeps a zero one, so the next step updates it even without a new gradient (Note [Zero gradients]
+        in strata/torch/_wrap.py)."""
+        self._wrapped.zero_grad([p for g in self.param_groups for p in g["params"]], set_to_none)
 
     def state_dict(self):
         """torch.optim's format (Note [Optimizer state in torch's format]): {'state': {index: {...}},
