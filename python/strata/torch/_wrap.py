@@ -177,6 +177,8 @@ class Wrapped:
         self._check_devices_early()
         _C.validate_config(json.dumps(self._runtime_config(None)))  # unknown keys fail here, not later
         self._install_hooks()
+        self._forward_wrapper = None
+        self._install_forward_wrapper()
         model._strata_wrapped = self
         self._signature = self._model_signature()
         _WRAPPED_REGISTRY.add(self)
@@ -341,17 +343,71 @@ class Wrapped:
         error = None
         if self.engine is not None:
             try:
+                self._settle()
                 self.engine.flush()
             except StrataError as e:
                 error = e  # the last good state is still readable: restore it, then report
-            self._restore_all()
+            try:
+                self._restore_all()
+            finally:
+                if self.engine is not None:  # a restore failed: free the runtime (and its swap files) anyway
+                    self.engine.close()
+                    self.engine = None
         for h in self._handles:
             h.remove()
         self._handles.clear()
         self._acc_nodes.clear()
+        if self.model.__dict__.get("forward") is self._forward_wrapper:
+            del self.model.__dict__["forward"]
         self.model._strata_wrapped = None
         if error is not None:
             raise error
+
+    # --- failed passes (Note [Failed steps] in runtime/src/step_abort.cpp) --------------------
+
+    def _install_forward_wrapper(self):
+        """Catches an exception raised anywhere in the model's forward: the step is discarded at once
+        (every parameter unbound, every gradient of the step dropped), so state_dict(), a checkpoint and
+        the next forward see the last good values."""
+        inner = self.model.forward
+        wrapped = weakref.ref(self)
+
+        def forward(*args, **kwargs):
+            try:
+                return inner(*args, **kwargs)
+            except BaseException:
+                w = wrapped()
+                if w is not None:
+                    w._abort_pass("an exception was raised in forward")
+                raise
+
+        self._forward_wrapper = forward
+        object.__setattr__(self.model, "forward", forward)
+
+    def _abort_pass(self, why):
+        """Discards the step in progress: unbinds every parameter, drops its gradients (every
+        micro-batch of it) and starts the next step clean."""
+        self._calls.clear()
+        self._phase = "idle"
+        had_grads = self._grads_handed > 0 or self._micro_in_step > 0
+        self._reset_step_counts()
+        if self.engine is None:
+            return
+        self.engine.abort_step()
+        if had_grads:
+            warnings.warn(f"strata.torch: {why}; the gradients of this step were discarded (parameters keep "
+                          "their last good values)", stacklevel=3)
+
+    def _reset_step_counts(self):
+        self._micro_in_step = 0
+        self._grads_handed = 0
+        self._grad_written = [False] * len(self.params)
+
+    def _settle(self):
+        """A backward that raised never reached its end (Note [Hooks]): its parameters are still
+        bound and its gradients half handed over. Discards that step before anything reads or steps."""
+        if self._phase == "backward":
+            self._abort_pass("the last backward raised before it ended")
 
     # --- hooks (Note [Hooks]) ------------------------------------------------------------
 
@@ -402,6 +458,7 @@ class Wrapped:
         self._check_unchanged()
         self._ensure_engine()
         self._check_poison()
+        self._settle()
         if self._phase != "idle":
             # An earlier forward or backward raised before its hooks ended (the root module is
             # never run again inside backward): start clean.
@@ -503,8 +560,17 @@ class Wrapped:
                 "strata.torch: optimizer.step() without a backward since the last step: no gradient reached "
                 "strata (call loss.backward() first)")
         if self._phase == "backward":
-            raise RuntimeError("strata.torch: optimizer.step() during backward")
-        stats = self.engine.step()
+            self._settle()
+            raise RuntimeError(
+                "strata.torch: optimizer.step() after a backward that raised: its gradients were discarded; "
+                "run forward and backward again")
+        try:
+            stats = self.engine.step()
+        except StrataError:
+            # The runtime discarded the step (Note [Failed steps]): the next one starts clean.
+            self._reset_step_counts()
+            self._phase = "idle"
+            raise
         self._steps += 1
         self._micro_in_step = 0
         self._grads_handed = 0
@@ -525,7 +591,13 @@ class Wrapped:
     def _state_dict_hook(self, module, state_dict, prefix, local_metadata):
         if self.engine is None:
             return state_dict
-        self.engine.flush()
+        self._settle()
+        try:
+            self.engine.flush()
+        except StrataError as e:
+            # The last good values stay readable after any error (Note [Failed steps]).
+            warnings.warn(f"strata.torch: state_dict() after an error ({e}); it holds the last good values",
+                          stacklevel=3)
         by_key = {}
         for mname, m in self.model.named_modules():
             for pname, p in m.named_parameters(recurse=False):

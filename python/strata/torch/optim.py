@@ -159,6 +159,7 @@ class _StrataOptimizer(torch.optim.Optimizer):
     def state_dict(self):
         """torch.optim's format: {'state': {index: {'step', <state names>}}, 'param_groups': [...]}."""
         w = self._wrapped
+        w._settle()
         w.engine.flush()
         names = self._state_names()
         state, groups, index = {}, [], 0
@@ -190,6 +191,7 @@ class _StrataOptimizer(torch.optim.Optimizer):
         wait_checkpoint() waits for it and raises its error. The param groups'
         hyperparameters are the optimizer's constructor arguments: they are not restored by
         load_checkpoint."""
+        self._wrapped._settle()  # a backward that raised leaves nothing leased (Note [Failed steps])
         if blocking:
             self._wrapped.engine.save_checkpoint(os.fspath(directory))
         else:
