@@ -283,13 +283,16 @@ int run(const Settings& s) {
       return 2;
     }
   }
+  // The model outlives the runtime: the runtime drains its streams before it goes,
+  // and a failed call drains what was launched before it returns (Note [Failed
+  // steps] in runtime/src/step_abort.cpp), so no queued launch reads a freed model.
+  Model m{.C = s.context, .E = s.embed, .H = s.width, .D = s.depth, .B = s.batch};
   auto created = Runtime::create(config);
   if (!created.ok()) {
     std::fprintf(stderr, "strata-example-lm: %s\n", created.status().to_string().c_str());
     return 2;
   }
   Runtime& rt = **created;
-  Model m{.C = s.context, .E = s.embed, .H = s.width, .D = s.depth, .B = s.batch};
   if (Status st = build(rt, m, s.seed); !st.ok()) {
     std::fprintf(stderr, "strata-example-lm: %s\n", st.to_string().c_str());
     return 2;

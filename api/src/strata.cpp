@@ -128,6 +128,10 @@ void Runtime::set_grad_scale(float scale) {
   core_->set_grad_scale(scale);
 }
 
+Status Runtime::abort_step() {
+  return core_->abort_step();
+}
+
 Status Runtime::flush() {
   return core_->flush();
 }

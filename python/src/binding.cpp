@@ -311,6 +311,21 @@ class Engine {
     return d;
   }
 
+  //! Unbinds every parameter and discards the step in progress (Note [Failed
+  //! steps]): after an exception in forward or backward.
+  void abort_step() {
+    check_open();
+    for (Param& p : params_) {
+      p.binds = 0;
+      if (!p.lease.has_value()) continue;
+      if (p.poison.data() != nullptr) storage(p)->set_data_ptr_noswap(at::DataPtr(p.poison.data(), device_));
+      p.lease->abandon();  // releasing it could start an optimizer step of the discarded step
+      p.lease.reset();
+    }
+    py::gil_scoped_release release;
+    throw_if(rt_->abort_step());
+  }
+
   void flush() {
     check_open();
     sync_views();
@@ -624,6 +639,7 @@ PYBIND11_MODULE(_C, m) {
       .def("set_steps", &Engine::set_steps)
       .def("step", &Engine::step)
       .def("flush", &Engine::flush)
+      .def("abort_step", &Engine::abort_step)
       .def("save_checkpoint", &Engine::save_checkpoint)
       .def("load_checkpoint", &Engine::load_checkpoint)
       .def("begin_checkpoint", &Engine::begin_checkpoint)

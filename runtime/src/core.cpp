@@ -2,6 +2,10 @@
 #include "core.hpp"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
 
 #include "strata/common/bytes.hpp"
 #include "strata/common/log.hpp"
@@ -61,6 +65,29 @@ Result<std::byte*> Core::host_buffer(Chunk& c) {
   return c.host;
 }
 
+namespace {
+
+// Note [I/O fault file]
+// Tests that reach the runtime only through a binding (strata.torch) inject NVMe
+// faults through the environment: with STRATA_IO_FAULT_FILE set, every I/O
+// result of the NVMe tier goes through a filter that reads that file and fails
+// reads with EIO while it holds "eio-read", writes while it holds "eio-write"
+// (the real engine then names the file and the offset). Unset, nothing changes.
+// (C++ tests pass their own NvmeStore: RuntimeOptions::nvme_store.)
+std::function<std::int64_t(bool, std::uint64_t, std::int64_t)> io_fault_file_filter() {
+  const char* path = std::getenv("STRATA_IO_FAULT_FILE");
+  if (path == nullptr || *path == '\0') return nullptr;
+  STRATA_LOG_WARN("runtime: NVMe I/O faults are injected while {} says so (STRATA_IO_FAULT_FILE)", path);
+  return [file = std::string(path)](bool write, std::uint64_t, std::int64_t result) -> std::int64_t {
+    if (result <= 0) return result;
+    std::ifstream in(file);
+    std::string said((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return said.find(write ? "eio-write" : "eio-read") != std::string::npos ? -EIO : result;
+  };
+}
+
+}  // namespace
+
 Status Core::ensure_nvme_store() {
   if (nvme != nullptr) return Status::Ok();
   const std::uint64_t slot = nvme_slot_bytes(largest_optim_chunk());
@@ -69,7 +96,8 @@ Status Core::ensure_nvme_store() {
                                            .slot_bytes = slot,
                                            .capacity_bytes = opt.budgets.nvme_bytes,
                                            .engine = opt.io_engine,
-                                           .fixed_buffers = host->regions()}));
+                                           .fixed_buffers = host->regions(),
+                                           .io_result_filter = io_fault_file_filter()}));
   nvme = std::move(store);
   STRATA_LOG_INFO("runtime: NVMe tier {}", nvme->describe());
   return Status::Ok();

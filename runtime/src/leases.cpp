@@ -139,13 +139,49 @@ Result<std::byte*> pin(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Chu
   return where == Where::kDevice ? m.residency.slot_of(c).ptr : c.host;
 }
 
+// Waits for what the use needs (another rank's param, the family's optimizer
+// run) and pins the chunk.
+Result<std::byte*> place(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Chunk& c,
+                         const TensorInfo& info, Access access, Where where) {
+  STRATA_RETURN_IF_ERROR(m.dp_broadcast_initial(lock));  // (Note [Sharded step])
+  // Another rank's updated param still arriving: its first use waits for it (Note [Sharded step]).
+  if (c.kind == StateKind::kParam) STRATA_RETURN_IF_ERROR(m.dp_finish_gather(lock, c.family));
+  // A family whose optimizer is running is waited for (only an unplanned access can meet one).
+  if (m.pipeline.updating(c.family)) {
+    const double t0 = m.core.timeline.now_us();
+    m.core.cv.wait(lock, [&] { return !m.pipeline.updating(c.family); });
+    m.core.timeline.add_stall((m.core.timeline.now_us() - t0) * 1e-6);
+    if (!m.core.background_error.ok()) return m.core.background_error;
+  }
+  return pin(m, lock, c, info, access, where);
+}
+
+// Drops a lease's pin on chunk `c` (a device lease's compute fence recorded first).
+void unpin(Runtime::Impl& m, Chunk& c, Where where, Access access, TensorId tensor) {
+  if (where == Where::kDevice && c.device_slot >= 0) {
+    Status st = m.core.device.record(m.residency.slot_of(c).fence, m.core.compute);
+    if (!st.ok()) m.core.fail(st);
+  }
+  if (access != Access::kRead) {
+    STRATA_CHECK(c.writers > 0);
+    --c.writers;
+    --m.core.tensors[tensor].write_leases;
+  } else {
+    STRATA_CHECK(c.readers > 0);
+    --c.readers;
+  }
+  --m.leases_out;
+}
+
 }  // namespace
 
 Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, Where where) {
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);
   InvariantCheck check(m, &lock);
-  STRATA_RETURN_IF_ERROR(m.core.take_error());  // (a failed prefetch: once; nothing done)
+  if (!m.core.background_error.ok()) return m.poison_step(lock, m.core.background_error);
+  // (A failed prefetch: once; nothing done; the step goes on.)
+  if (Status st = m.core.take_prefetch_error(); !st.ok()) return m.poison_step(lock, st, false);
   if (tensor >= m.core.tensors.size()) {
     return invalid_argument("acquire: tensor id {} is not registered ({} tensors)", tensor,
                             m.core.tensors.size());
@@ -156,21 +192,15 @@ Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, W
   Chunk& c = m.core.chunk(ts.family, kind);
   STRATA_RETURN_IF_ERROR(check_acquire(m.core, info, ts, c, kind, access, where));
 
-  m.schedule(SchedulerEvent::kUseBegins).ignore();  // (never fails)
+  if (m.states_kept && m.leases_out == 0) m.rehome_kept_states(lock);  // (Note [Failed steps])
+  m.schedule(SchedulerEvent::kUseBegins).ignore();                     // (never fails)
   if (kind == StateKind::kGrad) m.tracker.set_in_backward(true);
   m.tracker.note_use(ts.family, m.tracker.in_backward() ? Phase::kBackward : Phase::kForward,
                      kind == StateKind::kGrad && access != Access::kRead);
-  STRATA_RETURN_IF_ERROR(m.dp_broadcast_initial(lock));  // (Note [Sharded step])
-  // Another rank's updated param still arriving: its first use waits for it (Note [Sharded step]).
-  if (kind == StateKind::kParam) STRATA_RETURN_IF_ERROR(m.dp_finish_gather(lock, ts.family));
-  // A family whose optimizer is running is waited for (only an unplanned access can meet one).
-  if (m.pipeline.updating(ts.family)) {
-    const double t0 = m.core.timeline.now_us();
-    m.core.cv.wait(lock, [&] { return !m.pipeline.updating(ts.family); });
-    m.core.timeline.add_stall((m.core.timeline.now_us() - t0) * 1e-6);
-    if (!m.core.background_error.ok()) return m.core.background_error;
-  }
-  STRATA_ASSIGN_OR_RETURN(std::byte * base, pin(m, lock, c, info, access, where));
+  // From here an error fails the step (Note [Failed steps]).
+  auto placed = place(m, lock, c, info, access, where);
+  if (!placed.ok()) return m.poison_step(lock, placed.status());
+  std::byte* base = *placed;
   if (access != Access::kRead) ++info.write_leases;
   ++m.leases_out;
   // The gathers of the params the prefetch is about to load end first (Note [Sharded step]).
@@ -181,6 +211,7 @@ Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, W
 
   Lease lease;
   lease.runtime_ = this;
+  lease.uncaught_ = std::uncaught_exceptions();
   lease.data_ = base + ts.offset_elems * dtype_bytes(m.core.kind_dtype(kind));
   lease.numel_ = ts.numel;
   lease.tensor_ = tensor;
@@ -196,27 +227,15 @@ Released Runtime::release(Lease& lease) {
   std::unique_lock lock(m.core.mu);
   InvariantCheck check(m, &lock);
   Chunk& c = m.core.chunks[lease.chunk_];
-  if (lease.where_ == Where::kDevice && c.device_slot >= 0) {
-    Status st = m.core.device.record(m.residency.slot_of(c).fence, m.core.compute);
-    if (!st.ok()) m.core.fail(st);
-  }
-  if (lease.access_ != Access::kRead) {
-    STRATA_CHECK(c.writers > 0);
-    --c.writers;
-    --m.core.tensors[lease.tensor_].write_leases;
-    if (lease.kind_ == StateKind::kGrad) {
-      TensorInfo& info = m.core.tensors[lease.tensor_];
-      info.grad_written = true;
-      if (!info.written_in_micro_batch) {
-        info.written_in_micro_batch = true;
-        m.pipeline.note_grad_written(c.family);
-      }
+  unpin(m, c, lease.where_, lease.access_, lease.tensor_);
+  if (lease.access_ != Access::kRead && lease.kind_ == StateKind::kGrad) {
+    TensorInfo& info = m.core.tensors[lease.tensor_];
+    info.grad_written = true;
+    if (!info.written_in_micro_batch) {
+      info.written_in_micro_batch = true;
+      m.pipeline.note_grad_written(c.family);
     }
-  } else {
-    STRATA_CHECK(c.readers > 0);
-    --c.readers;
   }
-  --m.leases_out;
   // Note [Gradient completion]: the family's optimizer starts once its gradients
   // are complete and nobody holds them or its param.
   if (lease.kind_ != StateKind::kGrad && lease.kind_ != StateKind::kParam) return Released::kUnpinned;
@@ -225,6 +244,21 @@ Released Runtime::release(Lease& lease) {
   const std::uint64_t launches = m.pipeline.launches();
   m.schedule(SchedulerEvent::kGradientsHandedOver, c.family).ignore();  // (never fails)
   return m.pipeline.launches() != launches ? Released::kOptimizerStarted : Released::kUnpinned;
+}
+
+void Runtime::abandon(Lease& lease) {
+  Impl& m = *impl_;
+  // Work launched with the lease may capture what the unwinding frees next (Note [Failed steps]).
+  m.core.device.synchronize(m.core.compute).ignore();
+  std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
+  unpin(m, m.core.chunks[lease.chunk_], lease.where_, lease.access_, lease.tensor_);
+  if (m.step_error.ok()) {
+    m.step_error = cancelled(
+        "the lease on \"{}\" ({}) was abandoned (destroyed by an exception's unwinding, or Lease::abandon): "
+        "the step is incomplete and handed nothing over (call abort_step(), or step() discards it)",
+        m.core.tensors[lease.tensor_].spec.name, state_kind_name(lease.kind_));
+  }
 }
 
 const memory::Stream& Runtime::compute_stream() const {
@@ -258,6 +292,8 @@ Status Runtime::launch(std::function<void()> fn) {
   if (!st.ok()) {  // never enqueued
     r->fn = nullptr;
     m.core.launch_records.give_back(r);
+    std::unique_lock lock(m.core.mu);
+    return m.poison_step(lock, st);  // Note [Failed steps]
   }
   return st;
 }

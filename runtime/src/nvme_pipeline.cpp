@@ -164,13 +164,21 @@ void OptimizerPipeline::io_done(FamilyId f, Status status, Track track, double e
     } else {
       core_.fail(run.io_status);  // a read-ahead failed: the data is bad or the disk is
       release_nvme_place(f);
+      pump();  // ends the families waiting for a place (Note [Failed work completes its waiters])
       core_.cv.notify_all();
     }
     return;
   }
   // (An error may have ended the family, and released its place, meanwhile.)
   if (run.place == NvmePlace::kReading) run.move_place(NvmePlace::kReady);
-  maybe_compute(f);
+  if (!core_.background_error.ok()) {
+    // Another family failed while these reads were in flight: pump's error path
+    // ends this family too if it still waits, e.g. for a grad staging buffer the
+    // failure took out of the queue (Note [Failed work completes its waiters]).
+    pump();
+  } else {
+    maybe_compute(f);
+  }
   core_.cv.notify_all();
 }
 

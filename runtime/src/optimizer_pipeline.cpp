@@ -102,6 +102,16 @@ void OptimizerPipeline::end_step() {
   ++steps_done_;
 }
 
+void OptimizerPipeline::abandon_step() {
+  STRATA_CHECK(tasks_in_flight_ == 0 && io_families_ == 0);
+  for (FamilyId f = 0; f < runs_.size(); ++f) {
+    if (runs_[f].place != NvmePlace::kNone) release_nvme_place(f);  // states read ahead
+  }
+  end_step();
+  --steps_done_;  // (end_step counted it)
+  last_micro_batch = true;
+}
+
 bool OptimizerPipeline::all_applied() const {
   for (const FamilyRun& run : runs_) {
     if (run.launched() && !run.applied) return false;
@@ -295,14 +305,33 @@ void OptimizerPipeline::commit_param(FamilyId f) {
   residency_.drop_device_copy(p);
 }
 
+// Note [Failed work completes its waiters]
+// A family that is launched ends (finish_family: its counters drop, Core::cv is
+// notified) whatever happens, so no wait on step work can outlive a failure:
+//   - work in flight (a d2h copy, NVMe reads, a kernel, a write-back) always
+//     completes, and its completion either goes on or, once Core::background_error
+//     is set, calls pump();
+//   - pump() with an error set starts nothing and ends every launched family that
+//     only waits (for a place, a grad staging buffer or its gradient);
+//   - the waits below pump once more before they sleep, so a failure recorded
+//     where no pump followed (Residency, a prefetch) still ends the waiting ones.
+// A GRU plan with one grad staging buffer and one NVMe place hung here: a family
+// whose state reads were in flight when another failed lost its queue entry for a
+// staging buffer, and its read's completion did not pump.
+
 Status OptimizerPipeline::wait_step_work(std::unique_lock<std::mutex>& lock) {
-  core_.cv.wait(lock, [&] { return tasks_in_flight_ == 0 && io_families_ == 0; });
+  core_.cv.wait(lock, [&] {
+    if (!core_.background_error.ok()) pump();
+    return tasks_in_flight_ == 0 && io_families_ == 0;
+  });
   return core_.background_error;
 }
 
 Status OptimizerPipeline::wait_all(std::unique_lock<std::mutex>& lock) {
-  core_.cv.wait(lock,
-                [&] { return tasks_in_flight_ == 0 && io_families_ == 0 && writebacks_in_flight_ == 0; });
+  core_.cv.wait(lock, [&] {
+    if (!core_.background_error.ok()) pump();
+    return tasks_in_flight_ == 0 && io_families_ == 0 && writebacks_in_flight_ == 0;
+  });
   return core_.background_error;
 }
 

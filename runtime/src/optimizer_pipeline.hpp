@@ -203,6 +203,9 @@ class OptimizerPipeline {
   void stop_read_ahead();
   //! Resets the per-step records for the next step.
   void end_step();
+  //! Forgets a discarded step (Note [Failed steps]): end_step's resets, the
+  //! micro-batch counts, and no step counted. Call once wait_all returned.
+  void abandon_step();
   //! Waits for this step's optimizer work (not for NVMe write-backs).
   Status wait_step_work(std::unique_lock<std::mutex>& lock);
   //! Waits for everything in the background, NVMe write-backs included.

@@ -247,6 +247,12 @@ void OptimizerPipeline::launch_device_optimizer(FamilyId f) {
       core_.pool->post([this, f] { device_optimizer_done(f); });
     });
   }
+  if (!st.ok()) {
+    // Nothing was enqueued, so no completion will end the family: end it here
+    // (Note [Failed work completes its waiters]).
+    finish_family(f, st);
+    return;
+  }
   for (std::size_t k = 0; k < kStateKindCount && st.ok(); ++k) {
     Chunk& c = core_.chunks[f * kStateKindCount + k];
     if (c.bytes == 0) continue;

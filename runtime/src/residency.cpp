@@ -162,18 +162,40 @@ Status Residency::ensure_on_device(std::unique_lock<std::mutex>& lock, Chunk& c,
       return Status::Ok();
     }
     // Every slot is leased or holds a gradient on its way to the optimizer.
-    if (!pipeline_.busy()) {
-      return out_of_budget(
-          "gpu_budget: all {} chunk slots of {} are held by leases or gradients; the working set does not "
-          "fit. Release leases sooner, or raise gpu_budget (now {})",
-          cache_slots_, format_bytes(device_slots_.empty() ? 0 : device_slots_[0].bytes),
-          format_bytes(core_.opt.budgets.gpu_bytes));
-    }
+    if (!pipeline_.busy()) return slots_held_error();
     const double t0 = core_.timeline.now_us();
     core_.cv.wait(lock);
     core_.timeline.add_stall((core_.timeline.now_us() - t0) * 1e-6);
     if (!core_.background_error.ok()) return core_.background_error;
   }
+}
+
+Status Residency::slots_held_error() const {
+  // Name the real counts: the streaming slots are only part of what the budget
+  // holds when the plan dedicates slots to GPU-homed families.
+  std::size_t leased = 0, gradients = 0;
+  for (std::size_t s = 0; s < cache_slots_; ++s) {
+    const DeviceSlot& slot = device_slots_[s];
+    if (slot.chunk < 0) continue;
+    const Chunk& c = core_.chunks[static_cast<std::size_t>(slot.chunk)];
+    if (c.readers > 0 || c.writers > 0) {
+      ++leased;
+    } else {
+      ++gradients;
+    }
+  }
+  const std::size_t dedicated = device_slots_.size() - cache_slots_;
+  const std::uint64_t chunk_bytes = core_.layout.chunk_elems * dtype_bytes(core_.opt.compute_dtype);
+  return out_of_budget(
+      "gpu_budget: all {} streaming chunk slots are held ({} by leases, {} by gradients or chunks in a "
+      "collective){}; each is {}, the largest chunk's size (the layout's chunk is {}), so gpu_budget {} "
+      "holds {} slots in all; the working set does not fit. Release leases sooner, or raise gpu_budget",
+      cache_slots_, leased, gradients,
+      dedicated == 0
+          ? std::string()
+          : fmt::format(", and {} more are dedicated to families the plan keeps on the GPU", dedicated),
+      format_bytes(device_slots_.empty() ? 0 : device_slots_[0].bytes), format_bytes(chunk_bytes),
+      format_bytes(core_.opt.budgets.gpu_bytes), device_slots_.size());
 }
 
 Status Residency::ensure_on_host(Chunk& c) {

@@ -105,6 +105,8 @@ class Residency {
  private:
   //! Frees slot `s` (writing back a dirty occupant).
   Status evict_slot(std::size_t s);
+  //! The OutOfBudget of a use that finds every streaming slot held, naming the counts.
+  Status slots_held_error() const;
   //! Chooses a slot for a new occupant; -1 when none can be freed now. With
   //! farther_than > 0 (prefetch), only a free slot or a clean occupant whose next
   //! use is more than that many uses ahead (Note [Idle victims first]).

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 
 #include "runtime_impl.hpp"
 #include "strata/common/assert.hpp"
@@ -40,6 +41,7 @@ Lease& Lease::operator=(Lease&& other) noexcept {
   if (this != &other) {
     release();
     runtime_ = std::exchange(other.runtime_, nullptr);
+    uncaught_ = other.uncaught_;
     data_ = other.data_;
     numel_ = other.numel_;
     tensor_ = other.tensor_;
@@ -52,7 +54,17 @@ Lease& Lease::operator=(Lease&& other) noexcept {
 }
 
 Lease::~Lease() {
+  if (std::uncaught_exceptions() > uncaught_) {
+    abandon();  // Note [Failed steps]
+    return;
+  }
   release();
+}
+
+void Lease::abandon() {
+  if (runtime_ == nullptr) return;
+  runtime_->abandon(*this);
+  runtime_ = nullptr;
 }
 
 void* Lease::data() const {

@@ -80,6 +80,26 @@ struct Runtime::Impl {
   std::vector<FamilyId> prepass_checked, prepass_on_host;
   //! Drops every gradient of a step skipped for Inf/NaN.
   void discard_gradients();
+  // Note [Failed steps] (step_abort.cpp).
+  //! The first error a public call met in the step in progress; step() discards the step then.
+  Status step_error;
+  //! Records `st` (an error of a public call mid-step) as the step's (unless not
+  //! fails_step: a failed prefetch) and waits (unlocking) for the compute stream,
+  //! so the caller may free what its launches captured; returns `st`.
+  Status poison_step(std::unique_lock<std::mutex>& lock, Status st, bool fails_step = true);
+  //! Discards the step in progress: waits for all background work (unlocking),
+  //! drops its gradients, forgets its trace and clears the runtime's errors.
+  //! Returns `cause` with the discard named.
+  Status discard_step(std::unique_lock<std::mutex>& lock, Status cause);
+  //! step()'s work once its preconditions hold; an error makes step() discard the step.
+  Result<StepStats> run_step(std::unique_lock<std::mutex>& lock);
+  //! Writes the NVMe-homed states a failed write-back kept in host memory (Note
+  //! [Write-back after step]) home again, freeing their host room; unlocks while
+  //! writing. False (and states_kept set) when some stay.
+  bool rehome_kept_states(std::unique_lock<std::mutex>& lock);
+  bool states_kept = false;  //!< rehome_kept_states left some; the next acquire tries again
+  //! Waits (unlocking) for the data-parallel reductions of the step and forgets them.
+  void abandon_dp_rounds(std::unique_lock<std::mutex>& lock);
   // Data parallelism (data_parallel.cpp, dp_reduce.cpp, dp_gather.cpp; Note [Sharded step]); no-ops for one
   // rank.
   //! Compares this rank's tensors and options with rank 0's; FailedPrecondition

@@ -119,7 +119,18 @@ Result<StepStats> Runtime::step() {
                                m.leases_out);
   }
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
-  STRATA_RETURN_IF_ERROR(m.core.take_error());           // (a failed prefetch: once; nothing done)
+  // A failed prefetch: once; nothing done (Note [Prefetch errors]).
+  if (m.core.background_error.ok()) STRATA_RETURN_IF_ERROR(m.core.take_prefetch_error());
+  // Note [Failed steps]: a step that failed, or fails here, is discarded.
+  if (!m.step_error.ok()) return m.discard_step(lock, m.step_error);
+  Result<StepStats> stats = m.run_step(lock);
+  if (!stats.ok()) return m.discard_step(lock, stats.status());
+  return stats;
+}
+
+Result<StepStats> Runtime::Impl::run_step(std::unique_lock<std::mutex>& lock) {
+  Impl& m = *this;
+  STRATA_RETURN_IF_ERROR(m.core.background_error);
   STRATA_RETURN_IF_ERROR(m.dp_broadcast_initial(lock));  // (a step without uses)
   // Last step's gathers of params this step did not use (Note [Sharded step]).
   STRATA_RETURN_IF_ERROR(m.dp_finish_all_gathers(lock));

@@ -58,6 +58,11 @@ void StepTracker::refresh(StepTrace trace) {
   tracer_.give_back(std::move(trace));  // its room records a later step
 }
 
+void StepTracker::abandon_step() {
+  tracer_.give_back(take_trace());  // its room records the next step
+  begin_step();
+}
+
 void StepTracker::begin_step() {
   following_ = warm_;
   deviated_ = false;

@@ -35,6 +35,8 @@ class StepTracker {
   void refresh(StepTrace trace);
   //! Starts the next step: following the plan once one was traced.
   void begin_step();
+  //! Forgets the uses of a discarded step and starts the next (Note [Failed steps]).
+  void abandon_step();
   //! Fills the counters of `stats` (deltas since the last call) and advances the step counter.
   void finish_stats(StepStats& stats, std::uint64_t gpu_high_water);
 

@@ -37,14 +37,16 @@ void load_values(const std::byte* p, DType dtype, std::span<float> out) {
 
 //! The checks every between-steps state call makes: a registered id, `count`
 //! values for its elements, no lease held. `what` names the call in the message.
-Status check_state_call(const Runtime::Impl& m, TensorId tensor, std::size_t count, std::string_view what) {
+Status check_state_call(const Runtime::Impl& m, TensorId tensor, std::size_t count, std::string_view what,
+                        bool leases_allowed = false) {
   if (tensor >= m.core.tensors.size())
     return invalid_argument("{}: tensor id {} is not registered", what, tensor);
   const TensorInfo& info = m.core.tensors[tensor];
   if (count != info.numel) {
     return invalid_argument("{}(\"{}\"): {} values for {} elements", what, info.spec.name, count, info.numel);
   }
-  if (m.leases_out > 0) return failed_precondition("{}(\"{}\") while leases are held", what, info.spec.name);
+  if (m.leases_out > 0 && !leases_allowed)
+    return failed_precondition("{}(\"{}\") while leases are held", what, info.spec.name);
   return Status::Ok();
 }
 
@@ -83,7 +85,10 @@ Status Runtime::read_tensor(TensorId tensor, StateKind kind, std::span<float> ou
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);
   InvariantCheck check(m, &lock);
-  STRATA_RETURN_IF_ERROR(check_state_call(m, tensor, out.size(), "read_tensor"));
+  // A read needs no lease released but a write lease on what it reads: after an
+  // exception in forward, the params still leased read their last good values
+  // (Note [Failed steps]).
+  STRATA_RETURN_IF_ERROR(check_state_call(m, tensor, out.size(), "read_tensor", true));
   const TensorInfo& info = m.core.tensors[tensor];
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
   // After a failed step the last good state must stay readable (to checkpoint
@@ -96,6 +101,11 @@ Status Runtime::read_tensor(TensorId tensor, StateKind kind, std::span<float> ou
   if (c.bytes == 0) {
     return failed_precondition("read_tensor(\"{}\", {}): this tensor has no such state", info.spec.name,
                                state_kind_name(kind));
+  }
+  if (c.writers > 0) {
+    return failed_precondition(
+        "read_tensor(\"{}\", {}) while a write lease holds it; release that lease first", info.spec.name,
+        state_kind_name(kind));
   }
   if (kind == StateKind::kGrad && c.absent()) {
     return failed_precondition("read_tensor(\"{}\", grad): no gradient is held (it is consumed by step())",

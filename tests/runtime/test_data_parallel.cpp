@@ -146,6 +146,46 @@ TEST(DataParallelFaults, ARankThatDiesMidStepFailsTheOthersAtOnce) {
   EXPECT_LT(waited_s, 10.0);
 }
 
+// #24 (Note [Failed steps]): after a peer died mid-step, the surviving rank's
+// runtime still reads its last good values, discards the step, fails the next
+// collective at once (the group is broken: Note [Peer failure]) and closes
+// without waiting for the dead rank.
+TEST(DataParallelFaults, AfterADeadPeerTheRuntimeStaysReadableAndClosesPromptly) {
+  auto group = comm::make_local_group(2, {.timeout = std::chrono::milliseconds(60000)});
+  ASSERT_TRUE(group.ok());
+  std::thread t1([&] {
+    BuiltRank r(std::move((*group)[1]), 1, false);
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    std::vector<float> p(r.model.numels[0]);  // joins the start-up broadcast, then dies
+    ASSERT_TRUE(r.rt->read_tensor(r.model.ids[0], StateKind::kParam, p).ok());
+  });
+  auto r = std::make_unique<BuiltRank>(std::move((*group)[0]), 0, false);
+  ASSERT_TRUE(r->status.ok()) << r->status;
+  std::vector<std::vector<float>> before;
+  for (std::size_t t = 0; t < r->model.ids.size(); ++t) {
+    before.emplace_back(r->model.numels[t]);
+    ASSERT_TRUE(r->rt->read_tensor(r->model.ids[t], StateKind::kParam, before.back()).ok());
+  }
+  t1.join();
+  ASSERT_TRUE(r->model.backward(*r->rt, 0, 2, false).ok());
+  const auto start = std::chrono::steady_clock::now();
+  Status failed = r->rt->step().status();
+  EXPECT_EQ(failed, StatusCode::kUnavailable);
+  EXPECT_NE(failed.message().find("was discarded"), std::string::npos) << failed;
+  for (std::size_t t = 0; t < r->model.ids.size(); ++t) {
+    std::vector<float> now(r->model.numels[t]);
+    ASSERT_TRUE(r->rt->read_tensor(r->model.ids[t], StateKind::kParam, now).ok());
+    EXPECT_EQ(now, before[t]) << "tensor " << t;
+  }
+  EXPECT_TRUE(r->rt->abort_step().ok());
+  // The next step's collective fails at once: the group is broken.
+  Status again = r->model.backward(*r->rt, 0, 2, false);
+  if (again.ok()) again = r->rt->step().status();
+  EXPECT_FALSE(again.ok());
+  r.reset();  // closes without waiting for the dead rank
+  EXPECT_LT(seconds_since(start), 10.0);
+}
+
 TEST(DataParallelFaults, ARankThatHangsFailsTheOthersWithinTheTimeout) {
   auto group = comm::make_local_group(2, {.timeout = std::chrono::milliseconds(300)});
   ASSERT_TRUE(group.ok());

@@ -204,9 +204,15 @@ class Runtime {
   //! Multiplies every gradient by `scale` in the next optimizer step (1/loss_scale).
   void set_grad_scale(float scale);
   //! Ends the step: optimizer, Inf/NaN check, re-planning. Blocks. Fails with the
-  //! first background error (NVMe EIO, corrupt chunk); the last completed step's
-  //! state stays intact.
+  //! first background error (NVMe EIO, corrupt chunk) or the error an earlier call
+  //! of the step met; the step is then discarded (abort_step) and the next one
+  //! starts clean, while every state keeps its last good value.
   Result<StepStats> step();
+  //! Discards the step in progress after an error or an exception in the
+  //! caller's forward or backward (runtime::Runtime::abort_step; Note [Failed
+  //! steps]): the next step starts clean. step() does it itself when it fails.
+  //! FailedPrecondition while leases are held. Blocks.
+  Status abort_step();
   //! Waits until every state the last step updated is on its home tier (NVMe
   //! write-backs go on after step() returns, overlapping the next forward).
   //! Returns the first background error; a failed write-back keeps that step's

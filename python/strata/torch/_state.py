@@ -238,6 +238,7 @@ class ModelState:
         w = self.w
         if w.engine is None:
             return None
+        w._settle()  # a backward that raised is discarded first (Note [Failed steps])
         for name, p in module._parameters.items():
             key = prefix + name
             if p is None or id(p) not in w._pid or key not in state_dict or state_dict[key] is p:
@@ -302,6 +303,8 @@ class ModelState:
         try:
             for m in module.modules():
                 attrs = {k: m.__dict__.pop(k) for k in _ATTRS if k in m.__dict__}
+                if m is w.model and m.__dict__.get("forward") is w._forward_wrapper is not None:
+                    attrs["forward"] = m.__dict__.pop("forward")  # strata's forward wrapper (Note [Failed steps])
                 hooks = {}
                 for dname in _HOOK_DICTS:
                     d = m.__dict__.get(dname)

@@ -340,6 +340,8 @@ class Wrapped:
         self._install_hooks()
         self._state = _state.ModelState(self)
         self._state.install()  # state_dict, load_state_dict, copy (python/strata/torch/_state.py)
+        self._forward_wrapper = None
+        self._install_forward_wrapper()
         model._strata_wrapped = self
         self._signature = self._model_signature()
         _WRAPPED_REGISTRY.add(self)
@@ -513,10 +515,16 @@ class Wrapped:
         error = None
         if self.engine is not None:
             try:
+                self._settle()
                 self.engine.flush()
             except StrataError as e:
                 error = e  # the last good state is still readable: restore it, then report
-            self._restore_all()
+            try:
+                self._restore_all()
+            finally:
+                if self.engine is not None:  # a restore failed: free the runtime (and its swap files) anyway
+                    self.engine.close()
+                    self.engine = None
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -524,9 +532,57 @@ class Wrapped:
         self._state.uninstall()
         for p in self.params:
             _LAZY_OWNER.pop(id(p), None)
+        if self.model.__dict__.get("forward") is self._forward_wrapper:
+            del self.model.__dict__["forward"]
         self.model._strata_wrapped = None
         if error is not None:
             raise error
+
+    # --- failed passes (Note [Failed steps] in runtime/src/step_abort.cpp) --------------------
+
+    def _install_forward_wrapper(self):
+        """Catches an exception raised anywhere in the model's forward: the step is discarded at once
+        (every parameter unbound, every gradient of the step dropped), so state_dict(), a checkpoint and
+        the next forward see the last good values."""
+        inner = self.model.forward
+        wrapped = weakref.ref(self)
+
+        def forward(*args, **kwargs):
+            try:
+                return inner(*args, **kwargs)
+            except BaseException:
+                w = wrapped()
+                if w is not None:
+                    w._abort_pass("an exception was raised in forward")
+                raise
+
+        self._forward_wrapper = forward
+        object.__setattr__(self.model, "forward", forward)
+
+    def _abort_pass(self, why):
+        """Discards the step in progress: unbinds every parameter, drops its gradients (every
+        micro-batch of it) and starts the next step clean."""
+        self._calls.clear()
+        self._phase = "idle"
+        had_grads = self._grads_handed > 0 or self._micro_in_step > 0
+        self._reset_step_counts()
+        if self.engine is None:
+            return
+        self.engine.abort_step()
+        if had_grads:
+            warnings.warn(f"strata.torch: {why}; the gradients of this step were discarded (parameters keep "
+                          "their last good values)", stacklevel=3)
+
+    def _reset_step_counts(self):
+        self._micro_in_step = 0
+        self._grads_handed = 0
+        self._grad_written = [False] * len(self.params)
+
+    def _settle(self):
+        """A backward that raised never reached its end (Note [Hooks]): its parameters are still
+        bound and its gradients half handed over. Discards that step before anything reads or steps."""
+        if self._phase == "backward":
+            self._abort_pass("the last backward raised before it ended")
 
     # --- hooks (Note [Hooks]) ------------------------------------------------------------
 
@@ -582,6 +638,7 @@ class Wrapped:
             self.engine.sync_views()  # writes between steps reach the chunks (Note [Parameters between steps])
         self._clear_placeholders()
         self._check_poison()
+        self._settle()
         if self._phase != "idle":
             # An earlier forward or backward raised before its hooks ended (the root module is
             # never run again inside backward): start clean.
@@ -800,7 +857,11 @@ class Wrapped:
 
     def step(self):
         if self._phase == "backward":
-            raise RuntimeError("strata.torch: optimizer.step() during backward")
+            # A backward that raised never reached its end (or step() was called inside backward).
+            self._settle()
+            raise RuntimeError(
+                "strata.torch: optimizer.step() after a backward that raised (or during backward): its "
+                "gradients were discarded; run forward and backward again")
         if self.engine is not None:
             self._set_lazy(False)
             self.engine.sync_views()
@@ -811,7 +872,13 @@ class Wrapped:
                 "strata.torch: optimizer.step() without a backward since the last step: no gradient reached "
                 "strata (call loss.backward() first)")
         self._hand_zero_grads()
-        stats = self.engine.step()
+        try:
+            stats = self.engine.step()
+        except StrataError:
+            # The runtime discarded the step (Note [Failed steps]): the next one starts clean.
+            self._reset_step_counts()
+            self._phase = "idle"
+            raise
         self._steps += 1
         self._set_lazy(True)
         self._micro_in_step = 0

@@ -178,6 +178,7 @@ class _StrataOptimizer(torch.optim.Optimizer):
         """torch.optim's format (Note [Optimizer state in torch's format]): {'state': {index: {...}},
         'param_groups': [...]}, loadable by the torch.optim optimizer of the same name."""
         w = self._wrapped
+        w._settle()
         w.engine.flush()
         names = self._state_names()
         state, groups, index = {}, [], 0
@@ -223,6 +224,7 @@ class _StrataOptimizer(torch.optim.Optimizer):
         wait_checkpoint() waits for it and raises its error. The param groups'
         hyperparameters are the optimizer's constructor arguments: they are not restored by
         load_checkpoint."""
+        self._wrapped._settle()  # a backward that raised leaves nothing leased (Note [Failed steps])
         if blocking:
             self._wrapped.engine.save_checkpoint(os.fspath(directory))
         else:

@@ -136,10 +136,18 @@ class Lease {
   //! Says whether this release started its family's optimizer step (the destructor
   //! can do the same silently: release explicitly to see it).
   Released release();
+  //! Releases now without handing anything over: a gradient lease's writes are
+  //! not the gradient, and no optimizer step starts; the step is marked failed
+  //! (step() or abort_step() discards it; Note [Failed steps]). The destructor
+  //! does this when an exception's unwinding destroys the lease. Idempotent.
+  void abandon();
 
  private:
   friend class Runtime;
   Runtime* runtime_ = nullptr;
+  //! std::uncaught_exceptions() when acquired: a destructor that sees more runs
+  //! in an exception's unwinding and abandons the lease (Note [Failed steps]).
+  int uncaught_ = 0;
   void* data_ = nullptr;
   std::uint64_t numel_ = 0;
   TensorId tensor_ = 0;
@@ -336,6 +344,16 @@ class Runtime {
   //! completed step is then intact and the runtime can be destroyed cleanly.
   Result<StepStats> step();
 
+  //! Discards the step in progress (Note [Failed steps] in runtime/src/step_abort.cpp):
+  //! after an error, or an exception thrown in the caller's forward or backward,
+  //! waits for every piece of background work and launched compute, drops every
+  //! gradient of the step (earlier micro-batches included), forgets its trace (the
+  //! step counter does not advance) and clears the runtime's error, so the next
+  //! step starts clean. Families whose optimizer step already ran keep their update.
+  //! step() does the same when it fails. Blocks. Fails: FailedPrecondition while
+  //! leases are held (release or destroy them first).
+  Status abort_step();
+
   //! Waits until every state the last step updated is on its home tier: NVMe
   //! write-backs go on after step() returns, overlapping the next forward (Note
   //! [Write-back after step] in runtime/src/nvme_pipeline.cpp). Returns the first background error
@@ -373,6 +391,9 @@ class Runtime {
   friend struct RuntimeTestAccess;  //!< defined by tests only (breaking invariants on purpose)
   explicit Runtime(std::unique_ptr<Impl> impl);
   Released release(Lease& lease);
+  //! A lease destroyed by an exception's unwinding: unpinned, no gradient handed
+  //! over, the step marked failed (Note [Failed steps]).
+  void abandon(Lease& lease);
   std::unique_ptr<Impl> impl_;
 };
 
