@@ -282,7 +282,8 @@ Status Runtime::begin_micro_batch(bool last) {
   }
   STRATA_RETURN_IF_ERROR(m.core.take_prefetch_error());  // (once; nothing done)
   m.pipeline.begin_micro_batch(last);
-  m.tracker.set_in_backward(false);  // a new forward begins
+  if (!last) m.core.accumulation_seen = true;  // the next plan counts it (Note [Host room])
+  m.tracker.set_in_backward(false);            // a new forward begins
   for (TensorInfo& t : m.core.tensors) t.written_in_micro_batch = false;
   return Status::Ok();
 }

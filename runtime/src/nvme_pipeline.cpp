@@ -88,9 +88,9 @@ void OptimizerPipeline::read_states(FamilyId f) {
         release_nvme_place(f);
         return;
       }
-      Status s = buffer.status();
-      s.with_context(fmt::format("NVMe staging for family {}", f));
-      finish_family(f, s);
+      // No room: the family waits, placeless, for pipeline work that frees some (Note [Backpressure]).
+      release_nvme_place(f);
+      note_no_room(buffer.status(), fmt::format("NVMe staging for family {}", f));
       return;
     }
     run.staging[k] = *buffer;
@@ -171,6 +171,9 @@ void OptimizerPipeline::io_done(FamilyId f, Status status, Track track, double e
   // (An error may have ended the family, and released its place, meanwhile.)
   if (run.place == NvmePlace::kReading) run.move_place(NvmePlace::kReady);
   maybe_compute(f);
+  // After another family's error, nothing new starts and a family waiting for its
+  // gradient never gets it: pump ends it, or wait_step_work waits for it forever.
+  if (!core_.background_error.ok()) pump();
   core_.cv.notify_all();
 }
 

@@ -65,30 +65,61 @@ TEST(Planner, StreamsAndSpillsToNvmeWithinBudgets) {
   EXPECT_FALSE(cost.bottleneck.empty());
 }
 
-TEST(Planner, ReserveEvictedGradsTakesHostRoomPerStreamingSlot) {
+// Note [Host room]: one gradient host copy per streaming slot, or every gradient when
+// they wait for the step (micro-batches, a deferred step); counted in host_bytes.
+TEST(Planner, HostRoomCountsGradientCopies) {
   auto in = layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 1 * kGiB, .nvme_bytes = 8 * kGiB});
   auto plain = make_plan(in);
   ASSERT_TRUE(plain.ok()) << plain.status();
-  in.options.reserve_evicted_grads = true;
-  auto reserved = make_plan(in);
-  ASSERT_TRUE(reserved.ok()) << reserved.status();
-  // One 16 MiB gradient per streaming slot comes off the host room for states.
-  int host_plain = 0, host_reserved = 0;
+  EXPECT_EQ(plain->grad_host_bytes, plain->gpu_cache_slots * 16 * kMiB);
+  EXPECT_LE(plain->host_bytes, in.budgets.host_bytes);
+  in.options.micro_batches = 3;
+  auto accumulating = make_plan(in);
+  ASSERT_TRUE(accumulating.ok()) << accumulating.status();
+  EXPECT_EQ(accumulating->grad_host_bytes, 24 * 16 * kMiB);
+  // Room for every gradient comes off the host room for states.
+  int host_plain = 0, host_accumulating = 0;
   for (const auto& f : plain->families) host_plain += f.optim_home == Tier::kHost;
-  for (const auto& f : reserved->families) host_reserved += f.optim_home == Tier::kHost;
-  EXPECT_LT(host_reserved, host_plain);
-  EXPECT_LE(reserved->host_bytes, in.budgets.host_bytes);
-  // With params kept on host, a host budget that holds the params and landing slots
-  // but not the reservation is refused by name; without the reservation it plans
-  // (every state on NVMe).
+  for (const auto& f : accumulating->families) host_accumulating += f.optim_home == Tier::kHost;
+  EXPECT_LT(host_accumulating, host_plain);
+  EXPECT_LE(accumulating->host_bytes, in.budgets.host_bytes);
+  in.options.micro_batches = 1;
+  in.deferred_step = true;
+  auto deferred = make_plan(in);
+  ASSERT_TRUE(deferred.ok()) << deferred.status();
+  EXPECT_EQ(deferred->grad_host_bytes, 24 * 16 * kMiB);
+  // With params kept on host, a budget that holds them with one gradient per slot
+  // but not every gradient is refused by name.
   in.options.allow_nvme_params = false;
-  in.budgets.host_bytes = 24 * 16 * kMiB + 8 * 16 * kMiB;  // params + landing slots + NVMe staging
-  in.options.reserve_evicted_grads = false;
+  in.deferred_step = false;
+  in.budgets.host_bytes = plain->host_bytes;
   ASSERT_TRUE(make_plan(in).ok()) << make_plan(in).status();
-  in.options.reserve_evicted_grads = true;
+  in.options.micro_batches = 2;
   auto refused = make_plan(in);
   ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.status().message().find("evicted"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("every gradient"), std::string::npos) << refused.status();
+}
+
+// The minimum a host refusal names is one the planner accepts (Note [Host room]).
+TEST(Planner, RefusalNamesAnAcceptedHostBudget) {
+  for (std::uint64_t host : {1 * kMiB, 40 * kMiB, 200 * kMiB}) {
+    auto in = layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = host, .nvme_bytes = 8 * kGiB});
+    auto refused = make_plan(in);
+    ASSERT_FALSE(refused.ok()) << host;
+    const std::string& m = refused.status().message();
+    const auto at = m.find("raise host_budget to at least ");
+    ASSERT_NE(at, std::string::npos) << m;
+    const auto open = m.find('(', at);
+    ASSERT_NE(open, std::string::npos) << m;
+    const std::uint64_t least = std::stoull(m.substr(open + 1));
+    EXPECT_GT(least, host) << m;
+    in.budgets.host_bytes = least;
+    auto accepted = make_plan(in);
+    ASSERT_TRUE(accepted.ok()) << accepted.status();
+    EXPECT_LE(accepted->host_bytes, least);
+    in.budgets.host_bytes = least - 64 * kKiB;
+    EXPECT_FALSE(make_plan(in).ok()) << "a smaller minimum was missed: " << least;
+  }
 }
 
 TEST(Planner, NvmeBytesCountWholeSlotsAndCopyOnWriteRoom) {
