@@ -88,13 +88,10 @@ TEST(Planner, HostRoomCountsGradientCopies) {
   auto deferred = make_plan(in);
   ASSERT_TRUE(deferred.ok()) << deferred.status();
   EXPECT_EQ(deferred->grad_host_bytes, 24 * 16 * kMiB);
-  // With params kept on host, a budget that holds them with one gradient per slot
-  // but not every gradient is refused by name.
-  in.options.allow_nvme_params = false;
+  // A budget below the landing slots and every gradient's copy is refused by name.
   in.deferred_step = false;
-  in.budgets.host_bytes = plain->host_bytes;
-  ASSERT_TRUE(make_plan(in).ok()) << make_plan(in).status();
   in.options.micro_batches = 2;
+  in.budgets.host_bytes = 64 * kMiB;
   auto refused = make_plan(in);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("every gradient"), std::string::npos) << refused.status();
@@ -137,8 +134,8 @@ TEST(Planner, NvmeBytesCountWholeSlotsAndCopyOnWriteRoom) {
   std::uint64_t families_on_nvme = 0;
   for (const auto& f : plan->families) families_on_nvme += f.optim_home == Tier::kNvme;
   ASSERT_GT(families_on_nvme, 0u);
-  // Whole slots for every NVMe family, plus fresh slots for the 3 in flight.
-  EXPECT_EQ(plan->nvme_bytes, (families_on_nvme + 3) * 2 * 24 * kMiB);
+  // Whole slots for every NVMe family, plus fresh slots for the 3 in flight and one chunk.
+  EXPECT_EQ(plan->nvme_bytes, (families_on_nvme + 3 + 1) * 2 * 24 * kMiB);
 
   // A budget that holds the states but not the copy-on-write room is refused, by name.
   in.budgets.nvme_bytes = families_on_nvme * 2 * 24 * kMiB;
@@ -185,9 +182,9 @@ TEST(CostModel, HostMemoryAndSharedDiskAreResources) {
 }
 
 TEST(Planner, ParamsThatDoNotFitOnHostGoToNvmeWithTheirStatesAndCountedStaging) {
-  // 24 x 16 MiB of params; 256 MiB of host.
+  // 24 x 16 MiB of params; 512 MiB of host.
   auto in =
-      layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 256 * kMiB, .nvme_bytes = 8 * kGiB});
+      layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 512 * kMiB, .nvme_bytes = 8 * kGiB});
   auto plan = make_plan(in);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_LE(plan->host_bytes, in.budgets.host_bytes);
@@ -204,11 +201,15 @@ TEST(Planner, ParamsThatDoNotFitOnHostGoToNvmeWithTheirStatesAndCountedStaging) 
     (f.param_home == Tier::kHost ? host_params : nvme_params) += in.families[i].param_bytes;
   }
   EXPECT_GT(nvme_params, 0u);
-  // The host holds the grad landing slots, both stagings and the host-homed params.
+  // The host holds the grad landing slots, a gradient host copy per streaming slot,
+  // one NVMe chunk's temporary copy (a family's states), both stagings and the
+  // host-homed params (Note [Host room]).
+  EXPECT_EQ(plan->grad_host_bytes, plan->gpu_cache_slots * 16 * kMiB);
   const std::uint64_t staging = (plan->prefetch_depth + 2) * (16 * kMiB) + 2 * (32 * kMiB + 16 * kMiB);
-  EXPECT_EQ(plan->host_bytes, 2 * 16 * kMiB + staging + host_params);
-  // Every spilled param and all states on NVMe, plus copy-on-write room for 2 families (states + param).
-  EXPECT_EQ(plan->nvme_bytes, nvme_params + 24 * 32 * kMiB + 2 * (32 * kMiB + 16 * kMiB));
+  EXPECT_EQ(plan->host_bytes, 2 * 16 * kMiB + plan->grad_host_bytes + 32 * kMiB + staging + host_params);
+  // Every spilled param and all states on NVMe, plus copy-on-write room for 2 families (states + param)
+  // and for one chunk written meanwhile.
+  EXPECT_EQ(plan->nvme_bytes, nvme_params + 24 * 32 * kMiB + 2 * (32 * kMiB + 16 * kMiB) + 32 * kMiB);
 
   in.options.allow_nvme_params = false;  // the old behaviour, on request
   auto refused = make_plan(in);
@@ -221,13 +222,13 @@ TEST(Planner, ParamsThatDoNotFitOnHostGoToNvmeWithTheirStatesAndCountedStaging) 
 TEST(Planner, HostBudgetBelowTheParamStagingIsAOneLineErrorWithTheSizes) {
   // Params spill, but the host cannot even hold the staging they need.
   auto in =
-      layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 128 * kMiB, .nvme_bytes = 8 * kGiB});
+      layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 300 * kMiB, .nvme_bytes = 8 * kGiB});
   auto plan = make_plan(in);
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), StatusCode::kOutOfBudget);
   const std::string msg = plan.status().message();
   EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-  EXPECT_NE(msg.find("host_budget 128.00 MiB is smaller than the staging NVMe-homed params need"),
+  EXPECT_NE(msg.find("host_budget 300.00 MiB is smaller than the staging NVMe-homed params need"),
             std::string::npos)
       << msg;
   EXPECT_NE(msg.find("6 param staging buffers x 16.00 MiB"), std::string::npos) << msg;
@@ -235,7 +236,7 @@ TEST(Planner, HostBudgetBelowTheParamStagingIsAOneLineErrorWithTheSizes) {
 
 TEST(Planner, NvmeBudgetBelowParamsStatesAndCopyOnWriteRoomIsAnError) {
   auto in =
-      layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 256 * kMiB, .nvme_bytes = 8 * kGiB});
+      layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 512 * kMiB, .nvme_bytes = 8 * kGiB});
   auto fits = make_plan(in);
   ASSERT_TRUE(fits.ok()) << fits.status();
   in.budgets.nvme_bytes = fits->nvme_bytes - 4096;  // one page short of the copy-on-write room

@@ -92,7 +92,7 @@ def test_gpt_params_on_nvme_trains(tmp_path, host_mib):
 # refused at creation, and the minimum the refusal names trains.
 def test_gpt_micro_batches_at_the_suggested_minimum(tmp_path):
     def cfg(host):
-        return gpt_config(tmp_path, host, 16384, "1MiB", accumulation=3)
+        return gpt_config(tmp_path, host, 16384, "3MiB", accumulation=3)
 
     for host in (896 << 10, 2 * MiB):
         with pytest.raises(Exception, match="host_budget"):
