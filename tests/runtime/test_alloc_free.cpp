@@ -250,9 +250,10 @@ RuntimeOptions options_for(Placement p, const std::string& dir) {
       o.plan.allow_gpu_optimizer = false;
       break;
     case Placement::kNvmeStates:
-      // Note [Host room]: + 8 gradient host copies (one per GPU slot) and one NVMe chunk's copy.
+      // Note [Host room]: + host copies of every gradient (4, fewer than the GPU slots) and one NVMe chunk's
+      // copy.
       o.budgets = {.gpu_bytes = 2 * kFamilyBytes,
-                   .host_bytes = 2 * kFamilyBytes + 10 * kChunkBytes,
+                   .host_bytes = 2 * kFamilyBytes + 6 * kChunkBytes,
                    .nvme_bytes = 64 * kMiB};
       o.nvme_dirs = {dir};
       o.plan.nvme_families_in_flight = 1;
