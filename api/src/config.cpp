@@ -251,16 +251,12 @@ const std::vector<Key>& table() {
            STRATA_ASSIGN_OR_RETURN(c.runtime.plan.prefetch, to_bool(key, v));
            return Status::Ok();
          }});
-    k.push_back({"plan.reserve_evicted_grads", Kind::kBool,
-                 [](Config& c, std::string_view key, std::string_view v) -> Status {
-                   STRATA_ASSIGN_OR_RETURN(c.runtime.plan.reserve_evicted_grads, to_bool(key, v));
-                   return Status::Ok();
-                 }});
     using P = runtime::PlanOptions;
     for (const auto& [name, field] :
          {std::pair<const char*, std::uint32_t P::*>{"prefetch_depth_max", &P::prefetch_depth_max},
           {"nvme_families_in_flight", &P::nvme_families_in_flight},
-          {"grad_staging_slots", &P::grad_staging_slots}})
+          {"grad_staging_slots", &P::grad_staging_slots},
+          {"micro_batches", &P::micro_batches}})
       k.push_back({fmt::format("plan.{}", name), Kind::kInteger,
                    integer_into(field, &runtime::RuntimeOptions::plan)});
     k.push_back(

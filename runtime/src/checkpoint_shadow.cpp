@@ -20,6 +20,10 @@ class ShadowWriter {
   Status add(const LoadPlan& p, FamilyId f, StateKind k) {
     Chunk& c = core_.chunk(f, k);
     if (in_flight_bytes_ + c.bytes > kShadowWindow) STRATA_RETURN_IF_ERROR(wait());
+    // Within the plan's host bytes (Note [Host room] in planner.cpp counts one chunk's
+    // temporary copy): finish the writes in flight first when a buffer more would pass them.
+    if (!bufs_.empty() && core_.host->used_bytes() + c.bytes > core_.plan.host_bytes)
+      STRATA_RETURN_IF_ERROR(wait());
     auto buf = core_.host->allocate(c.bytes);
     if (!buf.ok() && !bufs_.empty()) {  // the host budget is full: finish the writes in flight first
       STRATA_RETURN_IF_ERROR(wait());

@@ -123,6 +123,14 @@ struct Core {
   std::vector<Chunk> chunks;
   //! The adopted plan; written only by Runtime::Impl::adopt_plan.
   Plan plan;
+  //! begin_micro_batch(false) was called: gradients accumulate across micro-batches.
+  bool accumulation_seen = false;
+  //! The adopted plan counts host room for accumulating every gradient (Note [Host room]).
+  bool accumulation_planned = false;
+  //! The largest predicted peak per tier of the plans adopted so far: the high water
+  //! marks (which count from the start) stay within them (checked at each step's end
+  //! in checked builds; Note [Host room] in planner.cpp).
+  std::uint64_t host_bytes_planned_max = 0, gpu_bytes_planned_max = 0, nvme_bytes_planned_max = 0;
 
   Timeline timeline;
   std::atomic<double> track_end_us[kTrackCount] = {};

@@ -47,7 +47,17 @@ bool Residency::movable(const DeviceSlot& slot) const {
   return !(c.kind == StateKind::kGrad && pipeline_.claims_gradient(c.family));
 }
 
-std::int64_t Residency::pick_slot(FamilyId for_family, std::uint64_t farther_than) {
+bool Residency::write_back_fits(const Chunk& c, std::uint64_t* in_use) const {
+  *in_use = 0;
+  if (!c.dirty() || c.host != nullptr || c.kind != StateKind::kGrad) return true;
+  for (FamilyId f = 0; f < core_.layout.families.size(); ++f) {
+    const Chunk& g = core_.chunks[static_cast<std::size_t>(core_.chunk_index(f, StateKind::kGrad))];
+    if (g.host != nullptr) *in_use += g.bytes;
+  }
+  return *in_use + c.bytes <= core_.plan.grad_host_bytes;
+}
+
+std::int64_t Residency::pick_slot(FamilyId for_family, std::uint64_t farther_than, bool* room_full) {
   // A free slot, or a victim nobody leases: farthest next use when following
   // the plan (Note [Cyclic access sequence]), least recently used otherwise.
   // Clean chunks are preferred over dirty ones (no write-back).
@@ -79,6 +89,11 @@ std::int64_t Residency::pick_slot(FamilyId for_family, std::uint64_t farther_tha
       // A gradient still being accumulated is used again at the family's next backward use.
       const std::uint64_t d = planned ? tracker_.next_use().distance(c.family, here) : 0;
       if (farther_than > 0 && (c.dirty() || d <= farther_than)) continue;
+      std::uint64_t in_use = 0;
+      if (!write_back_fits(c, &in_use)) {  // Note [Backpressure]
+        if (room_full != nullptr) *room_full = true;
+        continue;
+      }
       if (planned) {
         key =
             (d == NextUse::kNever ? std::numeric_limits<std::uint32_t>::max() : d) * 2 + (c.dirty() ? 0 : 1);

@@ -310,13 +310,22 @@ void Runtime::set_grad_scale(float scale) {
 
 Status Runtime::begin_micro_batch(bool last) {
   Impl& m = *impl_;
-  std::lock_guard lock(m.core.mu);
-  InvariantCheck check(m);
+  std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
   if (m.leases_out > 0) {
     return failed_precondition("begin_micro_batch: {} leases are still held; release them first",
                                m.leases_out);
   }
   STRATA_RETURN_IF_ERROR(m.core.take_prefetch_error());  // (once; nothing done)
+  if (!last && !m.core.accumulation_seen) {
+    // Gradients will wait between micro-batches: a plan that counted no room for
+    // them is made again now, before any is written (Note [Host room]).
+    m.core.accumulation_seen = true;
+    bool written = false;
+    for (const TensorInfo& t : m.core.tensors) written = written || t.grad_written;
+    if (m.core.finalized && !m.core.accumulation_planned && !written)
+      STRATA_RETURN_IF_ERROR(m.adopt_plan(lock, m.tracker.plan_trace()));
+  }
   m.pipeline.begin_micro_batch(last);
   m.tracker.set_in_backward(false);  // a new forward begins
   for (TensorInfo& t : m.core.tensors) t.written_in_micro_batch = false;

@@ -88,9 +88,9 @@ void OptimizerPipeline::read_states(FamilyId f) {
         release_nvme_place(f);
         return;
       }
-      Status s = buffer.status();
-      s.with_context(fmt::format("NVMe staging for family {}", f));
-      finish_family(f, s);
+      // No room: the family waits, placeless, for pipeline work that frees some (Note [Backpressure]).
+      release_nvme_place(f);
+      note_no_room(buffer.status(), fmt::format("NVMe staging for family {}", f));
       return;
     }
     run.staging[k] = *buffer;

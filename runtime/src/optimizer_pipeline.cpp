@@ -164,6 +164,7 @@ void OptimizerPipeline::pump() {
     FamilyRun& run = runs_[f];
     if (!core_.on_nvme(f) || run.place != NvmePlace::kNone || !run.running()) continue;
     if (writebacks_[f].active) continue;  // writeback_done pumps again
+    if (!no_room_.ok()) break;            // Note [Backpressure]
     if (nvme_places_used_ >= nvme_places_max_) {
       // Take a place back from a read-ahead that is not launched yet.
       for (FamilyId g : nvme_order_) {
@@ -179,7 +180,7 @@ void OptimizerPipeline::pump() {
   }
   // Then read ahead in the traced completion order.
   if (read_ahead_) {
-    for (; read_ahead_cursor_ < nvme_order_.size() && nvme_places_used_ < nvme_places_max_;
+    for (; read_ahead_cursor_ < nvme_order_.size() && nvme_places_used_ < nvme_places_max_ && no_room_.ok();
          ++read_ahead_cursor_) {
       FamilyId f = nvme_order_[read_ahead_cursor_];
       FamilyRun& run = runs_[f];
@@ -190,11 +191,37 @@ void OptimizerPipeline::pump() {
   }
   // 2. Gradient slots, first come first served. (A vector reserved for every
   // family: a deque's blocks came and went as the queue moved.)
-  while (!grad_queue_.empty() && grad_staging_used_ < grad_staging_max_) {
+  while (!grad_queue_.empty() && grad_staging_used_ < grad_staging_max_ && no_room_.ok()) {
     const FamilyId f = grad_queue_.front();
     grad_queue_.erase(grad_queue_.begin());
     if (runs_[f].running()) land_gradient(f);
   }
+  if (no_room_.ok()) return;
+  // Note [Backpressure]: a request that found no host room waits for pipeline work
+  // that frees some (its end pumps again); with none in flight, nothing will.
+  Status no_room = std::exchange(no_room_, Status::Ok());
+  if (host_work_in_flight()) return;
+  no_room.with_context(
+      "no optimizer work in flight can free host room: a planner bug (Note [Host room] in "
+      "runtime/src/planner.cpp); raise host_budget and report it");
+  core_.fail(std::move(no_room));
+  pump();  // ends the families still waiting
+  core_.cv.notify_all();
+}
+
+void OptimizerPipeline::note_no_room(Status status, std::string what) {
+  status.with_context(std::move(what));
+  STRATA_LOG_DEBUG("runtime: {}; waiting for the optimizer pipeline to free host room", status.to_string());
+  if (no_room_.ok()) no_room_ = std::move(status);
+}
+
+bool OptimizerPipeline::host_work_in_flight() const {
+  if (io_families_ > 0 || writebacks_in_flight_ > 0) return true;
+  for (FamilyId f : launch_fifo_) {
+    const FamilyRun& run = runs_[f];
+    if (run.phase == FamilyPhase::kComputing || run.grad == GradStaging::kCopying) return true;
+  }
+  return false;
 }
 
 void OptimizerPipeline::land_gradient(FamilyId f) {
@@ -205,9 +232,11 @@ void OptimizerPipeline::land_gradient(FamilyId f) {
   if (g.dirty()) {
     auto buffer = core_.host->allocate(g.bytes);
     if (!buffer.ok()) {
-      Status s = buffer.status();
-      s.with_context(fmt::format("gradient staging for family {}", f));
-      finish_family(f, s);
+      // No room: back to the queue's head until pipeline work frees some (Note [Backpressure]).
+      run.move_grad(GradStaging::kNone);
+      --grad_staging_used_;
+      grad_queue_.insert(grad_queue_.begin(), f);
+      note_no_room(buffer.status(), fmt::format("gradient staging for family {}", f));
       return;
     }
     run.grad_host = *buffer;

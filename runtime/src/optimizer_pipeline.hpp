@@ -286,6 +286,12 @@ class OptimizerPipeline {
   static void nvme_read_done(void* self, FamilyId f, Status status, double enqueued_us, std::uint64_t bytes);
   static void nvme_write_done(void* self, FamilyId f, Status status, double enqueued_us, std::uint64_t bytes);
   void release_gradient(FamilyId f, bool consumed);
+  //! A request found no host room (Note [Backpressure]): pump() stops starting work
+  //! and fails the runtime when no work in flight can free room.
+  void note_no_room(Status status, std::string what);
+  //! Pipeline work in flight that ends by itself and frees host memory (a kernel
+  //! queued or running, a gradient being copied, NVMe reads or write-backs).
+  bool host_work_in_flight() const;
   void finish_family(FamilyId f, Status status);
   //! Counts the update and drops the stale GPU copy of the family's param.
   void commit_param(FamilyId f);
@@ -319,6 +325,7 @@ class OptimizerPipeline {
   int grad_staging_used_ = 0, grad_staging_max_ = 2;
   int nvme_places_used_ = 0, nvme_places_max_ = 2;
   int io_families_ = 0;                //!< families with NVMe reads in flight
+  Status no_room_;                     //!< set by note_no_room during a pump()
   std::vector<WriteBack> writebacks_;  //!< per family (Note [Write-back after step])
   int writebacks_in_flight_ = 0;
   std::uint64_t steps_done_ = 0;         //!< steps ended (end_step); a write-back names its step

@@ -93,6 +93,10 @@ Status validate_plan(const RuntimeOptions& o) {
         "plan.prefetch_depth_max = {}: use 1 .. {} (or plan.prefetch = false for no lookahead)",
         p.prefetch_depth_max, kPlanCountMax);
   }
+  if (p.micro_batches == 0 || p.micro_batches > (1u << 20)) {
+    return invalid_argument("plan.micro_batches = {}: use 1 .. {} (backward passes per step)",
+                            p.micro_batches, 1u << 20);
+  }
   if (p.host_reserve_bytes >= o.budgets.host_bytes) {
     return invalid_argument("plan.host_reserve = {} must be below budgets.host = {}",
                             format_bytes(p.host_reserve_bytes), format_bytes(o.budgets.host_bytes));

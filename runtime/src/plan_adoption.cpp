@@ -1,6 +1,7 @@
 // Runtime::Impl: adopting a plan (planner.cpp makes it) — moving optimizer
 // states whose home changes, rebuilding the device slots, and making the
 // tracker and the pipeline follow the new trace.
+#include <algorithm>
 #include <cstring>
 
 #include "runtime_impl.hpp"
@@ -34,6 +35,9 @@ Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace t
                .slot_bytes = core.layout.chunk_elems * dtype_bytes(core.opt.compute_dtype)};
   // The chunk budget is the runtime's own (Note [Chunk budget]): activations are the caller's.
   in.trace.non_chunk_peak_bytes = 0;
+  // What the plan counts host room for (Note [Host room] in planner.cpp).
+  in.deferred_step = core.deferred();
+  if (core.accumulation_seen) in.options.micro_batches = std::max<std::uint32_t>(in.options.micro_batches, 2);
   const kernels::Optimizer o = core.opt.hyper.optimizer;
   if (!gpu_optimizer_supported(core.device.kind(), o) && in.options.allow_gpu_optimizer) {
     // kernels::cuda_step_enqueue runs without the host; lamb, lars and came need it between phases.
@@ -57,6 +61,10 @@ Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace t
   }
   if (first || !p.all_gpu) STRATA_RETURN_IF_ERROR(residency.build_slots(p));
   residency.adopt(p);
+  core.accumulation_planned = in.options.micro_batches > 1;
+  core.host_bytes_planned_max = std::max(core.host_bytes_planned_max, p.host_bytes);
+  core.gpu_bytes_planned_max = std::max(core.gpu_bytes_planned_max, p.gpu_bytes);
+  core.nvme_bytes_planned_max = std::max(core.nvme_bytes_planned_max, p.nvme_bytes);
   core.plan = std::move(p);
   pipeline.adopt(trace);
   tracker.adopt(std::move(trace), core.layout.families.size());

@@ -60,7 +60,7 @@ struct Extents {
   std::uint64_t all_bytes = 0;   // every chunk of every family
   std::uint64_t slot_bytes = 0;  // a streaming device slot (fits any param or grad chunk)
   std::uint64_t grad_max = 0, optim_max = 0, param_max = 0;
-  std::uint64_t params_total = 0, optim_total = 0;
+  std::uint64_t params_total = 0, optim_total = 0, grad_total = 0;
 };
 
 Extents measure(const PlanInput& in) {
@@ -73,6 +73,7 @@ Extents measure(const PlanInput& in) {
     e.param_max = std::max(e.param_max, f.param_bytes);
     e.params_total += f.param_bytes;
     e.optim_total += f.optim_bytes;
+    e.grad_total += f.grad_bytes;
   }
   return e;
 }
@@ -111,30 +112,47 @@ struct Usage {
   bool optim_staging_reserved = false;
 };
 
-// 3. Host: grad landing slots, host copies of evicted gradients, then param homes.
+// 3. Host: the rooms of Note [Host room] first, then param homes.
 //
-// Note [Evicted gradients]
-// A gradient whose family's optimizer cannot start yet (a lease still holds its
-// param, the family is incomplete) may be evicted from its streaming slot to a
-// host copy; each streaming slot holds at most one dirty gradient at a time, so
-// gpu_cache_slots copies bound what eviction adds while the pipeline keeps up. It
-// is reserved when PlanOptions::reserve_evicted_grads asks: the torch binding
-// releases a module's params only after its backward, so its families start later
-// than the C++ trainers' and their gradients are evicted more often; without this
-// room the runtime ran out of host budget mid-step (OutOfBudget) under budgets the
-// plan had accepted. The lasting fix is backpressure (an eviction that finds no
-// host room waits for the pipeline to free some), which the runtime does not have yet.
+// Note [Host room]
+// The plan's host_bytes bounds everything the runtime takes from the host store at
+// once, so a plan it accepts never runs out of host memory (Note [Backpressure] in
+// residency.cpp says how the runtime stays inside each room):
+//  - grad staging: grad_staging_slots x the largest gradient chunk (a family's
+//    gradient lands in one from its d2h copy until its CPU kernel has read it);
+//  - gradient host copies (Plan::grad_host_bytes): a gradient written back from the
+//    device before its optimizer consumes it. When the optimizers run only at step()
+//    (loss scaling, clipping, data parallelism: PlanInput::deferred_step) every
+//    gradient comes to host first, and with micro-batches (PlanOptions::micro_batches
+//    > 1) every gradient may be written back between micro-batches and wait there for
+//    the last one: room for all of them. Otherwise one gradient per streaming slot (an
+//    eviction takes a dirty gradient out of a slot), at most all; an eviction that
+//    finds the room full waits for the optimizer pipeline to consume one;
+//  - param homes and optimizer states kept on host;
+//  - param staging (Note [NVMe param staging]) and the NVMe pipeline's staging (per
+//    family in flight: its states and the param updated beside them);
+//  - one chunk's temporary host copy when anything lives on NVMe (read_tensor,
+//    write_tensor, init_tensor and state_dict of an NVMe chunk, between steps);
+//  - plan.host_reserve.
+// A checkpoint save copies into its own memory (Note [Overlapped save]), and data
+// parallelism reduces gradients in their host copies (counted by deferred_step).
 Status place_params(const PlanInput& in, const Extents& e, Plan& plan, Usage& used) {
   const PlanOptions& opt = in.options;
   const Budgets& budget = in.budgets;
   const std::uint64_t grad_staging = std::uint64_t{opt.grad_staging_slots} * e.grad_max;
-  const std::uint64_t evicted_grads = opt.reserve_evicted_grads ? plan.gpu_cache_slots * e.grad_max : 0;
-  used.host = grad_staging + evicted_grads + opt.host_reserve_bytes;
+  const bool all_grads = in.deferred_step || opt.micro_batches > 1;
+  plan.grad_host_bytes = all_grads ? e.grad_total : std::min(e.grad_total, plan.gpu_cache_slots * e.grad_max);
+  used.host = grad_staging + plan.grad_host_bytes + opt.host_reserve_bytes;
   if (used.host > budget.host_bytes) {
-    return budget_error(
-        "host_budget", budget.host_bytes, used.host,
-        "the gradient landing slots, room for gradients evicted from the GPU, and the reserve");
+    return budget_error("host_budget", budget.host_bytes, used.host,
+                        fmt::format("the gradient landing slots, host copies of {} and the reserve",
+                                    all_grads ? "every gradient (micro-batches, loss scaling, clipping or "
+                                                "data parallelism hold them to the step)"
+                                              : "one gradient per GPU streaming slot"));
   }
+  // A temporary host copy of one NVMe chunk, when anything may go to NVMe (Note [Host room]).
+  const bool all_fit = used.host + e.params_total + e.optim_total <= budget.host_bytes;
+  if (!all_fit && budget.nvme_bytes > 0) used.host += std::max(e.param_max, e.optim_max);
   // Note [NVMe param staging]
   // When the params do not all fit, the ones that spill are read from NVMe into a
   // bounded pool of host staging buffers (prefetch depth + 2 of the largest param
@@ -158,11 +176,12 @@ Status place_params(const PlanInput& in, const Extents& e, Plan& plan, Usage& us
       return out_of_budget(
           "host_budget {} is smaller than the staging NVMe-homed params need: {} = {} param staging buffers "
           "x "
-          "{} + {} NVMe families in flight x {} (states and param), on top of {} for gradient landing slots "
-          "and the reserve; raise host_budget to at least {} (or shrink the chunk size)",
+          "{} + {} NVMe families in flight x {} (states and param), on top of {} for gradient landing slots, "
+          "gradient host copies and the reserve (Note [Host room]); raise host_budget (or shrink the chunk "
+          "size)",
           format_bytes(budget.host_bytes), format_bytes(param_staging + optim_staging), param_buffers,
           format_bytes(e.param_max), opt.nvme_families_in_flight, format_bytes(e.optim_max + e.param_max),
-          format_bytes(used.host), format_bytes(used.host + param_staging + optim_staging));
+          format_bytes(used.host));
     }
     used.host += param_staging + optim_staging;
     used.optim_staging_reserved = true;
@@ -182,12 +201,8 @@ Status place_params(const PlanInput& in, const Extents& e, Plan& plan, Usage& us
   }
   if (used.host > budget.host_bytes) {
     return budget_error("host_budget", budget.host_bytes, used.host,
-                        opt.reserve_evicted_grads
-                            ? "every param's home copy (plan.allow_nvme_params is off) with the gradient "
-                              "landing slots, room for gradients evicted from the GPU "
-                              "(plan.reserve_evicted_grads) and the reserve"
-                            : "every param's home copy (plan.allow_nvme_params is off) with the gradient "
-                              "landing slots and the reserve");
+                        "every param's home copy (plan.allow_nvme_params is off) with the gradient landing "
+                        "slots, gradient host copies and the reserve (Note [Host room])");
   }
   return Status::Ok();
 }
@@ -237,14 +252,22 @@ Status place_optimizer_states(const PlanInput& in, const Extents& e, Plan& plan,
       nvme_family_max = std::max(nvme_family_max, on_disk + param_on_disk);
     }
   }
-  // Fresh slots for the families being written (Note [Copy-on-write NVMe slots]).
+  // Fresh slots for the families being written (Note [Copy-on-write NVMe slots]),
+  // and for one chunk written by write_tensor / init_tensor meanwhile (Core::nvme_transfer).
   used.nvme += std::uint64_t{opt.nvme_families_in_flight} * nvme_family_max;
+  std::uint64_t chunk_on_disk = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const FamilyBytes& f = in.families[i];
+    if (plan.families[i].param_home == Tier::kNvme)
+      chunk_on_disk = std::max(chunk_on_disk, f.param_nvme_bytes != 0 ? f.param_nvme_bytes : f.param_bytes);
+    if (plan.families[i].optim_home == Tier::kNvme)
+      chunk_on_disk = std::max(chunk_on_disk, f.optim_nvme_bytes != 0 ? f.optim_nvme_bytes : f.optim_bytes);
+  }
+  used.nvme += chunk_on_disk;
   return Status::Ok();
 }
 
-}  // namespace
-
-Result<Plan> make_plan(const PlanInput& in) {
+Result<Plan> plan_once(const PlanInput& in) {
   const std::size_t n = in.families.size();
   if (n == 0) return invalid_argument("planner: no chunk families (register tensors before the first step)");
   const Budgets& budget = in.budgets;
@@ -265,6 +288,14 @@ Result<Plan> make_plan(const PlanInput& in) {
       f = {.param_home = Tier::kGpu, .optim_home = Tier::kGpu, .param_resident_gpu = true};
     plan.all_gpu = true;
     plan.gpu_bytes = non_chunk + e.all_bytes;
+    // A deferred step checks every gradient through a host copy (Note [Host room]).
+    plan.grad_host_bytes = in.deferred_step ? e.grad_total : 0;
+    plan.host_bytes = plan.grad_host_bytes + in.options.host_reserve_bytes;
+    if (plan.host_bytes > budget.host_bytes) {
+      return budget_error("host_budget", budget.host_bytes, plan.host_bytes,
+                          "host copies of every gradient (loss scaling, clipping or data parallelism check "
+                          "them on host before the step) and the reserve");
+    }
     return plan;
   }
   STRATA_RETURN_IF_ERROR(place_on_gpu(in, e, gpu_avail, plan));
@@ -287,6 +318,43 @@ Result<Plan> make_plan(const PlanInput& in) {
   plan.host_bytes = used.host;
   plan.nvme_bytes = used.nvme;
   return plan;
+}
+
+// The smallest host budget plan_once accepts with the other inputs unchanged, or 0
+// when no host budget would do. Not assumed monotone: the answer is one plan_once
+// accepted, rounded up to 64 KiB when that is accepted too.
+std::uint64_t smallest_host_budget(PlanInput in) {
+  const std::uint64_t refused = in.budgets.host_bytes;
+  std::uint64_t lo = refused, hi = std::max<std::uint64_t>(refused, 64 * kKiB);
+  for (;;) {  // doubling: at most 64 rounds
+    if (hi >= (std::uint64_t{1} << 52)) return 0;
+    hi *= 2;
+    in.budgets.host_bytes = hi;
+    if (plan_once(in).ok()) break;
+    lo = hi;
+  }
+  while (hi - lo > 1) {  // lo refused, hi accepted
+    const std::uint64_t mid = lo + (hi - lo) / 2;
+    in.budgets.host_bytes = mid;
+    (plan_once(in).ok() ? hi : lo) = mid;
+  }
+  in.budgets.host_bytes = align_up(hi, 64 * kKiB);
+  return plan_once(in).ok() ? in.budgets.host_bytes : hi;
+}
+
+}  // namespace
+
+Result<Plan> make_plan(const PlanInput& in) {
+  Result<Plan> plan = plan_once(in);
+  if (plan.ok() || plan.status().code() != StatusCode::kOutOfBudget) return plan;
+  // Note [Host room]: the minimum a refusal names is one the planner accepts.
+  const std::uint64_t least = smallest_host_budget(in);
+  if (least == 0) return plan;
+  Status s = plan.status();
+  return out_of_budget(
+      "{}. With these gpu and nvme budgets, raise host_budget to at least {} ({} bytes), the smallest that "
+      "plans",
+      s.message(), format_bytes(least), least);
 }
 
 }  // namespace strata::runtime

@@ -12,6 +12,10 @@
 #include "strata/common/log.hpp"
 
 namespace strata::runtime {
+namespace {
+// The source of an all-GPU chunk's first zeros (load_to_slot); never written.
+alignas(4096) const std::byte kZeros[256 * 1024] = {};
+}  // namespace
 
 Status Residency::init() {
   STRATA_ASSIGN_OR_RETURN(demand_, core_.device.create_event());
@@ -53,17 +57,15 @@ Status Residency::load_to_slot(Chunk& c, DeviceSlot& slot) {
     // Never written: its value is zeros (optimizer states start at zero).
     if (slot.dedicated) {
       // A chunk that lives on the device for good (an all-GPU plan) gets no host
-      // copy: the plan gave it none, so the zeros go through a temporary buffer.
-      STRATA_ASSIGN_OR_RETURN(std::byte * zeros, core_.host->allocate(c.bytes));
-      std::memset(zeros, 0, c.bytes);
-      Status st = core_.device.wait(core_.h2d, slot.fence);
-      if (st.ok())
-        st = core_.timed_copy(core_.h2d, Track::kH2D, slot.ptr, zeros, c.bytes,
-                              memory::CopyKind::kHostToDevice,
-                              SpanName{"h2d zeros", c.family, state_kind_name(c.kind)});
-      if (st.ok()) st = core_.device.synchronize(core_.h2d);  // once per chunk, at its first use
-      core_.host->free(zeros, c.bytes);
-      STRATA_RETURN_IF_ERROR(st);
+      // copy: the plan gave it none, so the zeros come from a static page of zeros,
+      // not the host store (Note [Host room] in planner.cpp counts no such buffer).
+      STRATA_RETURN_IF_ERROR(core_.device.wait(core_.h2d, slot.fence));
+      for (std::uint64_t at = 0; at < c.bytes; at += sizeof(kZeros)) {
+        const std::uint64_t n = std::min<std::uint64_t>(sizeof(kZeros), c.bytes - at);
+        STRATA_RETURN_IF_ERROR(core_.timed_copy(core_.h2d, Track::kH2D, slot.ptr + at, kZeros, n,
+                                                memory::CopyKind::kHostToDevice,
+                                                SpanName{"h2d zeros", c.family, state_kind_name(c.kind)}));
+      }
       STRATA_RETURN_IF_ERROR(core_.device.record(slot.ready, core_.h2d));
       STRATA_RETURN_IF_ERROR(core_.device.record(slot.fence, core_.h2d));
       c.move_value(ChunkValue::kDevice);  // the device copy is the only one
@@ -130,6 +132,36 @@ Status Residency::evict_slot(std::size_t s) {
   return Status::Ok();
 }
 
+// Note [Backpressure]
+// A plan the runtime adopted counts every host buffer it can hold at once (Note
+// [Host room] in planner.cpp), and each kind of buffer stays inside its own room:
+// grad staging by grad_staging_slots, NVMe staging by nvme_families_in_flight, param
+// staging by param_staging_buffers, gradient host copies by Plan::grad_host_bytes.
+// A request that finds its room (or the store) full waits for in-flight work that
+// frees room, instead of failing:
+//  - the training thread (ensure_on_device) passes over a dirty gradient whose
+//    write-back does not fit the gradients' room, and waits on Core::cv, dropping
+//    Core::mu, while the optimizer pipeline has launched work (busy()); the
+//    pipeline's consuming a gradient frees its host copy and its slot;
+//  - the pipeline, on a pool or I/O thread, never blocks: a gradient that finds no
+//    staging memory goes back to the head of its queue, a family that finds no NVMe
+//    staging gives its place back, and both are retried by the next pump(), which
+//    every end of pipeline work (a kernel, a gradient copy, NVMe reads, a
+//    write-back) calls after freeing what it held;
+//  - a save's shadow writer (checkpoint load) finishes its own writes first.
+// Why it cannot deadlock: the waits form no cycle. The training thread waits only
+// for launched pipeline work, and that work needs nothing the training thread
+// holds: not Core::mu (released while waiting), not a lease, a device slot or
+// gradient host room (landing a gradient takes grad staging, a room of its own;
+// a kernel and a write-back take only what the family already holds). Pipeline
+// work waits only for other pipeline work, retried on its end, never on a pool
+// thread (no pool thread blocks, so the work it waits for always gets one). A
+// read-ahead that holds an NVMe place a launched family needs is cancelled (Note
+// [Pipeline places]). So every wait ends when some in-flight work ends, and the
+// work in flight is finite. When nothing in flight can free room (the pipeline is
+// idle, or only its stalled requests remain), waiting would never end: that is a
+// budget the planner counted wrong, and the request fails with OutOfBudget saying
+// so (a planner bug), naming the room, the sizes and the budget to raise.
 Status Residency::ensure_on_device(std::unique_lock<std::mutex>& lock, Chunk& c, bool load) {
   c.tick = ++tick_;
   if (c.device_slot >= 0 && c.device_copy) return Status::Ok();
@@ -142,7 +174,8 @@ Status Residency::ensure_on_device(std::unique_lock<std::mutex>& lock, Chunk& c,
     return Status::Ok();
   }
   for (;;) {
-    std::int64_t s = pick_slot(c.family);
+    bool room_full = false;
+    std::int64_t s = pick_slot(c.family, 0, &room_full);
     if (s >= 0) {
       STRATA_RETURN_IF_ERROR(evict_slot(static_cast<std::size_t>(s)));
       occupy(c, static_cast<std::size_t>(s));
@@ -161,8 +194,9 @@ Status Residency::ensure_on_device(std::unique_lock<std::mutex>& lock, Chunk& c,
       note_gpu_use();
       return Status::Ok();
     }
-    // Every slot is leased or holds a gradient on its way to the optimizer.
-    if (!pipeline_.busy()) return slots_held_error();
+    // Every slot is leased, holds a gradient on its way to the optimizer, or holds
+    // a gradient the host room cannot take now (Note [Backpressure]).
+    if (!pipeline_.busy()) return no_slot_error(room_full);
     const double t0 = core_.timeline.now_us();
     core_.cv.wait(lock);
     core_.timeline.add_stall((core_.timeline.now_us() - t0) * 1e-6);
@@ -170,32 +204,44 @@ Status Residency::ensure_on_device(std::unique_lock<std::mutex>& lock, Chunk& c,
   }
 }
 
-Status Residency::slots_held_error() const {
+Status Residency::no_slot_error(bool room_full) const {
+  std::size_t leased = 0, claimed = 0;
+  for (std::size_t i = 0; i < cache_slots_; ++i) {
+    const DeviceSlot& slot = device_slots_[i];
+    if (slot.chunk < 0) continue;
+    const Chunk& o = core_.chunks[static_cast<std::size_t>(slot.chunk)];
+    leased += (o.readers > 0 || o.writers > 0 || o.in_collective) ? 1 : 0;
+    claimed += (o.kind == StateKind::kGrad && pipeline_.claims_gradient(o.family)) ? 1 : 0;
+  }
+  const std::uint64_t slot_bytes = device_slots_.empty() ? 0 : device_slots_[0].bytes;
+  if (room_full) {
+    std::uint64_t in_use = 0;
+    for (FamilyId f = 0; f < core_.layout.families.size(); ++f) {
+      const Chunk& g = core_.chunks[static_cast<std::size_t>(core_.chunk_index(f, StateKind::kGrad))];
+      if (g.host != nullptr) in_use += g.bytes;
+    }
+    return out_of_budget(
+        "host room for gradients written back from the GPU is full ({} of the plan's {}; {} of the {} "
+        "chunk slots leased, the others hold gradients no optimizer can take yet) and no optimizer work in "
+        "flight can free any: a planner bug (Note [Host room] in runtime/src/planner.cpp). Raise host_budget "
+        "(by {} per gradient) or gpu_budget, and report it",
+        format_bytes(in_use), format_bytes(core_.plan.grad_host_bytes), leased, cache_slots_,
+        format_bytes(slot_bytes));
+  }
   // Name the real counts: the streaming slots are only part of what the budget
   // holds when the plan dedicates slots to GPU-homed families.
-  std::size_t leased = 0, gradients = 0;
-  for (std::size_t s = 0; s < cache_slots_; ++s) {
-    const DeviceSlot& slot = device_slots_[s];
-    if (slot.chunk < 0) continue;
-    const Chunk& c = core_.chunks[static_cast<std::size_t>(slot.chunk)];
-    if (c.readers > 0 || c.writers > 0) {
-      ++leased;
-    } else {
-      ++gradients;
-    }
-  }
   const std::size_t dedicated = device_slots_.size() - cache_slots_;
   const std::uint64_t chunk_bytes = core_.layout.chunk_elems * dtype_bytes(core_.opt.compute_dtype);
   return out_of_budget(
-      "gpu_budget: all {} streaming chunk slots are held ({} by leases, {} by gradients or chunks in a "
-      "collective){}; each is {}, the largest chunk's size (the layout's chunk is {}), so gpu_budget {} "
+      "gpu_budget: all {} streaming chunk slots are held ({} by leases, {} by gradients waiting for their "
+      "optimizer){}; each is {}, the largest chunk's size (the layout's chunk is {}), so gpu_budget {} "
       "holds {} slots in all; the working set does not fit. Release leases sooner, or raise gpu_budget",
-      cache_slots_, leased, gradients,
-      dedicated == 0
-          ? std::string()
-          : fmt::format(", and {} more are dedicated to families the plan keeps on the GPU", dedicated),
-      format_bytes(device_slots_.empty() ? 0 : device_slots_[0].bytes), format_bytes(chunk_bytes),
-      format_bytes(core_.opt.budgets.gpu_bytes), device_slots_.size());
+      cache_slots_, leased, claimed,
+      dedicated == 0 ? std::string()
+                     : fmt::format(", and {} more are dedicated to families the plan keeps on the GPU", dedicated),
+      format_bytes(slot_bytes), format_bytes(chunk_bytes), format_bytes(core_.opt.budgets.gpu_bytes),
+      device_slots_.size());
+}
 }
 
 Status Residency::ensure_on_host(Chunk& c) {

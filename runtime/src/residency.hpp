@@ -51,8 +51,10 @@ class Residency {
   void clear();
 
   //! Puts `c` in a device slot, loading its content when `load`; waits (unlocking)
-  //! for a slot while all are busy with background work. OutOfBudget when every
-  //! slot is leased and nothing in the background will free one.
+  //! for a slot while all are busy with background work, and for host room before
+  //! it writes a gradient back (Note [Backpressure] in residency.cpp). OutOfBudget
+  //! when every slot is leased, or the gradients' host room is full, and nothing in
+  //! the background will free one.
   Status ensure_on_device(std::unique_lock<std::mutex>& lock, Chunk& c, bool load);
   //! Makes the host copy of `c` valid (write-back from the device, zeros when
   //! absent). Blocks on the d2h copy. NVMe copies are not read here.
@@ -105,12 +107,18 @@ class Residency {
  private:
   //! Frees slot `s` (writing back a dirty occupant).
   Status evict_slot(std::size_t s);
-  //! The OutOfBudget of a use that finds every streaming slot held, naming the counts.
-  Status slots_held_error() const;
   //! Chooses a slot for a new occupant; -1 when none can be freed now. With
   //! farther_than > 0 (prefetch), only a free slot or a clean occupant whose next
-  //! use is more than that many uses ahead (Note [Idle victims first]).
-  std::int64_t pick_slot(FamilyId for_family, std::uint64_t farther_than = 0);
+  //! use is more than that many uses ahead (Note [Idle victims first]). A dirty
+  //! gradient is a victim only when its write-back fits the gradients' host room
+  //! (Note [Backpressure]); *room_full (unless null) says one was passed over for that.
+  std::int64_t pick_slot(FamilyId for_family, std::uint64_t farther_than = 0, bool* room_full = nullptr);
+  //! The error of ensure_on_device when no slot can be had and nothing in the
+  //! background frees one: names the slots leased and held, or the full host room.
+  Status no_slot_error(bool room_full) const;
+  //! Writing `c` back to host fits Plan::grad_host_bytes (Note [Backpressure]);
+  //! *in_use gets the gradients' host bytes.
+  bool write_back_fits(const Chunk& c, std::uint64_t* in_use) const;
   //! The slot is free, or its occupant may be evicted now (not leased, not a
   //! gradient claimed by the optimizer pipeline).
   bool movable(const DeviceSlot& slot) const;

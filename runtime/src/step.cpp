@@ -110,6 +110,18 @@ static Status run_families_in_order(Runtime::Impl& m, std::unique_lock<std::mute
   return Status::Ok();
 }
 
+// A plan is a promise (Note [Host room] in planner.cpp): what the run reached stays
+// within what the plans adopted so far predicted. Checked builds only.
+static void check_plan_kept([[maybe_unused]] const Core& core, [[maybe_unused]] const StepStats& stats) {
+  STRATA_ASSERT_MSG(stats.host_high_water_bytes <= core.host_bytes_planned_max,
+                    "host high water above the plan's host_bytes (Note [Host room])");
+  STRATA_ASSERT_MSG(stats.gpu_high_water_bytes <= core.gpu_bytes_planned_max,
+                    "GPU high water above the plan's gpu_bytes");
+  // (Slots a checkpoint save still reads are pinned beside their copy-on-write successors.)
+  STRATA_ASSERT_MSG(stats.nvme_bytes <= core.nvme_bytes_planned_max || !core.nvme_pins.empty(),
+                    "NVMe bytes above the plan's nvme_bytes");
+}
+
 Result<StepStats> Runtime::step() {
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);
@@ -184,7 +196,9 @@ Result<StepStats> Runtime::Impl::run_step(std::unique_lock<std::mutex>& lock) {
   // Trace: the compute time measured per use, then re-plan if this was the
   // warm-up step or it departed from the plan.
   StepTrace trace = m.tracker.take_trace();
-  if (!m.tracker.warm() || m.tracker.deviated()) {
+  // A plan made before micro-batches were seen lacks their host room (Note [Host room]).
+  const bool uncounted = m.core.accumulation_seen && !m.core.accumulation_planned;
+  if (!m.tracker.warm() || m.tracker.deviated() || uncounted) {
     if (!trace.uses.empty()) STRATA_RETURN_IF_ERROR(m.adopt_plan(lock, std::move(trace)));
     m.tracker.set_warm();
   } else {
@@ -194,6 +208,7 @@ Result<StepStats> Runtime::Impl::run_step(std::unique_lock<std::mutex>& lock) {
   for (TensorInfo& t : m.core.tensors) t.written_in_micro_batch = false;
   m.pipeline.end_step();
   m.tracker.finish_stats(stats, m.residency.gpu_high_water());
+  check_plan_kept(m.core, stats);
   return stats;
 }
 

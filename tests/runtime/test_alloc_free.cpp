@@ -250,7 +250,11 @@ RuntimeOptions options_for(Placement p, const std::string& dir) {
       o.plan.allow_gpu_optimizer = false;
       break;
     case Placement::kNvmeStates:
-      o.budgets = {.gpu_bytes = 2 * kFamilyBytes, .host_bytes = 2 * kFamilyBytes, .nvme_bytes = 64 * kMiB};
+      // Note [Host room]: + host copies of every gradient (4, fewer than the GPU slots) and one NVMe chunk's
+      // copy.
+      o.budgets = {.gpu_bytes = 2 * kFamilyBytes,
+                   .host_bytes = 2 * kFamilyBytes + 6 * kChunkBytes,
+                   .nvme_bytes = 64 * kMiB};
       o.nvme_dirs = {dir};
       o.plan.nvme_families_in_flight = 1;
       o.plan.grad_staging_slots = 1;
@@ -260,9 +264,10 @@ RuntimeOptions options_for(Placement p, const std::string& dir) {
       // grad landing slot, 4 param staging buffers (prefetch depth 2 + 2) and
       // one NVMe family in flight (param and two states), and no param: every
       // param and state lives on NVMe.
-      o.budgets = {.gpu_bytes = 2 * kFamilyBytes,
-                   .host_bytes = (1 + 4 + 3) * kChunkBytes + kChunkBytes / 2,
-                   .nvme_bytes = 64 * kMiB};
+      o.budgets = {
+          .gpu_bytes = 2 * kFamilyBytes,
+          .host_bytes = (1 + 6 + 2 + 4 + 3) * kChunkBytes + kChunkBytes / 2,  // (test_nvme_params.cpp)
+          .nvme_bytes = 64 * kMiB};
       o.nvme_dirs = {dir};
       o.plan.prefetch_depth_max = 2;
       o.plan.nvme_families_in_flight = 1;

@@ -65,30 +65,58 @@ TEST(Planner, StreamsAndSpillsToNvmeWithinBudgets) {
   EXPECT_FALSE(cost.bottleneck.empty());
 }
 
-TEST(Planner, ReserveEvictedGradsTakesHostRoomPerStreamingSlot) {
+// Note [Host room]: one gradient host copy per streaming slot, or every gradient when
+// they wait for the step (micro-batches, a deferred step); counted in host_bytes.
+TEST(Planner, HostRoomCountsGradientCopies) {
   auto in = layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 1 * kGiB, .nvme_bytes = 8 * kGiB});
   auto plain = make_plan(in);
   ASSERT_TRUE(plain.ok()) << plain.status();
-  in.options.reserve_evicted_grads = true;
-  auto reserved = make_plan(in);
-  ASSERT_TRUE(reserved.ok()) << reserved.status();
-  // One 16 MiB gradient per streaming slot comes off the host room for states.
-  int host_plain = 0, host_reserved = 0;
+  EXPECT_EQ(plain->grad_host_bytes, plain->gpu_cache_slots * 16 * kMiB);
+  EXPECT_LE(plain->host_bytes, in.budgets.host_bytes);
+  in.options.micro_batches = 3;
+  auto accumulating = make_plan(in);
+  ASSERT_TRUE(accumulating.ok()) << accumulating.status();
+  EXPECT_EQ(accumulating->grad_host_bytes, 24 * 16 * kMiB);
+  // Room for every gradient comes off the host room for states.
+  int host_plain = 0, host_accumulating = 0;
   for (const auto& f : plain->families) host_plain += f.optim_home == Tier::kHost;
-  for (const auto& f : reserved->families) host_reserved += f.optim_home == Tier::kHost;
-  EXPECT_LT(host_reserved, host_plain);
-  EXPECT_LE(reserved->host_bytes, in.budgets.host_bytes);
-  // With params kept on host, a host budget that holds the params and landing slots
-  // but not the reservation is refused by name; without the reservation it plans
-  // (every state on NVMe).
-  in.options.allow_nvme_params = false;
-  in.budgets.host_bytes = 24 * 16 * kMiB + 8 * 16 * kMiB;  // params + landing slots + NVMe staging
-  in.options.reserve_evicted_grads = false;
-  ASSERT_TRUE(make_plan(in).ok()) << make_plan(in).status();
-  in.options.reserve_evicted_grads = true;
+  for (const auto& f : accumulating->families) host_accumulating += f.optim_home == Tier::kHost;
+  EXPECT_LT(host_accumulating, host_plain);
+  EXPECT_LE(accumulating->host_bytes, in.budgets.host_bytes);
+  in.options.micro_batches = 1;
+  in.deferred_step = true;
+  auto deferred = make_plan(in);
+  ASSERT_TRUE(deferred.ok()) << deferred.status();
+  EXPECT_EQ(deferred->grad_host_bytes, 24 * 16 * kMiB);
+  // A budget below the landing slots and every gradient's copy is refused by name.
+  in.deferred_step = false;
+  in.options.micro_batches = 2;
+  in.budgets.host_bytes = 64 * kMiB;
   auto refused = make_plan(in);
   ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.status().message().find("evicted"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("every gradient"), std::string::npos) << refused.status();
+}
+
+// The minimum a host refusal names is one the planner accepts (Note [Host room]).
+TEST(Planner, RefusalNamesAnAcceptedHostBudget) {
+  for (std::uint64_t host : {1 * kMiB, 40 * kMiB, 200 * kMiB}) {
+    auto in = layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = host, .nvme_bytes = 8 * kGiB});
+    auto refused = make_plan(in);
+    ASSERT_FALSE(refused.ok()) << host;
+    const std::string& m = refused.status().message();
+    const auto at = m.find("raise host_budget to at least ");
+    ASSERT_NE(at, std::string::npos) << m;
+    const auto open = m.find('(', at);
+    ASSERT_NE(open, std::string::npos) << m;
+    const std::uint64_t least = std::stoull(m.substr(open + 1));
+    EXPECT_GT(least, host) << m;
+    in.budgets.host_bytes = least;
+    auto accepted = make_plan(in);
+    ASSERT_TRUE(accepted.ok()) << accepted.status();
+    EXPECT_LE(accepted->host_bytes, least);
+    in.budgets.host_bytes = least - 64 * kKiB;
+    EXPECT_FALSE(make_plan(in).ok()) << "a smaller minimum was missed: " << least;
+  }
 }
 
 TEST(Planner, NvmeBytesCountWholeSlotsAndCopyOnWriteRoom) {
@@ -106,8 +134,8 @@ TEST(Planner, NvmeBytesCountWholeSlotsAndCopyOnWriteRoom) {
   std::uint64_t families_on_nvme = 0;
   for (const auto& f : plan->families) families_on_nvme += f.optim_home == Tier::kNvme;
   ASSERT_GT(families_on_nvme, 0u);
-  // Whole slots for every NVMe family, plus fresh slots for the 3 in flight.
-  EXPECT_EQ(plan->nvme_bytes, (families_on_nvme + 3) * 2 * 24 * kMiB);
+  // Whole slots for every NVMe family, plus fresh slots for the 3 in flight and one chunk.
+  EXPECT_EQ(plan->nvme_bytes, (families_on_nvme + 3 + 1) * 2 * 24 * kMiB);
 
   // A budget that holds the states but not the copy-on-write room is refused, by name.
   in.budgets.nvme_bytes = families_on_nvme * 2 * 24 * kMiB;
@@ -154,9 +182,9 @@ TEST(CostModel, HostMemoryAndSharedDiskAreResources) {
 }
 
 TEST(Planner, ParamsThatDoNotFitOnHostGoToNvmeWithTheirStatesAndCountedStaging) {
-  // 24 x 16 MiB of params; 256 MiB of host.
+  // 24 x 16 MiB of params; 512 MiB of host.
   auto in =
-      layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 256 * kMiB, .nvme_bytes = 8 * kGiB});
+      layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 512 * kMiB, .nvme_bytes = 8 * kGiB});
   auto plan = make_plan(in);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_LE(plan->host_bytes, in.budgets.host_bytes);
@@ -173,11 +201,15 @@ TEST(Planner, ParamsThatDoNotFitOnHostGoToNvmeWithTheirStatesAndCountedStaging) 
     (f.param_home == Tier::kHost ? host_params : nvme_params) += in.families[i].param_bytes;
   }
   EXPECT_GT(nvme_params, 0u);
-  // The host holds the grad landing slots, both stagings and the host-homed params.
+  // The host holds the grad landing slots, a gradient host copy per streaming slot,
+  // one NVMe chunk's temporary copy (a family's states), both stagings and the
+  // host-homed params (Note [Host room]).
+  EXPECT_EQ(plan->grad_host_bytes, plan->gpu_cache_slots * 16 * kMiB);
   const std::uint64_t staging = (plan->prefetch_depth + 2) * (16 * kMiB) + 2 * (32 * kMiB + 16 * kMiB);
-  EXPECT_EQ(plan->host_bytes, 2 * 16 * kMiB + staging + host_params);
-  // Every spilled param and all states on NVMe, plus copy-on-write room for 2 families (states + param).
-  EXPECT_EQ(plan->nvme_bytes, nvme_params + 24 * 32 * kMiB + 2 * (32 * kMiB + 16 * kMiB));
+  EXPECT_EQ(plan->host_bytes, 2 * 16 * kMiB + plan->grad_host_bytes + 32 * kMiB + staging + host_params);
+  // Every spilled param and all states on NVMe, plus copy-on-write room for 2 families (states + param)
+  // and for one chunk written meanwhile.
+  EXPECT_EQ(plan->nvme_bytes, nvme_params + 24 * 32 * kMiB + 2 * (32 * kMiB + 16 * kMiB) + 32 * kMiB);
 
   in.options.allow_nvme_params = false;  // the old behaviour, on request
   auto refused = make_plan(in);
@@ -190,13 +222,13 @@ TEST(Planner, ParamsThatDoNotFitOnHostGoToNvmeWithTheirStatesAndCountedStaging) 
 TEST(Planner, HostBudgetBelowTheParamStagingIsAOneLineErrorWithTheSizes) {
   // Params spill, but the host cannot even hold the staging they need.
   auto in =
-      layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 128 * kMiB, .nvme_bytes = 8 * kGiB});
+      layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 300 * kMiB, .nvme_bytes = 8 * kGiB});
   auto plan = make_plan(in);
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), StatusCode::kOutOfBudget);
   const std::string msg = plan.status().message();
   EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-  EXPECT_NE(msg.find("host_budget 128.00 MiB is smaller than the staging NVMe-homed params need"),
+  EXPECT_NE(msg.find("host_budget 300.00 MiB is smaller than the staging NVMe-homed params need"),
             std::string::npos)
       << msg;
   EXPECT_NE(msg.find("6 param staging buffers x 16.00 MiB"), std::string::npos) << msg;
@@ -204,7 +236,7 @@ TEST(Planner, HostBudgetBelowTheParamStagingIsAOneLineErrorWithTheSizes) {
 
 TEST(Planner, NvmeBudgetBelowParamsStatesAndCopyOnWriteRoomIsAnError) {
   auto in =
-      layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 256 * kMiB, .nvme_bytes = 8 * kGiB});
+      layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 512 * kMiB, .nvme_bytes = 8 * kGiB});
   auto fits = make_plan(in);
   ASSERT_TRUE(fits.ok()) << fits.status();
   in.budgets.nvme_bytes = fits->nvme_bytes - 4096;  // one page short of the copy-on-write room

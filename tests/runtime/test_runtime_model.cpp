@@ -80,6 +80,8 @@ TEST_P(RuntimeModel, RandomOperationsMatchReference) {
     // param's home (Note [NVMe param staging]).
     o.budgets.host_bytes = (16 + 128 + 64 + 48) * kKiB;
   }
+  // Note [Host room]: host copies of one gradient per GPU slot, one NVMe chunk's copy (a 32 KiB master).
+  o.budgets.host_bytes += o.budgets.gpu_bytes + 4 * kChunkElems;
   o.hyper.momentum = 0.0f;
   o.nvme_dirs = {dir.string()};
   auto created = Runtime::create(**device, o);

@@ -34,6 +34,8 @@ RuntimeOptions options(kernels::Optimizer optimizer, const std::filesystem::path
     // GPU <= 1/4 and host <= 1/2 of the model state: every tier holds states.
     o.budgets = {
         .gpu_bytes = kModelStateBytes / 4, .host_bytes = kModelStateBytes / 2, .nvme_bytes = 64 * kMiB};
+    // Note [Host room]: host copies of one gradient per GPU slot, one NVMe chunk's copy (two states).
+    o.budgets.host_bytes += o.budgets.gpu_bytes + 8 * kChunkElems;
     o.nvme_dirs = {nvme_dir->string()};
     o.plan.nvme_families_in_flight = 1;
     o.plan.grad_staging_slots = 1;

@@ -448,7 +448,8 @@ class Wrapped:
         cfg["precision"] = precision
         plan = dict(cfg.get("plan", {})) if isinstance(cfg.get("plan"), dict) else cfg.get("plan", {})
         if isinstance(plan, dict):
-            plan.setdefault("reserve_evicted_grads", True)  # Note [Evicted gradients] in runtime/src/planner.cpp
+            # Gradients wait on host between micro-batches (Note [Host room] in runtime/src/planner.cpp).
+            plan.setdefault("micro_batches", self.accumulation_steps)
             cfg["plan"] = plan
         if settings is not None:
             given = cfg.get("optimizer", {}).get("name") if isinstance(cfg.get("optimizer"), dict) else None

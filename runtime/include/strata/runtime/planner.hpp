@@ -9,7 +9,9 @@
 // 2. Otherwise the GPU keeps a cache of compute-dtype chunk slots (params and
 //    grads stream through it; eviction by farthest next use, Note [Cyclic access
 //    sequence]), and spare GPU bytes keep some families' params resident.
-// 3. Host memory first holds every param's home copy (params are needed twice a
+// 3. Host memory first holds the rooms the runtime needs whatever the placement
+//    (gradient landing slots, gradients' host copies; Note [Host room] in
+//    planner.cpp), then every param's home copy (params are needed twice a
 //    step, in forward on the critical path), then optimizer states (master and
 //    moments) for as many families as fit. The families whose gradients complete
 //    *first* in backward go to NVMe, because they have the rest of backward to
@@ -81,14 +83,15 @@ struct PlanOptions {
   //! buffers, Note [NVMe-homed params] in residency.hpp). false keeps every param
   //! on host and refuses a host budget too small for them.
   bool allow_nvme_params = true;
-  //! Host bytes kept free for what the plan does not schedule: gradients written
-  //! back from the GPU when a step departs from the trace or between micro-batches.
+  //! Host bytes kept free for what the plan does not schedule (a caller's own use of
+  //! the host store, e.g. a fake store in a test).
   std::uint64_t host_reserve_bytes = 0;
-  //! Reserve host room for gradients evicted from the GPU before their family's
-  //! optimizer starts: one per streaming slot (Note [Evicted gradients] in
-  //! planner.cpp). The torch binding turns it on: it holds a module's params until
-  //! the module's backward ends, so gradients wait on the device longer.
-  bool reserve_evicted_grads = false;
+  //! Backward passes per step (begin_micro_batch): with more than one, a gradient
+  //! accumulates across micro-batches and may be written back to host between them,
+  //! so the plan counts host room for every gradient (Note [Host room] in planner.cpp).
+  //! The torch binding sets it from gradient_accumulation_steps; a runtime that sees
+  //! begin_micro_batch(false) counts accumulation from its next plan on.
+  std::uint32_t micro_batches = 1;
 };
 
 //! What the plan decides for one family.
@@ -105,6 +108,9 @@ struct PlanInput {
   Budgets budgets;
   PlanOptions options;
   std::uint64_t slot_bytes = 0;  //!< size of one compute-dtype chunk slot (param or grad)
+  //! The optimizers run only at step() (loss scaling, clipping, data parallelism):
+  //! every gradient is brought to host first (Note [Host room] in planner.cpp).
+  bool deferred_step = false;
 };
 
 //! A plan. Plain value; `summary()` is one readable paragraph.
@@ -115,7 +121,13 @@ struct Plan {
   std::uint32_t nvme_staging_families = 0;
   //! Host buffers NVMe-homed params are read ahead into (0 when every param is on host).
   std::uint32_t param_staging_buffers = 0;
-  std::uint64_t gpu_bytes = 0;  //!< planned peak per tier
+  //! Host room for gradients' host copies (written back from the device before their
+  //! optimizer consumes them): the runtime waits rather than exceed it (Note [Backpressure]
+  //! in residency.cpp). Part of host_bytes.
+  std::uint64_t grad_host_bytes = 0;
+  //! The planned peak per tier: an upper bound on what the run holds (Note [Host room]
+  //! in planner.cpp; checked at every step's end in checked builds).
+  std::uint64_t gpu_bytes = 0;
   std::uint64_t host_bytes = 0;
   std::uint64_t nvme_bytes = 0;
   bool all_gpu = false;
@@ -123,7 +135,9 @@ struct Plan {
 };
 
 //! Makes a plan. Fails with OutOfBudget (naming the budget, the bytes needed and
-//! the bytes available) when no placement fits, InvalidArgument on empty input.
+//! the bytes available) when no placement fits, InvalidArgument on empty input. A
+//! host refusal names the smallest host budget the planner accepts for the same
+//! input ("raise host_budget to at least X"): a budget that trains.
 Result<Plan> make_plan(const PlanInput& input);
 
 }  // namespace strata::runtime

@@ -1,0 +1,163 @@
+// A plan the runtime accepts is a promise kept (issue #24): Note [Host room] in
+// runtime/src/planner.cpp (what the plan counts) and Note [Backpressure] in
+// runtime/src/residency.cpp (how the runtime waits instead of failing).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <future>
+#include <string>
+#include <thread>
+
+#include "runtime_fixtures.hpp"
+#include "strata/common/bytes.hpp"
+#include "strata/runtime/runtime.hpp"
+
+namespace strata::runtime::testing {
+namespace {
+
+constexpr std::uint64_t kElems = 4096;  // one chunk per tensor
+constexpr int kTensors = 10;
+
+RuntimeOptions options(const fs::path& dir, std::uint64_t host, std::uint32_t micro_batches) {
+  RuntimeOptions o;
+  o.hyper.optimizer = kernels::Optimizer::kAdamW;
+  o.hyper.lr = 1e-3f;
+  o.layout.chunk_elems = kElems;
+  o.threads = 2;
+  // Three streaming slots: every step evicts gradients.
+  o.budgets = {.gpu_bytes = 3 * kElems * 4, .host_bytes = host, .nvme_bytes = 64 * kMiB};
+  o.nvme_dirs = {dir.string()};
+  o.plan.micro_batches = micro_batches;
+  o.plan.prefetch_depth_max = 1;
+  o.plan.grad_staging_slots = 1;
+  o.plan.nvme_families_in_flight = 1;
+  return o;
+}
+
+// Registers kTensors tensors and trains `steps` steps of `micro` micro-batches
+// (forward reads every param, backward writes or accumulates every gradient in
+// reverse). Returns the first error, and the last step's stats in *last.
+Status train(Runtime& r, int steps, int micro, StepStats* last) {
+  std::vector<TensorId> ids;
+  for (int t = 0; t < kTensors; ++t) {
+    STRATA_ASSIGN_OR_RETURN(TensorId id, r.register_tensor({fmt::format("t{}", t), {kElems}}));
+    ids.push_back(id);
+  }
+  std::vector<float> init(kElems, 0.5f);
+  for (TensorId id : ids) STRATA_RETURN_IF_ERROR(r.init_tensor(id, init));
+  for (int step = 0; step < steps; ++step) {
+    for (int m = 0; m < micro; ++m) {
+      STRATA_RETURN_IF_ERROR(r.begin_micro_batch(m == micro - 1));
+      for (TensorId id : ids)
+        STRATA_RETURN_IF_ERROR(r.acquire(id, StateKind::kParam, Access::kRead).status());
+      for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+        STRATA_ASSIGN_OR_RETURN(
+            Lease g, r.acquire(*it, StateKind::kGrad, m == 0 ? Access::kWrite : Access::kAccumulate));
+        float* gp = g.as<float>();
+        STRATA_RETURN_IF_ERROR(r.launch([gp, m] {
+          for (std::size_t i = 0; i < kElems; ++i) gp[i] = (m == 0 ? 0.0f : gp[i]) + 1e-3f;
+        }));
+      }
+    }
+    STRATA_ASSIGN_OR_RETURN(*last, r.step());
+  }
+  return r.flush();
+}
+
+// The smallest host budget a refusal names ("raise host_budget to at least X (N bytes)").
+std::uint64_t named_minimum(const Status& refused) {
+  const std::string& m = refused.message();
+  const auto at = m.find("raise host_budget to at least ");
+  EXPECT_NE(at, std::string::npos) << m;
+  if (at == std::string::npos) return 0;
+  return std::stoull(m.substr(m.find('(', at) + 1));
+}
+
+// A run that hangs fails the test by name instead of blocking ctest.
+template <class F>
+void within(std::chrono::seconds limit, F&& f) {
+  auto done = std::async(std::launch::async, std::forward<F>(f));
+  if (done.wait_for(limit) == std::future_status::timeout) {
+    ADD_FAILURE() << "hung for " << limit.count() << " s (Note [Backpressure])";
+    std::_Exit(1);
+  }
+  done.get();
+}
+
+// Micro-batches keep every gradient until the last one: the plan counts host room
+// for all of them, and the minimum a refusal names trains (with the high water
+// within the plan and the budget).
+TEST(Backpressure, MicroBatchesTrainAtTheNamedMinimum) {
+  TempDir dir;
+  auto device = sim_device();
+  auto small = Runtime::create(*device, options(dir.path, 256 * kKiB, 3));
+  ASSERT_TRUE(small.ok()) << small.status();
+  StepStats last;
+  Status refused = train(**small, 1, 3, &last);
+  ASSERT_EQ(refused.code(), StatusCode::kOutOfBudget) << refused;
+  const std::uint64_t least = named_minimum(refused);
+  ASSERT_GT(least, 256 * kKiB);
+  TempDir dir2;  // (the refused runtime still holds its swap file)
+  within(std::chrono::seconds(60), [&] {
+    auto rt = Runtime::create(*device, options(dir2.path, least, 3));
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    Status st = train(**rt, 4, 3, &last);
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_LE(last.host_high_water_bytes, (*rt)->plan().host_bytes);
+    EXPECT_LE((*rt)->plan().host_bytes, least);
+    EXPECT_EQ((*rt)->plan().grad_host_bytes, kTensors * kElems * 4);
+  });
+}
+
+// A runtime that saw micro-batches its plan did not count re-plans after the step
+// (Note [Host room]): it trains, within the new plan.
+TEST(Backpressure, UnannouncedMicroBatchesReplan) {
+  TempDir dir;
+  auto device = sim_device();
+  auto rt = Runtime::create(*device, options(dir.path, 8 * kMiB, 1));
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  StepStats last;
+  within(std::chrono::seconds(60), [&] {
+    Status st = train(**rt, 3, 2, &last);
+    ASSERT_TRUE(st.ok()) << st;
+  });
+  EXPECT_EQ((*rt)->plan().grad_host_bytes, kTensors * kElems * 4);
+  EXPECT_LE(last.host_high_water_bytes, 8 * kMiB);
+}
+
+// The host store holds less than the budget the plan was told: requests find no
+// room the plan counted. The runtime waits for the pipeline where that frees room
+// and otherwise fails, saying it is a planner bug; it never hangs.
+TEST(Backpressure, ShortHostStoreWaitsOrNamesAPlannerBug) {
+  for (std::uint64_t short_by : {0 * kKiB, 16 * kKiB, 48 * kKiB, 96 * kKiB}) {
+    TempDir dir;
+    auto device = sim_device();
+    RuntimeOptions o = options(dir.path, 1 * kMiB, 1);
+    auto probe = Runtime::create(*device, o);
+    ASSERT_TRUE(probe.ok()) << probe.status();
+    StepStats last;
+    ASSERT_TRUE(train(**probe, 1, 1, &last).ok());
+    const std::uint64_t planned = (*probe)->plan().host_bytes;
+    probe->reset();
+    auto store = make_host_store(planned - short_by, device.get());
+    ASSERT_TRUE(store.ok()) << store.status();
+    o.host_store = std::move(store).value();
+    TempDir dir2;
+    o.nvme_dirs = {dir2.path.string()};
+    within(std::chrono::seconds(60), [&] {
+      auto rt = Runtime::create(*device, o);
+      ASSERT_TRUE(rt.ok()) << rt.status();
+      Status st = train(**rt, 4, 1, &last);
+      if (short_by == 0) {
+        EXPECT_TRUE(st.ok()) << st;  // exactly the planned bytes suffice
+      } else if (!st.ok()) {
+        EXPECT_EQ(st.code(), StatusCode::kOutOfBudget) << st;
+      }
+      SCOPED_TRACE(fmt::format("store short by {}: {}", short_by, st.to_string()));
+    });
+  }
+}
+
+}  // namespace
+}  // namespace strata::runtime::testing
