@@ -59,6 +59,7 @@ struct Options {
   bool describe = false;
   bool verbose = false;
   bool backtrace = true;
+  bool no_fork = false;
   double timeout_s = 60.0;
   int jobs = 1;
   std::string tmp;
@@ -165,6 +166,21 @@ class Campaign {
   Campaign(const Options& o, fs::path base, bool uring) : o_(o), base_(std::move(base)), uring_(uring) {}
 
   void run(const std::vector<Job>& jobs) {
+    if (o_.no_fork) {  // for a debugger: no watchdog, a crash ends the campaign
+      for (const Job& job : jobs) {
+        const fs::path dir = base_ / fmt::format("run-{}", job.seed);
+        fs::create_directories(dir);
+        const Draw d = draw_run(job.seed, uring_, o_.steps);
+        const PhaseFn phase = [this](const std::string& p) {
+          if (o_.verbose) std::fprintf(stderr, "phase: %s\n", p.c_str());
+        };
+        nlohmann::json j = to_json(execute_run(d, dir.string(), phase, parse_inject(o_.inject)));
+        if (o_.describe) j["draw"] = to_json(d);
+        record(job, j);
+        fs::remove_all(dir);
+      }
+      return;
+    }
     std::size_t next = 0;
     while ((next < jobs.size() || !children_.empty()) && g_stop == 0) {
       while (next < jobs.size() && children_.size() < static_cast<std::size_t>(o_.jobs)) start(jobs[next++]);
@@ -468,6 +484,7 @@ int main(int argc, char** argv) {
   app.add_flag("--describe", o.describe, "print each run's draw and result (stderr, and in the JSON)");
   app.add_flag("--verbose", o.verbose, "print each run's result line on stderr, and the runtime's log");
   app.add_flag("!--no-backtrace", o.backtrace, "no gdb backtrace of a hung run");
+  app.add_flag("--no-fork", o.no_fork, "run in this process (for a debugger; no hang or crash detection)");
   app.add_option("--timeout-s", o.timeout_s, "a run without a result after this long is a hang")
       ->check(CLI::Range(1.0, 3600.0));
   app.add_option("--jobs", o.jobs, "runs at once")->check(CLI::Range(1, 64));

@@ -348,7 +348,9 @@ Attempt train(const Draw& d, Config cfg, const PhaseFn& phase, const std::string
 
 //! The sizes the budgets are drawn against, from a runtime with room for everything.
 Result<ModelSizes> size_model(const Draw& d, const std::string& nvme_dir, const PhaseFn& phase) {
-  const Budgets3 roomy{.gpu = 512 * kMiB, .host = 64 * kMiB, .nvme = 0};
+  // Room for any drawn model (at most 400 000 elements, Note [Contract run]) on the
+  // GPU, and for its host copies; a small host budget is quick to pin.
+  const Budgets3 roomy{.gpu = 256 * kMiB, .host = 24 * kMiB, .nvme = 0};
   STRATA_ASSIGN_OR_RETURN(Config cfg, make_config(d, roomy, nvme_dir, true, 0));
   std::unique_ptr<Runtime> rt;
   std::vector<TensorId> ids;
@@ -500,7 +502,7 @@ nlohmann::json trained_json(const Trained& t) {
 void compare_with_reference(const Draw& d, const Trained& run, const ModelSizes& sizes, const PhaseFn& phase,
                             Inject inject, RunReport& r) {
   const std::uint64_t roomy = align_up(sizes.all_bytes + sizes.all_bytes / 4 + 4 * sizes.slot_bytes, kMiB);
-  const Budgets3 ref_budgets{.gpu = roomy, .host = 64 * kMiB, .nvme = 0};
+  const Budgets3 ref_budgets{.gpu = roomy, .host = roomy + 2 * kMiB, .nvme = 0};
   auto cfg = make_config(d, ref_budgets, "", true, run.chunk_elems);
   Attempt ref = cfg.ok()
                     ? train(d, *std::move(cfg), phase, "reference")
