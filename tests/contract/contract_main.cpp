@@ -349,6 +349,9 @@ void Campaign::record(const Job& job, const nlohmann::json& r) {
     fail(job, "failed_after_accept", reason, phase);
   } else {
     ++counts_["accepted"];
+    // Trained and compared with the reference: the runs whose every check had a chance to fail.
+    if (!r.value("budget_overrun", false) && !r.value("above_plan", false) && !r.value("inexact", false))
+      ++counts_["passed"];
     if (r.value("budget_overrun", false)) fail(job, "budget_overruns", r.value("overrun_reason", ""), "");
     if (r.value("above_plan", false)) fail(job, "above_plan", r.value("above_plan_reason", ""), "");
     if (r.value("inexact", false)) fail(job, "inexact", r.value("inexact_reason", ""), "");
@@ -379,6 +382,7 @@ nlohmann::json Campaign::summary(double seconds) const {
                       {"accepted", count("accepted")},
                       {"refused", count("refused")},
                       {"refused_by", refused_by_},
+                      {"passed", count("passed")},
                       {"failed_after_accept", count("failed_after_accept")},
                       {"hangs", count("hangs")},
                       {"budget_overruns", count("budget_overruns")},
@@ -452,9 +456,10 @@ Result<fs::path> make_base(const Options& o) {
 }
 
 void print_text(const nlohmann::json& s) {
-  std::printf("strata-contract: %llu runs in %.1f s: %llu accepted, %llu refused\n",
+  std::printf("strata-contract: %llu runs in %.1f s: %llu accepted (%llu passed every check), %llu refused\n",
               s["runs"].get<unsigned long long>(), s["seconds"].get<double>(),
-              s["accepted"].get<unsigned long long>(), s["refused"].get<unsigned long long>());
+              s["accepted"].get<unsigned long long>(), s["passed"].get<unsigned long long>(),
+              s["refused"].get<unsigned long long>());
   std::printf(
       "  failed_after_accept %llu, hangs %llu, budget_overruns %llu, above_plan %llu, inexact %llu, "
       "bad_refusals %llu\n",
@@ -506,6 +511,8 @@ int main(int argc, char** argv) {
   }
   std::signal(SIGINT, [](int) { g_stop = 1; });
   std::signal(SIGTERM, [](int) { g_stop = 1; });
+  std::signal(SIGHUP, [](int) { g_stop = 1; });
+  std::signal(SIGPIPE, SIG_IGN);  // a closed stdout (| head) must not kill the parent before it cleans up
   const auto t0 = std::chrono::steady_clock::now();
   Campaign campaign(o, *base, uring_works());
   campaign.run(*jobs);
