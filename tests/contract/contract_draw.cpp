@@ -124,6 +124,8 @@ void draw_config(Rng& r, ConfigDraw& c, bool uring) {
   c.nvme_pos = r.unit();
   c.nvme = r.chance(0.75);
   if (r.chance(0.2)) c.seek_minimum = r.chance(0.6) ? 1 : 2;
+  c.nvme_window = c.nvme && r.chance(0.5);
+  if (c.nvme_window && r.chance(0.5)) c.nvme_families_in_flight = 1;  // a wider window
 }
 
 std::uint64_t between(double lo, double hi, double pos) {
@@ -155,6 +157,19 @@ Budgets budgets_for(const ConfigDraw& c, const ModelSizes& s) {
   b.host = between(std::max(32768.0, 0.1 * state), 3.0 * state + 16.0 * slot, c.host_pos);
   // NVMe: from a quarter of the params and states to four times them.
   b.nvme = c.nvme ? between(0.25 * state + 4096.0, 4.0 * state + 8.0 * slot, c.nvme_pos) : 0;
+  if (c.nvme_window) {
+    // What the planner reserves before it places homes when states go to NVMe
+    // (planner.cpp: landing slots, param staging, NVMe families in flight).
+    const double in_flight = static_cast<double>(c.nvme_families_in_flight);
+    const double staging = static_cast<double>(c.grad_staging_slots) * slot +
+                           in_flight * (static_cast<double>(s.optim_max) + slot) +
+                           (c.allow_nvme_params ? static_cast<double>(c.prefetch_depth_max + 2) * slot : 0.0);
+    // Below the landing slots, params and states: something must go to NVMe.
+    const double all_host = static_cast<double>(c.grad_staging_slots) * slot + state;
+    b.host = between(std::min(staging, 0.9 * all_host), all_host - 4096.0, c.host_pos);
+    b.nvme = between(state + in_flight * (static_cast<double>(s.optim_max) + slot), 4.0 * state + 8.0 * slot,
+                     c.nvme_pos);
+  }
   return b;
 }
 
@@ -202,7 +217,8 @@ nlohmann::json to_json(const Draw& d) {
             {"engine", c.engine},
             {"threads", c.threads},
             {"nvme", c.nvme},
-            {"seek_minimum", c.seek_minimum == 0 ? "no" : (c.seek_minimum == 1 ? "host" : "gpu")}}}};
+            {"seek_minimum", c.seek_minimum == 0 ? "no" : (c.seek_minimum == 1 ? "host" : "gpu")},
+            {"nvme_window", c.nvme_window}}}};
 }
 
 }  // namespace strata::contract

@@ -93,6 +93,10 @@ struct ConfigDraw {
   //! 0: the drawn budgets; 1: host, 2: gpu — first refused at a tiny budget, then
   //! run at the minimum the refusal suggests (it must train: issue #24 item 2).
   int seek_minimum = 0;
+  //! Host drawn inside the window where the planner puts states (and params) on NVMe:
+  //! from the NVMe pipeline's staging up to the params and states (drawn last, so the
+  //! draws before it stay as the regression seeds recorded them).
+  bool nvme_window = false;
 };
 
 struct Draw {
@@ -111,6 +115,7 @@ struct ModelSizes {
   std::uint64_t all_bytes = 0;   //!< every chunk of every family (the all-on-GPU plan)
   std::uint64_t slot_bytes = 0;  //!< the largest param or grad chunk
   std::uint64_t params_bytes = 0, optim_bytes = 0;
+  std::uint64_t optim_max = 0;  //!< the largest family's master and states
 };
 
 struct Budgets {

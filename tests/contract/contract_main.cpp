@@ -60,6 +60,7 @@ struct Options {
   bool verbose = false;
   bool backtrace = true;
   bool no_fork = false;
+  bool draw_only = false;
   double timeout_s = 60.0;
   int jobs = 1;
   std::string tmp;
@@ -490,6 +491,7 @@ int main(int argc, char** argv) {
   app.add_flag("--verbose", o.verbose, "print each run's result line on stderr, and the runtime's log");
   app.add_flag("!--no-backtrace", o.backtrace, "no gdb backtrace of a hung run");
   app.add_flag("--no-fork", o.no_fork, "run in this process (for a debugger; no hang or crash detection)");
+  app.add_flag("--draw-only", o.draw_only, "print what each run draws (model and config) and run nothing");
   app.add_option("--timeout-s", o.timeout_s, "a run without a result after this long is a hang")
       ->check(CLI::Range(1.0, 3600.0));
   app.add_option("--jobs", o.jobs, "runs at once")->check(CLI::Range(1, 64));
@@ -498,11 +500,16 @@ int main(int argc, char** argv) {
   app.add_option("--inject", o.inject, "make every run fail on purpose, to test the checks")
       ->check(CLI::IsMember({"none", "inexact", "hang", "crash", "above-plan"}));
   CLI11_PARSE(app, argc, argv);
-  if (!o.verbose) ::setenv("STRATA_LOG_LEVEL", "error", 0);
+  if (!o.verbose) ::setenv("STRATA_LOG_LEVEL", "critical", 0);  // errors are in the results
   auto jobs = make_jobs(o);
   if (!jobs.ok()) {
     std::fprintf(stderr, "strata-contract: %s\n", jobs.status().to_string().c_str());
     return 2;
+  }
+  if (o.draw_only) {  // (engines as drawn where io_uring works)
+    for (const Job& job : *jobs)
+      std::printf("%s\n", to_json(draw_run(job.seed, true, o.steps)).dump().c_str());
+    return 0;
   }
   auto base = make_base(o);
   if (!base.ok()) {

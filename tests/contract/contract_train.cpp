@@ -370,6 +370,7 @@ Result<ModelSizes> size_model(const Draw& d, const std::string& nvme_dir, const 
     s.slot_bytes = std::max(s.slot_bytes, param);
     s.params_bytes += param;
     s.optim_bytes += optim;
+    s.optim_max = std::max(s.optim_max, optim);
     s.all_bytes += param + (trains ? param : 0) + optim;
   }
   return s;
@@ -542,7 +543,8 @@ RunReport execute_run(const Draw& d, const std::string& nvme_dir, const PhaseFn&
       static_cast<std::uint64_t>(d.config.host_reserve_frac * static_cast<double>(b.host)) / 4096 * 4096;
   r.details["sizes"] = {{"chunk_elems", sizes->chunk_elems},   {"families", sizes->families},
                         {"all_bytes", sizes->all_bytes},       {"slot_bytes", sizes->slot_bytes},
-                        {"params_bytes", sizes->params_bytes}, {"optim_bytes", sizes->optim_bytes}};
+                        {"params_bytes", sizes->params_bytes}, {"optim_bytes", sizes->optim_bytes},
+                        {"optim_max", sizes->optim_max}};
   Attempt a = run_under_test(d, b, nvme_dir, phase, r);
   r.details["budgets"] = {
       {"gpu", b.gpu}, {"host", b.host}, {"nvme", b.nvme}, {"host_reserve", b.host_reserve}};
