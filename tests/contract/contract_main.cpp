@@ -103,6 +103,7 @@ Inject parse_inject(const std::string& s) {
   if (s == "hang") return Inject::kHang;
   if (s == "crash") return Inject::kCrash;
   if (s == "above-plan") return Inject::kAbovePlan;
+  if (s == "overrun") return Inject::kOverrun;
   return Inject::kNone;
 }
 
@@ -498,7 +499,7 @@ int main(int argc, char** argv) {
   app.add_option("--tmp", o.tmp, "directory for the runs' NVMe files (default: the temp directory)");
   app.add_option("--artifacts", o.artifacts, "directory for hung runs' full backtraces");
   app.add_option("--inject", o.inject, "make every run fail on purpose, to test the checks")
-      ->check(CLI::IsMember({"none", "inexact", "hang", "crash", "above-plan"}));
+      ->check(CLI::IsMember({"none", "inexact", "hang", "crash", "above-plan", "overrun"}));
   CLI11_PARSE(app, argc, argv);
   if (!o.verbose) ::setenv("STRATA_LOG_LEVEL", "critical", 0);  // errors are in the results
   auto jobs = make_jobs(o);

@@ -255,7 +255,9 @@ Status backward(Runtime& rt, const Draw& d, const std::vector<TensorId>& ids, in
 
 void sample(Runtime& rt, Trained& out) {
   const Stats& s = rt.stats();
-  out.gpu_hw = std::max(out.gpu_hw, s.gpu_high_water_bytes);
+  // The device's own peak covers every device allocation; the runtime's gpu high water
+  // counts its streaming slots only (0 when everything is on the GPU).
+  out.gpu_hw = std::max({out.gpu_hw, s.gpu_high_water_bytes, rt.device().memory_info().high_water_bytes});
   out.host_hw = std::max(out.host_hw, s.host_high_water_bytes);
   out.nvme_max = std::max(out.nvme_max, s.nvme_bytes);
   const runtime::Plan& plan = rt.core().plan();
@@ -566,8 +568,10 @@ RunReport execute_run(const Draw& d, const std::string& nvme_dir, const PhaseFn&
     for (;;) ::pause();
   }
   if (inject == Inject::kCrash) std::raise(SIGSEGV);
-  if (inject == Inject::kAbovePlan) a.out.plan_gpu = 0;  // (every run uses the GPU)
+  if (inject == Inject::kAbovePlan) a.out.gpu_hw = std::max(a.out.gpu_hw, a.out.plan_gpu + 1);
   r.outcome = "trained";
+  // The checks' own tests: a measurement past the budget or the plan must be reported.
+  if (inject == Inject::kOverrun) a.out.host_hw = b.host + 1;
   check_tiers(a.out, b, r);
   compare_with_reference(d, a.out, *sizes, phase, inject, r);
   return r;

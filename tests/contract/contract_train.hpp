@@ -17,7 +17,7 @@ namespace strata::contract {
 using PhaseFn = std::function<void(const std::string&)>;
 
 //! Test hooks that make a run fail on purpose, so the checks are seen to fail.
-enum class Inject { kNone, kInexact, kHang, kCrash, kAbovePlan };
+enum class Inject { kNone, kInexact, kHang, kCrash, kAbovePlan, kOverrun };
 
 //! What one run found (one JSON object, sent to the parent through a pipe).
 struct RunReport {
