@@ -2,7 +2,7 @@
 #
 #   make demo   install what is missing, build (release), run the main job
 #   make test   install what is missing, build and run every test this machine can run:
-#               release (all labels; gpu tests skip without a GPU), then the unit tests
+#               release (all labels but soak; gpu tests skip without a GPU), then the unit tests
 #               under the asan and tsan presets
 #   make bench-deps   also install the benchmarks' peers (fio, python3-torch)
 #   make release|debug|asan|tsan   configure + build one preset
