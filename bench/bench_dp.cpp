@@ -22,6 +22,7 @@
 #include "strata/comm/local.hpp"
 #include "strata/comm/mpi.hpp"
 #include "strata/common/bytes.hpp"
+#include "strata/common/duration.hpp"
 #include "strata/common/log.hpp"
 #include "strata/memory/device_factory.hpp"
 #include "strata/runtime/runtime.hpp"
@@ -38,7 +39,19 @@ struct DpOptions {
   int steps = 4;  // after the warm-up step
   int ranks = 4;  // without an MPI launcher: threads on the local backend
   bool json = false;
+  //! How long a rank waits in a collective for its peers before the run fails.
+  std::string comm_timeout = "10m";
 };
+
+//! --comm-timeout: 1 ms .. kSecondsMax.
+Result<std::chrono::milliseconds> comm_timeout_of(const std::string& text) {
+  STRATA_ASSIGN_OR_RETURN(double seconds, parse_seconds(text, "--comm-timeout"));
+  if (seconds < 1e-3) {
+    return invalid_argument("--comm-timeout = {}: use 1ms .. {:.0f}s (how long a rank waits for its peers)",
+                            text, kSecondsMax);
+  }
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+}
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -243,7 +256,12 @@ int run(const DpOptions& o) {
                "strata-bench dp: --tensors, --tensor-elems, --samples, --steps and --ranks must be >= 1\n");
     return 2;
   }
-  const comm::CommOptions copt{.timeout = std::chrono::milliseconds(600000)};
+  auto timeout = comm_timeout_of(o.comm_timeout);
+  if (!timeout.ok()) {
+    fmt::print(stderr, "strata-bench dp: {}\n", timeout.status());
+    return 2;
+  }
+  const comm::CommOptions copt{.timeout = *timeout};
   std::vector<std::shared_ptr<comm::Communicator>> comms;
   if (comm::launched_by_mpi()) {
     auto c = comm::make_mpi_communicator(copt);
@@ -299,6 +317,9 @@ Registrar reg{
       app.add_option("--ranks", o->ranks, "ranks as threads (local backend) when not under mpiexec")
           ->capture_default_str();
       app.add_flag("--json", o->json, "print one JSON object (rank 0)");
+      app.add_option("--comm-timeout", o->comm_timeout,
+                     "how long a rank waits in a collective for its peers (500ms, 30s, 10m; 1ms .. 24h)")
+          ->capture_default_str();
       return [o] { return run(*o); };
     }};
 

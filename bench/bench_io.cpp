@@ -44,6 +44,7 @@
 #include <fcntl.h>
 #include <fmt/ranges.h>
 #include <sys/mman.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -261,6 +262,30 @@ Status fio_pair(const std::string& ioengine, const std::string& iomem, const Set
   return Status::Ok();
 }
 
+// Removes the bench's file (and fio's output beside it) however run_io returns:
+// the bench leaves nothing in --dir, an error included.
+struct FileRemover {
+  std::filesystem::path file;
+  ~FileRemover() {
+    if (file.empty()) return;
+    std::error_code ignored;
+    std::filesystem::remove(file, ignored);
+    std::filesystem::remove(file.parent_path() / "strata-bench-fio.json", ignored);
+  }
+};
+
+// NoSpace naming the free bytes and the flag when --dir cannot hold --bytes.
+Status check_free_space(const Settings& s, const std::string& dir) {
+  struct statvfs vfs {};
+  if (::statvfs(dir.c_str(), &vfs) != 0) return errno_status(errno, fmt::format("--dir {}: statvfs", dir));
+  const std::uint64_t free_bytes = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  if (s.bytes <= free_bytes) return Status::Ok();
+  return no_space(
+      "--bytes {} ({} bytes): the file system of --dir {} has only {} ({} bytes) free; lower --bytes or "
+      "name a --dir with more free space",
+      format_bytes(s.bytes), s.bytes, dir, format_bytes(free_bytes), free_bytes);
+}
+
 // Creates the file, preallocates it and writes it once in full (untimed).
 Status prepare_file(const Settings& s, Mapping& buffers) {
   int fd = ::open(s.file.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -415,10 +440,12 @@ int run_io(const IoBenchOptions& o) {
   s.engine_depth = static_cast<std::uint32_t>(s.qd * div_ceil(s.block, s.request));
   if (!std::filesystem::is_directory(o.dir)) return fail(not_found("--dir {} is not a directory", o.dir));
   s.file = std::filesystem::path(o.dir) / "strata-bench-io.dat";
+  if (Status st = check_free_space(s, o.dir); !st.ok()) return fail(st);
 
   Mapping buffers(s.qd * s.block, !o.no_huge_pages);
   if (buffers.data == nullptr)
     return fail(out_of_memory("mmap of {} for buffers", format_bytes(s.qd * s.block)));
+  const FileRemover remover{s.file};
   if (Status st = prepare_file(s, buffers); !st.ok()) return fail(st);
 
   std::optional<std::string> fio_note, fio_huge_note;

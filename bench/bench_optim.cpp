@@ -451,10 +451,14 @@ int run_optim(const OptimOptions& o) {
                std::max(1.0, ram_mparams));
     return 2;
   }
-  if (o.threads > 4096 || o.repeats < 1 || o.repeats > 1000) {
-    fmt::print(stderr,
-               "optim: --threads = {} (use 0 .. 4096) or --repeats = {} (use 1 .. 1000) out of range\n",
-               o.threads, o.repeats);
+  // The thread pool's own bound: more was SIGABRT from the pool's refusal (#24).
+  const std::size_t threads_max = ThreadPool::Options{}.threads_max;
+  if (o.threads > threads_max) {
+    fmt::print(stderr, "optim: --threads = {}: use 0 .. {} (0 = one per core)\n", o.threads, threads_max);
+    return 2;
+  }
+  if (o.repeats < 1 || o.repeats > 1000) {
+    fmt::print(stderr, "optim: --repeats = {}: use 1 .. 1000\n", o.repeats);
     return 2;
   }
   // parallel_for runs pieces on its caller and size() - 1 of the pool's
@@ -462,7 +466,14 @@ int run_optim(const OptimOptions& o) {
   // (threads_used in the output checks it); one thread runs on the caller.
   const std::size_t threads = o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   std::unique_ptr<ThreadPool> pool;
-  if (!cuda && threads > 1) pool = std::move(ThreadPool::create({.threads = threads}).value());
+  if (!cuda && threads > 1) {
+    auto made = ThreadPool::create({.threads = threads});
+    if (!made.ok()) {
+      fmt::print(stderr, "optim: --threads = {}: {}\n", threads, made.status().to_string());
+      return 2;
+    }
+    pool = std::move(made).value();
+  }
   const std::size_t n = static_cast<std::size_t>(o.mparams * 1e6);
   const std::string isa_used = cuda ? "cuda" : std::string(isa_name(isa));
 

@@ -12,6 +12,20 @@
 // NVMe (a temporary directory unless --nvme is given). The first progress line
 // prints the plan, so the three tiers can be seen.
 //
+// Note [Example NVMe budget]
+// budgets.nvme is a cap, not a size (Note [Growing swap files] in
+// offload/src/swap_store.cpp): the swap files hold what the plan puts on NVMe
+// and grow on demand. The example's default cap is what its model can ever put
+// there: the fp32 AdamW state (16 B a parameter) twice over (a state is written
+// to fresh slots before its old ones are freed), plus 64 MiB for rounding to
+// slots. --nvme-budget (or budgets.nvme in --config) sets another.
+//
+// Note [Example precision]
+// The math is fp32 BLAS straight on the lease pointers, so the params and grads
+// must be fp32: precision.compute bf16 or fp16 (from --config) is refused at
+// start, naming the key. Reading a bf16 chunk as floats read past its end
+// (SIGSEGV) or trained on garbage (a loss stuck at ln 256 with exit 0).
+//
 // Note [Example device]
 // The math calls the host BLAS on the lease pointers, which are host-addressable
 // on the sim device only. A cuBLAS path is not built, so the example runs on the
@@ -48,6 +62,7 @@ struct Settings {
   std::size_t context = 32, embed = 32, width = 512, depth = 5, batch = 128;
   float lr = 2e-3f;
   std::string gpu_budget = "6MiB", host_budget = "40MiB", link = "12GiB";
+  std::string nvme_budget;  // empty: Note [Example NVMe budget]
   std::uint64_t seed = 1;
   bool check_loss = false;
 };
@@ -184,6 +199,32 @@ Status train_step(Runtime& rt, Model& m) {
   });
 }
 
+// Parameters of the model `s` describes (the embedding and every layer's weight and bias).
+std::uint64_t param_count(const Settings& s) {
+  std::uint64_t params = 256 * s.embed;
+  for (std::size_t l = 0; l <= s.depth; ++l) {
+    const std::uint64_t in = l == 0 ? s.context * s.embed : s.width, out = l == s.depth ? 256 : s.width;
+    params += (in + 1) * out;
+  }
+  return params;
+}
+
+// Note [Example NVMe budget]: --nvme-budget, or what the model can ever put on NVMe.
+std::string nvme_budget_of(const Settings& s) {
+  if (!s.nvme_budget.empty()) return s.nvme_budget;
+  return fmt::format("{}", 2 * 16 * param_count(s) + 64 * kMiB);
+}
+
+// Note [Example precision]: the math is fp32 over the leases.
+Status check_precision(const Config& config) {
+  if (config.runtime.compute_dtype == runtime::DType::kF32) return Status::Ok();
+  return invalid_argument(
+      "precision.compute = {}: this example's math is fp32 BLAS on the lease pointers, so it trains fp32 "
+      "params only; drop precision.compute from --config (strata itself trains bf16 and fp16 through "
+      "strata.torch or kernels that read those types)",
+      runtime::dtype_name(config.runtime.compute_dtype));
+}
+
 // The files, concatenated.
 Result<std::string> read_text(const std::vector<std::string>& paths) {
   std::stringstream s;
@@ -259,7 +300,7 @@ int run(const Settings& s) {
                             {"device.d2h_bandwidth", s.link},
                             {"budgets.gpu", s.gpu_budget},
                             {"budgets.host", s.host_budget},
-                            {"budgets.nvme", "1GiB"},
+                            {"budgets.nvme", nvme_budget_of(s)},
                             {"nvme.dirs", dir.string()},
                             {"optimizer.name", "adamw"},
                             {"optimizer.lr", fmt::format("{}", s.lr)},
@@ -282,6 +323,10 @@ int run(const Settings& s) {
                    "needs host-addressable leases)\n");
       return 2;
     }
+    if (Status st = check_precision(config); !st.ok()) {
+      std::fprintf(stderr, "strata-example-lm: --config: %s\n", st.to_string().c_str());
+      return 2;
+    }
   }
   // The model outlives the runtime: the runtime drains its streams before it goes,
   // and a failed call drains what was launched before it returns (Note [Failed
@@ -297,15 +342,15 @@ int run(const Settings& s) {
     std::fprintf(stderr, "strata-example-lm: %s\n", st.to_string().c_str());
     return 2;
   }
-  std::uint64_t params = 256 * m.E;
-  for (std::size_t l = 0; l <= m.D; ++l) params += (m.in_dim(l) + 1) * m.out_dim(l);
+  const std::uint64_t params = param_count(s);
   const std::uint64_t state = params * 16;
   std::printf(
       "strata-example-lm: byte-level MLP, context %zu, %zu layers of %zu, %llu params; fp32 AdamW state %s "
-      "= %.1fx the sim device's chunk budget (%s); host budget %s; NVMe in %s\n",
+      "= %.1fx the sim device's chunk budget (%s); host budget %s; NVMe in %s (at most %s)\n",
       m.C, m.D, m.H, static_cast<unsigned long long>(params), format_bytes(state).c_str(),
       static_cast<double>(state) / static_cast<double>(config.runtime.budgets.gpu_bytes),
-      s.gpu_budget.c_str(), s.host_budget.c_str(), dir.c_str());
+      s.gpu_budget.c_str(), s.host_budget.c_str(), dir.c_str(),
+      format_bytes(config.runtime.budgets.nvme_bytes).c_str());
   std::printf(
       "device: sim (Note [Example device]: the BLAS math needs host-addressable leases); text: %zu files, "
       "%zu bytes\n",
@@ -397,6 +442,9 @@ int main(int argc, char** argv) {
   app.add_option("--gpu-budget", s.gpu_budget, "sim device chunk budget")->capture_default_str();
   app.add_option("--host-budget", s.host_budget, "host budget")->capture_default_str();
   app.add_option("--link", s.link, "sim copy throttle per direction, per second")->capture_default_str();
+  app.add_option("--nvme-budget", s.nvme_budget,
+                 "NVMe cap (the swap files hold only what the plan puts there; default: twice the model's "
+                 "fp32 AdamW state + 64 MiB)");
   app.add_option("--seed", s.seed, "seed")->capture_default_str();
   app.add_flag("--check-loss", s.check_loss,
                "exit 1 unless the loss fell and every tier was used (for tests)");

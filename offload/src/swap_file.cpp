@@ -35,6 +35,25 @@ namespace strata::offload::detail {
 // tells a live store's file (another process, or another store in this one)
 // from a stale one.
 
+// Note [Unlinked swap files]
+// A swap file has no name while it is in use, so no death of the process —
+// SIGKILL, OOM kill, power loss aside — leaves one behind: the kernel frees its
+// blocks when the last descriptor (ours, or an io_uring ring's) closes. It is
+// opened with O_TMPFILE (it never has a name) where the file system supports
+// that (ext4, xfs, btrfs, tmpfs), else created under a name unique to the run
+// (strata-swap-<i>.<run id>.swp) and unlinked as soon as its header is written.
+// Everything after creation goes through the descriptor: the engines register
+// the fd (io_uring fixed files and O_DIRECT work on unlinked files as on named
+// ones), growth is fallocate on the fd. What the names are still for:
+// - messages name dir/strata-swap-<i>.<run id>.swp, the file as it would be;
+// - the reclaim at start (Note [Swap file header]) still removes a file that a
+//   run killed in the microseconds between creating and unlinking it left, or
+//   one an older strata (which kept its files named) left;
+// - two stores may share a directory: their files never meet.
+// Tests reach a store's bytes through /proc/self/fd (SwapStore::reopen_paths()).
+// No signal handler is needed, and none is installed: a handler that unlinks
+// would cover SIGTERM and SIGINT only, and would race the store's own cleanup.
+
 namespace {
 
 constexpr char kMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'S', 'W'};
@@ -145,6 +164,10 @@ std::string swap_file_name(std::uint32_t dir_index) {
   return fmt::format("{}{}{}", kPrefix, dir_index, kSuffix);
 }
 
+std::string swap_file_name(std::uint32_t dir_index, std::uint64_t run_id) {
+  return fmt::format("{}{}.{:016x}{}", kPrefix, dir_index, run_id, kSuffix);
+}
+
 Status check_swap_dir(const std::filesystem::path& dir) {
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) {
@@ -169,21 +192,15 @@ Status check_swap_dir(const std::filesystem::path& dir) {
   return Status::Ok();
 }
 
-Status reclaim_stale_swap_files(const std::filesystem::path& dir, const std::string& wanted) {
+Status reclaim_stale_swap_files(const std::filesystem::path& dir) {
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     std::string name = entry.path().filename().string();
     if (!is_swap_file_name(name)) continue;
     int fd = ::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;  // vanished meanwhile
-    if (!lock_unless_live(fd, entry.path())) {
+    if (fd < 0) continue;                       // vanished meanwhile
+    if (!lock_unless_live(fd, entry.path())) {  // a live store's (Note [Unlinked swap files])
       ::close(fd);
-      if (name == wanted) {
-        return failed_precondition(
-            "swap file {} is in use by another live strata swap store (it holds the file's "
-            "lock): give each store its own directory",
-            entry.path().string());
-      }
       continue;
     }
     STRATA_LOG_WARN(
@@ -228,52 +245,60 @@ Status check_free_space(const std::vector<std::filesystem::path>& dirs, std::uin
   return Status::Ok();
 }
 
-Result<SwapFile> create_swap_file(const std::filesystem::path& dir, const SwapHeaderInfo& info,
-                                  std::uint64_t file_bytes, bool direct, bool simulate_refused) {
-  SwapFile file;
-  file.path = dir / swap_file_name(info.dir_index);
-  // O_EXCL: reclaim_stale_swap_files() removed any old file; one that appeared
-  // since belongs to someone else and must not be truncated.
-  const int flags = O_RDWR | O_CREAT | O_CLOEXEC;
-  if (direct) {
-    file.fd = simulate_refused ? -1 : ::open(file.path.c_str(), flags | O_EXCL | O_DIRECT, 0600);
-    int err = simulate_refused ? EINVAL : errno;
-    if (file.fd >= 0) {
-      file.direct = true;
-    } else if (err != EINVAL) {
-      return errno_status(err, fmt::format("creating swap file {}", file.path.string()));
-    } else {
+namespace {
+
+bool tmpfile_unsupported(int err) {
+  return err == EOPNOTSUPP || err == EISDIR || err == EINVAL || err == ENOENT;
+}
+
+// Opens `file` (unnamed in its directory when `unnamed`, else created under
+// file.path) with O_DIRECT when `direct`. Returns the fd or -1 with errno set.
+int open_swap(const std::filesystem::path& dir, const SwapFile& file, bool unnamed, bool direct) {
+  const int flags = O_RDWR | O_CLOEXEC | (direct ? O_DIRECT : 0);
+  // No O_EXCL: the name holds the run's random id, and an O_DIRECT open refused
+  // by an older tmpfs may already have created the file.
+  return unnamed ? ::open(dir.c_str(), flags | O_TMPFILE, 0600)
+                 : ::open(file.path.c_str(), flags | O_CREAT | O_TRUNC, 0600);
+}
+
+// Opens file.fd: O_TMPFILE when the file system has it (Note [Unlinked swap
+// files]), O_DIRECT when asked and allowed (buffered with a warning where refused).
+Status open_swap_file(const std::filesystem::path& dir, SwapFile& file, SwapOpenMode mode) {
+  bool unnamed = !mode.keep_name;
+  if (mode.direct && !mode.simulate_refused) {
+    file.fd = open_swap(dir, file, unnamed, true);
+    if (file.fd < 0 && unnamed && tmpfile_unsupported(errno)) {
+      unnamed = false;
+      file.fd = open_swap(dir, file, false, true);
+    }
+    file.direct = file.fd >= 0;
+    if (file.fd < 0 && errno != EINVAL)
+      return errno_status(errno, fmt::format("creating swap file {}", file.path.string()));
+  }
+  if (file.fd < 0) {
+    if (mode.direct) {
       STRATA_LOG_WARN(
           "swap: the file system of {} refuses O_DIRECT{}; using buffered I/O there, which goes "
           "through the page cache (slower, and uses host memory). Put swap on a disk file system "
           "(ext4, xfs) for direct I/O",
-          dir.string(), simulate_refused ? " [simulated]" : "");
+          dir.string(), mode.simulate_refused ? " [simulated]" : "");
+    }
+    file.fd = open_swap(dir, file, unnamed, false);
+    if (file.fd < 0 && unnamed && tmpfile_unsupported(errno)) {
+      unnamed = false;
+      file.fd = open_swap(dir, file, false, false);
+    }
+    if (file.fd < 0) {
+      const int err = errno;
+      if (!unnamed) ::unlink(file.path.c_str());  // a refused O_DIRECT open may have made it
+      return errno_status(err, fmt::format("creating swap file {}", file.path.string()));
     }
   }
-  if (file.fd < 0) {
-    // Without O_EXCL when a refused O_DIRECT open may already have created the file.
-    file.fd = ::open(file.path.c_str(), direct ? flags : flags | O_EXCL, 0600);
-    if (file.fd < 0) return errno_status(errno, fmt::format("creating swap file {}", file.path.string()));
-  }
-  auto fail = [&](Status status) {
-    close_and_remove(file);
-    return status;
-  };
-  if (::flock(file.fd, LOCK_EX | LOCK_NB) != 0) {
-    return fail(failed_precondition("swap file {} was locked by another store while being created",
-                                    file.path.string()));
-  }
-  if (::fallocate(file.fd, 0, 0, static_cast<off_t>(file_bytes)) != 0) {
-    int err = errno;
-    if (err == ENOSPC || err == EFBIG) {
-      return fail(
-          no_space("preallocating {} for swap file {} failed: {} (errno {}); free space or lower the swap "
-                   "size (RLIMIT_FSIZE, `ulimit -f`, can also cause this)",
-                   format_bytes(file_bytes), file.path.string(), std::strerror(err), err));
-    }
-    return fail(errno_status(
-        err, fmt::format("fallocate of {} for swap file {}", format_bytes(file_bytes), file.path.string())));
-  }
+  file.named = !unnamed;
+  return Status::Ok();
+}
+
+Status write_header(const SwapFile& file, const SwapHeaderInfo& info) {
   BlockPtr block = header_block();
   HeaderRecord r{};
   std::memcpy(r.magic, kMagic, sizeof(kMagic));
@@ -290,16 +315,68 @@ Result<SwapFile> create_swap_file(const std::filesystem::path& dir, const SwapHe
   r.crc = record_crc(r);
   std::memcpy(block.get(), &r, sizeof(r));
   ssize_t n = ::pwrite(file.fd, block.get(), kSwapHeaderBytes, 0);
-  if (n != static_cast<ssize_t>(kSwapHeaderBytes)) {
-    int err = n < 0 ? errno : EIO;
-    return fail(errno_status(err, fmt::format("writing the header of swap file {}", file.path.string())));
+  if (n == static_cast<ssize_t>(kSwapHeaderBytes)) return Status::Ok();
+  return errno_status(n < 0 ? errno : EIO,
+                      fmt::format("writing the header of swap file {}", file.path.string()));
+}
+
+std::uint64_t free_bytes(int fd) {
+  struct statvfs vfs {};
+  if (::fstatvfs(fd, &vfs) != 0) return 0;
+  return static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+}
+
+}  // namespace
+
+Result<SwapFile> create_swap_file(const std::filesystem::path& dir, const SwapHeaderInfo& info,
+                                  std::uint64_t file_bytes, SwapOpenMode mode) {
+  SwapFile file;
+  file.path = dir / swap_file_name(info.dir_index, info.run_id);
+  STRATA_RETURN_IF_ERROR(open_swap_file(dir, file, mode));
+  auto fail = [&](Status status) {
+    close_and_remove(file);
+    return status;
+  };
+  if (::flock(file.fd, LOCK_EX | LOCK_NB) != 0) {
+    return fail(failed_precondition("swap file {} was locked by another store while being created",
+                                    file.path.string()));
+  }
+  if (Status grown = grow_swap_file(file, 0, file_bytes); !grown.ok()) return fail(std::move(grown));
+  if (Status header = write_header(file, info); !header.ok()) return fail(std::move(header));
+  if (file.named && !mode.keep_name) {
+    // ENOENT: another run's reclaim took it meanwhile (harmless, we hold the fd).
+    if (::unlink(file.path.c_str()) != 0 && errno != ENOENT) {
+      return fail(errno_status(errno, fmt::format("unlinking swap file {} after creating it (Note [Unlinked "
+                                                  "swap files])",
+                                                  file.path.string())));
+    }
+    file.named = false;
   }
   return file;
 }
 
+Status grow_swap_file(const SwapFile& file, std::uint64_t from_bytes, std::uint64_t to_bytes) {
+  STRATA_ASSERT(from_bytes <= to_bytes);
+  if (from_bytes == to_bytes) return Status::Ok();
+  const std::uint64_t bytes = to_bytes - from_bytes;
+  if (::fallocate(file.fd, 0, static_cast<off_t>(from_bytes), static_cast<off_t>(bytes)) == 0)
+    return Status::Ok();
+  const int err = errno;
+  if (err == ENOSPC || err == EFBIG) {
+    return no_space(
+        "preallocating {} for swap file {} (growing it from {} to {}) failed: {} (errno {}); its file "
+        "system has {} free. Free space there, lower budgets.nvme, or add a directory on another drive "
+        "(RLIMIT_FSIZE, `ulimit -f`, can also cause this)",
+        format_bytes(bytes), file.path.string(), format_bytes(from_bytes), format_bytes(to_bytes),
+        std::strerror(err), err, format_bytes(free_bytes(file.fd)));
+  }
+  return errno_status(
+      err, fmt::format("fallocate of {} for swap file {}", format_bytes(bytes), file.path.string()));
+}
+
 void close_and_remove(SwapFile& file) {
   if (file.fd < 0) return;
-  if (::unlink(file.path.c_str()) != 0) {
+  if (file.named && ::unlink(file.path.c_str()) != 0) {
     STRATA_LOG_WARN("swap: could not remove {}: {}", file.path.string(), std::strerror(errno));
   }
   ::close(file.fd);  // releases the flock after the unlink, so no one sees a stale file

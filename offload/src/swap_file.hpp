@@ -1,7 +1,8 @@
 #pragma once
 // Swap files on disk: directory checks, the header that marks a file as ours,
-// reclaiming files a crashed run left, the up-front free-space check, and
-// creation with fallocate. Used by SwapStore only.
+// reclaiming files a crashed run left, the up-front free-space check, creation
+// (unlinked at once, Note [Unlinked swap files] in swap_file.cpp) and growth
+// with fallocate. Used by SwapStore only.
 
 #include <cstdint>
 #include <filesystem>
@@ -25,15 +26,19 @@ struct SwapHeaderInfo {
   std::uint32_t dir_count = 0;
 };
 
-//! An open, locked, preallocated swap file. Move-only; close_and_remove() ends it.
+//! An open, preallocated swap file; close_and_remove() ends it. Nameless once
+//! created (Note [Unlinked swap files]): `path` is the name it had, for messages.
 struct SwapFile {
   std::filesystem::path path;
   int fd = -1;
   bool direct = false;
+  bool named = false;  //!< still has its name (the keep_names test hook only)
 };
 
-//! "strata-swap-<index>.swp".
+//! "strata-swap-<index>.swp", or "strata-swap-<index>.<run id>.swp" for a run's
+//! own file (unique, so two stores in one directory never meet).
 std::string swap_file_name(std::uint32_t dir_index);
+std::string swap_file_name(std::uint32_t dir_index, std::uint64_t run_id);
 
 //! NotFound (missing), InvalidArgument (not a directory), PermissionDenied
 //! (not writable), each naming the directory and what to do.
@@ -41,21 +46,32 @@ Status check_swap_dir(const std::filesystem::path& dir);
 
 //! Finds swap files in `dir` that no live process holds (their flock is free):
 //! logs each one with what its header says (or that it has none) and removes it.
-//! A file named `wanted` that a live process holds is FailedPrecondition.
-Status reclaim_stale_swap_files(const std::filesystem::path& dir, const std::string& wanted);
+//! Files a live store holds are left alone.
+Status reclaim_stale_swap_files(const std::filesystem::path& dir);
 
 //! NoSpace when the file systems of `dirs` cannot hold `file_bytes` each
 //! (summed per file system), naming the needed and available sizes.
 Status check_free_space(const std::vector<std::filesystem::path>& dirs, std::uint64_t file_bytes);
 
-//! Creates `dir/swap_file_name(index)`, locks it, preallocates `file_bytes`
-//! and writes the header. O_DIRECT when `direct` (buffered with a warning when
-//! refused, or when `simulate_refused`). Errors name the path and, for
-//! ENOSPC/EFBIG, the sizes.
-Result<SwapFile> create_swap_file(const std::filesystem::path& dir, const SwapHeaderInfo& info,
-                                  std::uint64_t file_bytes, bool direct, bool simulate_refused);
+//! How create_swap_file opens a file.
+struct SwapOpenMode {
+  bool direct = true;             //!< O_DIRECT, buffered with a warning where refused
+  bool simulate_refused = false;  //!< test hook: as if O_DIRECT were refused
+  bool keep_name = false;         //!< test hook: leave the file named (as a kill before the unlink would)
+};
 
-//! Closes and unlinks; logs (does not fail) when the unlink fails.
+//! Creates a swap file in `dir` (O_TMPFILE, else named and unlinked once its
+//! header is written: Note [Unlinked swap files]), locks it, preallocates
+//! `file_bytes` and writes the header. Errors name the path and, for
+//! ENOSPC/EFBIG, the sizes; nothing is left in `dir` on any error.
+Result<SwapFile> create_swap_file(const std::filesystem::path& dir, const SwapHeaderInfo& info,
+                                  std::uint64_t file_bytes, SwapOpenMode mode);
+
+//! Preallocates [from_bytes, to_bytes) of `file`. NoSpace naming the file, the
+//! bytes and the free space on ENOSPC/EFBIG; the file's data is unchanged.
+Status grow_swap_file(const SwapFile& file, std::uint64_t from_bytes, std::uint64_t to_bytes);
+
+//! Closes (and unlinks, when still named); logs (does not fail) when the unlink fails.
 void close_and_remove(SwapFile& file);
 
 }  // namespace strata::offload::detail

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <atomic>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <set>
@@ -25,6 +26,22 @@ namespace strata::offload {
 // chunks in flight to do that, and the runtime's pipeline often has fewer).
 // Each stripe is one engine request (split further into request_bytes pieces)
 // and carries its own CRC32C, so a mismatch names the exact file and range.
+
+// Note [Growing swap files]
+// The NVMe budget is a cap, not a size: a user may give "1TiB" on a disk with
+// far less free, and the run must work as long as what the plan puts there
+// fits. So the files are preallocated for `initial_slots` (the plan's NVMe
+// bytes; only those are checked against free space at creation) and grow by
+// fallocate when allocate() hands out a slot past their end: by at least
+// kGrowBytes per file (a few calls over a run, not one per slot), at most to
+// `slots`. allocate() always returns the lowest free slot (freed slots in a
+// min-heap, then the next never used one), so the files grow only when every
+// slot below is in use, and never past the most slots in use at once (rounded
+// up to the step). The slot tables grow with them: a cap of a petabyte costs
+// no memory until it is used. Growth runs under the store's
+// lock, on the thread that allocates; it never touches written slots, so a
+// full disk fails that one allocation with NoSpace (file, bytes, free space)
+// and loses nothing. The files do not shrink while the store lives.
 
 namespace {
 
@@ -79,9 +96,13 @@ struct SwapStore::Impl {
   std::uint64_t stripe_bytes = 0;
   RecordPool<SlotOp> ops;    // slot operations in flight (own lock)
   mutable std::mutex mutex;  // guards everything below
+  // Slot tables cover the slots handed out so far, not the cap (which may be
+  // far more than this machine's memory could describe): they grow with `high`.
   std::vector<SlotMeta> slots;
   std::vector<std::uint32_t> crcs;  // slots x files, of the stripes as written
-  std::vector<SlotId> free_slots;
+  std::vector<SlotId> free_slots;   // freed slots below `high`, a min-heap (Note [Growing swap files])
+  std::uint32_t high = 0;           // slots [0, high) were handed out at least once
+  std::uint32_t slots_on_disk = 0;  // slots the files hold bytes for
   std::uint32_t ops_in_flight = 0;
 };
 
@@ -196,7 +217,9 @@ SwapStore::SwapStore(IoEngine& engine, std::uint64_t slot_bytes, std::uint64_t s
       slots_(slots),
       impl_(std::make_unique<Impl>()) {}
 
-Result<std::unique_ptr<SwapStore>> SwapStore::create(IoEngine& engine, SwapStoreOptions options) {
+namespace {
+
+Status check_store_options(IoEngine& engine, const SwapStoreOptions& options) {
   const std::size_t n = options.dirs.size();
   if (n == 0 || n > kSwapDirsMax) {
     return invalid_argument("swap dirs: {} directories given; give between 1 and {}", n, kSwapDirsMax);
@@ -217,18 +240,35 @@ Result<std::unique_ptr<SwapStore>> SwapStore::create(IoEngine& engine, SwapStore
       return invalid_argument("swap dirs: {} is listed twice; list each directory once", dir.string());
     }
   }
-  for (std::size_t i = 0; i < n; ++i) {
-    STRATA_RETURN_IF_ERROR(detail::reclaim_stale_swap_files(
-        options.dirs[i], detail::swap_file_name(static_cast<std::uint32_t>(i))));
-  }
+  return Status::Ok();
+}
+
+//! Growth step in slots (Note [Growing swap files]).
+constexpr std::uint64_t kGrowBytes = 64 * kMiB;
+
+std::uint64_t file_bytes_for(std::uint64_t stripe_bytes, std::uint64_t slots) {
+  return detail::kSwapHeaderBytes + stripe_bytes * slots;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<SwapStore>> SwapStore::create(IoEngine& engine, SwapStoreOptions options) {
+  STRATA_RETURN_IF_ERROR(check_store_options(engine, options));
+  const std::size_t n = options.dirs.size();
+  for (const auto& dir : options.dirs) STRATA_RETURN_IF_ERROR(detail::reclaim_stale_swap_files(dir));
   const std::uint64_t stripe_bytes = align_up(div_ceil(options.slot_bytes, n), kSwapAlignmentBytes);
-  const std::uint64_t file_bytes = detail::kSwapHeaderBytes + stripe_bytes * options.slots;
+  const std::uint32_t initial = std::min(options.initial_slots.value_or(options.slots), options.slots);
+  const std::uint64_t file_bytes = file_bytes_for(stripe_bytes, initial);
   STRATA_RETURN_IF_ERROR(detail::check_free_space(options.dirs, file_bytes));
 
   std::unique_ptr<SwapStore> store(new SwapStore(engine, options.slot_bytes, stripe_bytes, options.slots));
   store->run_id_ = (std::uint64_t{std::random_device{}()} << 32) | std::random_device{}();
   Impl& impl = *store->impl_;
   impl.stripe_bytes = stripe_bytes;
+  impl.slots_on_disk = initial;
+  const detail::SwapOpenMode mode{.direct = options.direct_io,
+                                  .simulate_refused = options.simulate_direct_io_refused,
+                                  .keep_name = options.keep_file_names};
   for (std::size_t i = 0; i < n; ++i) {
     detail::SwapHeaderInfo info{store->run_id_,
                                 options.slot_bytes,
@@ -237,20 +277,20 @@ Result<std::unique_ptr<SwapStore>> SwapStore::create(IoEngine& engine, SwapStore
                                 static_cast<std::uint32_t>(i),
                                 static_cast<std::uint32_t>(n)};
     STRATA_ASSIGN_OR_RETURN(detail::SwapFile file,
-                            detail::create_swap_file(options.dirs[i], info, file_bytes, options.direct_io,
-                                                     options.simulate_direct_io_refused));
+                            detail::create_swap_file(options.dirs[i], info, file_bytes, mode));
     impl.files.push_back(file);
     auto id = engine.register_file(file.fd, file.path.string());
-    if (!id.ok()) return id.status();  // the destructor removes the files made so far
+    if (!id.ok()) return id.status();  // the destructor closes the files made so far
     impl.file_ids.push_back(*id);
   }
-  impl.slots.resize(options.slots);
-  impl.crcs.resize(std::size_t{options.slots} * n);
-  impl.free_slots.reserve(options.slots);
-  for (SlotId s = options.slots; s-- > 0;) impl.free_slots.push_back(s);
-  STRATA_LOG_INFO("swap: {} slots of {} striped over {} file(s) ({} each, {}), run {:016x}", options.slots,
-                  format_bytes(options.slot_bytes), n, format_bytes(file_bytes),
-                  store->direct_io() ? "O_DIRECT" : "buffered", store->run_id_);
+  impl.slots.resize(initial);
+  impl.crcs.resize(std::size_t{initial} * n);
+  STRATA_LOG_INFO(
+      "swap: {} slots of {} striped over {} file(s) ({} each now, growing to at most {}; {}, unlinked), run "
+      "{:016x}",
+      options.slots, format_bytes(options.slot_bytes), n, format_bytes(file_bytes),
+      format_bytes(file_bytes_for(stripe_bytes, options.slots)), store->direct_io() ? "O_DIRECT" : "buffered",
+      store->run_id_);
   return store;
 }
 
@@ -263,37 +303,80 @@ SwapStore::~SwapStore() {
   }
 }
 
+Status SwapStore::grow_to_hold(SlotId slot) {
+  Impl& impl = *impl_;
+  if (slot < impl.slots_on_disk) return Status::Ok();
+  // Note [Growing swap files]: a step at once, or just this slot when the step does not fit.
+  const std::uint64_t step = std::max<std::uint64_t>(1, kGrowBytes / stripe_bytes_);
+  const auto wanted = static_cast<std::uint32_t>(std::min<std::uint64_t>(slots_, std::uint64_t{slot} + step));
+  Status grown;
+  for (const std::uint32_t target : {wanted, slot + 1}) {
+    grown = Status::Ok();
+    for (std::size_t i = 0; i < impl.files.size() && grown.ok(); ++i) {
+      grown = detail::grow_swap_file(impl.files[i], file_bytes_for(stripe_bytes_, impl.slots_on_disk),
+                                     file_bytes_for(stripe_bytes_, target));
+    }
+    if (grown.ok()) {
+      impl.slots_on_disk = target;
+      impl.slots.resize(target);
+      impl.crcs.resize(std::size_t{target} * impl.files.size());
+      return grown;
+    }
+  }
+  return grown;
+}
+
 Result<SlotId> SwapStore::allocate() {
   std::lock_guard lock(impl_->mutex);
-  if (impl_->free_slots.empty()) {
-    return out_of_budget("swap store full: all {} slots of {} are in use; raise the swap size", slots_,
-                         format_bytes(slot_bytes_));
+  auto& heap = impl_->free_slots;
+  SlotId slot = 0;
+  if (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), std::greater<>{});
+    slot = heap.back();
+    heap.pop_back();
+  } else if (impl_->high < slots_) {
+    slot = impl_->high;
+    STRATA_RETURN_IF_ERROR(grow_to_hold(slot));  // on NoSpace the slot stays unused
+    ++impl_->high;
+  } else {
+    return out_of_budget("swap store full: all {} slots of {} are in use; raise the swap size (budgets.nvme)",
+                         slots_, format_bytes(slot_bytes_));
   }
-  SlotId slot = impl_->free_slots.back();
-  impl_->free_slots.pop_back();
   impl_->slots[slot] = SlotMeta{.state = SlotState::kEmpty};
   return slot;
 }
 
 void SwapStore::release(SlotId slot) {
   std::lock_guard lock(impl_->mutex);
-  STRATA_CHECK(slot < slots_);
+  STRATA_CHECK(slot < impl_->high);
   SlotMeta& meta = impl_->slots[slot];
   STRATA_CHECK(meta.state == SlotState::kEmpty || meta.state == SlotState::kWritten);
   STRATA_CHECK(meta.readers == 0);
   meta = SlotMeta{};
   impl_->free_slots.push_back(slot);
+  std::push_heap(impl_->free_slots.begin(), impl_->free_slots.end(), std::greater<>{});
 }
 
 std::uint32_t SwapStore::slots_free() const {
   std::lock_guard lock(impl_->mutex);
-  return static_cast<std::uint32_t>(impl_->free_slots.size());
+  return static_cast<std::uint32_t>(impl_->free_slots.size()) + (slots_ - impl_->high);
 }
 
 std::vector<std::filesystem::path> SwapStore::files() const {
   std::vector<std::filesystem::path> paths;
   for (const auto& file : impl_->files) paths.push_back(file.path);
   return paths;
+}
+
+std::vector<std::filesystem::path> SwapStore::reopen_paths() const {
+  std::vector<std::filesystem::path> paths;
+  for (const auto& file : impl_->files) paths.push_back(fmt::format("/proc/self/fd/{}", file.fd));
+  return paths;
+}
+
+std::uint32_t SwapStore::slots_allocated_on_disk() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->slots_on_disk;
 }
 
 bool SwapStore::direct_io() const {
@@ -345,7 +428,10 @@ Status SwapStore::write_async(SlotId slot, ChunkId chunk, std::span<const std::b
   const std::size_t n = impl_->files.size();
   {
     std::lock_guard lock(impl_->mutex);
-    if (slot >= slots_) return invalid_argument("slot {} does not exist (the store has {})", slot, slots_);
+    if (slot >= impl_->slots.size()) {
+      return invalid_argument("slot {} does not exist (the store has {} of at most {})", slot,
+                              impl_->slots.size(), slots_);
+    }
     SlotMeta& meta = impl_->slots[slot];
     if (meta.state == SlotState::kFree)
       return failed_precondition("chunk {}: slot {} is not allocated", chunk, slot);
@@ -382,7 +468,10 @@ Status SwapStore::read_async(SlotId slot, ChunkId chunk, std::span<std::byte> ou
   SlotOp* op = nullptr;
   {
     std::lock_guard lock(impl_->mutex);
-    if (slot >= slots_) return invalid_argument("slot {} does not exist (the store has {})", slot, slots_);
+    if (slot >= impl_->slots.size()) {
+      return invalid_argument("slot {} does not exist (the store has {} of at most {})", slot,
+                              impl_->slots.size(), slots_);
+    }
     SlotMeta& meta = impl_->slots[slot];
     if (meta.state != SlotState::kWritten) {
       return failed_precondition("chunk {}: slot {} holds no data ({}); refusing to return its bytes", chunk,
@@ -428,7 +517,7 @@ Status SwapStore::read(SlotId slot, ChunkId chunk, std::span<std::byte> out) {
 }
 
 Status reclaim_stale_swap_files(const std::filesystem::path& dir) {
-  return detail::reclaim_stale_swap_files(dir, /*wanted=*/"");
+  return detail::reclaim_stale_swap_files(dir);
 }
 
 }  // namespace strata::offload

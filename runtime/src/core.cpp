@@ -88,13 +88,14 @@ std::function<std::int64_t(bool, std::uint64_t, std::int64_t)> io_fault_file_fil
 
 }  // namespace
 
-Status Core::ensure_nvme_store() {
+Status Core::ensure_nvme_store(std::optional<std::uint64_t> initial_bytes) {
   if (nvme != nullptr) return Status::Ok();
   const std::uint64_t slot = nvme_slot_bytes(largest_optim_chunk());
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<NvmeStore> store,
                           make_nvme_store({.dirs = opt.nvme_dirs,
                                            .slot_bytes = slot,
                                            .capacity_bytes = opt.budgets.nvme_bytes,
+                                           .initial_bytes = initial_bytes.value_or(plan.nvme_bytes),
                                            .engine = opt.io_engine,
                                            .fixed_buffers = host->regions(),
                                            .io_result_filter = io_fault_file_filter()}));

@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -194,8 +195,10 @@ struct Core {
   //! The host copy's buffer of `c`, allocated on first use. Fails with the host
   //! store's OutOfBudget, naming the chunk.
   Result<std::byte*> host_buffer(Chunk& c);
-  //! Creates the NVMe store on first use (its slot fits the largest optimizer chunk).
-  Status ensure_nvme_store();
+  //! Creates the NVMe store on first use (its slot fits the largest optimizer chunk),
+  //! preallocating `initial_bytes` (default: the adopted plan's NVMe bytes) and
+  //! growing up to budgets.nvme, a cap (Note [Growing swap files]).
+  Status ensure_nvme_store(std::optional<std::uint64_t> initial_bytes = std::nullopt);
   //! Note [Pinned NVMe slots]: a slot an asynchronous checkpoint (checkpoint_capture.cpp)
   //! still has to read. free_nvme_slot of a pinned slot defers the release to
   //! unpin_nvme_slot, so the copy-on-write write-back never hands it out while the

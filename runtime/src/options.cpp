@@ -10,7 +10,6 @@
 #include <cerrno>
 #include <cmath>
 #include <filesystem>
-#include <map>
 #include <set>
 
 #include "strata/common/bytes.hpp"
@@ -53,8 +52,9 @@ Status validate_nvme(const RuntimeOptions& o) {
   if (o.nvme_dirs.size() > 16) {
     return invalid_argument("nvme.dirs lists {} directories: at most 16 (one per drive)", o.nvme_dirs.size());
   }
-  // Free space per file system (two directories on one drive share it).
-  std::map<unsigned long, std::uint64_t> free_by_fs;
+  // No free-space check here: budgets.nvme is a cap, not a size. What the plan
+  // puts on NVMe is checked against free space when the NVMe tier is created
+  // (Note [Growing swap files] in offload/src/swap_store.cpp).
   std::set<std::filesystem::path> seen;
   for (const std::string& dir : o.nvme_dirs) {
     STRATA_RETURN_IF_ERROR(validate_nvme_dir(dir));
@@ -62,18 +62,6 @@ Status validate_nvme(const RuntimeOptions& o) {
     if (!seen.insert(std::filesystem::weakly_canonical(dir, ec)).second) {
       return invalid_argument("nvme.dirs lists {} twice: list each directory once", dir);
     }
-    struct statvfs vfs {};
-    if (::statvfs(dir.c_str(), &vfs) != 0)
-      return errno_status(errno, fmt::format("nvme.dirs {}: statvfs", dir));
-    free_by_fs[vfs.f_fsid] = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-  }
-  std::uint64_t free_total = 0;
-  for (const auto& [fsid, bytes] : free_by_fs) free_total += bytes;
-  if (o.budgets.nvme_bytes > free_total) {
-    return no_space(
-        "budgets.nvme = {} ({} bytes) but the file systems of nvme.dirs have {} free: set budgets.nvme to at "
-        "most that, free space, or add a directory on another drive",
-        format_bytes(o.budgets.nvme_bytes), o.budgets.nvme_bytes, format_bytes(free_total));
   }
   return Status::Ok();
 }

@@ -51,7 +51,7 @@ Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace t
   }
   const bool first = !core.finalized;
   STRATA_ASSIGN_OR_RETURN(Plan p, make_plan(in));
-  if (p.nvme_bytes > 0) STRATA_RETURN_IF_ERROR(core.ensure_nvme_store());
+  if (p.nvme_bytes > 0) STRATA_RETURN_IF_ERROR(core.ensure_nvme_store(p.nvme_bytes));
   if (first) {
     // Homes start where the plan puts them: nothing to migrate.
   } else {

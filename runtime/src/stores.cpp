@@ -1,6 +1,8 @@
 // The runtime's host and NVMe tiers over memory::PinnedHostPool and offload::SwapStore.
 #include "strata/runtime/stores.hpp"
 
+#include <algorithm>
+#include <limits>
 #include <mutex>
 #include <unordered_map>
 
@@ -190,8 +192,12 @@ Result<std::unique_ptr<NvmeStore>> make_nvme_store(const NvmeStoreOptions& optio
   offload::SwapStoreOptions so;
   for (const auto& d : options.dirs) so.dirs.emplace_back(d);
   so.slot_bytes = options.slot_bytes;
-  so.slots =
-      static_cast<std::uint32_t>(std::max<std::uint64_t>(1, options.capacity_bytes / options.slot_bytes));
+  // The budget is a cap (Note [Growing swap files]): clamped to what a slot id holds, never allocated up
+  // front.
+  so.slots = static_cast<std::uint32_t>(std::clamp<std::uint64_t>(
+      options.capacity_bytes / options.slot_bytes, 1, std::numeric_limits<std::uint32_t>::max()));
+  so.initial_slots = static_cast<std::uint32_t>(
+      std::min<std::uint64_t>(so.slots, div_ceil(options.initial_bytes, options.slot_bytes)));
   auto store = offload::SwapStore::create(*engine, so);
   if (!store.ok()) {
     Status s = store.status();

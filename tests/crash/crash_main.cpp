@@ -23,7 +23,9 @@
 //    third run);
 //  - a corruption injected into the finished checkpoint (in turn: a flipped byte
 //    in a data file, a truncated data file, a deleted manifest) is refused by a
-//    fresh runtime, whose state stays unchanged.
+//    fresh runtime, whose state stays unchanged;
+//  - the killed trainer left nothing in its NVMe directory (its swap files are
+//    unlinked at creation, Note [Unlinked swap files]): files_left_by_kills.
 // At the end it saves and loads a larger model (--bench-mib) on host and NVMe to
 // measure seconds per GiB, and runs fio in the same directory for comparison: the
 // same bytes written and read, and the same I/O as the save and the load do (Note
@@ -235,7 +237,8 @@ struct Figures {
   int kills_in[4] = {};
   int corruptions_injected = 0, corruptions_detected = 0, lost_checkpoints = 0;
   int disk_full_saves = 0, disk_full_refused = 0, failures = 0;
-  nlohmann::json bench;  //!< the save/load benchmark's figures (bench())
+  int files_left_by_kills = 0;  //!< kills after which the NVMe directory was not empty
+  nlohmann::json bench;         //!< the save/load benchmark's figures (bench())
 };
 
 //! Injects corruption `kind` (0 flipped byte, 1 truncated file, 2 missing manifest) into `ckpt`.
@@ -307,6 +310,11 @@ void one_run(const Settings& s, int run, const fs::path& root, const std::string
           const int phase_at_kill = sh->phase.load();
           ::kill(pid, SIGKILL);
           reap(pid);
+          if (!fs::is_empty(nvme)) {
+            std::fprintf(stderr, "strata-crash: run %d: the killed trainer left files in %s\n", run,
+                         nvme.c_str());
+            ++fig.files_left_by_kills;
+          }
           killed = true;
           ++fig.kills;
           ++fig.kills_in[phase_at_kill];
@@ -705,6 +713,7 @@ int main(int argc, char** argv) {
                       {"disk_full_saves", fig.disk_full_saves},
                       {"disk_full_saves_refused", fig.disk_full_refused},
                       {"failures", fig.failures},
+                      {"files_left_by_kills", fig.files_left_by_kills},
                       {"seed", s.seed},
                       {"seconds", seconds}};
   if (s.bench_mib > 0 && fig.bench.is_object()) {
@@ -741,6 +750,6 @@ int main(int argc, char** argv) {
   }
   const bool ok = fig.failures == 0 && fig.runs == s.runs && fig.exact_resumes == fig.runs &&
                   fig.corruptions_detected == fig.corruptions_injected && fig.lost_checkpoints == 0 &&
-                  fig.disk_full_refused == fig.disk_full_saves;
+                  fig.disk_full_refused == fig.disk_full_saves && fig.files_left_by_kills == 0;
   return ok ? 0 : 1;
 }

@@ -1,7 +1,9 @@
 // SwapStore on real files in a temporary directory: round trips (one and two
 // directories, O_DIRECT and buffered, both engines), the slot allocator, CRC
-// checks against files altered behind its back, stale files of a crashed run,
-// bad directories, and out-of-space without privileges.
+// checks against files altered behind its back (through /proc/self/fd: the files
+// are unlinked, Note [Unlinked swap files]), stale named files of a crashed run,
+// bad directories, and out-of-space without privileges. Growth, kills and a full
+// tmpfs: test_swap_growth.cpp.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ringbuffer_sink.h>
@@ -206,7 +208,7 @@ TEST_F(SwapStoreTest, FlippedByteInTheFileIsCaughtByTheChecksum) {
   ASSERT_TRUE(store->read(slot, 42, back_.all()).ok());
   SlotStripe second = store->locate(slot, kSlotBytes).at(1);
   {
-    int fd = ::open(second.file.c_str(), O_RDWR);
+    int fd = ::open(store->reopen_paths().at(1).c_str(), O_RDWR);
     ASSERT_GE(fd, 0);
     std::uint8_t byte = 0;
     off_t at = static_cast<off_t>(second.offset_bytes + 777);
@@ -231,23 +233,50 @@ TEST_F(SwapStoreTest, TruncatedSwapFileFailsTheReadInsteadOfReturningZeros) {
   slot = *store->allocate();  // the second slot lies past the truncation point
   fill_random(out_.all(), 4);
   ASSERT_TRUE(store->write(slot, 5, out_.all()).ok());
-  ASSERT_EQ(::truncate(store->files()[0].c_str(), 4096 + kSlotBytes), 0);
+  ASSERT_EQ(::truncate(store->reopen_paths()[0].c_str(), 4096 + kSlotBytes), 0);
   Status read = store->read(slot, 5, back_.all());
   EXPECT_EQ(read.code(), StatusCode::kIoError) << read.to_string();
   EXPECT_NE(read.message().find("end of file"), std::string::npos) << read.to_string();
 }
 
-TEST_F(SwapStoreTest, FilesAreRemovedAtCleanShutdown) {
+// Note [Unlinked swap files]: the directories show nothing while the store lives
+// (the bytes are reachable through its descriptors only) and nothing after.
+TEST_F(SwapStoreTest, FilesHaveNoNameWhileInUseAndNothingStaysAfter) {
   auto store = store_of(*engine_, {a_.path(), b_.path()});
   ASSERT_TRUE(store);
-  auto files = store->files();
-  for (const auto& file : files) EXPECT_TRUE(std::filesystem::exists(file));
+  for (const auto& file : store->files()) EXPECT_FALSE(std::filesystem::exists(file)) << file;
+  EXPECT_TRUE(std::filesystem::is_empty(a_.path()));
+  EXPECT_TRUE(std::filesystem::is_empty(b_.path()));
+  for (const auto& fd : store->reopen_paths()) {
+    struct stat st {};
+    ASSERT_EQ(::stat(fd.c_str(), &st), 0) << fd;
+    EXPECT_EQ(st.st_nlink, 0u) << "unlinked";
+    EXPECT_GE(static_cast<std::uint64_t>(st.st_size), 4096 + 8 * kSlotBytes / 2) << "preallocated";
+  }
+  SlotId slot = *store->allocate();
+  fill_random(out_.all(), 13);
+  ASSERT_TRUE(store->write(slot, 1, out_.all()).ok());
+  ASSERT_TRUE(store->read(slot, 1, back_.all()).ok());
+  EXPECT_EQ(std::memcmp(out_.data(), back_.data(), kSlotBytes), 0);
   store.reset();
-  for (const auto& file : files) EXPECT_FALSE(std::filesystem::exists(file)) << file;
+  EXPECT_TRUE(std::filesystem::is_empty(a_.path()));
+  EXPECT_TRUE(std::filesystem::is_empty(b_.path()));
+}
+
+// The one swap file in `dir` (named: the keep_file_names hook), or an empty path.
+std::filesystem::path only_swap_file(const std::filesystem::path& dir) {
+  std::filesystem::path found;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().filename().string().rfind("strata-swap-", 0) == 0) found = e.path();
+  }
+  return found;
 }
 
 // The fork tests are not in SwapStoreTest: its engine's thread would make the
 // parent multi-threaded at fork(), which ThreadSanitizer (rightly) refuses.
+// A store's files have no name from creation (Note [Unlinked swap files]); the
+// keep_file_names hook makes the named files a run killed between creating and
+// unlinking them (or an older strata) leaves, which the reclaim still removes.
 TEST(SwapStoreFork, StaleFilesOfACrashedRunAreReportedAndReclaimed) {
   TempDir a_;
   AlignedBuffer out_{kSlotBytes}, back_{kSlotBytes};
@@ -257,7 +286,8 @@ TEST(SwapStoreFork, StaleFilesOfACrashedRunAreReportedAndReclaimed) {
   if (pid == 0) {
     auto engine = make_io_engine({.kind = EngineKind::kPosix});
     if (!engine.ok()) ::_exit(1);
-    auto store = SwapStore::create(**engine, {.dirs = {a_.path()}, .slot_bytes = kSlotBytes, .slots = 8});
+    auto store = SwapStore::create(
+        **engine, {.dirs = {a_.path()}, .slot_bytes = kSlotBytes, .slots = 8, .keep_file_names = true});
     if (!store.ok()) ::_exit(2);
     SlotId slot = *(*store)->allocate();
     fill_random(out_.all(), 6);
@@ -267,7 +297,7 @@ TEST(SwapStoreFork, StaleFilesOfACrashedRunAreReportedAndReclaimed) {
   int wstatus = 0;
   ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);
   ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << wstatus;
-  auto stale = a_.path() / "strata-swap-0.swp";
+  auto stale = only_swap_file(a_.path());
   ASSERT_TRUE(std::filesystem::exists(stale));
   { std::ofstream(a_.path() / "strata-swap-3.swp") << "not a swap file"; }  // a foreign/garbled one
 
@@ -280,6 +310,8 @@ TEST(SwapStoreFork, StaleFilesOfACrashedRunAreReportedAndReclaimed) {
   EXPECT_TRUE(log.contains("left by run")) << "with its header's run id";
   EXPECT_TRUE(log.contains("no strata swap header"));
   EXPECT_FALSE(std::filesystem::exists(a_.path() / "strata-swap-3.swp"));
+  EXPECT_FALSE(std::filesystem::exists(stale));
+  EXPECT_TRUE(std::filesystem::is_empty(a_.path()));
   // The old run's data is never read back: the same slot number holds nothing now.
   SlotId slot = *store->allocate();
   EXPECT_EQ(store->read(slot, 9, back_.all()).code(), StatusCode::kFailedPrecondition);
@@ -300,7 +332,8 @@ TEST(SwapStoreFork, ALockThatOutlivesItsExitedProcessIsWaitedFor) {
     ::close(release[1]);
     auto engine = make_io_engine({.kind = EngineKind::kPosix});
     if (!engine.ok()) ::_exit(1);
-    auto store = SwapStore::create(**engine, {.dirs = {a_.path()}, .slot_bytes = kSlotBytes, .slots = 2});
+    auto store = SwapStore::create(
+        **engine, {.dirs = {a_.path()}, .slot_bytes = kSlotBytes, .slots = 2, .keep_file_names = true});
     if (!store.ok()) ::_exit(2);
     if (::fork() == 0) {  // the grandchild keeps the file (and its lock) open until the pipe closes
       char c;
@@ -329,17 +362,27 @@ TEST(SwapStoreFork, ALockThatOutlivesItsExitedProcessIsWaitedFor) {
   EXPECT_TRUE(log.contains("stale swap file")) << "then reclaimed as a crashed run's";
 }
 
-TEST_F(SwapStoreTest, AFileHeldByALiveStoreIsNotReclaimed) {
-  auto first = store_of(*engine_, {a_.path()});
-  ASSERT_TRUE(first);
+// Two live stores share a directory (their files never meet), and a named file a
+// live store holds (keep_file_names) is not reclaimed by the second.
+TEST_F(SwapStoreTest, TwoLiveStoresShareADirectory) {
+  auto first = SwapStore::create(
+      *engine_, {.dirs = {a_.path()}, .slot_bytes = kSlotBytes, .slots = 2, .keep_file_names = true});
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  const auto named = only_swap_file(a_.path());
+  ASSERT_FALSE(named.empty());
   auto second = SwapStore::create(*engine_, {.dirs = {a_.path()}, .slot_bytes = kSlotBytes, .slots = 2});
-  ASSERT_FALSE(second.ok());
-  EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(second.status().message().find("in use by another live strata swap store"), std::string::npos);
-  SlotId slot = *first->allocate();
+  ASSERT_TRUE(second.ok()) << second.status().to_string();
+  EXPECT_TRUE(std::filesystem::exists(named)) << "a live store's file is kept";
+  SlotId one = *(*first)->allocate(), two = *(*second)->allocate();
   fill_random(out_.all(), 8);
-  EXPECT_TRUE(first->write(slot, 1, out_.all()).ok());
-  EXPECT_TRUE(first->read(slot, 1, back_.all()).ok());
+  ASSERT_TRUE((*first)->write(one, 1, out_.all()).ok());
+  fill_random(back_.all(), 9);
+  ASSERT_TRUE((*second)->write(two, 1, back_.all()).ok());
+  AlignedBuffer check(kSlotBytes);
+  ASSERT_TRUE((*first)->read(one, 1, check.all()).ok());
+  EXPECT_EQ(std::memcmp(check.data(), out_.data(), kSlotBytes), 0);
+  first.value().reset();
+  EXPECT_FALSE(std::filesystem::exists(named)) << "removed by its store at destruction";
 }
 
 TEST_F(SwapStoreTest, BadDirectoriesGiveClearErrors) {

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -86,5 +87,37 @@ inline void fill_random(std::span<std::byte> out, std::uint64_t seed) {
 inline int open_file(const std::filesystem::path& path, bool direct) {
   return ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | (direct ? O_DIRECT : 0), 0600);
 }
+
+//! A tmpfs of `bytes` mounted on a fresh directory under $TMPDIR: a small disk
+//! without a loop device. Needs root (CAP_SYS_ADMIN); skip_reason() says why
+//! none could be made. Unmounted (lazily) and removed on destruction.
+class SmallTmpfs {
+ public:
+  explicit SmallTmpfs(std::uint64_t bytes) {
+    if (::geteuid() != 0) {
+      why_ = "mounting a small tmpfs needs root";
+      return;
+    }
+    const std::string options = "size=" + std::to_string(bytes);
+    if (::mount("tmpfs", dir_.path().c_str(), "tmpfs", 0, options.c_str()) != 0) {
+      why_ = std::string("mount -t tmpfs failed: ") + std::strerror(errno);
+      return;
+    }
+    mounted_ = true;
+  }
+  ~SmallTmpfs() {
+    if (mounted_) ::umount2(dir_.path().c_str(), MNT_DETACH);
+  }
+  SmallTmpfs(const SmallTmpfs&) = delete;
+  SmallTmpfs& operator=(const SmallTmpfs&) = delete;
+  //! Empty when mounted.
+  const std::string& skip_reason() const { return why_; }
+  const std::filesystem::path& path() const { return dir_.path(); }
+
+ private:
+  TempDir dir_;
+  bool mounted_ = false;
+  std::string why_;
+};
 
 }  // namespace strata::offload::testing

@@ -120,11 +120,22 @@ class FaultyNvme final : public NvmeStore {
   std::atomic<int> read_aheads_{0};
 
  private:
+  //! The swap files are unlinked (Note [Unlinked swap files]): they are reached
+  //! through this process's descriptors whose target lies in swap_dir_.
+  static std::vector<fs::path> open_swap_files(const fs::path& dir) {
+    std::vector<fs::path> found;
+    const std::string prefix = fs::weakly_canonical(dir).string() + "/";
+    std::error_code ec;
+    for (const auto& fd : fs::directory_iterator("/proc/self/fd", ec)) {
+      const fs::path target = fs::read_symlink(fd.path(), ec);
+      if (!ec && target.string().rfind(prefix, 0) == 0) found.push_back(fd.path());
+    }
+    return found;
+  }
   void corrupt_slot(std::uint32_t slot) {
-    for (const auto& entry : fs::directory_iterator(swap_dir_)) {
-      if (entry.path().filename().string().rfind("strata-swap-", 0) != 0) continue;
+    for (const fs::path& file : open_swap_files(swap_dir_)) {
       const std::int64_t at = 4096 + std::int64_t{slot} * static_cast<std::int64_t>(slot_bytes()) + 100;
-      std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+      std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
       f.seekg(at);
       char byte = 0;
       f.read(&byte, 1);

@@ -2,6 +2,8 @@
 strata's own kernel on torch tensors (strata.torch.functional), and within the kernels'
 tolerance of torch.optim.AdamW; with states on host and NVMe (both engines)."""
 
+import os
+
 import pytest
 import torch
 
@@ -65,3 +67,22 @@ def test_adam_with_l2_matches_functional(tmp_path):
     model, _ = make("mlp")
     assert_identical(run("mlp", 6, reference_step=step), run("mlp", 6, config(model, tmp_path),
                                                                optimizer=("adam", hyper)))
+
+
+def test_nvme_budget_far_above_the_free_space_trains(tmp_path):
+    """budgets.nvme is a cap, not a size (the README's "nvme": "1TiB"): a budget 1000x the free space
+    trains bit-identically when what the plan puts on NVMe fits, and no swap file is ever visible in
+    the directory (Note [Unlinked swap files]). Refused before (#24): the budget exceeded the free space."""
+    vfs = os.statvfs(tmp_path)
+    cfg = tiered_config("deep", tmp_path)
+    cfg["budgets"]["nvme"] = vfs.f_bavail * vfs.f_frsize * 1000
+    seen = []
+    reference = run("deep", 4, reference_step=functional_adamw("deep"))
+    strata = run("deep", 4, cfg, optimizer=("adamw", HYPER),
+                 on_step=lambda *_: seen.append(os.listdir(tmp_path)))
+    assert_identical(reference, strata)
+    stats = strata[2].strata.totals
+    assert stats["bytes_disk_write"] > 0, "states did not use NVMe"
+    assert seen == [[]] * 4, f"swap files visible while training: {seen}"
+    strata[2].strata.close()
+    assert os.listdir(tmp_path) == []

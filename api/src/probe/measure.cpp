@@ -143,14 +143,45 @@ Result<DeviceInfo> measure_device(memory::DeviceOptions options, std::uint64_t c
   return info;
 }
 
+// Note [Probe NVMe test size]
+// The probe writes min(--nvme-bytes, half the free space) (whole MiB), in up to
+// 16 slots of up to 16 MiB in flight: smaller slots (down to 1 MiB) and fewer in
+// flight when that is less than 256 MiB, so --nvme-bytes is honoured as given
+// and the size checked up front is the size used (it once wrote at least 256
+// MiB whatever --nvme-bytes said, and a disk with 64-256 MiB free passed the
+// first check, then failed creating the swap file). Below kNvmeTestMin (or
+// --nvme-bytes, when smaller) there is too little to measure: NoSpace up front.
+struct NvmeTestSize {
+  std::uint64_t slot_bytes = 0;
+  std::uint32_t slots = 0;
+  std::size_t in_flight = 0;
+};
+constexpr std::uint64_t kNvmeTestMin = 16 * kMiB;
+
+Result<NvmeTestSize> nvme_test_size(const std::string& dir, std::uint64_t bytes_max,
+                                    std::uint64_t free_bytes) {
+  constexpr std::uint64_t kSlotMax = 16 * kMiB;
+  constexpr std::size_t kInFlightMax = 16;
+  const std::uint64_t bytes = align_down(std::min(bytes_max, free_bytes / 2), kMiB);
+  const std::uint64_t needed = std::min(align_down(bytes_max, kMiB), kNvmeTestMin);
+  if (bytes < needed || bytes == 0) {
+    return no_space(
+        "--nvme {}: only {} free; the probe writes min(--nvme-bytes, half the free space) and needs at least "
+        "{} of it to measure (twice that free): free space, name another directory, or lower --nvme-bytes",
+        dir, format_bytes(free_bytes), format_bytes(std::max(needed, kMiB)));
+  }
+  NvmeTestSize t;
+  t.slot_bytes = std::clamp(align_down(bytes / kInFlightMax, kMiB), kMiB, kSlotMax);
+  t.slots = static_cast<std::uint32_t>(bytes / t.slot_bytes);
+  t.in_flight = std::min<std::size_t>(kInFlightMax, t.slots);
+  return t;
+}
+
 // Long on purpose (issue #11's 80-line rule): the directory checks, the store
 // set-up and the four timed passes share one engine, store and buffer region
 // whose lifetimes end together here; `pass` is the loop they all run.
 Result<NvmeInfo> measure_nvme(const std::string& dir, std::uint64_t bytes_max, double seconds_max,
                               const Progress& progress) {
-  constexpr std::uint64_t kSlotBytes = 16 * kMiB;
-  constexpr std::uint64_t kFreeMin = 64 * kMiB;
-  constexpr std::size_t kInFlight = 16;
   NvmeInfo info;
   info.path = dir;
   std::error_code ec;
@@ -166,19 +197,15 @@ Result<NvmeInfo> measure_nvme(const std::string& dir, std::uint64_t bytes_max, d
     return permission_denied("--nvme {}: not writable by this user; name a writable directory", dir);
   }
   info.free_bytes = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-  if (info.free_bytes < kFreeMin) {
-    return no_space(
-        "--nvme {}: only {} free; the probe needs {} to measure (and the NVMe tier needs room for "
-        "model state): free space or name another directory",
-        dir, format_bytes(info.free_bytes), format_bytes(kFreeMin));
-  }
-  const std::uint64_t bytes =
-      std::max(kSlotBytes * kInFlight, align_down(std::min(bytes_max, info.free_bytes / 2), kSlotBytes));
-  const auto slots = static_cast<std::uint32_t>(bytes / kSlotBytes);
+  // Note [Probe NVMe test size]: what is checked here is what is written.
+  STRATA_ASSIGN_OR_RETURN(const NvmeTestSize size, nvme_test_size(dir, bytes_max, info.free_bytes));
+  const std::uint64_t slot_bytes = size.slot_bytes;
+  const std::size_t in_flight_max = size.in_flight;
+  const std::uint32_t slots = size.slots;
 
   // One region for every in-flight buffer, registered with io_uring as fixed
   // buffers, as the runtime registers its pinned host region.
-  AlignedBuffer region(kSlotBytes * kInFlight);
+  AlignedBuffer region(slot_bytes * in_flight_max);
   for (std::size_t b = 0; b < region.size; b += 8) {
     const std::uint64_t v = (b + 1) * 0x9E3779B97F4A7C15ull;
     std::memcpy(region.data + b, &v, 8);
@@ -187,13 +214,13 @@ Result<NvmeInfo> measure_nvme(const std::string& dir, std::uint64_t bytes_max, d
   eo.fixed_buffer_regions = {std::span<std::byte>(region.data, region.size)};
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<offload::IoEngine> engine, offload::make_io_engine(eo));
   info.engine = std::string(engine->name());
-  auto buffer_at = [&](std::size_t i) { return region.data + i * kSlotBytes; };
+  auto buffer_at = [&](std::size_t i) { return region.data + i * slot_bytes; };
   auto store = offload::SwapStore::create(
-      *engine, {.dirs = {fs::path(dir)}, .slot_bytes = kSlotBytes, .slots = slots});
+      *engine, {.dirs = {fs::path(dir)}, .slot_bytes = slot_bytes, .slots = slots});
   if (!store.ok()) return Status(store.status()).with_context(fmt::format("--nvme {}", dir));
   info.direct_io = (*store)->direct_io();
 
-  // Writes (or reads) slots with kInFlight transfers outstanding at all times (a
+  // Writes (or reads) slots with in_flight_max transfers outstanding at all times (a
   // sliding window, as the runtime's pipeline keeps its queue full) until done or
   // out of time.
   // op(i) says whether transfer i writes and which slot it uses.
@@ -205,7 +232,7 @@ Result<NvmeInfo> measure_nvme(const std::string& dir, std::uint64_t bytes_max, d
     std::size_t outstanding = 0;
     Status first_error;
     std::vector<std::size_t> free_buffers;
-    for (std::size_t i = 0; i < kInFlight; ++i) free_buffers.push_back(i);
+    for (std::size_t i = 0; i < in_flight_max; ++i) free_buffers.push_back(i);
     const auto start = Clock::now();
     std::uint32_t issued = 0;
     auto wait_below = [&](std::size_t limit) {
@@ -223,7 +250,7 @@ Result<NvmeInfo> measure_nvme(const std::string& dir, std::uint64_t bytes_max, d
         ++outstanding;
       }
       const auto [write, slot] = op(issued);
-      std::span<std::byte> buf(buffer_at(buffer), kSlotBytes);
+      std::span<std::byte> buf(buffer_at(buffer), slot_bytes);
       auto done = [&, buffer](Status st) {
         std::lock_guard lock(mu);
         if (!st.ok() && first_error.ok()) first_error = st;
@@ -253,26 +280,27 @@ Result<NvmeInfo> measure_nvme(const std::string& dir, std::uint64_t bytes_max, d
   // file system extent conversions the runtime's steady state never pays: it
   // rewrites its slots. So the first pass is a warm-up and the second is timed.
   auto write_op = [](std::uint32_t i) { return std::pair{true, i}; };
-  STRATA_ASSIGN_OR_RETURN(auto warm, pass(write_op, slots, "nvme warm-up", kInFlight));
-  STRATA_ASSIGN_OR_RETURN(auto written, pass(write_op, warm.first, "nvme write", kInFlight));
+  STRATA_ASSIGN_OR_RETURN(auto warm, pass(write_op, slots, "nvme warm-up", in_flight_max));
+  STRATA_ASSIGN_OR_RETURN(auto written, pass(write_op, warm.first, "nvme write", in_flight_max));
   STRATA_ASSIGN_OR_RETURN(auto read, pass(
                                          [](std::uint32_t i) {
                                            return std::pair{false, i};
                                          },
-                                         written.first, "nvme read", kInFlight));
+                                         written.first, "nvme read", in_flight_max));
   // Half the transfers write, half read other slots, interleaved, as the
   // pipeline's write-backs and read-aheads share the disk, with as much in
   // flight as its default two NVMe places keep (two families' states).
   const std::uint32_t half = std::max<std::uint32_t>(written.first / 2, 1);
-  STRATA_ASSIGN_OR_RETURN(auto mixed, pass(
-                                          [half](std::uint32_t i) {
-                                            return std::pair{i % 2 == 0, (i / 2) % half + (i % 2) * half};
-                                          },
-                                          2 * half, "nvme read + write", 4));
-  info.mixed_bytes_per_s = static_cast<double>(std::uint64_t{mixed.first} * kSlotBytes) / mixed.second;
-  info.bytes_tested = std::uint64_t{written.first} * kSlotBytes;
+  STRATA_ASSIGN_OR_RETURN(auto mixed,
+                          pass(
+                              [half](std::uint32_t i) {
+                                return std::pair{i % 2 == 0, (i / 2) % half + (i % 2) * half};
+                              },
+                              2 * half, "nvme read + write", std::min<std::size_t>(4, in_flight_max)));
+  info.mixed_bytes_per_s = static_cast<double>(std::uint64_t{mixed.first} * slot_bytes) / mixed.second;
+  info.bytes_tested = std::uint64_t{written.first} * slot_bytes;
   info.write_bytes_per_s = static_cast<double>(info.bytes_tested) / written.second;
-  info.read_bytes_per_s = static_cast<double>(std::uint64_t{read.first} * kSlotBytes) / read.second;
+  info.read_bytes_per_s = static_cast<double>(std::uint64_t{read.first} * slot_bytes) / read.second;
   store->reset();  // removes the swap file
   engine->shutdown(offload::ShutdownMode::kDrain);
   return info;

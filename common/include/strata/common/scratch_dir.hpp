@@ -6,12 +6,13 @@
 // A tool's scratch directory is either the directory the user named (borrowed:
 // used as it is, never created, never removed) or, when none was named, a
 // stable subdirectory of the temp dir, the same for every run of that tool
-// (`$TMPDIR/strata-example-lm`), never one per process. So a run after a crash
-// finds the files the crashed run left, and the swap store reports and reclaims
-// them (Note [Swap file header]) instead of leaving them forever in a directory
-// nobody looks at again. The files are removed by whoever made them (the swap
-// store's destructor); the stable subdirectory is removed when the run ends and
-// it is empty (never with contents: another run may be using it).
+// (`$TMPDIR/strata-example-lm`), never one per process, so nothing accumulates
+// in directories nobody looks at again. The swap files themselves have no name
+// while in use (Note [Unlinked swap files]), so no death leaves them; a named
+// one an older strata left is found there by the next run and reclaimed (Note
+// [Swap file header]). The stable subdirectory is removed when the run ends and
+// it is empty (never with contents: another run may be using it); a killed run
+// leaves it, empty, for the next.
 
 #include <filesystem>
 #include <string_view>

@@ -5,13 +5,17 @@
 //
 // Guarantees: a slot that was never written, whose last write failed, or whose
 // bytes changed on disk never reads back as valid data — the read fails with
-// FailedPrecondition or Corrupt (naming chunk, slot, file and offset). Swap
-// files left by a crashed run are reported in the log and recreated at start;
-// files are removed at clean shutdown (destruction).
+// FailedPrecondition or Corrupt (naming chunk, slot, file and offset). The swap
+// files are unlinked as soon as they are created, so no exit or death of the
+// process leaves them behind (Note [Unlinked swap files] in swap_file.cpp);
+// named swap files a run of an older strata left are reported and removed at
+// start. The files start at `initial_slots` and grow (fallocate) as higher
+// slots are allocated, up to `slots` (Note [Growing swap files]).
 
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -35,13 +39,20 @@ struct SwapStoreOptions {
   std::vector<std::filesystem::path> dirs;
   //! Bytes per slot (a chunk); a positive multiple of 4096.
   std::uint64_t slot_bytes = 0;
-  //! Slots to preallocate.
+  //! The most slots the store holds (the NVMe budget: a cap, not a size).
   std::uint32_t slots = 0;
+  //! Slots preallocated at creation, whose bytes the up-front free-space check
+  //! asks for (what a plan uses); the files grow past them on demand, up to
+  //! `slots`. Unset: all `slots`.
+  std::optional<std::uint32_t> initial_slots;
   //! Open the files with O_DIRECT; where the filesystem refuses it (tmpfs on
   //! older kernels) the store uses buffered I/O and logs a warning.
   bool direct_io = true;
   //! Test hook: behave as if every directory refused O_DIRECT.
   bool simulate_direct_io_refused = false;
+  //! Test hook: keep the files named until destruction, as a run killed between
+  //! creating and unlinking them (or an older strata) leaves them.
+  bool keep_file_names = false;
 };
 
 //! Where one stripe of a slot lives (for tests and messages).
@@ -68,9 +79,10 @@ struct SwapStoreCounters {
 class SwapStore {
  public:
   //! Validates the directories (NotFound, PermissionDenied, InvalidArgument),
-  //! reclaims stale swap files (logged), checks free space up front (NoSpace
-  //! with the needed and available sizes), creates, preallocates (fallocate)
-  //! and registers one file per directory. Blocks on file system calls.
+  //! reclaims stale swap files (logged), checks free space for `initial_slots`
+  //! up front (NoSpace with the needed and available sizes), creates (unlinked),
+  //! preallocates (fallocate) and registers one file per directory. Blocks on
+  //! file system calls. Nothing is left in the directories on an error.
   static Result<std::unique_ptr<SwapStore>> create(IoEngine& engine, SwapStoreOptions options);
 
   //! Unregisters, closes and removes the swap files.
@@ -78,8 +90,11 @@ class SwapStore {
   SwapStore(const SwapStore&) = delete;
   SwapStore& operator=(const SwapStore&) = delete;
 
-  //! A free slot (never written: reading it fails until it is written), or
-  //! OutOfBudget when all are in use.
+  //! The lowest free slot (never written: reading it fails until it is
+  //! written), or OutOfBudget when all `slots` are in use. Grows the files
+  //! (fallocate, blocking) when the slot lies past their preallocated end;
+  //! NoSpace naming the file, the bytes and the free space when the file
+  //! system is full (the slot stays free, no data is touched).
   Result<SlotId> allocate();
   //! Returns a slot to the free list; its contents are forgotten. No I/O on it may be in flight.
   void release(SlotId slot);
@@ -113,8 +128,14 @@ class SwapStore {
   std::uint64_t stripe_bytes() const { return stripe_bytes_; }
   std::uint32_t slots() const { return slots_; }
   std::uint32_t slots_free() const;
-  //! The swap files, one per directory, in directory order.
+  //! The swap files' names (as messages give them; unlinked, Note [Unlinked
+  //! swap files]), one per directory, in directory order.
   std::vector<std::filesystem::path> files() const;
+  //! Paths that open the (unlinked) swap files again: /proc/self/fd/<fd>, in
+  //! directory order (for tests that change bytes behind the store's back).
+  std::vector<std::filesystem::path> reopen_paths() const;
+  //! Slots whose bytes the files hold now (preallocated or grown to).
+  std::uint32_t slots_allocated_on_disk() const;
   //! True when every file uses O_DIRECT.
   bool direct_io() const;
   //! Random id written in every file header of this run.
@@ -125,6 +146,8 @@ class SwapStore {
 
  private:
   SwapStore(IoEngine& engine, std::uint64_t slot_bytes, std::uint64_t stripe_bytes, std::uint32_t slots);
+  //! Grows the files (and slot tables) to hold `slot` (Note [Growing swap files]). Under the lock.
+  Status grow_to_hold(SlotId slot);
 
   IoEngine& engine_;
   std::uint64_t slot_bytes_;

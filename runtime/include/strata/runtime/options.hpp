@@ -37,12 +37,12 @@ inline constexpr std::size_t kTimelineEventsMax = std::size_t{1} << 24;
 //! optimizer (validate_hyper; not CAME; bf16 states only for the Adam family),
 //! budgets (gpu and host > 0; gpu holds 3 chunk slots of a fixed chunk size;
 //! host reserve below the host budget), the NVMe tier (dirs and budget both or
-//! neither; each dir passes validate_nvme_dir; the budget fits the free space of
-//! their file systems), layout (validate_layout_options), plan knobs, threads and
-//! trace bounds. Directories are checked only when no nvme_store is supplied.
-//! Touches the file system (stat, statfs, access); never creates or removes
-//! anything. Fails with InvalidArgument (or NotFound / PermissionDenied /
-//! NoSpace for directories) naming the setting, its value and what is allowed.
+//! neither; each dir passes validate_nvme_dir; the budget is a cap and may exceed
+//! their free space: the plan's NVMe bytes are checked when the tier is made), layout
+//! (validate_layout_options), plan knobs, threads and trace bounds. Directories are checked only when no
+//! nvme_store is supplied. Touches the file system (stat, statfs, access); never creates or removes anything.
+//! Fails with InvalidArgument (or NotFound / PermissionDenied / NoSpace for directories) naming the setting,
+//! its value and what is allowed.
 Status validate_options(const RuntimeOptions& options);
 
 //! LayoutOptions: chunk_elems 0 (search) or a multiple of chunk_align_elems up to

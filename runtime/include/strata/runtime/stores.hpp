@@ -84,7 +84,11 @@ Result<std::unique_ptr<HostStore>> make_host_store(std::uint64_t budget_bytes, m
 struct NvmeStoreOptions {
   std::vector<std::string> dirs;
   std::uint64_t slot_bytes = 0;
-  std::uint64_t capacity_bytes = 0;                 //!< total, across dirs (the NVMe budget)
+  std::uint64_t capacity_bytes = 0;  //!< total, across dirs (the NVMe budget): a cap
+  //! Bytes preallocated at creation and checked against free space (the plan's
+  //! NVMe bytes); the files grow past them on demand up to capacity_bytes (Note
+  //! [Growing swap files] in offload/src/swap_store.cpp).
+  std::uint64_t initial_bytes = 0;
   std::string engine = "auto";                      //!< auto, uring, posix
   std::vector<std::span<std::byte>> fixed_buffers;  //!< host regions to register
   //! Test hook: sees each transfer's raw result (bytes moved, or -errno) with its
@@ -94,7 +98,7 @@ struct NvmeStoreOptions {
 };
 
 //! NVMe store over offload::SwapStore. Fails with the store's Status (missing or
-//! unwritable directory, not enough space: the message gives the sizes).
+//! unwritable directory, not enough space for initial_bytes: the message gives the sizes).
 Result<std::unique_ptr<NvmeStore>> make_nvme_store(const NvmeStoreOptions& options);
 
 }  // namespace strata::runtime
