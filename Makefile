@@ -2,8 +2,10 @@
 #
 #   make demo   install what is missing, build (release), run the main job
 #   make test   install what is missing, build and run every test this machine can run:
-#               release (all labels but soak; gpu tests skip without a GPU), then the unit tests
-#               under the asan and tsan presets
+#               release (all labels but soak; gpu tests skip without a GPU; the torch tests under
+#               Debian's torch 1.13, label torch, and under PyPI's torch 2.x in the venv that
+#               scripts/install-deps makes, label torch2), then the unit tests under the asan and
+#               tsan presets
 #   make bench-deps   also install the benchmarks' peers (fio, python3-torch)
 #   make release|debug|asan|tsan   configure + build one preset
 #   make format        format every tracked source with clang-format 14 (.clang-format)
@@ -35,6 +37,7 @@ demo: deps release
 	scripts/demo build/release
 
 test: deps format-check function-length-check
+	cmake --preset release -DSTRATA_REQUIRE_TORCH2=ON >/dev/null
 	$(MAKE) release
 	ctest --preset release
 	$(MAKE) asan

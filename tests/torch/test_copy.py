@@ -54,7 +54,10 @@ COPIES = {
     "deepcopy": copy.deepcopy,
     "copy": copy.copy,
     "pickle": lambda m: pickle.loads(pickle.dumps(m)),
-    "torch.save": lambda m: (lambda b: (torch.save(m, b), b.seek(0), torch.load(b))[2])(io.BytesIO()),
+    # A whole module is a pickle of its classes: torch >= 2.6 loads only weights unless told
+    # (weights_only=False; the argument exists since torch 1.13).
+    "torch.save": lambda m: (lambda b: (torch.save(m, b), b.seek(0), torch.load(b, weights_only=False))[2])(
+        io.BytesIO()),
 }
 
 
