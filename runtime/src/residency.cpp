@@ -242,7 +242,6 @@ Status Residency::no_slot_error(bool room_full) const {
       format_bytes(slot_bytes), format_bytes(chunk_bytes), format_bytes(core_.opt.budgets.gpu_bytes),
       device_slots_.size());
 }
-}
 
 Status Residency::ensure_on_host(Chunk& c) {
   if (c.dirty()) return write_back(c, device_slots_[static_cast<std::size_t>(c.device_slot)]);
