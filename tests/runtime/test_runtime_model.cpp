@@ -13,11 +13,13 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <numeric>
 #include <random>
 #include <tuple>
 
 #include "strata/common/bytes.hpp"
 #include "strata/memory/device_factory.hpp"
+#include "strata/runtime/layout.hpp"
 #include "strata/runtime/runtime.hpp"
 
 namespace strata::runtime {
@@ -63,25 +65,42 @@ TEST_P(RuntimeModel, RandomOperationsMatchReference) {
   o.hyper.optimizer = kernels::Optimizer::kSgd;
   o.compute_dtype = DType::kBF16;
   o.hyper.lr = 1.0f;
-  o.layout.chunk_elems = kChunkElems;
   o.threads = 2;
+  // The model is drawn first: the host budget counts its gradients (below).
+  std::vector<std::uint64_t> numels;
+  std::vector<bool> frozen_drawn;
+  for (std::size_t t = 0; t < kTensors; ++t) {
+    numels.push_back(1 + rng() % 3000);
+    frozen_drawn.push_back(rng() % 8 == 0);
+  }
+  std::vector<TensorId> order(kTensors);
+  std::iota(order.begin(), order.end(), TensorId{0});
+  o.layout.chunk_elems = kChunkElems;
+  auto drawn_layout = build_layout(numels, order, o.layout);
+  ASSERT_TRUE(drawn_layout.ok()) << drawn_layout.status();
+  const std::uint64_t families = drawn_layout->families.size();
   // Small budgets: 5 GPU slots, host for about half of the states, the rest on NVMe.
-  o.budgets = {.gpu_bytes = 5 * kChunkElems * 2, .host_bytes = 10 * kChunkElems * 4, .nvme_bytes = 16 * kMiB};
+  // Host (Note [Host room]): a landing slot (16 KiB), every gradient (16 KiB per
+  // family: the plan counts them all, below), one NVMe chunk's copy (a 32 KiB
+  // master), and 144 KiB for homes (masters 32 KiB, params 16 KiB per family: 4
+  // families need 192 KiB).
+  const std::uint64_t rooms = (16 + 16 * families + 32) * kKiB;
+  o.budgets = {.gpu_bytes = 5 * kChunkElems * 2, .host_bytes = rooms + 144 * kKiB, .nvme_bytes = 16 * kMiB};
   o.plan.prefetch_depth_max = 2;
   o.plan.nvme_families_in_flight = 1;
-  // Random access orders evict half-written gradients to host: keep room for
-  // every gradient (8 families at most) there.
-  o.plan.host_reserve_bytes = 8 * kChunkElems * 2;
+  // The ops below accumulate over micro-batches (begin_micro_batch(false)), and
+  // random access orders evict half-written gradients to host: plan for micro-batches
+  // from the start, so the plan counts every gradient's host copy and the re-plan at the
+  // first begin_micro_batch(false) keeps the placement.
+  o.plan.micro_batches = 2;
   o.plan.grad_staging_slots = 1;
   if (nvme_params) {
-    // Landing slot 16 KiB + reserve 128 KiB + 4 param staging buffers of 16 KiB
-    // (prefetch depth 2 + 2) + one NVMe family in flight (32 KiB master, SGD
-    // without momentum keeps no state, 16 KiB param): no room left for a 16 KiB
-    // param's home (Note [NVMe param staging]).
-    o.budgets.host_bytes = (16 + 128 + 64 + 48) * kKiB;
+    // The rooms + 4 param staging buffers of 16 KiB (prefetch depth 2 + 2) + one NVMe
+    // family in flight (32 KiB master, SGD without momentum keeps no state, 16 KiB
+    // param): with 5 families or more no room is left for every param's home beside the
+    // staging (Note [NVMe param staging]).
+    o.budgets.host_bytes = rooms + (64 + 48) * kKiB;
   }
-  // Note [Host room]: host copies of one gradient per GPU slot, one NVMe chunk's copy (a 32 KiB master).
-  o.budgets.host_bytes += o.budgets.gpu_bytes + 4 * kChunkElems;
   o.hyper.momentum = 0.0f;
   o.nvme_dirs = {dir.string()};
   auto created = Runtime::create(**device, o);
@@ -90,8 +109,8 @@ TEST_P(RuntimeModel, RandomOperationsMatchReference) {
 
   Reference ref;
   for (std::size_t t = 0; t < kTensors; ++t) {
-    const std::int64_t n = 1 + static_cast<std::int64_t>(rng() % 3000);
-    const bool frozen = rng() % 8 == 0;
+    const auto n = static_cast<std::int64_t>(numels[t]);
+    const bool frozen = frozen_drawn[t];
     ASSERT_TRUE(rt.register_tensor({fmt::format("t{}", t), {n}, DType::kBF16, frozen}).ok());
     ref.param.emplace_back(static_cast<std::size_t>(n));
     ref.grad.emplace_back(static_cast<std::size_t>(n), 0.0f);
@@ -107,6 +126,7 @@ TEST_P(RuntimeModel, RandomOperationsMatchReference) {
   // as all its trainable tensors' gradients were handed over in the last
   // micro-batch and no lease holds its gradient or param.
   const ChunkLayout& layout = rt.layout();
+  ASSERT_EQ(layout.families.size(), families) << "the runtime packs as build_layout did";
   std::vector<bool> param_nvme(layout.families.size(), false);
   for (FamilyId f = 0; f < layout.families.size(); ++f)
     param_nvme[f] = rt.plan().families[f].param_home == Tier::kNvme;
