@@ -112,6 +112,17 @@ struct Usage {
   bool optim_staging_reserved = false;
 };
 
+// Note [All-GPU host copies]
+// A plan that keeps every chunk on the GPU still takes host memory: the params'
+// home copies (finalize), init_tensor's fp32 master, the first optimizer step's
+// zero states, the gradients a deferred step (clipping, loss scaling, data
+// parallelism) checks on host, and read_tensor / state_dict's copies of GPU chunks,
+// each of which may stay until the runtime closes. Until those go through bounded
+// staging, the plan counts a host copy of every chunk (params, gradients, masters
+// and states) plus the reserve, and takes the all-GPU placement only when the host
+// budget holds that; a smaller host budget gets the streaming placement, which
+// counts its own rooms (Note [Host room]). Found by strata-contract (#24).
+
 // 3. Host: the rooms of Note [Host room] first, then param homes.
 //
 // Note [Host room]
@@ -282,20 +293,16 @@ Result<Plan> plan_once(const PlanInput& in) {
   Plan plan;
   plan.families.assign(n, FamilyPlan{});
 
-  // 1. Everything on the GPU.
-  if (in.options.allow_gpu_optimizer && e.all_bytes <= gpu_avail) {
+  // 1. Everything on the GPU, when the host holds a copy of every chunk too
+  // (Note [All-GPU host copies]); otherwise the streaming placement below.
+  const std::uint64_t all_gpu_host = e.all_bytes + in.options.host_reserve_bytes;
+  if (in.options.allow_gpu_optimizer && e.all_bytes <= gpu_avail && all_gpu_host <= budget.host_bytes) {
     for (FamilyPlan& f : plan.families)
       f = {.param_home = Tier::kGpu, .optim_home = Tier::kGpu, .param_resident_gpu = true};
     plan.all_gpu = true;
     plan.gpu_bytes = non_chunk + e.all_bytes;
-    // A deferred step checks every gradient through a host copy (Note [Host room]).
-    plan.grad_host_bytes = in.deferred_step ? e.grad_total : 0;
-    plan.host_bytes = plan.grad_host_bytes + in.options.host_reserve_bytes;
-    if (plan.host_bytes > budget.host_bytes) {
-      return budget_error("host_budget", budget.host_bytes, plan.host_bytes,
-                          "host copies of every gradient (loss scaling, clipping or data parallelism check "
-                          "them on host before the step) and the reserve");
-    }
+    plan.grad_host_bytes = e.grad_total;
+    plan.host_bytes = all_gpu_host;
     return plan;
   }
   STRATA_RETURN_IF_ERROR(place_on_gpu(in, e, gpu_avail, plan));

@@ -209,21 +209,34 @@ TEST(TensorState, WaitMakesTheLeaseReadableOnTheHostThread) {
 namespace strata::runtime {
 namespace {
 
-TEST(TensorState, AllGpuPlanNeedsNoHostCopyOfItsStates) {
-  // Everything fits on the device; the host budget holds the params but not the
-  // optimizer states (2 x the params), which start as zeros on the device.
-  Mlp mlp;
-  auto dev = sim_device();
-  RuntimeOptions o = options(kernels::Optimizer::kAdamW, nullptr);
-  o.budgets = {.gpu_bytes = 64 * kMiB, .host_bytes = kModelStateBytes / 4 + 200 * 1024};
-  auto rt = Runtime::create(*dev, o);
-  ASSERT_TRUE(rt.ok()) << rt.status();
-  mlp.layers = kLayers;
-  mlp.width = kWidth;
-  ASSERT_TRUE(mlp.build(**rt).ok());
-  train(**rt, mlp, 3);
-  EXPECT_TRUE((*rt)->plan().all_gpu);
-  EXPECT_EQ(*(*rt)->tensor_steps(mlp.w[0]), 3);
+TEST(TensorState, AllGpuPlanCountsAHostCopyOfEveryChunk) {
+  // Everything fits on the device. Note [All-GPU host copies]: the runtime may keep a
+  // host copy of any chunk (param homes, init's master, zero states, read_tensor), so
+  // the all-GPU plan is taken only when the host budget holds them all; a host budget
+  // that holds the params but not the optimizer states streams instead, and trains.
+  for (const bool roomy : {true, false}) {
+    SCOPED_TRACE(roomy ? "host holds every chunk" : "host holds the params only");
+    Mlp mlp;
+    auto dev = sim_device();
+    RuntimeOptions o = options(kernels::Optimizer::kAdamW, nullptr);
+    o.budgets = {.gpu_bytes = 64 * kMiB,
+                 .host_bytes = roomy ? 2 * kModelStateBytes : kModelStateBytes / 4 + 200 * 1024};
+    auto rt = Runtime::create(*dev, o);
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    mlp.layers = kLayers;
+    mlp.width = kWidth;
+    const Status built = mlp.build(**rt);
+    if (!roomy && !built.ok()) {
+      // Refused up front, naming the host budget: never accepted and then failing.
+      EXPECT_EQ(built.code(), StatusCode::kOutOfBudget) << built;
+      EXPECT_NE(built.message().find("host_budget"), std::string::npos) << built;
+      continue;
+    }
+    ASSERT_TRUE(built.ok()) << built;
+    train(**rt, mlp, 3);
+    EXPECT_EQ((*rt)->plan().all_gpu, roomy) << (*rt)->plan().summary();
+    EXPECT_EQ(*(*rt)->tensor_steps(mlp.w[0]), 3);
+  }
 }
 
 }  // namespace
