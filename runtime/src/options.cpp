@@ -220,7 +220,8 @@ Status validate_options(const RuntimeOptions& o) {
     if (o.budgets.gpu_bytes / 3 < slot_bytes) {
       return invalid_argument(
           "budgets.gpu = {} holds fewer than 3 chunk slots of layout.chunk_elems = {} ({} each): raise "
-          "budgets.gpu to at least {} or lower layout.chunk_elems",
+          "budgets.gpu to at least {} or lower layout.chunk_elems (more if a tensor is larger than a chunk: "
+          "it gets a chunk of its own, and the plan, made once tensors are registered, names the size)",
           format_bytes(o.budgets.gpu_bytes), o.layout.chunk_elems, format_bytes(slot_bytes),
           format_bytes(3 * slot_bytes));
     }

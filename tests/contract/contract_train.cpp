@@ -426,6 +426,7 @@ Attempt run_under_test(const Draw& d, Budgets3& b, const std::string& nvme_dir, 
   if (d.config.seek_minimum == 2) b.gpu = 4096;
   nlohmann::json applied = nlohmann::json::array();
   char last = 0;
+  StatusCode last_code = StatusCode::kOk;
   for (int tries = 0;; ++tries) {
     auto cfg = make_config(d, b, nvme_dir, false, 0);
     if (!cfg.ok())
@@ -434,7 +435,12 @@ Attempt run_under_test(const Draw& d, Budgets3& b, const std::string& nvme_dir, 
     if (d.config.seek_minimum == 0 || a.stage != Attempt::Stage::kRefused || tries == 6) return a;
     const std::optional<Suggestion> s = parse_suggestion(a.status.message());
     if (!s) return a;  // a refusal without a budget to raise: a plain refusal
-    if (s->budget == last) {
+    // Runtime::create's check (validate_options: 3 slots of layout.chunk_elems) runs
+    // before any tensor is registered, so its figure is a lower bound: a tensor larger
+    // than the chunk gets a chunk of its own, which only the plan sees. A refusal that
+    // follows a create-time one may raise the same budget again; a refusal after a
+    // planner's minimum (OutOfBudget, Note [Host room]) may not.
+    if (s->budget == last && last_code != StatusCode::kInvalidArgument) {
       r.outcome = "bad_refusal";
       r.reason = fmt::format("the suggested minimum {} is refused again: {}",
                              applied.back().get<std::string>(), first_line(a.status.to_string()));
@@ -444,6 +450,7 @@ Attempt run_under_test(const Draw& d, Budgets3& b, const std::string& nvme_dir, 
     budget_of(b, s->budget) = s->bytes;
     applied.push_back(s->text);
     last = s->budget;
+    last_code = a.status.code();
   }
 }
 
