@@ -127,6 +127,10 @@ Result<Config> make_config(const Draw& d, const Budgets3& b, const std::string& 
     cfg.runtime.plan.allow_nvme_params = c.allow_nvme_params;
     cfg.runtime.plan.allow_gpu_optimizer = c.allow_gpu_optimizer;
     cfg.runtime.plan.host_reserve_bytes = b.host_reserve;
+    // Declared as docs/config.md asks (strata.torch sets it from gradient_accumulation_steps):
+    // a runtime that only sees begin_micro_batch(false) counts every gradient's host copy
+    // from its next plan on, and that re-plan may refuse what the first plan accepted.
+    cfg.runtime.plan.micro_batches = static_cast<std::uint32_t>(m.micro_batches);
   }
   return cfg;
 }
