@@ -237,8 +237,9 @@ Status Residency::no_slot_error(bool room_full) const {
       "optimizer){}; each is {}, the largest chunk's size (the layout's chunk is {}), so gpu_budget {} "
       "holds {} slots in all; the working set does not fit. Release leases sooner, or raise gpu_budget",
       cache_slots_, leased, claimed,
-      dedicated == 0 ? std::string()
-                     : fmt::format(", and {} more are dedicated to families the plan keeps on the GPU", dedicated),
+      dedicated == 0
+          ? std::string()
+          : fmt::format(", and {} more are dedicated to families the plan keeps on the GPU", dedicated),
       format_bytes(slot_bytes), format_bytes(chunk_bytes), format_bytes(core_.opt.budgets.gpu_bytes),
       device_slots_.size());
 }
