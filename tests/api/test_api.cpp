@@ -74,7 +74,7 @@ TEST(Api, TrainsAcrossThreeTiers) {
   TempDir nvme;
   auto config = Config::from_json_text(fmt::format(R"({{
       "device": {{"kind": "sim", "budget": "65MiB"}},
-      "budgets": {{"gpu": "1MiB", "host": "4MiB", "nvme": "64MiB"}},
+      "budgets": {{"gpu": "1MiB", "host": "4608KiB", "nvme": "64MiB"}},
       "nvme": {{"dirs": ["{}"]}},
       "layout": {{"chunk_elems": 65536}},
       "optimizer": {{"name": "adam", "lr": 0.01}}, "threads": 2}})",
@@ -95,7 +95,8 @@ TEST(Api, TrainsAcrossThreeTiers) {
   for (TensorId id : m.w) {
     std::vector<float> init(Linear::kN * Linear::kN);
     for (auto& v : init) v = 0.01f * n(rng);
-    ASSERT_TRUE(r.init_tensor(id, init).ok());
+    const Status st = r.init_tensor(id, init);
+    ASSERT_TRUE(st.ok()) << st;
   }
   EXPECT_EQ(r.find_tensor("w3").value(), m.w[3]);
   EXPECT_EQ(r.find_tensor("nope").status().code(), StatusCode::kNotFound);

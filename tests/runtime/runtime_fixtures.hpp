@@ -209,7 +209,8 @@ inline void start_mlp(MlpRun& run, RuntimeOptions options, std::size_t layers, s
   run.rt = std::move(rt).value();
   run.mlp.layers = layers;
   run.mlp.width = width;
-  ASSERT_TRUE(run.mlp.build(*run.rt).ok());
+  const Status built = run.mlp.build(*run.rt);
+  ASSERT_TRUE(built.ok()) << built;
 }
 
 //! An NVMe store over `dir` with `engine` ("posix" or "uring") whose I/O results
