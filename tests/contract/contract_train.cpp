@@ -396,21 +396,31 @@ struct Suggestion {
 };
 
 std::optional<Suggestion> parse_suggestion(const std::string& message) {
-  static const std::regex budget_re(R"(raise (host_budget|gpu_budget|nvme_budget|budgets\.(gpu|host|nvme)))");
-  static const std::regex least_re(R"(at least ([0-9.]+ ?[KMGT]?i?B))");
-  static const std::regex needs_re(R"(needs ([0-9.]+ ?[KMGT]?i?B); raise)");
-  std::smatch b, s;
-  if (!std::regex_search(message, b, budget_re)) return std::nullopt;
-  if (!std::regex_search(message, s, least_re) && !std::regex_search(message, s, needs_re))
+  // The budget and the size come from one phrase: a refusal may name two ways out
+  // ("gpu_budget ... needs X; raise gpu_budget. With these gpu and nvme budgets, raise
+  // host_budget to at least Y"), and Y belongs to host_budget, not to the first budget named.
+  static const std::regex least_re(
+      R"(raise (host_budget|gpu_budget|nvme_budget|budgets\.(gpu|host|nvme)) to at least ([0-9.]+ ?[KMGT]?i?B))");
+  static const std::regex needs_re(
+      R"(needs ([0-9.]+ ?[KMGT]?i?B); raise (host_budget|gpu_budget|nvme_budget|budgets\.(gpu|host|nvme)))");
+  std::smatch m;
+  std::string name, size;
+  if (std::regex_search(message, m, least_re)) {
+    name = m[1].str();
+    size = m[3].str();
+  } else if (std::regex_search(message, m, needs_re)) {
+    name = m[2].str();
+    size = m[1].str();
+  } else {
     return std::nullopt;
-  std::string size = s[1].str();
+  }
+  const std::string printed = size;
   std::erase(size, ' ');
   auto bytes = parse_bytes(size);
   if (!bytes.ok()) return std::nullopt;
-  const std::string name = b[1].str();
   const char which =
       name.find("gpu") != std::string::npos ? 'g' : (name.find("host") != std::string::npos ? 'h' : 'n');
-  return Suggestion{.budget = which, .bytes = *bytes, .text = name + " " + s[1].str()};
+  return Suggestion{.budget = which, .bytes = *bytes, .text = name + " " + printed};
 }
 
 std::string first_line(const std::string& s) {
