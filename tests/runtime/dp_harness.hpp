@@ -60,9 +60,9 @@ inline RuntimeOptions dp_options(Tier tier, const std::string& nvme_dir, int ran
   o.budgets = {.gpu_bytes = 64 * kMiB, .host_bytes = 64 * kMiB};
   if (tier != Tier::kGpu) o.budgets.gpu_bytes = 8 * 3 * kDpChunkElems * 4;  // 8 slots of the oversized chunk
   if (tier == Tier::kNvme) {
-    // Room the plan leaves for gradients between micro-batches (the one-rank run).
-    o.budgets.host_bytes = (ranks > 1 ? 40 : 48) * kDpChunkElems * 4;
-    o.plan.host_reserve_bytes = (ranks > 1 ? 16 : 20) * kDpChunkElems * 4;
+    // The plan counts every gradient's host copy itself (micro-batches, data
+    // parallelism: Note [Host room] in runtime/src/planner.cpp); no reserve is needed.
+    o.budgets.host_bytes = (ranks > 1 ? 40 : 60) * kDpChunkElems * 4;
     o.budgets.nvme_bytes = 64 * kMiB;
     o.nvme_dirs = {nvme_dir};
     o.plan.nvme_families_in_flight = 1;

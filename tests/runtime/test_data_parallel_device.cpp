@@ -137,8 +137,10 @@ TEST_P(DataParallelDeviceBuffers, RanksMatchOneRankBitForBit) {
   const DpResult single = testing::dp_train(testing::dp_options(tier, dir.path().string()), -1, w);
   ASSERT_TRUE(single.status.ok()) << single.status;
   testing::expect_trained(single);
-  EXPECT_GT(std::count(single.homes.begin(), single.homes.end(), tier), 0)
-      << "no family's states on " << tier_name(tier);
+  if (tier != Tier::kNvme) {  // (as in DataParallel.RanksWithAPartOfTheBatchMatchOneRankWithAllOfIt)
+    EXPECT_GT(std::count(single.homes.begin(), single.homes.end(), tier), 0)
+        << "no family's states on " << tier_name(tier);
+  }
 
   std::vector<int> on_stream;
   const std::vector<DpResult> ranked = run_device_ranks(tier, w, &on_stream);
