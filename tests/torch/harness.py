@@ -6,6 +6,20 @@ import strata.torch as st
 from models import MODELS, inputs, loss_of, make
 
 
+def train_steps(model, opt, kind, steps, losses=None):
+    """Trains `model` with `opt` on the batches of `steps` (zero_grad after each step); appends
+    each step's loss to `losses` (a new list when None) and returns it."""
+    losses = [] if losses is None else losses
+    for step in steps:
+        x, y = inputs(model, kind, step)
+        loss = loss_of(model, x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach().clone())
+    return losses
+
+
 def align(n, a=4096):
     return (n + a - 1) // a * a
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import strata.torch as st
-from harness import assert_identical, config, run
+from harness import assert_identical, config, run, train_steps
 from models import inputs, loss_of, make
 
 
@@ -39,15 +39,7 @@ def assert_plain(copy_, original_state):
 
 def continue_plain(model, kind, steps):
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.125)
-    losses = []
-    for step in steps:
-        x, y = inputs(model, kind, step)
-        loss = loss_of(model, x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.detach().clone())
-    return losses, model.state_dict()
+    return train_steps(model, opt, kind, steps), model.state_dict()
 
 
 COPIES = {

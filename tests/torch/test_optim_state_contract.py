@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import strata.torch as st
-from harness import assert_identical, config
+from harness import assert_identical, config, train_steps
 from models import inputs, loss_of, make
 
 TORCH = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
@@ -24,21 +24,11 @@ CASES = {
 NAME = "shared"  # frozen layer, buffers, a shared submodule
 
 
-def train(model, opt, kind, steps, losses):
-    for step in steps:
-        x, y = inputs(model, kind, step)
-        loss = loss_of(model, x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.detach().clone())
-
-
 def torch_run(opt_name, hyper, steps, seed=0):
     model, kind = make(NAME, seed)
     opt = TORCH[opt_name](model.parameters(), **hyper)
     losses = []
-    train(model, opt, kind, steps, losses)
+    train_steps(model, opt, kind, steps, losses)
     return model, opt, losses
 
 
@@ -78,7 +68,7 @@ def test_torch_optimizer_state_loads_and_continues(case):
                 assert torch.equal(mine["state"][i][key].to(value.dtype), value), (i, key)
             else:
                 assert mine["state"][i][key] == value, (i, key)
-    train(model, opt, kind, range(3, 6), losses)
+    train_steps(model, opt, kind, range(3, 6), losses)
     compare(reference.state_dict(), model.state_dict(), exact)
     for i, (a, b) in enumerate(zip(ref_losses, losses)):
         assert torch.equal(a, b) if exact else torch.allclose(a, b, rtol=2e-5, atol=2e-6), i
@@ -91,13 +81,13 @@ def test_strata_optimizer_state_loads_into_torch_and_continues(case):
     exact = opt_name == "sgd"
     model, opt, kind = strata_model(opt_name, hyper, seed=0)
     losses = []
-    train(model, opt, kind, range(3), losses)
+    train_steps(model, opt, kind, range(3), losses)
     plain, _ = make(NAME, seed=11)
     plain.load_state_dict(model.state_dict())
     plain_opt = TORCH[opt_name](plain.parameters(), **hyper)
     plain_opt.load_state_dict(opt.state_dict())
-    train(model, opt, kind, range(3, 6), losses)
-    train(plain, plain_opt, kind, range(3, 6), [])
+    train_steps(model, opt, kind, range(3, 6), losses)
+    train_steps(plain, plain_opt, kind, range(3, 6), [])
     compare(plain.state_dict(), model.state_dict(), exact)
     model.strata.close()
 
@@ -155,7 +145,7 @@ def test_strata_state_dict_round_trip_continues_bit_exactly(opt_name):
         model = st.wrap(model, config(model))
         opt = cls(model.parameters(), **hyper)
         losses = []
-        train(model, opt, kind, range(3 if split else 6), losses)
+        train_steps(model, opt, kind, range(3 if split else 6), losses)
         if split:
             model_sd, opt_sd = model.state_dict(), opt.state_dict()
             assert len(opt_sd["state"]) == 10  # every trained parameter (the frozen two have none)
@@ -165,7 +155,7 @@ def test_strata_state_dict_round_trip_continues_bit_exactly(opt_name):
             opt = cls(model.parameters(), **hyper)
             model.load_state_dict(model_sd)
             opt.load_state_dict(opt_sd)
-            train(model, opt, kind, range(3, 6), losses)
+            train_steps(model, opt, kind, range(3, 6), losses)
         runs.append((losses, {k: v.clone() for k, v in model.state_dict().items()}))
         model.strata.close()
     assert_identical(runs[0], runs[1])

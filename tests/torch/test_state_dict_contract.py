@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 
 import strata.torch as st
-from harness import assert_identical, config, run
+from harness import assert_identical, config, run, train_steps
 from models import MODELS, inputs, loss_of, make
 
 
@@ -19,14 +19,7 @@ def continue_from(name, state, first_losses, steps, cfg_model=None, seed=7, **cf
     opt = st.SGD([p for p in model.parameters() if p.requires_grad], lr=0.125)
     result = model.load_state_dict(state)
     assert not result.missing_keys and not result.unexpected_keys
-    losses = list(first_losses)
-    for step in range(len(first_losses), steps):
-        x, y = inputs(model, kind, step)
-        loss = loss_of(model, x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.detach().clone())
+    losses = train_steps(model, opt, kind, range(len(first_losses), steps), list(first_losses))
     return losses, {k: v.clone() for k, v in model.state_dict().items()}, model
 
 
