@@ -1,30 +1,45 @@
 #!/usr/bin/env python3
 """strata.torch against torch alone, on the GPT-style decoder of examples/torch_gpt.py.
 
-    PYTHONPATH=build/release/python /usr/bin/python3 bench/torch_gpt.py [--json] [--runs 3]
+    PYTHONPATH=build/release/python /usr/bin/python3 bench/torch_gpt.py [--json] [--sizes 0.8M,25M,100M]
 
-Each run trains three fresh copies of the same model on the same batches, interleaved so that
-the machine's noise hits all three alike, with the same torch thread count:
+Note [Step-interleaved measurement]
+One process holds every variant of the model at once and times them STEP BY STEP on the
+same batch: pair i runs one training step of each variant on batch i, in an order that
+rotates with i (plain, fit, offload; fit, offload, plain; ...), so that a noisy moment of
+the machine and any position effect (caches left warm by the variant before) hit every
+variant alike. The figures are the median and the interquartile range (IQR) of the
+per-pair RATIOS of step times, not ratios of per-run means: a pair's ratio compares two
+steps a few hundred milliseconds apart on the same batch, which is what lets three
+invocations agree. Every variant has the same torch thread count (one process), runs
+--warmup steps before timing (the first traces and plans), and the garbage collector is
+off while a pair is timed (collected between pairs, untimed).
+Variants:
   plain           torch only, everything in memory, torch.optim.AdamW (its fastest, foreach);
   strata_fit      strata.torch with budgets where everything fits (all chunks on the device);
   strata_offload  strata.torch with model state >= 4x the device budget: params and gradients
-                  stream through the device, optimizer states on host and NVMe.
-Tokens/s are medians over the runs of (tokens / wall time) over the measured steps (the first
-steps, which trace and plan, are not measured). bit_identical_sgd trains a smaller copy with
-SGD (power-of-two lr) both ways in this process and compares every loss and parameter with
-torch.equal. fit_overhead compares whole steps, so it includes the optimizers' difference
-(torch.optim's AdamW against strata's fused kernel, which also overlaps backward);
-fit_fwd_bwd_overhead compares forward + backward alone: the cost of strata's hooks and moves.
---access-ab measures what torch's contract between steps costs (#25: parameters readable and writable
-between steps, Note [Lazy parameters] in strata/torch/_wrap.py; gradient placeholders): it adds
-strata_fit_no_access and strata_offload_no_access, the same runs with the binding as before #25
-(STRATA_TORCH_BENCH_NO_ACCESS=1), interleaved, and reports access_cost_fit / access_cost_offload
-(median tokens/s without over with; > 1 means the contract costs that factor).
---check exits 1 when a target is missed (fit_overhead <= 1.10, state_over_device_budget >= 4,
-bit_identical_sgd).
+                  stream through the device, optimizer states on host and NVMe;
+  --access-ab adds strata_fit_no_access and strata_offload_no_access: the same with the binding
+                  as before #25 (STRATA_TORCH_BENCH_NO_ACCESS=1: parameters not readable or
+                  writable between steps, Note [Lazy parameters] in strata/torch/_wrap.py).
+Per size (--sizes: 0.8M, 25M, 100M or DxL, the GPT's width and depth), as {median, iqr}:
+  fit_overhead          step time strata_fit / plain (1.0 = strata costs nothing);
+  offload_over_plain    step time strata_offload / plain;
+  fit_fwd_bwd_overhead  forward + backward time strata_fit / plain: the binding's own cost;
+  fit_optimizer_ratio   optimizer.step() + zero_grad() time, strata's fused AdamW (mostly run
+                        during backward already) / torch.optim.AdamW;
+  access_cost_fit / access_cost_offload (--access-ab): step time with torch's contract
+                        between steps / without it (> 1: the contract costs that factor).
+fit_counters / offload_counters: strata's extra work per measured step (bytes moved between
+tiers, Python hook calls, parameter leases taken); where everything fits the bytes are 0.
+bit_identical_sgd trains a smaller copy with SGD (power-of-two lr) both ways in this process
+and compares every loss and parameter with torch.equal.
+--check exits 1 when a target is missed (fit_overhead <= 1.10 at every size,
+state_over_device_budget >= 4, bit_identical_sgd, no bytes moved by a fit step).
 """
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -41,72 +56,159 @@ from torch_gpt import Gpt, batches, chunk_elems, corpus  # noqa: E402
 
 import strata.torch as st  # noqa: E402
 
+SIZES = {"0.8M": (128, 4), "25M": (512, 8), "100M": (768, 14)}  # (d_model, layers); heads 4, vocab 256
+MIB = 1 << 20
+
 
 def unique_numel(model):
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
+def parse_size(text):
+    if text in SIZES:
+        return SIZES[text]
+    try:
+        d, layers = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"bench torch_gpt: --sizes: {text!r} is neither one of {', '.join(SIZES)} "
+                         "nor DxL (width x depth, e.g. 256x6)") from None
+    if d < 4 or d % 4 or layers < 1:
+        raise SystemExit(f"bench torch_gpt: --sizes: {text!r}: the width must be a multiple of 4 (heads)")
+    return d, layers
+
+
 def config(model, nvme_dir, device_budget, host_bytes, threads):
+    state = 16 * unique_numel(model)
     return {
-        "device": {"kind": "sim", "budget": "1GiB"},
-        "budgets": {"gpu": device_budget, "host": host_bytes, "nvme": "2GiB"},
+        "device": {"kind": "sim", "budget": max(device_budget + 64 * MIB, 1 << 30)},
+        "budgets": {"gpu": device_budget, "host": host_bytes, "nvme": max(2 * state, 2 << 30)},
         "nvme": {"dirs": [nvme_dir]},
         "layout": {"chunk_elems": chunk_elems(model)},
         "threads": threads,
     }
 
 
-def train(kind, args, data, nvme_dir):
-    """tokens/s of one copy over the measured steps, and the wrapped model's figures."""
-    if kind.endswith("_no_access"):
-        os.environ["STRATA_TORCH_BENCH_NO_ACCESS"] = "1"
-        try:
-            return train(kind[:-len("_no_access")], args, data, nvme_dir)
-        finally:
-            del os.environ["STRATA_TORCH_BENCH_NO_ACCESS"]
-    torch.manual_seed(0)
-    model = Gpt(d=args.d_model, layers=args.layers, seq=args.seq)
-    n = unique_numel(model)
-    state = 16 * n  # params, grads and two fp32 AdamW states
-    info = {}
-    if kind == "plain":
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
-    else:
-        if kind == "strata_fit":
-            cfg = config(model, nvme_dir, 4 * state, 4 * state, args.threads)
+class Variant:
+    """One copy of the model and its optimizer, trained one step at a time."""
+
+    def __init__(self, kind, d, layers, args, nvme_dir):
+        self.kind = kind
+        self.times = []  # (step s, forward + backward s, optimizer s) per measured step
+        self.info = {}
+        torch.manual_seed(0)
+        model = Gpt(d=d, layers=layers, seq=args.seq)
+        state = 16 * unique_numel(model)
+        base = kind.replace("_no_access", "")
+        if base == "plain":
+            self.opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
         else:
-            device_budget = state // args.offload_ratio
-            cfg = config(model, nvme_dir, device_budget, int(0.55 * state) + (8 << 20), args.threads)
-            info["state_over_device_budget"] = state / device_budget
-        model = st.wrap(model, cfg)
-        opt = st.AdamW(model.parameters(), lr=1e-3)
-    it = batches(data, args.batch, args.seq, seed=1)
-    tokens, t0, fwd_bwd_s, opt_s = 0, None, 0.0, 0.0
-    for step in range(args.warmup + args.steps):
-        if step == args.warmup:
-            t0 = time.perf_counter()
-        x, y = next(it)
-        ta = time.perf_counter()
-        logits = model(x)
+            if base == "strata_fit":
+                cfg = config(model, nvme_dir, 2 * state + 16 * MIB, 2 * state + 16 * MIB, args.threads)
+            else:
+                device_budget = state // args.offload_ratio
+                cfg = config(model, nvme_dir, device_budget, int(0.55 * state) + 8 * MIB, args.threads)
+                self.info["state_over_device_budget"] = state / device_budget
+            if kind.endswith("_no_access"):
+                os.environ["STRATA_TORCH_BENCH_NO_ACCESS"] = "1"  # read once, by wrap()
+            try:
+                model = st.wrap(model, cfg)
+            finally:
+                os.environ.pop("STRATA_TORCH_BENCH_NO_ACCESS", None)
+            self.opt = st.AdamW(model.parameters(), lr=1e-3)
+        self.model = model
+        self.counters = None  # strata's work over the measured steps
+
+    def step(self, x, y, timed):
+        t0 = time.perf_counter()
+        logits = self.model(x)
         F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1)).backward()
-        tb = time.perf_counter()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if step >= args.warmup:
-            tokens += x.numel()
-            fwd_bwd_s += tb - ta
-            opt_s += time.perf_counter() - tb
-    rate = tokens / (time.perf_counter() - t0)
-    info["fwd_bwd_s_per_step"] = fwd_bwd_s / args.steps
-    info["optimizer_s_per_step"] = opt_s / args.steps
-    if kind != "plain":
-        tot = model.strata.totals
-        info.update({"stall_s_per_step": tot["stall_s"] / tot["steps"],
-                     "h2d_bytes_per_step": tot["bytes_h2d"] // tot["steps"],
-                     "disk_bytes_per_step": (tot["bytes_disk_read"] + tot["bytes_disk_write"]) // tot["steps"],
-                     "gpu_high_water_bytes": model.strata.last_stats["gpu_high_water_bytes"]})
-        model.strata.close()
-    return rate, info
+        t1 = time.perf_counter()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        t2 = time.perf_counter()
+        if timed:
+            self.times.append((t2 - t0, t1 - t0, t2 - t1))
+
+    def start_counting(self):
+        if hasattr(self.model, "strata"):
+            self.counters = self.model.strata.counters()
+
+    def finish(self):
+        if not hasattr(self.model, "strata"):
+            return
+        w = self.model.strata
+        before, after = self.counters, w.counters()
+        n = max(1, len(self.times))
+        self.info["counters_per_step"] = {k: (after[k] - before[k]) / n for k in after}
+        self.info["gpu_high_water_bytes"] = w.last_stats["gpu_high_water_bytes"]
+        self.info["stall_s_per_step"] = self.info["counters_per_step"].pop("stall_s")
+        w.close()
+
+
+def spread(values):
+    """{median, iqr: [q1, q3]} of per-pair ratios."""
+    if len(values) < 2:
+        v = round(values[0], 3) if values else None
+        return {"median": v, "iqr": [v, v]}
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return {"median": round(statistics.median(values), 3), "iqr": [round(q[0], 3), round(q[2], 3)]}
+
+
+def ratios(a, b, field):
+    return [x[field] / y[field] for x, y in zip(a.times, b.times) if y[field] > 0]
+
+
+def measure(size, args, data, nvme_dir):
+    d, layers = parse_size(size)
+    kinds = ["plain", "strata_fit", "strata_offload"]
+    if args.access_ab:
+        kinds += ["strata_fit_no_access", "strata_offload_no_access"]
+    variants = [Variant(k, d, layers, args, nvme_dir) for k in kinds]
+    it = batches(data, args.batch, args.seq, seed=1)
+    for _ in range(args.warmup):  # traces, plans, allocator warm-up: untimed
+        x, y = next(it)
+        for v in variants:
+            v.step(x, y, timed=False)
+    for v in variants:
+        v.start_counting()
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(args.pairs):
+            x, y = next(it)
+            for j in range(len(variants)):
+                variants[(i + j) % len(variants)].step(x, y, timed=True)
+            if i % 4 == 3:
+                gc.collect()  # untimed: between pairs
+            if not args.json and (i + 1) % max(1, args.pairs // 4) == 0:
+                print(f"{size}: pair {i + 1}/{args.pairs}", file=sys.stderr)
+    finally:
+        gc.enable()
+    for v in variants:
+        v.finish()
+    by = {v.kind: v for v in variants}
+    plain, fit, off = by["plain"], by["strata_fit"], by["strata_offload"]
+    fit_c, off_c = fit.info["counters_per_step"], off.info["counters_per_step"]
+    out = {
+        "params": unique_numel(plain.model), "d_model": d, "layers": layers,
+        "pairs": args.pairs,
+        "fit_overhead": spread(ratios(fit, plain, 0)),
+        "offload_over_plain": spread(ratios(off, plain, 0)),
+        "fit_fwd_bwd_overhead": spread(ratios(fit, plain, 1)),
+        "fit_optimizer_ratio": spread(ratios(fit, plain, 2)),
+        "step_s": {v.kind: round(statistics.median(t[0] for t in v.times), 5) for v in variants},
+        "fwd_bwd_s": {v.kind: round(statistics.median(t[1] for t in v.times), 5) for v in variants},
+        "optimizer_s": {v.kind: round(statistics.median(t[2] for t in v.times), 5) for v in variants},
+        "state_over_device_budget": round(off.info["state_over_device_budget"], 2),
+        "fit_counters": {k: round(v, 1) for k, v in fit_c.items()},
+        "offload_counters": {k: round(v, 1) for k, v in off_c.items()},
+        "offload_stall_s_per_step": round(off.info["stall_s_per_step"], 4),
+    }
+    out["plain_tokens_per_s"] = round(args.batch * args.seq / out["step_s"]["plain"], 1)
+    if args.access_ab:
+        out["access_cost_fit"] = spread(ratios(fit, by["strata_fit_no_access"], 0))
+        out["access_cost_offload"] = spread(ratios(off, by["strata_offload_no_access"], 0))
+    return out
 
 
 def bit_identical_sgd(args, data, nvme_dir):
@@ -140,77 +242,44 @@ def bit_identical_sgd(args, data, nvme_dir):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=8, help="measured steps per run")
-    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--sizes", default="0.8M", help="comma-separated: 0.8M, 25M, 100M or DxL (default 0.8M)")
+    ap.add_argument("--pairs", type=int, default=30, help="measured steps of each variant (one pair each)")
+    ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--d-model", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--offload-ratio", type=int, default=4, help="model state / device budget")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     ap.add_argument("--access-ab", action="store_true",
                     help="also run strata without torch's contract between steps (#25) and report its cost")
     args = ap.parse_args()
-    if min(args.runs, args.steps, args.batch, args.layers, args.offload_ratio) < 1 or args.warmup < 1:
-        ap.error("--runs, --steps, --batch, --layers, --offload-ratio and --warmup must be >= 1")
+    if min(args.pairs, args.batch, args.offload_ratio) < 1 or args.warmup < 2:
+        ap.error("--pairs, --batch and --offload-ratio must be >= 1 and --warmup >= 2 (the first step plans)")
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    for s in sizes:
+        parse_size(s)
     torch.set_num_threads(args.threads)
     data = corpus()
     nvme_dir = tempfile.mkdtemp(prefix="strata-bench-gpt-")
     try:
-        rates = {"plain": [], "strata_fit": [], "strata_offload": []}
-        if args.access_ab:
-            rates.update({"strata_fit_no_access": [], "strata_offload_no_access": []})
-        info = {}
-        for run in range(args.runs):
-            order = list(rates) if run % 2 == 0 else list(reversed(rates))
-            for kind in order:
-                rate, extra = train(kind, args, data, nvme_dir)
-                rates[kind].append(rate)
-                info.setdefault(kind, []).append(extra)
-            if not args.json:
-                print(f"run {run + 1}/{args.runs}: " + ", ".join(f"{k} {v[-1]:.0f} tok/s" for k, v in rates.items()),
-                      file=sys.stderr)
+        results = {s: measure(s, args, data, nvme_dir) for s in sizes}
         identical = bit_identical_sgd(args, data, nvme_dir)
     finally:
         shutil.rmtree(nvme_dir, ignore_errors=True)
-    med = {k: statistics.median(v) for k, v in rates.items()}
-    off = info["strata_offload"][-1]
-    out = {
-        "model": {"params": unique_numel(Gpt(d=args.d_model, layers=args.layers, seq=args.seq)),
-                  "d_model": args.d_model, "layers": args.layers, "batch": args.batch, "seq": args.seq},
-        "threads": args.threads, "runs": args.runs, "measured_steps": args.steps, "device": "sim",
-        "plain_tokens_per_s": round(med["plain"], 1),
-        "strata_fit_tokens_per_s": round(med["strata_fit"], 1),
-        "fit_overhead": round(med["plain"] / med["strata_fit"], 3),
-        "strata_offload_tokens_per_s": round(med["strata_offload"], 1),
-        "offload_over_plain": round(med["strata_offload"] / med["plain"], 3),
-        "state_over_device_budget": round(off["state_over_device_budget"], 2),
-        "offload_h2d_bytes_per_step": off["h2d_bytes_per_step"],
-        "offload_disk_bytes_per_step": off["disk_bytes_per_step"],
-        "offload_stall_s_per_step": round(off["stall_s_per_step"], 4),
-        "bit_identical_sgd": identical,
-        # Where the time goes (medians): forward + backward (torch's math, plus strata's hooks and
-        # moves), and optimizer.step() (torch.optim's AdamW; strata's, mostly overlapped with backward).
-        "fwd_bwd_s_per_step": {k: round(statistics.median(i["fwd_bwd_s_per_step"] for i in info[k]), 4)
-                               for k in rates},
-        "optimizer_s_per_step": {k: round(statistics.median(i["optimizer_s_per_step"] for i in info[k]), 4)
-                                 for k in rates},
-        "all_runs_tokens_per_s": {k: [round(r, 1) for r in v] for k, v in rates.items()},
-    }
-    if args.access_ab:
-        out["access_cost_fit"] = round(med["strata_fit_no_access"] / med["strata_fit"], 3)
-        out["access_cost_offload"] = round(med["strata_offload_no_access"] / med["strata_offload"], 3)
-    met = out["fit_overhead"] <= 1.10 and out["state_over_device_budget"] >= 4 and identical
-    # The binding's own cost, like with like: forward + backward with strata's hooks over torch's.
-    out["fit_fwd_bwd_overhead"] = round(out["fwd_bwd_s_per_step"]["strata_fit"] / out["fwd_bwd_s_per_step"]["plain"], 3)
+    out = {"device": "sim", "threads": args.threads, "batch": args.batch, "seq": args.seq,
+           "warmup": args.warmup, "load_avg_1m": round(os.getloadavg()[0], 2),
+           "sizes": results, "bit_identical_sgd": identical}
+    met = identical and all(r["fit_overhead"]["median"] <= 1.10 and r["state_over_device_budget"] >= 4 and
+                            r["fit_counters"]["bytes_moved"] == 0 for r in results.values())
     out["targets_met"] = met
     if args.json:
         print(json.dumps(out))
     else:
-        for k, v in out.items():
-            print(f"{k}: {v}")
+        for s, r in results.items():
+            print(f"== {s} ({r['params'] / 1e6:.2f} M params)")
+            for k, v in r.items():
+                print(f"  {k}: {v}")
+        print(f"bit_identical_sgd: {identical}\nload_avg_1m: {out['load_avg_1m']}\ntargets_met: {met}")
     if not identical:
         print("bench torch_gpt: strata.torch and torch differ with SGD", file=sys.stderr)
         return 1

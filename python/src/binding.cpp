@@ -175,25 +175,54 @@ class Engine {
 
   //! Makes the parameter's storage hold its value (counted; Note [Rebinding storage]).
   void bind(std::uint32_t id) {
+    ++crossings_;
     Param& p = param(id);
     if (p.binds == 0 && (p.poison.in_view() || replaced(p))) drop_view(p);
     if (p.binds++ > 0) return;
-    auto lease = rt_->acquire(p.id, StateKind::kParam, Access::kRead, Where::kDevice);
-    if (!lease.ok()) {
-      --p.binds;
-      throw_if(lease.status().with_context(fmt::format("binding parameter \"{}\"", p.name)));
+    py::gil_scoped_release release;  // acquire may wait for the chunk's optimizer, wait for its load
+    bind_now(p);
+  }
+
+  // Note [Batched binds]
+  // A module's hooks bind and unbind all of its parameters in one call (bind_many,
+  // unbind_many): one crossing from Python per module and hook instead of one per
+  // parameter, and the GIL is released once around every acquire and wait of the
+  // module (a wait for a chunk still loading, or for its optimizer, no longer holds
+  // up other Python threads). A parameter already bound (tied, or the module's
+  // subtree bound by its parent) only counts the bind: no lease, no lock, no wait.
+  // unbind_many answers whether a poisoned region was touched since the last check
+  // (any_poison_hit(), one atomic load), so the hook asks for names only then.
+  void bind_many(const std::vector<std::uint32_t>& ids) {
+    ++crossings_;
+    std::vector<Param*> todo;
+    todo.reserve(ids.size());
+    for (std::uint32_t id : ids) {
+      Param& p = param(id);
+      if (p.binds == 0 && (p.poison.in_view() || replaced(p))) drop_view(p);
+      if (p.binds++ == 0) todo.push_back(&p);
     }
-    Status st = rt_->wait(*lease);
-    if (!st.ok()) {
-      --p.binds;
-      throw_if(st);
+    if (todo.empty()) return;
+    std::size_t done = 0;
+    try {
+      py::gil_scoped_release release;
+      for (; done < todo.size(); ++done) bind_now(*todo[done]);
+    } catch (...) {
+      for (std::size_t i = done + 1; i < todo.size(); ++i) --todo[i]->binds;  // bind_now undid its own
+      throw;
     }
-    storage(p)->set_data_ptr_noswap(at::DataPtr(lease->data(), device_));
-    p.lease = std::move(lease).value();
+  }
+  bool unbind_many(const std::vector<std::uint32_t>& ids) {
+    ++crossings_;
+    for (std::uint32_t id : ids) {
+      Param& p = param(id);
+      if (p.binds > 0 && --p.binds == 0) unbind_now(p);
+    }
+    return any_poison_hit();
   }
 
   //! Undoes one bind(); the last one points the storage at poison and releases the lease.
   void unbind(std::uint32_t id) {
+    ++crossings_;
     Param& p = param(id);
     if (p.binds == 0) return;
     if (--p.binds == 0) unbind_now(p);
@@ -209,6 +238,7 @@ class Engine {
   //! Hands a parameter's gradient to its grad chunk: overwrite (first
   //! micro-batch of a step) or add (later micro-batches).
   void hand_grad(std::uint32_t id, const at::Tensor& grad, bool accumulate) {
+    ++crossings_;
     Param& p = param(id);
     if (grad.is_sparse())
       throw py::value_error(fmt::format("parameter \"{}\": sparse gradients are not supported", p.name));
@@ -418,6 +448,15 @@ class Engine {
     }
   }
 
+  //! The binding's work so far (Note [Step counters] in _wrap.py): calls from hooks
+  //! (bind, unbind, hand_grad; a batched call counts once) and param leases taken.
+  py::dict counters() const {
+    py::dict d;
+    d["crossings"] = crossings_;
+    d["param_leases"] = param_leases_;
+    return d;
+  }
+
   //! Whether parameter `id` is a view between steps (for tests).
   bool is_view(std::uint32_t id) { return param(id).poison.in_view(); }
 
@@ -526,6 +565,23 @@ class Engine {
     }
     p.poison.rearm();
   }
+  //! The lease of a parameter whose count just went 0 -> 1; undoes the count on failure.
+  //! Runs without the GIL (touches no Python object).
+  void bind_now(Param& p) {
+    ++param_leases_;
+    auto lease = rt_->acquire(p.id, StateKind::kParam, Access::kRead, Where::kDevice);
+    if (!lease.ok()) {
+      --p.binds;
+      throw_if(lease.status().with_context(fmt::format("binding parameter \"{}\"", p.name)));
+    }
+    Status st = rt_->wait(*lease);
+    if (!st.ok()) {
+      --p.binds;
+      throw_if(st);
+    }
+    storage(p)->set_data_ptr_noswap(at::DataPtr(lease->data(), device_));
+    p.lease = std::move(lease).value();
+  }
   void unbind_now(Param& p) {
     p.binds = 0;
     if (!p.lease.has_value()) return;
@@ -536,6 +592,8 @@ class Engine {
   std::unique_ptr<strata::Runtime> rt_;
   at::Device device_{at::kCPU};
   std::vector<Param> params_;
+  std::uint64_t crossings_ = 0;
+  std::uint64_t param_leases_ = 0;
 };
 
 //! strata's fused optimizer kernel over torch tensors (strata.torch.functional):
@@ -625,6 +683,8 @@ PYBIND11_MODULE(_C, m) {
       .def("restore", &Engine::restore)
       .def("bind", &Engine::bind)
       .def("unbind", &Engine::unbind)
+      .def("bind_many", &Engine::bind_many)
+      .def("unbind_many", &Engine::unbind_many)
       .def("unbind_all", &Engine::unbind_all)
       .def("binds", &Engine::binds)
       .def("hand_grad", &Engine::hand_grad)
@@ -653,7 +713,8 @@ PYBIND11_MODULE(_C, m) {
       .def("materialise", &Engine::materialise)
       .def("sync_views", &Engine::sync_views)
       .def("drop_views", &Engine::drop_views)
-      .def("is_view", &Engine::is_view);
+      .def("is_view", &Engine::is_view)
+      .def("counters", &Engine::counters);
   m.def("validate_config", &strata::torch_binding::validate_config, py::arg("config_json"));
   m.def("fused_step", &strata::torch_binding::fused_step, py::arg("optimizer"), py::arg("param"),
         py::arg("grad"), py::arg("states"), py::arg("step"), py::arg("hyper"), py::arg("grad_scale") = 1.0f);

@@ -333,6 +333,7 @@ class Wrapped:
         self.last_stats = None
         self.totals = {"steps": 0, "bytes_h2d": 0, "bytes_d2h": 0, "bytes_disk_read": 0,
                        "bytes_disk_write": 0, "stall_s": 0.0}
+        self._hook_calls = 0  # Python hook calls (Note [Step counters])
         self._collect()
         self._check_devices_early()
         _C.validate_config(json.dumps(self._runtime_config(None)))  # unknown keys fail here, not later
@@ -661,11 +662,12 @@ class Wrapped:
         self._phase = "forward"
 
     def _pre_forward(self, module, inputs):
+        self._hook_calls += 1
         if self.engine is None:
             self._ensure_engine()
         pids = self._module_pids[module]
-        for pid in pids:
-            self.engine.bind(pid)
+        if pids:  # the root owns none of its own: no call
+            self.engine.bind_many(pids)  # one call per module (Note [Batched binds] in binding.cpp)
         call = _Call(pids)
         self._calls.setdefault(id(module), []).append(call)
         if torch.is_grad_enabled():
@@ -676,10 +678,10 @@ class Wrapped:
         return None
 
     def _post_forward(self, module, inputs, output):
+        self._hook_calls += 1
         call = self._calls[id(module)].pop()
-        for pid in call.pids:
-            self.engine.unbind(pid)
-        self._check_poison()
+        if call.pids and self.engine.unbind_many(call.pids):  # a poisoned region was touched
+            self._check_poison()
         if torch.is_grad_enabled():
             for t in _tensors_in(output, []):
                 if t.requires_grad:
@@ -688,21 +690,23 @@ class Wrapped:
 
     def _make_output_hook(self, call):
         def hook(grad):
+            self._hook_calls += 1
             if not call.bound:
                 self._on_backward_begins()
                 call.bound = True
-                for pid in call.pids:
-                    self.engine.bind(pid)
+                if call.pids:
+                    self.engine.bind_many(call.pids)
             return None
         return hook
 
     def _make_input_hook(self, call):
         def hook(grad):
+            self._hook_calls += 1
             call.inputs_pending -= 1
             if call.inputs_pending == 0 and call.bound:
                 call.bound = False
-                for pid in call.pids:
-                    self.engine.unbind(pid)
+                if call.pids:
+                    self.engine.unbind_many(call.pids)
             return None
         return hook
 
@@ -727,6 +731,7 @@ class Wrapped:
 
     def _make_grad_hook(self, pid, p):
         def hook(*unused):
+            self._hook_calls += 1
             g = p.grad
             if g is None or self.engine is None:
                 return
@@ -900,6 +905,23 @@ class Wrapped:
         return stats
 
     # --- state_dict (plain torch tensors) -----------------------------------------------
+
+    # Note [Step counters]
+    # counters() is strata's own work so far, for bench/torch_gpt.py and the tests that hold a
+    # fit step to zero extra work (tests/torch/test_step_cost.py): bytes moved between tiers
+    # (the runtime's StepStats, summed over steps), Python hook calls (module and tensor hooks,
+    # gradient hand-overs) and the engine's crossings (calls into the binding from hooks) and
+    # param leases taken. Differences over N steps divided by N are per-step figures.
+
+    def counters(self):
+        c = {k: v for k, v in self.totals.items() if k != "steps"}
+        c["steps"] = self.totals["steps"]
+        c["bytes_moved"] = c["bytes_h2d"] + c["bytes_d2h"] + c["bytes_disk_read"] + c["bytes_disk_write"]
+        c["hook_calls"] = self._hook_calls
+        e = self.engine.counters() if self.engine is not None else {}
+        c["crossings"] = e.get("crossings", 0)
+        c["param_leases"] = e.get("param_leases", 0)
+        return c
 
     def read_param(self, pid):
         p = self.params[pid]
