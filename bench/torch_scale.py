@@ -105,10 +105,13 @@ def train(model, opt, data, args, steps):
         t0 = time.perf_counter()
         logits = model(x)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+        t1 = time.perf_counter()
         loss.backward()
-        stats.append(opt.step() or model.strata.last_stats)
+        t2 = time.perf_counter()
+        stats.append(dict(opt.step() or model.strata.last_stats))
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t0)
+        stats[-1].update(forward_s=t1 - t0, backward_s=t2 - t1, step_call_s=times[-1] - (t2 - t0))
         losses.append(loss.item())
     return losses, times, stats
 
@@ -245,6 +248,9 @@ def run(args, nvme_dir):
         "chunk_elems": layout["chunk_elems"], "padding_fraction": round(layout["padding_fraction"], 4),
         "init_s": round(init_s, 2), "step_times_s": [round(t, 3) for t in times], "step_s": round(step_s, 3),
         "disk_read_bytes_per_step": read_b, "disk_write_bytes_per_step": write_b,
+        # Where the median step's time went (item 4 of #28: what the bound leaves on the table).
+        "median_step_split_s": {k: round(stats[mid][k], 3) for k in ("forward_s", "backward_s", "step_call_s",
+                                                                     "stall_s")},
         "io_read_bytes_s": read_rate, "io_write_bytes_s": write_rate, "io_bench": " ".join(io_cmd),
         "compute_s": round(compute_s, 3), "disk_s": round(disk_s, 3), "bound_s": round(bound_s, 3),
         "bound_ratio": round(step_s / bound_s, 3), "losses": [round(x, 5) for x in losses],

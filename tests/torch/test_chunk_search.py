@@ -42,7 +42,7 @@ def test_example_gpt_padding_through_wrap(tmp_path):
 
 def layout_of(model, cfg):
     """The runtime's layout for `model`'s parameter shapes (meta tensors: no values, no init)."""
-    cfg = _layout.search_bounds(json.loads(json.dumps(cfg)), "fp32")
+    cfg = _layout.search_bounds({k: v for k, v in cfg.items() if k != "grad_reads"}, "fp32")  # binding keys out
     cfg["optimizer"] = {"name": "sgd"}
     engine = _C.Engine(json.dumps(cfg))
     try:
