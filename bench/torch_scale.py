@@ -85,7 +85,7 @@ def build(d, layers, seq, cfg):
 
 def config(n, d, args, nvme_dir, host, all_host=False):
     largest = 4 * d * d
-    gpu = max(6 * largest * 4, 64 << 20)
+    gpu = 6 * largest * 4  # 3 slots of chunks up to twice the largest tensor
     cfg = {"device": {"kind": "sim", "budget": gpu + (64 << 20)},
            "budgets": {"gpu": gpu, "host": host}, "threads": args.threads,
            # Gradients go to strata during backward from the first step on: with "auto" the first step keeps
@@ -151,7 +151,7 @@ def small_copy(args, data, nvme_dir):
     for all_host in (True, False):
         torch.manual_seed(0)
         n = 12 * layers * d * d
-        model, opt = build(d, layers, args.seq, config(n, d, args, nvme_dir, 24 * n if all_host else 8 * n,
+        model, opt = build(d, layers, args.seq, config(n, d, args, nvme_dir, 24 * n if all_host else 12 * n,
                                                         all_host))
         losses, _, _ = train(model, opt, data, args, 3)
         state = {k: v.clone() for k, v in model.state_dict().items()}
