@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-from torch_gpt import Gpt, batches, chunk_elems, corpus  # noqa: E402
+from torch_gpt import Gpt, batches, corpus  # noqa: E402
 
 import strata.torch as st  # noqa: E402
 
@@ -83,7 +83,6 @@ def config(model, nvme_dir, device_budget, host_bytes, threads):
         "device": {"kind": "sim", "budget": max(device_budget + 64 * MIB, 1 << 30)},
         "budgets": {"gpu": device_budget, "host": host_bytes, "nvme": max(2 * state, 2 << 30)},
         "nvme": {"dirs": [nvme_dir]},
-        "layout": {"chunk_elems": chunk_elems(model)},
         "threads": threads,
     }
 

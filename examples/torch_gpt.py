@@ -57,6 +57,16 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+def init_weights(m):
+    """GPT-2's init of one module's own parameters; Gpt applies it in modules() order. A model built
+    inside strata.torch.init() gets the same values from strata.torch.wrap(model, config,
+    init=init_weights) (Note [Deferred init] in python/strata/torch/_deferred.py)."""
+    if isinstance(m, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(m.weight, std=0.02)
+    if isinstance(m, nn.Linear) and m.bias is not None:
+        nn.init.zeros_(m.bias)
+
+
 class Gpt(nn.Module):
     """Token and position embeddings, pre-norm blocks, a final norm and an output head tied to
     the token embedding."""
@@ -69,10 +79,7 @@ class Gpt(nn.Module):
         self.head = nn.Linear(d, vocab, bias=False)
         self.head.weight = self.wte.weight
         for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, std=0.02)
-            if isinstance(m, nn.Linear) and m.bias is not None:
-                nn.init.zeros_(m.bias)
+            init_weights(m)
 
     def forward(self, idx):
         t = idx.shape[1]
@@ -119,15 +126,8 @@ def strata_config(args, model, nvme_dir):
         "budgets": {"gpu": args.device_budget, "host": int(args.host_fraction * 16 * n) + (8 << 20),
                     "nvme": "1GiB"},
         "nvme": {"dirs": [nvme_dir], "engine": args.engine},
-        "layout": {"chunk_elems": chunk_elems(model)},
         "threads": args.threads,
     }
-
-
-def chunk_elems(model):
-    """A chunk as large as the largest tensor (rounded to 4096 elements), so none gets a chunk of its own."""
-    largest = max(p.numel() for p in model.parameters())
-    return (largest + 4095) // 4096 * 4096
 
 
 def fmt_bytes(n):
@@ -217,6 +217,7 @@ def main():
             "stall_s": round(tot["stall_s"], 3),
             "gpu_high_water_bytes": model.strata.last_stats["gpu_high_water_bytes"],
             "host_high_water_bytes": model.strata.last_stats["host_high_water_bytes"],
+            "chunk_padding": round(model.strata.engine.layout()["padding_fraction"], 4),  # the runtime's search
         }
         if args.json:
             print(json.dumps(summary))

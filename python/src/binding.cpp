@@ -161,6 +161,70 @@ class Engine {
     storage(p)->set_data_ptr_noswap(at::DataPtr(p.poison.data(), device_));
   }
 
+  //! Deferred init (Note [Deferred init] in strata/torch/_deferred.py): points the
+  //! parameter's storage at its poison region without copying values (its torch
+  //! memory, never written, is freed); init_values() gives the runtime its values.
+  void adopt_unset(std::uint32_t id) {
+    Param& p = param(id);
+    if (p.home.unsafeGetStorageImpl() != nullptr) return;
+    p.poison = value_or_throw(PoisonRegion::create(p.tensor.nbytes()));
+    p.home = p.tensor.storage();
+    storage(p)->set_data_ptr_noswap(at::DataPtr(p.poison.data(), device_));
+  }
+
+  //! Deferred init: the values of several parameters (any float dtype, each its parameter's
+  //! numel) as their initial value (init_tensor each: an NVMe-homed chunk is read and written
+  //! per tensor; one runtime call per family is still to come, docs/scale.md). Empty lists fix
+  //! the layout (finalize, through a flush).
+  void init_many(const std::vector<std::uint32_t>& ids, const std::vector<at::Tensor>& values) {
+    check_open();
+    if (ids.size() != values.size()) throw py::value_error("init_many: as many ids as value tensors");
+    if (ids.empty() && !params_.empty()) {
+      // Nothing to write: fix the layout (finalize) by reading the smallest parameter.
+      const Param* small = &params_[0];
+      for (const Param& p : params_) small = p.numel < small->numel ? &p : small;
+      std::vector<float> values(small->numel);
+      py::gil_scoped_release release;
+      throw_if(rt_->read_tensor(small->id, values, StateKind::kParam));
+      return;
+    }
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      Param& p = param(ids[i]);
+      if (values[i].numel() != static_cast<std::int64_t>(p.numel))
+        throw py::value_error(
+            fmt::format("parameter \"{}\": {} values for {} elements", p.name, values[i].numel(), p.numel));
+      at::Tensor v = values[i].detach().to(at::kCPU).to(at::kFloat).contiguous().reshape({-1});
+      py::gil_scoped_release release;
+      throw_if(rt_->init_tensor(p.id, std::span<const float>(v.data_ptr<float>(), p.numel)));
+    }
+  }
+
+  //! The chunk family of a parameter (-1 before the layout is fixed).
+  std::int64_t family_of(std::uint32_t id) {
+    const runtime::ChunkLayout& l = rt_->core().layout();
+    const TensorId t = param(id).id;
+    return t < l.slots.size() ? static_cast<std::int64_t>(l.slots[t].family) : -1;
+  }
+
+  //! The chunk layout the runtime chose (fixed by the first init, acquire or step): chunk_elems,
+  //! families, numel, capacity_elems, padding_fraction (layout.chunk_elems 0 = its own search),
+  //! and the plan's bytes per tier (plan_gpu_bytes, plan_host_bytes, plan_nvme_bytes).
+  py::dict layout() {
+    check_open();
+    const runtime::ChunkLayout& l = rt_->core().layout();
+    py::dict d;
+    d["chunk_elems"] = l.chunk_elems;
+    d["families"] = l.families.size();
+    d["numel"] = l.numel_total;
+    d["capacity_elems"] = l.capacity_total_elems;
+    d["padding_fraction"] = l.padding_fraction();
+    const runtime::Plan& plan = rt_->core().plan();
+    d["plan_gpu_bytes"] = plan.gpu_bytes;  // the plan in effect (its bytes per tier)
+    d["plan_host_bytes"] = plan.host_bytes;
+    d["plan_nvme_bytes"] = plan.nvme_bytes;
+    return d;
+  }
+
   //! Gives a parameter real torch memory again with its current value (the
   //! engine is about to be closed or rebuilt).
   void restore(std::uint32_t id) {
@@ -680,6 +744,10 @@ PYBIND11_MODULE(_C, m) {
       .def("close", &Engine::close)
       .def("register_param", &Engine::register_param)
       .def("adopt", &Engine::adopt)
+      .def("adopt_unset", &Engine::adopt_unset)  // deferred init (#28)
+      .def("init_many", &Engine::init_many)
+      .def("family_of", &Engine::family_of)
+      .def("layout", &Engine::layout)  // #28: padding of the runtime's chunk search
       .def("restore", &Engine::restore)
       .def("bind", &Engine::bind)
       .def("unbind", &Engine::unbind)

@@ -51,9 +51,13 @@ def test_unknown_config_key(tmp_path):
 
 
 def test_parameter_on_the_wrong_device(tmp_path):
-    model = nn.Linear(4, 4, device="meta")
-    with pytest.raises(ValueError, match=r"'weight' is on meta"):
+    # Meta parameters are deferred init (issue #28, test_deferred_init.py); mixed with real ones, or on a
+    # CUDA device, they are refused.
+    model = nn.Sequential(nn.Linear(4, 4, device="meta"), nn.Linear(4, 4))
+    with pytest.raises(ValueError, match=r"parameter '1.weight' is on cpu while others are on the meta device"):
         st.wrap(model, {"device": {"kind": "sim"}})
+    with pytest.raises(ValueError, match=r"deferred init .* sim device only"):
+        st.wrap(nn.Linear(4, 4, device="meta"), {"device": {"kind": "cuda"}})
     model = nn.Linear(4, 4)
     with pytest.raises(ValueError, match=r"'weight' is on cpu.*CUDA"):
         st.wrap(model, {"device": {"kind": "cuda"}})

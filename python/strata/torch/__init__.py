@@ -19,8 +19,9 @@ of the model and the optimizer use torch's formats.
 """
 
 from . import functional
+from ._deferred import init
 from ._wrap import StrataError, Wrapped, wrap
 from .optim import LAMB, LARS, SGD, Adagrad, Adam, AdamW, Lion
 
-__all__ = ["wrap", "Wrapped", "StrataError", "AdamW", "Adam", "LAMB", "LARS", "SGD", "Lion", "Adagrad",
+__all__ = ["wrap", "init", "Wrapped", "StrataError", "AdamW", "Adam", "LAMB", "LARS", "SGD", "Lion", "Adagrad",
            "functional"]

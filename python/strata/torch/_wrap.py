@@ -37,7 +37,7 @@ import weakref
 
 import torch
 
-from . import _C, _state
+from . import _C, _deferred, _layout, _state
 
 PARAM, GRAD, MASTER, STATE0, STATE1 = range(5)
 StrataError = _C.StrataError
@@ -285,7 +285,7 @@ class _Call:
 class Wrapped:
     """The strata state of one wrapped model: model.strata after wrap(model, config)."""
 
-    def __init__(self, model, config):
+    def __init__(self, model, config, init=None, init_order="modules"):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"strata.torch.wrap: expected a torch.nn.Module, got {type(model).__name__}")
         if getattr(model, "_strata_wrapped", None) is not None:
@@ -334,6 +334,7 @@ class Wrapped:
         self.totals = {"steps": 0, "bytes_h2d": 0, "bytes_d2h": 0, "bytes_disk_read": 0,
                        "bytes_disk_write": 0, "stall_s": 0.0}
         self._hook_calls = 0  # Python hook calls (Note [Step counters])
+        self._deferred = self._deferred_init(init, init_order)
         self._collect()
         self._check_devices_early()
         _C.validate_config(json.dumps(self._runtime_config(None)))  # unknown keys fail here, not later
@@ -346,6 +347,20 @@ class Wrapped:
         model._strata_wrapped = self
         self._signature = self._model_signature()
         _WRAPPED_REGISTRY.add(self)
+        if self._deferred is not None:
+            self._set_lazy(True)  # no values before the build: a read raises (_materialise)
+
+    def _deferred_init(self, init, init_order):
+        """Note [Deferred init] in _deferred.py: meta parameters become CPU ones initialised at the build."""
+        if not _deferred.Deferred.wanted(self.model):
+            if init is not None:
+                raise ValueError("strata.torch.wrap: init= initialises parameters built on the meta device "
+                                 "(Note [Deferred init]); this model has none: initialise it in torch instead")
+            return None
+        if self._device_kind_wanted() != "cpu":
+            raise ValueError("strata.torch.wrap: deferred init (parameters on the meta device) is supported on the "
+                             "sim device only so far; build the model on the GPU, or use device.kind \"sim\"")
+        return _deferred.Deferred(self.model, init, init_order)
 
     # --- registration ---------------------------------------------------------------
 
@@ -447,6 +462,7 @@ class Wrapped:
                              f"parameters are {self.dtype}; leave it out or convert the model")
         precision["compute"] = want
         cfg["precision"] = precision
+        _layout.search_bounds(cfg, want)  # Note [Chunk search bounds] in _layout.py
         plan = dict(cfg.get("plan", {})) if isinstance(cfg.get("plan"), dict) else cfg.get("plan", {})
         if isinstance(plan, dict):
             # Gradients wait on host between micro-batches (Note [Host room] in runtime/src/planner.cpp).
@@ -486,12 +502,20 @@ class Wrapped:
                 got = engine.register_param(name, p, frozen)
                 assert got == pid
             adopted = 0
+            deferred = self._deferred is not None and self._deferred.pending
+            if deferred:
+                adopted = len(self.params)  # adopt_unset holds their storage: restore each on failure
+                self._deferred.run(self, engine)
             for pid in range(len(self.params)):
-                engine.adopt(pid)
-                adopted += 1
+                if not deferred or id(self.params[pid]) not in self._deferred.meta:
+                    engine.adopt(pid)
+                adopted = max(adopted, pid + 1)
         except BaseException:
             for pid in range(adopted):
-                engine.restore(pid)  # give the torch values back before the engine goes
+                if self._deferred is not None and self._deferred.pending and id(self.params[pid]) in self._deferred.meta:
+                    self._deferred.unset(self.params[pid])  # no value yet: fresh memory, still guarded
+                else:
+                    engine.restore(pid)  # give the torch values back before the engine goes
             engine.close()
             raise
         self.engine = engine
@@ -781,6 +805,13 @@ class Wrapped:
 
     def _materialise(self, pid, what):
         p = self.params[pid]
+        if self.engine is None and self._deferred is not None and self._deferred.pending:
+            if self._deferred.current is not None:  # an init touched a parameter it does not own
+                raise self._deferred.touched(self.names[pid])
+            raise RuntimeError(
+                f"strata.torch: parameter {self.names[pid]!r} has no value yet ({what}): it was built on the meta "
+                "device and deferred init runs when the engine is built (the strata optimizer's creation or the "
+                "first forward; Note [Deferred init] in strata/torch/_deferred.py)")
         if self.engine is not None:
             self._check_window(pid, what)
             self.engine.materialise(pid)
@@ -942,7 +973,7 @@ def _zero_grad(self, set_to_none=False):
     return None
 
 
-def wrap(model, config=None):
+def wrap(model, config=None, *, init=None, init_order="modules"):
     """Hands `model`'s parameters to strata and returns the model (the same object).
 
     config: a dict or the path of a JSON file, with the keys of strata's C++ Config
@@ -950,8 +981,10 @@ def wrap(model, config=None):
     ``gradient_accumulation_steps`` (backward passes per optimizer.step(), default 1).
     The optimizer comes from strata.torch's optimizer classes (strata.torch.AdamW, ...).
     model.strata is the wrapped state (stats, close()).
+    A model with its parameters on the meta device is initialised straight into strata's chunks
+    by each module's reset_parameters() and then init(module) (Note [Deferred init] in _deferred.py).
     """
-    wrapped = Wrapped(model, config)
+    wrapped = Wrapped(model, config, init, init_order)
     # An instance attribute (not a Parameter, Module or Tensor) shadows the class's methods.
     object.__setattr__(model, "zero_grad", _zero_grad.__get__(model))
     object.__setattr__(model, "strata", wrapped)

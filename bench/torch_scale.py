@@ -1,0 +1,286 @@
+#!/usr/bin/env python3
+"""Trains a GPT of a given size through strata.torch with deferred init and compares its step
+time with the machine's bound (issue #28; docs/scale.md).
+
+    PYTHONPATH=build/release/python /usr/bin/python3 bench/torch_scale.py --params 50M --json \
+        --nvme-dir /var/tmp --strata-bench build/release/bench/strata-bench
+
+The model (examples/torch_gpt.py's Gpt, byte vocabulary, batch x seq tokens) is built inside
+strata.torch.init() and initialised straight into strata's chunks (Note [Deferred init]). It
+trains `--steps` AdamW steps (5: the loss of each is reported; step_s is the median of steps 2-4).
+The bound, measured in the same run:
+  - compute_s: forward + backward of one Block, resident in torch memory, median of 3 after a
+    warm-up, times the number of blocks (embeddings and head are left out: < 1% here); torch's
+    AdamW on the block, scaled alike, is reported beside it (torch_adamw_s), not added: strata's
+    optimizer runs on its own threads during backward;
+  - disk_s: the median step's disk read and write bytes (strata's own counts) at the read and
+    write rates `strata-bench io` measures on --nvme-dir at the runtime's piece size (4 MiB) and
+    queue depth (32 pieces);
+  - bound_s = max(compute_s, disk_s); bound_ratio = step_s / bound_s.
+exact_small_copy: a copy of --small-params (20M) trained 3 steps with its states on NVMe and again
+all on host: losses and final parameters bit-identical.
+"""
+
+import argparse
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+from torch_gpt import Block, Gpt, batches, corpus, init_weights  # noqa: E402
+
+import strata.torch as st  # noqa: E402
+
+
+def parse_count(text):
+    m = re.fullmatch(r"([0-9.]+)([kKmMbBgG]?)", text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r}: a parameter count such as 50M, 1.2B or 3B")
+    return int(float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9}[m.group(2).lower()])
+
+
+def shape_for(params):
+    """(d_model, layers) of a GPT with about `params` parameters (12 d^2 per block)."""
+    d = 384 if params < 3e7 else 512 if params < 1e8 else 1024 if params < 6e8 else 2048 if params < 2e9 else 2560
+    return d, max(1, round(params / (12 * d * d)))
+
+
+def mem_total():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def swap_file_bytes(nvme_dir):
+    """Disk blocks held by this process's (unlinked) swap files under nvme_dir."""
+    total, root = 0, os.path.realpath(nvme_dir)
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(root) and target.endswith("(deleted)"):
+                total += os.fstat(int(fd)).st_blocks * 512
+        except OSError:
+            pass
+    return total
+
+
+def build(d, layers, seq, cfg):
+    with st.init():
+        model = Gpt(d=d, layers=layers, heads=max(1, d // 64), seq=seq)
+    model = st.wrap(model, cfg, init=init_weights)
+    opt = st.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)  # builds: deferred init runs here
+    return model, opt
+
+
+def config(n, d, args, nvme_dir, host, all_host=False):
+    largest = 4 * d * d
+    gpu = 6 * largest * 4  # 3 slots of chunks up to twice the largest tensor
+    cfg = {"device": {"kind": "sim", "budget": gpu + (64 << 20)},
+           "budgets": {"gpu": gpu, "host": host}, "threads": args.threads,
+           # Gradients go to strata during backward from the first step on: with "auto" the first step keeps
+           # every gradient in torch memory (Note [Gradients in torch]), the model's size in RSS.
+           "grad_reads": False}
+    if not all_host:
+        cfg["budgets"]["nvme"] = "1TiB"  # a cap: the swap files grow to what the plan needs (#28 item 2)
+        cfg["nvme"] = {"dirs": [nvme_dir]}
+    return cfg
+
+
+def train(model, opt, data, args, steps):
+    it = batches(data, args.batch, args.seq, seed=1)
+    losses, times, stats = [], [], []
+    for _ in range(steps):
+        x, y = next(it)
+        t0 = time.perf_counter()
+        logits = model(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        stats.append(dict(opt.step() or model.strata.last_stats))
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+        stats[-1].update(forward_s=t1 - t0, backward_s=t2 - t1, step_call_s=times[-1] - (t2 - t0))
+        losses.append(loss.item())
+    return losses, times, stats
+
+
+def compute_bound(d, layers, args):
+    """(forward + backward, torch AdamW) seconds of one step's compute: one resident Block, median of 3 after a
+    warm-up, times the number of blocks. The bound uses the first: strata's optimizer runs on its own threads
+    during backward, so torch's AdamW time is reported beside it, not added."""
+    torch.manual_seed(0)
+    block = Block(d, max(1, d // 64), args.seq)
+    opt = torch.optim.AdamW(block.parameters(), lr=3e-4)
+    x = torch.randn(args.batch, args.seq, d, requires_grad=True)
+    fwd_bwd, adamw = [], []
+    for _ in range(4):
+        t0 = time.perf_counter()
+        block(x).square().mean().backward()
+        t1 = time.perf_counter()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        fwd_bwd.append(t1 - t0)
+        adamw.append(time.perf_counter() - t1)
+    return statistics.median(fwd_bwd[1:]) * layers, statistics.median(adamw[1:]) * layers
+
+
+def io_rates(args, nvme_dir, io_bytes):
+    """(read, write) bytes/s of `strata-bench io` (uring, 4 MiB pieces, 32 in flight) on nvme_dir."""
+    if not args.strata_bench or not os.path.exists(args.strata_bench):
+        raise SystemExit(f"torch_scale: --strata-bench {args.strata_bench!r} not found; build the strata-bench "
+                         "target (cmake --build --preset release --target strata-bench) and pass its path")
+    cmd = [args.strata_bench, "io", "--dir", nvme_dir, "--bytes", str(io_bytes), "--block", "4MiB",
+           "--request", "4MiB", "--qd", "32", "--runs", "1", "--engines", "uring", "--skip-fio", "--json"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    r = json.loads(out.stdout[out.stdout.index("{"):])
+    return r, cmd
+
+
+def small_copy(args, data, nvme_dir):
+    """exact_small_copy: the same code at --small-params, states on NVMe vs all on host."""
+    d, layers = shape_for(args.small_params)
+    results = []
+    for all_host in (True, False):
+        torch.manual_seed(0)
+        n = 12 * layers * d * d
+        model, opt = build(d, layers, args.seq, config(n, d, args, nvme_dir, 24 * n if all_host else 12 * n,
+                                                        all_host))
+        losses, _, _ = train(model, opt, data, args, 3)
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        results.append((losses, state))
+        model.strata.close()
+    (l0, s0), (l1, s1) = results
+    return l0 == l1 and all(torch.equal(s0[k], s1[k]) for k in s0)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--params", type=parse_count, default=parse_count("50M"))
+    ap.add_argument("--small-params", type=parse_count, default=parse_count("20M"))
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--host-fraction", type=float, default=None,
+                    help="host budget as a fraction of the state (default: min(0.5, 0.35 x RAM / state))")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--nvme-dir", default=None, help="directory for the swap files (default: a temp dir)")
+    ap.add_argument("--strata-bench", default=os.path.join(ROOT, "build", "release", "bench", "strata-bench"))
+    ap.add_argument("--io-bytes", type=int, default=None, help="bytes for strata-bench io (default: 1 GiB max)")
+    ap.add_argument("--no-small-copy", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 unless the loss falls, exact_small_copy holds, peak RSS is within the host budget plus "
+                         "the stated overhead and the swap files hold no more than the plan (docs/scale.md)")
+    args = ap.parse_args()
+    if args.steps < 5:
+        raise SystemExit("torch_scale: --steps must be >= 5 (step_s is the median of steps 2-4)")
+    nvme_root = args.nvme_dir or tempfile.gettempdir()
+    with tempfile.TemporaryDirectory(prefix="strata-scale-", dir=nvme_root) as nvme_dir:
+        result = run(args, nvme_dir)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        for k, v in result.items():
+            print(f"{k:>24}: {v}")
+    if args.check:
+        missed = [what for what, ok in (
+            ("the loss did not fall", result["loss_decreasing"]),
+            ("exact_small_copy is false", result["exact_small_copy"] is not False),
+            ("peak RSS above host budget + stated overhead", result["peak_rss_bytes"] <= result["rss_bound_bytes"]),
+            ("swap files larger than the plan", result["nvme_bytes_allocated"] <= result["nvme_bytes_planned"] + (1 << 20)))
+            if not ok]
+        if missed:
+            print("torch_scale: " + "; ".join(missed), file=sys.stderr)
+            return 1
+    return 0
+
+
+def run(args, nvme_dir):
+    data = corpus(fixed=True)
+    d, layers = shape_for(args.params)
+    n = 12 * layers * d * d
+    state_bytes = 16 * n
+    ram = mem_total()
+    fraction = args.host_fraction if args.host_fraction is not None else min(0.5, 0.35 * ram / state_bytes)
+    host = int(fraction * state_bytes)
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    cfg = config(n, d, args, nvme_dir, host)
+    model, opt = build(d, layers, args.seq, cfg)
+    init_s = time.perf_counter() - t0
+    params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    layout = model.strata.engine.layout()
+    losses, times, stats = train(model, opt, data, args, args.steps)
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    nvme_alloc = swap_file_bytes(nvme_dir)
+    plan_nvme = model.strata.engine.layout()["plan_nvme_bytes"]
+    mid = sorted(range(1, 4), key=lambda i: times[i])[1]
+    step_s = times[mid]
+    read_b, write_b = stats[mid]["bytes_disk_read"], stats[mid]["bytes_disk_write"]
+    model.strata.close()
+    del model, opt
+    compute_s, adamw_s = compute_bound(d, layers, args)
+    io_bytes = args.io_bytes or max(256 << 20, min(1 << 30, (read_b + write_b) // 4 // (4 << 20) * (4 << 20)))
+    io, io_cmd = io_rates(args, nvme_dir, io_bytes)
+    read_rate, write_rate = io_rate(io, "read"), io_rate(io, "write")
+    disk_s = read_b / read_rate + write_b / write_rate
+    bound_s = max(compute_s, disk_s)
+    return {
+        "params": params, "d_model": d, "layers": layers, "batch": args.batch, "seq": args.seq,
+        "state_bytes": 16 * params, "state_over_ram": round(16 * params / ram, 3),
+        "host_budget_bytes": host, "peak_rss_bytes": peak_rss,
+        # Stated overhead (docs/scale.md): the process before the model (Python, torch, the corpus), the sim
+        # device's memory, activations of one step, 2 x (the largest module + one chunk) of init scratch and
+        # a fixed 128 MiB (the allocator's retained free memory, the runtime's tables, torch's transient
+        # gradients before they are handed over).
+        "rss_bound_bytes": rss_start + host + cfg["device"]["budget"] + activations(d, layers, args)
+        + 2 * 4 * (4 * d * d + layout["chunk_elems"]) + (128 << 20),
+        "nvme_bytes_allocated": nvme_alloc, "nvme_bytes_planned": plan_nvme,
+        "chunk_elems": layout["chunk_elems"], "padding_fraction": round(layout["padding_fraction"], 4),
+        "init_s": round(init_s, 2), "step_times_s": [round(t, 3) for t in times], "step_s": round(step_s, 3),
+        "disk_read_bytes_per_step": read_b, "disk_write_bytes_per_step": write_b,
+        # Where the median step's time went (item 4 of #28: what the bound leaves on the table).
+        "median_step_split_s": {k: round(stats[mid][k], 3) for k in ("forward_s", "backward_s", "step_call_s",
+                                                                     "stall_s")},
+        "io_read_bytes_s": read_rate, "io_write_bytes_s": write_rate, "io_bench": " ".join(io_cmd),
+        "compute_s": round(compute_s, 3), "torch_adamw_s": round(adamw_s, 3), "disk_s": round(disk_s, 3),
+        "bound_s": round(bound_s, 3),
+        "bound_ratio": round(step_s / bound_s, 3), "losses": [round(x, 5) for x in losses],
+        "loss_decreasing": losses[-1] < losses[0],
+        "exact_small_copy": None if args.no_small_copy else small_copy(args, data, nvme_dir),
+        "load_avg": os.getloadavg(),
+    }
+
+
+def activations(d, layers, args):
+    """Bytes of the activations autograd keeps for one step (generous: 40 floats per token and width per layer,
+    plus the attention maps and the logits)."""
+    tokens = args.batch * args.seq
+    return 4 * layers * (40 * tokens * d + 4 * max(1, d // 64) * tokens * args.seq) + 4 * 3 * tokens * 256
+
+
+def io_rate(io, what):
+    """Bytes/s of strata's uring engine for `what` (read or write) in strata-bench io's JSON."""
+    value = io.get(f"uring_{what}_gib_s")
+    if not isinstance(value, (int, float)) or value <= 0:
+        raise SystemExit(f"torch_scale: no uring_{what}_gib_s in strata-bench io's output: {sorted(io)}")
+    return value * (1 << 30)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
