@@ -350,8 +350,11 @@ def zero_worker(args):
 
 def strata_gpt_rate(args):
     """tokens/s of strata.torch's offload run of the same model (bench/torch_gpt.py's strata_offload)."""
-    sys.path.insert(0, HERE)
-    import torch_gpt as tg
+    import importlib.util
+    # bench/torch_gpt.py imports examples/torch_gpt.py as `torch_gpt`: load it under another name.
+    spec = importlib.util.spec_from_file_location("bench_torch_gpt", os.path.join(HERE, "torch_gpt.py"))
+    tg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tg)
     targs = argparse.Namespace(d_model=128, layers=4, seq=64, batch=8, steps=args.zero_steps, warmup=2,
                                offload_ratio=4, threads=args.threads)
     with tempfile.TemporaryDirectory(prefix="strata-peers-") as d:
@@ -375,8 +378,13 @@ def zero_offload(args):
         res.update(ran=False, why=f"exit {p.returncode}: {last.strip()}", stderr_tail=err[-15:])
         return res
     res.update(json.loads(line[-1][len("ZERO_RESULT "):]))
-    res["strata_offload_tokens_per_s"] = strata_gpt_rate(args)
-    res["strata_over_deepspeed_tokens_per_s"] = res["strata_offload_tokens_per_s"] / res["tokens_per_s"]
+    try:
+        res["strata_offload_tokens_per_s"] = strata_gpt_rate(args)
+    except Exception as e:  # noqa: BLE001 -- reported in the output, and --check fails on it
+        res["strata_offload_error"] = f"{type(e).__name__}: {e}"
+        return res
+    # A time ratio, as strata_over_deepspeed: DeepSpeed's tokens/s over strata's (< 1: strata faster).
+    res["strata_over_deepspeed"] = res["tokens_per_s"] / res["strata_offload_tokens_per_s"]
     return res
 
 
@@ -428,6 +436,9 @@ def main(args):
                         if k not in s["strata_over_deepspeed"]]
         if missing:
             print(f"peers.py: FAILED: fields missing: {missing}", file=sys.stderr)
+            return 1
+        if "strata_offload_error" in out["zero_offload"]:
+            print(f"peers.py: FAILED: strata's GPT run: {out['zero_offload']['strata_offload_error']}", file=sys.stderr)
             return 1
         if not out["agreement"]["ok"]:
             print(f"peers.py: FAILED: strata and DeepSpeed disagree beyond tolerance: "

@@ -6,6 +6,8 @@ against torch-only training that uses the same arithmetic. Every call updates
 ``param`` (contiguous fp32) and its states in place.
 """
 
+import torch  # noqa: F401  -- loads libtorch (and libtorch_cuda) before the extension that links them
+
 from . import _C
 
 
