@@ -60,7 +60,7 @@ def early_args(argv):
     ap.add_argument("--agree-steps", type=int, default=10)
     ap.add_argument("--agree-elems", type=int, default=1 << 16)
     ap.add_argument("--no-zero", dest="zero", action="store_false", help="skip the ZeRO-Offload part")
-    ap.add_argument("--zero-timeout", type=int, default=240, help="seconds for the ZeRO-Offload subprocess")
+    ap.add_argument("--zero-timeout", type=int, default=900, help="seconds for the ZeRO-Offload subprocess")
     ap.add_argument("--zero-steps", type=int, default=6)
     ap.add_argument("--check", action="store_true", help="exit 1 on disagreement or a missing field")
     ap.add_argument("--zero-worker", action="store_true", help=argparse.SUPPRESS)
