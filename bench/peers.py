@@ -64,6 +64,9 @@ def early_args(argv):
     ap.add_argument("--zero-steps", type=int, default=6)
     ap.add_argument("--check", action="store_true", help="exit 1 on disagreement or a missing field")
     ap.add_argument("--zero-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--build-op", action="store_true",
+                    help="only build (or load) DeepSpeed's cpu_adam op into TORCH_EXTENSIONS_DIR and exit "
+                         "(scripts/install-deps runs it, so that no test pays the build)")
     return ap.parse_args(argv)
 
 
@@ -399,6 +402,10 @@ def main(args):
         torch.set_num_threads(args.threads)
         zero_worker(args)
         return 0
+    if args.build_op:
+        op, op_info = load_deepspeed_op()
+        print(json.dumps(op_info))
+        return 0 if op is not None else 1
     torch.set_num_threads(args.threads)
     st, fn = load_strata()
     op, op_info = load_deepspeed_op()
