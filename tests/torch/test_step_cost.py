@@ -16,7 +16,7 @@ import strata.torch as st
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
-from torch_gpt import Gpt, chunk_elems  # noqa: E402
+from torch_gpt import Gpt  # noqa: E402
 
 MiB = 1 << 20
 
@@ -28,7 +28,7 @@ def wrapped(fit, tmp_path):
     state = 16 * n
     gpu, host = (2 * state + 16 * MiB, 2 * state + 16 * MiB) if fit else (state // 4, state // 2 + 8 * MiB)
     cfg = {"device": {"kind": "sim", "budget": "256MiB"}, "budgets": {"gpu": gpu, "host": host, "nvme": "256MiB"},
-           "nvme": {"dirs": [str(tmp_path)]}, "layout": {"chunk_elems": chunk_elems(model)}, "threads": 2}
+           "nvme": {"dirs": [str(tmp_path)]}, "threads": 2}
     model = st.wrap(model, cfg)
     return model, st.AdamW(model.parameters(), lr=1e-3)
 
