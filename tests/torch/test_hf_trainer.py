@@ -7,6 +7,7 @@ save_steps, on the CPU; states partly on NVMe, every layer evicted each step.
   - save_pretrained, then from_pretrained in a process that never imports strata, gives identical logits.
 Skipped where transformers is not installed."""
 
+import inspect
 import json
 import os
 import subprocess
@@ -55,6 +56,7 @@ def arguments(out, **kw):
 
 
 def strata_trainer(args, nvme_dir):
+    nvme_dir.mkdir()
     base = make("gpt2")
     # 3 GPU chunk slots: every layer is evicted in every step; a host budget short of the optimizer
     # states (states_on_nvme_config finds the same for test_hf_models): some of them live on NVMe.
@@ -62,6 +64,8 @@ def strata_trainer(args, nvme_dir):
     trainer = Recording(model=model, args=args, train_dataset=Tokens(),
                         optimizers=hf.create_optimizer_and_scheduler(model, args, args.max_steps))
     trainer.raw_losses = []
+    # Trainer keeps the dataset columns that forward's signature names (remove_unused_columns).
+    assert "input_ids" in inspect.signature(model.forward).parameters
     return model, trainer
 
 
@@ -76,6 +80,7 @@ def test_sgd_under_trainer_bit_identical_to_torch(tmp_path):
     ref_trainer.train()
 
     base = make("gpt2")
+    (tmp_path / "nvme").mkdir()
     model = hf.wrap_for_trainer(base, strata_config(base, tmp_path / "nvme", 420 << 10), args)
     import strata.torch as st
     opt = st.SGD(model.parameters(), lr=0.125, momentum=0.5)

@@ -29,6 +29,7 @@ it (reading the parameters back) as long as no step has run.
 """
 
 import atexit
+import functools
 import json
 import os
 import re
@@ -557,6 +558,9 @@ class Wrapped:
                     w._abort_pass("an exception was raised in forward")
                 raise
 
+        # inspect.signature(model.forward) stays the model's (it follows __wrapped__): transformers.Trainer
+        # keeps the dataset columns that forward names (remove_unused_columns).
+        functools.update_wrapper(forward, inner)
         self._forward_wrapper = forward
         object.__setattr__(self.model, "forward", forward)
 
