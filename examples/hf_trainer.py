@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """transformers.Trainer training a small GPT-2 (random init, nothing downloaded) through strata.torch
 on the repository's own docs as bytes: params and gradients stream through the (sim) device, the
-AdamW states live on host and NVMe (a temporary directory), Trainer clips, accumulates gradients,
+AdamW states live on host and NVMe (a temporary directory; the printed plan says where), Trainer clips, accumulates gradients,
 checkpoints and logs as usual. The trained model is saved with save_pretrained: plain safetensors that
 transformers loads without strata.
 
@@ -63,10 +63,12 @@ def main():
             learning_rate=3e-3, weight_decay=0.01, warmup_steps=2, max_grad_norm=1.0, save_steps=max(a.steps // 2, 1),
             logging_steps=1, report_to="none", use_cpu=True, seed=0, disable_tqdm=True)
         params = sum(p.numel() for p in model.parameters())
-        # The device holds a quarter of the parameters (every layer streams); the host a bit more than
-        # the params, their gradients and one optimizer state: the rest of the AdamW states go to NVMe.
-        config = {"device": {"kind": "sim", "budget": "256MiB"},
-                  "budgets": {"gpu": max(params, 1 << 20), "host": params * 4 * 3 + (4 << 20), "nvme": "1GiB"},
+        # Chunks of 16 Ki elements; the device holds 4 of them (less than the model: every layer
+        # streams); the host holds the params, their gradients and about one optimizer state: the
+        # rest of the AdamW states go to NVMe.
+        chunk = 16384
+        config = {"device": {"kind": "sim", "budget": "256MiB"}, "layout": {"chunk_elems": chunk},
+                  "budgets": {"gpu": 4 * chunk * 4, "host": params * 4 * 3 + 16 * chunk * 4, "nvme": "1GiB"},
                   "nvme": {"dirs": [nvme]}, "threads": 2}
         model = hf.wrap_for_trainer(model, config, args)
         trainer = transformers.Trainer(model=model, args=args, train_dataset=Bytes(),
