@@ -84,6 +84,11 @@ _LAZY_OWNER = {}  # id(parameter) -> (weakref to Wrapped, pid), from wrap() to c
 _LAZY_CLASSES = {}  # torch class -> its lazy subclass
 
 
+def _storage(t):
+    """t's storage without torch 2's TypedStorage deprecation warning (untyped_storage is torch >= 2.0)."""
+    return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+
+
 def _func_name(func):
     name = getattr(func, "__name__", "")
     if name in ("__get__", "__set__", "__delete__"):
@@ -378,11 +383,11 @@ class Wrapped:
                 key = (p.device, p.untyped_storage().data_ptr() if hasattr(p, "untyped_storage")
                        else p.storage().data_ptr())
                 own = (p.is_contiguous() and p.storage_offset() == 0 and key not in storages and
-                       p.storage().nbytes() == p.numel() * p.element_size())
+                       _storage(p).nbytes() == p.numel() * p.element_size())
                 if not own:
                     with torch.no_grad():
                         p.set_(p.detach().clone(memory_format=torch.contiguous_format))
-                    key = (p.device, p.storage().data_ptr())
+                    key = (p.device, _storage(p).data_ptr())
                 storages.add(key)
                 pid = len(self.params)
                 self._pid[id(p)] = pid
