@@ -605,9 +605,23 @@ class Wrapped:
         self._handles.append(root.register_forward_hook(self._root_post_forward))
         for pid, p in enumerate(self.params):
             if p.requires_grad:
-                acc = p.expand_as(p).grad_fn.next_functions[0][0]
-                acc.register_hook(self._make_grad_hook(pid, p))
-                self._acc_nodes.append(acc)
+                self._install_grad_hook(pid, p)
+
+    # Note [Gradient hooks]
+    # Each trainable parameter's hook runs once its gradient has been accumulated into p.grad.
+    # torch >= 2.1 has the supported hook for that, Tensor.register_post_accumulate_grad_hook,
+    # kept by the parameter and removed with its handle at close(). torch 1.13 has none: the
+    # hook goes on the parameter's AccumulateGrad node, reached through autograd's internals
+    # (p.expand_as(p).grad_fn.next_functions), which fires at the same point.
+
+    def _install_grad_hook(self, pid, p):
+        hook = self._make_grad_hook(pid, p)
+        if hasattr(p, "register_post_accumulate_grad_hook"):
+            self._handles.append(p.register_post_accumulate_grad_hook(hook))
+            return
+        acc = p.expand_as(p).grad_fn.next_functions[0][0]
+        acc.register_hook(hook)
+        self._acc_nodes.append(acc)
 
     def _check_unchanged(self):
         if self._model_signature() != self._signature:
