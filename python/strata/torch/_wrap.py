@@ -29,6 +29,7 @@ it (reading the parameters back) as long as no step has run.
 """
 
 import atexit
+import functools
 import json
 import os
 import re
@@ -81,6 +82,11 @@ _METADATA = frozenset((
 _GRAD_NOOPS = frozenset(("zero_", "detach_", "requires_grad_"))
 _LAZY_OWNER = {}  # id(parameter) -> (weakref to Wrapped, pid), from wrap() to close()
 _LAZY_CLASSES = {}  # torch class -> its lazy subclass
+
+
+def _storage(t):
+    """t's storage without torch 2's TypedStorage deprecation warning (untyped_storage is torch >= 2.0)."""
+    return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
 
 
 def _func_name(func):
@@ -393,11 +399,11 @@ class Wrapped:
                 key = (p.device, p.untyped_storage().data_ptr() if hasattr(p, "untyped_storage")
                        else p.storage().data_ptr())
                 own = (p.is_contiguous() and p.storage_offset() == 0 and key not in storages and
-                       p.storage().nbytes() == p.numel() * p.element_size())
+                       _storage(p).nbytes() == p.numel() * p.element_size())
                 if not own:
                     with torch.no_grad():
                         p.set_(p.detach().clone(memory_format=torch.contiguous_format))
-                    key = (p.device, p.storage().data_ptr())
+                    key = (p.device, _storage(p).data_ptr())
                 storages.add(key)
                 pid = len(self.params)
                 self._pid[id(p)] = pid
@@ -582,6 +588,9 @@ class Wrapped:
                     w._abort_pass("an exception was raised in forward")
                 raise
 
+        # inspect.signature(model.forward) stays the model's (it follows __wrapped__): transformers.Trainer
+        # keeps the dataset columns that forward names (remove_unused_columns).
+        functools.update_wrapper(forward, inner)
         self._forward_wrapper = forward
         object.__setattr__(self.model, "forward", forward)
 
@@ -621,9 +630,23 @@ class Wrapped:
         self._handles.append(root.register_forward_hook(self._root_post_forward))
         for pid, p in enumerate(self.params):
             if p.requires_grad:
-                acc = p.expand_as(p).grad_fn.next_functions[0][0]
-                acc.register_hook(self._make_grad_hook(pid, p))
-                self._acc_nodes.append(acc)
+                self._install_grad_hook(pid, p)
+
+    # Note [Gradient hooks]
+    # Each trainable parameter's hook runs once its gradient has been accumulated into p.grad.
+    # torch >= 2.1 has the supported hook for that, Tensor.register_post_accumulate_grad_hook,
+    # kept by the parameter and removed with its handle at close(). torch 1.13 has none: the
+    # hook goes on the parameter's AccumulateGrad node, reached through autograd's internals
+    # (p.expand_as(p).grad_fn.next_functions), which fires at the same point.
+
+    def _install_grad_hook(self, pid, p):
+        hook = self._make_grad_hook(pid, p)
+        if hasattr(p, "register_post_accumulate_grad_hook"):
+            self._handles.append(p.register_post_accumulate_grad_hook(hook))
+            return
+        acc = p.expand_as(p).grad_fn.next_functions[0][0]
+        acc.register_hook(hook)
+        self._acc_nodes.append(acc)
 
     def _check_unchanged(self):
         if self._model_signature() != self._signature:
