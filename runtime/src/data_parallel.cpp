@@ -138,7 +138,7 @@
 // plan_adoption.cpp, so their exact norms hold there too; the CUDA LAMB/LARS
 // kernels themselves sum in their own blocks, not exactly.)
 //
-// Checkpoints (Note [Sharded checkpoint] in checkpoint_format.cpp): the files are
+// Checkpoints (Note [Sharded checkpoint] in checkpoint/format.cpp): the files are
 // per family, as one rank's. At save_checkpoint the ranks all-gather each
 // family's master and state shards and rank f mod W writes family f's file; rank
 // 0 publishes the manifest after the ranks agree (dp_all_ok, dp_exchange_text,

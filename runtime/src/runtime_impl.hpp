@@ -17,8 +17,8 @@
 // (plan_adoption.cpp), host access to any state between steps (host_copy.cpp,
 // tensor_state.cpp), step() (step.cpp), a failed step's discard (step_abort.cpp),
 // data parallelism (the dp_* members: data_parallel.cpp, dp_reduce.cpp,
-// dp_gather.cpp, dp.hpp), checkpoints (the checkpoint_* members: checkpoint_*.cpp,
-// checkpoint.hpp) and the invariants checked after each public call
+// dp_gather.cpp, dp.hpp), checkpoints (the checkpoint_* members: runtime/checkpoint/,
+// its README.md) and the invariants checked after each public call
 // (invariants.cpp). Planner, cost model, layout, trace, timeline, options and
 // tensor names have public headers (strata/runtime/) and do not include this one.
 //
@@ -50,7 +50,7 @@ namespace strata::runtime {
 //! The moments at which the training thread starts background work (Note [Scheduler]).
 enum class SchedulerEvent : std::uint8_t { kUseBegins, kUsePlaced, kGradientsHandedOver, kStepEnds };
 
-struct CheckpointSave;  // checkpoint.hpp
+struct CheckpointSave;  // runtime/checkpoint/checkpoint.hpp
 
 struct Runtime::Impl {
   Impl(memory::Device& dev, RuntimeOptions options)
@@ -207,7 +207,7 @@ struct Runtime::Impl {
   //! first: fn gets zeros. Blocks.
   Status with_host_copy(std::unique_lock<std::mutex>& lock, Chunk& c, bool write,
                         const std::function<void(std::byte*)>& fn, bool whole = false);
-  // Note [Overlapped save] (checkpoint_capture.cpp).
+  // Note [Overlapped save] (checkpoint/capture.cpp).
   //! True when family f's optimizer update may start now: no save is in flight or
   //! it has captured f. Otherwise the save launches it once it has. Caller holds mu.
   bool checkpoint_allows_update(FamilyId f);
