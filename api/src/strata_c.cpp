@@ -6,8 +6,10 @@
 #include <cstddef>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <string>
 
+#include "strata/common/status_names.hpp"
 #include "strata/strata.h"
 #include "strata/strata.hpp"
 
@@ -67,21 +69,10 @@ const char* strata_last_error(void) {
 }
 
 const char* strata_status_name(strata_status status) {
-  static const char* const names[] = {"ok",
-                                      "invalid_argument",
-                                      "out_of_budget",
-                                      "out_of_memory",
-                                      "no_space",
-                                      "io_error",
-                                      "corrupt",
-                                      "not_found",
-                                      "permission_denied",
-                                      "unavailable",
-                                      "failed_precondition",
-                                      "cancelled",
-                                      "internal"};
-  const auto i = static_cast<unsigned>(status);
-  return i < sizeof(names) / sizeof(names[0]) ? names[i] : "unknown";
+  // The one status-name table (strata/common/status_names.hpp); its names are
+  // literals, so .data() is a NUL-terminated string that lives forever.
+  const std::optional<strata::StatusCode> code = strata::status_code_from_int(static_cast<int>(status));
+  return code ? strata::status_code_id(*code).data() : "unknown";
 }
 
 strata_status strata_config_new(strata_config** out) {

@@ -153,6 +153,7 @@
 #include <optional>
 
 #include "dp.hpp"
+#include "strata/common/assert.hpp"
 #include "strata/common/log.hpp"
 
 namespace strata::runtime {
@@ -161,13 +162,17 @@ namespace dp_detail {
 
 comm::DType comm_dtype(DType d) {
   switch (d) {
+    case DType::kF32:
+      return comm::DType::kF32;
     case DType::kBF16:
       return comm::DType::kBF16;
     case DType::kF16:
       return comm::DType::kF16;
-    default:
-      return comm::DType::kF32;
+    case DType::kNone:
+      break;  // an absent span has no elements to reduce: a caller's bug, never fp32
   }
+  STRATA_CHECK_MSG(false, "comm_dtype: DType::kNone has no collective element type");
+  return comm::DType::kF32;  // not reached
 }
 
 Status run_collective(std::unique_lock<std::mutex>& lock, Result<comm::Handle> started) {
