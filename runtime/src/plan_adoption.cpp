@@ -7,6 +7,7 @@
 #include "runtime_impl.hpp"
 #include "strata/common/assert.hpp"
 #include "strata/common/log.hpp"
+#include "strata/memory/device_caps.hpp"
 
 namespace strata::runtime {
 
@@ -23,7 +24,7 @@ StepTrace registration_trace(std::size_t families) {
 }
 
 bool gpu_optimizer_supported(memory::DeviceKind kind, kernels::Optimizer o) {
-  if (kind == memory::DeviceKind::kSim) return true;
+  if (memory::device_caps(kind).layerwise_optimizers) return true;
   return o != kernels::Optimizer::kLamb && o != kernels::Optimizer::kLars && o != kernels::Optimizer::kCame;
 }
 
