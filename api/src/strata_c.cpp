@@ -156,8 +156,8 @@ strata_status strata_read_tensor(strata_runtime* runtime, uint32_t tensor, strat
   if (state < STRATA_PARAM || state > STRATA_STATE1)
     return fail(strata::invalid_argument("state {} is not a strata_state", static_cast<int>(state)));
   return guarded([&] {
-    return from(runtime->rt->read_tensor(tensor, std::span<float>(out, count),
-                                         static_cast<strata::StateKind>(state)));
+    return from(runtime->rt->read_tensor(tensor, static_cast<strata::StateKind>(state),
+                                         std::span<float>(out, count)));
   });
 }
 
@@ -282,8 +282,8 @@ strata_status strata_write_tensor(strata_runtime* runtime, uint32_t tensor, stra
   if (state < STRATA_PARAM || state > STRATA_STATE1)
     return fail(strata::invalid_argument("state {} is not a strata_state", static_cast<int>(state)));
   return guarded([&] {
-    return from(runtime->rt->write_tensor(tensor, std::span<const float>(values, count),
-                                          static_cast<strata::StateKind>(state)));
+    return from(runtime->rt->write_tensor(tensor, static_cast<strata::StateKind>(state),
+                                          std::span<const float>(values, count)));
   });
 }
 
