@@ -13,11 +13,13 @@
 #                      (make test runs it first, so CI fails on drift)
 #   make function-length-check  fail on a function over 80 lines in runtime/ or api/
 #                      without a reason comment (scripts/check-function-length; make test runs it)
+#   make notes-check   fail on a `Note [X]` cited but defined nowhere (scripts/check-notes;
+#                      make test runs it; also ctest check_notes, label unit)
 
 JOBS ?= $(shell nproc)
 PRESETS := release debug asan tsan
 
-.PHONY: demo test deps bench-deps $(PRESETS) clean format format-check function-length-check gpu-check
+.PHONY: demo test deps bench-deps $(PRESETS) clean format format-check function-length-check notes-check gpu-check
 
 # clang-format's output changes between major versions: the check pins 14.
 CLANG_FORMAT ?= $(shell command -v clang-format-14 || command -v clang-format)
@@ -36,7 +38,7 @@ $(PRESETS):
 demo: deps release
 	scripts/demo build/release
 
-test: deps format-check function-length-check
+test: deps format-check function-length-check notes-check
 	cmake --preset release -DSTRATA_REQUIRE_TORCH2=ON >/dev/null
 	$(MAKE) release
 	ctest --preset release
@@ -47,6 +49,9 @@ test: deps format-check function-length-check
 
 function-length-check:
 	scripts/check-function-length
+
+notes-check:
+	scripts/check-notes
 
 gpu-check:
 	scripts/gpu-check

@@ -52,7 +52,7 @@ Status Runtime::init_tensor(TensorId tensor, std::span<const float> values) {
   return core_->init_tensor(tensor, values);
 }
 
-Status Runtime::read_tensor(TensorId tensor, std::span<float> out, StateKind kind) {
+Status Runtime::read_tensor(TensorId tensor, StateKind kind, std::span<float> out) {
   return core_->read_tensor(tensor, kind, out);
 }
 
@@ -84,7 +84,7 @@ Status Runtime::begin_micro_batch(bool last) {
   return core_->begin_micro_batch(last);
 }
 
-Status Runtime::write_tensor(TensorId tensor, std::span<const float> values, StateKind kind) {
+Status Runtime::write_tensor(TensorId tensor, StateKind kind, std::span<const float> values) {
   return core_->write_tensor(tensor, kind, values);
 }
 

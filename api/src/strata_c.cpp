@@ -6,8 +6,10 @@
 #include <cstddef>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <string>
 
+#include "strata/common/status_names.hpp"
 #include "strata/strata.h"
 #include "strata/strata.hpp"
 
@@ -67,21 +69,10 @@ const char* strata_last_error(void) {
 }
 
 const char* strata_status_name(strata_status status) {
-  static const char* const names[] = {"ok",
-                                      "invalid_argument",
-                                      "out_of_budget",
-                                      "out_of_memory",
-                                      "no_space",
-                                      "io_error",
-                                      "corrupt",
-                                      "not_found",
-                                      "permission_denied",
-                                      "unavailable",
-                                      "failed_precondition",
-                                      "cancelled",
-                                      "internal"};
-  const auto i = static_cast<unsigned>(status);
-  return i < sizeof(names) / sizeof(names[0]) ? names[i] : "unknown";
+  // The one status-name table (strata/common/status_names.hpp); its names are
+  // literals, so .data() is a NUL-terminated string that lives forever.
+  const std::optional<strata::StatusCode> code = strata::status_code_from_int(static_cast<int>(status));
+  return code ? strata::status_code_id(*code).data() : "unknown";
 }
 
 strata_status strata_config_new(strata_config** out) {
@@ -165,8 +156,8 @@ strata_status strata_read_tensor(strata_runtime* runtime, uint32_t tensor, strat
   if (state < STRATA_PARAM || state > STRATA_STATE1)
     return fail(strata::invalid_argument("state {} is not a strata_state", static_cast<int>(state)));
   return guarded([&] {
-    return from(runtime->rt->read_tensor(tensor, std::span<float>(out, count),
-                                         static_cast<strata::StateKind>(state)));
+    return from(runtime->rt->read_tensor(tensor, static_cast<strata::StateKind>(state),
+                                         std::span<float>(out, count)));
   });
 }
 
@@ -291,8 +282,8 @@ strata_status strata_write_tensor(strata_runtime* runtime, uint32_t tensor, stra
   if (state < STRATA_PARAM || state > STRATA_STATE1)
     return fail(strata::invalid_argument("state {} is not a strata_state", static_cast<int>(state)));
   return guarded([&] {
-    return from(runtime->rt->write_tensor(tensor, std::span<const float>(values, count),
-                                          static_cast<strata::StateKind>(state)));
+    return from(runtime->rt->write_tensor(tensor, static_cast<strata::StateKind>(state),
+                                          std::span<const float>(values, count)));
   });
 }
 

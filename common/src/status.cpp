@@ -2,42 +2,66 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <ostream>
 
 #include "strata/common/assert.hpp"
+#include "strata/common/status_names.hpp"
 
 namespace strata {
 
-std::string_view status_code_name(StatusCode code) {
-  switch (code) {
-    case StatusCode::kOk:
-      return "OK";
-    case StatusCode::kInvalidArgument:
-      return "InvalidArgument";
-    case StatusCode::kOutOfBudget:
-      return "OutOfBudget";
-    case StatusCode::kOutOfMemory:
-      return "OutOfMemory";
-    case StatusCode::kNoSpace:
-      return "NoSpace";
-    case StatusCode::kIoError:
-      return "IoError";
-    case StatusCode::kCorrupt:
-      return "Corrupt";
-    case StatusCode::kNotFound:
-      return "NotFound";
-    case StatusCode::kPermissionDenied:
-      return "PermissionDenied";
-    case StatusCode::kUnavailable:
-      return "Unavailable";
-    case StatusCode::kFailedPrecondition:
-      return "FailedPrecondition";
-    case StatusCode::kCancelled:
-      return "Cancelled";
-    case StatusCode::kInternal:
-      return "Internal";
+namespace {
+
+// The one table of code names (status_names.hpp): one row per StatusCode, in its
+// numeric order (checked in status_code_from_int's test).
+struct CodeNames {
+  StatusCode code;
+  std::string_view name;  //!< CamelCase: messages, logs
+  std::string_view id;    //!< snake_case: the C ABI
+};
+constexpr CodeNames kCodeNames[] = {
+    {StatusCode::kOk, "OK", "ok"},
+    {StatusCode::kInvalidArgument, "InvalidArgument", "invalid_argument"},
+    {StatusCode::kOutOfBudget, "OutOfBudget", "out_of_budget"},
+    {StatusCode::kOutOfMemory, "OutOfMemory", "out_of_memory"},
+    {StatusCode::kNoSpace, "NoSpace", "no_space"},
+    {StatusCode::kIoError, "IoError", "io_error"},
+    {StatusCode::kCorrupt, "Corrupt", "corrupt"},
+    {StatusCode::kNotFound, "NotFound", "not_found"},
+    {StatusCode::kPermissionDenied, "PermissionDenied", "permission_denied"},
+    {StatusCode::kUnavailable, "Unavailable", "unavailable"},
+    {StatusCode::kFailedPrecondition, "FailedPrecondition", "failed_precondition"},
+    {StatusCode::kCancelled, "Cancelled", "cancelled"},
+    {StatusCode::kInternal, "Internal", "internal"},
+};
+constexpr bool rows_in_order() {
+  for (std::size_t i = 0; i < std::size(kCodeNames); ++i) {
+    if (static_cast<std::size_t>(kCodeNames[i].code) != i) return false;
   }
-  return "Unknown";
+  return static_cast<std::size_t>(StatusCode::kInternal) + 1 == std::size(kCodeNames);
+}
+static_assert(rows_in_order(), "kCodeNames: one row per StatusCode, in numeric order");
+
+const CodeNames* row(StatusCode code) {
+  const auto i = static_cast<std::size_t>(code);
+  return i < std::size(kCodeNames) ? &kCodeNames[i] : nullptr;
+}
+
+}  // namespace
+
+std::string_view status_code_name(StatusCode code) {
+  const CodeNames* r = row(code);
+  return r != nullptr ? r->name : "Unknown";
+}
+
+std::string_view status_code_id(StatusCode code) {
+  const CodeNames* r = row(code);
+  return r != nullptr ? r->id : "unknown";
+}
+
+std::optional<StatusCode> status_code_from_int(int value) {
+  if (value < 0 || static_cast<std::size_t>(value) >= std::size(kCodeNames)) return std::nullopt;
+  return kCodeNames[value].code;
 }
 
 std::string Status::to_string() const {

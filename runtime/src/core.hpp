@@ -199,7 +199,7 @@ struct Core {
   //! preallocating `initial_bytes` (default: the adopted plan's NVMe bytes) and
   //! growing up to budgets.nvme, a cap (Note [Growing swap files]).
   Status ensure_nvme_store(std::optional<std::uint64_t> initial_bytes = std::nullopt);
-  //! Note [Pinned NVMe slots]: a slot an asynchronous checkpoint (checkpoint_capture.cpp)
+  //! Note [Pinned NVMe slots]: a slot an asynchronous checkpoint (checkpoint/capture.cpp)
   //! still has to read. free_nvme_slot of a pinned slot defers the release to
   //! unpin_nvme_slot, so the copy-on-write write-back never hands it out while the
   //! save reads it. Every release of a chunk's slots goes through free_nvme_slot.

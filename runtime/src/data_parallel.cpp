@@ -138,7 +138,7 @@
 // plan_adoption.cpp, so their exact norms hold there too; the CUDA LAMB/LARS
 // kernels themselves sum in their own blocks, not exactly.)
 //
-// Checkpoints (Note [Sharded checkpoint] in checkpoint_format.cpp): the files are
+// Checkpoints (Note [Sharded checkpoint] in checkpoint/format.cpp): the files are
 // per family, as one rank's. At save_checkpoint the ranks all-gather each
 // family's master and state shards and rank f mod W writes family f's file; rank
 // 0 publishes the manifest after the ranks agree (dp_all_ok, dp_exchange_text,
@@ -153,6 +153,7 @@
 #include <optional>
 
 #include "dp.hpp"
+#include "strata/common/assert.hpp"
 #include "strata/common/log.hpp"
 
 namespace strata::runtime {
@@ -161,13 +162,17 @@ namespace dp_detail {
 
 comm::DType comm_dtype(DType d) {
   switch (d) {
+    case DType::kF32:
+      return comm::DType::kF32;
     case DType::kBF16:
       return comm::DType::kBF16;
     case DType::kF16:
       return comm::DType::kF16;
-    default:
-      return comm::DType::kF32;
+    case DType::kNone:
+      break;  // an absent span has no elements to reduce: a caller's bug, never fp32
   }
+  STRATA_CHECK_MSG(false, "comm_dtype: DType::kNone has no collective element type");
+  return comm::DType::kF32;  // not reached
 }
 
 Status run_collective(std::unique_lock<std::mutex>& lock, Result<comm::Handle> started) {

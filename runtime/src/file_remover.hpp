@@ -1,6 +1,6 @@
 #pragma once
 // FileRemover: removes a batch of files on a thread of its own (Note [Stale
-// checkpoint files] in checkpoint_format.cpp).
+// checkpoint files] in checkpoint/format.cpp).
 
 #include <filesystem>
 #include <mutex>

@@ -242,7 +242,9 @@ Released Runtime::release(Lease& lease) {
   if (!m.core.deferred() && m.pipeline.gradients_complete(c.family))
     m.checkpoint_capture_for_update(lock, c.family).ignore();  // (a failed capture: the save holds it)
   const std::uint64_t launches = m.pipeline.launches();
-  m.schedule(SchedulerEvent::kGradientsHandedOver, c.family).ignore();  // (never fails)
+  // Fails only with data parallelism (a reduce-scatter that cannot be posted); schedule
+  // has then made it the runtime's error (core.fail), which the next call returns.
+  m.schedule(SchedulerEvent::kGradientsHandedOver, c.family).ignore();
   return m.pipeline.launches() != launches ? Released::kOptimizerStarted : Released::kUnpinned;
 }
 

@@ -20,6 +20,7 @@
 #include "strata/common/assert.hpp"
 #include "strata/common/log.hpp"
 #include "strata/kernels/cuda.hpp"
+#include "strata/memory/device_caps.hpp"
 
 namespace strata::runtime {
 
@@ -230,7 +231,7 @@ void OptimizerPipeline::launch_device_optimizer(FamilyId f) {
   call.enqueued_us = core_.timeline.now_us();
   call.scale = step_scale;
   Status st = Status::Ok();
-  if (core_.device.kind() == memory::DeviceKind::kCuda) {
+  if (memory::device_caps(core_.device).optimizer_kernels) {
     st = enqueue_cuda_optimizer(f);
   } else {
     // Sim: the CPU kernel is the device's kernel, run on the optimizer stream.

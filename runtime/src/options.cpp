@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <set>
 
+#include "strata/comm/caps.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/kernels/optim.hpp"
 #include "strata/offload/swap_store.hpp"
@@ -196,7 +197,7 @@ Status validate_options(const RuntimeOptions& o) {
   if (o.io_engine != "auto" && o.io_engine != "uring" && o.io_engine != "posix") {
     return invalid_argument("io_engine = \"{}\": use auto, uring or posix", o.io_engine);
   }
-  if (o.comm != nullptr && o.comm->backend() == "nccl" && o.comm->options().deterministic) {
+  if (o.comm != nullptr && !comm::rank_ordered_sum(*o.comm) && o.comm->options().deterministic) {
     return invalid_argument(
         "comm: the nccl backend has no rank-ordered sum, so it cannot run deterministic mode (Note "
         "[Deterministic reduction]); set CommOptions::deterministic = false, or use the mpi or local backend "

@@ -7,6 +7,7 @@
 #include "runtime_impl.hpp"
 #include "strata/common/assert.hpp"
 #include "strata/common/log.hpp"
+#include "strata/memory/device_caps.hpp"
 
 namespace strata::runtime {
 
@@ -23,7 +24,7 @@ StepTrace registration_trace(std::size_t families) {
 }
 
 bool gpu_optimizer_supported(memory::DeviceKind kind, kernels::Optimizer o) {
-  if (kind == memory::DeviceKind::kSim) return true;
+  if (memory::device_caps(kind).layerwise_optimizers) return true;
   return o != kernels::Optimizer::kLamb && o != kernels::Optimizer::kLars && o != kernels::Optimizer::kCame;
 }
 
@@ -33,7 +34,13 @@ Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace t
                .budgets = core.opt.budgets,
                .options = core.opt.plan,
                .slot_bytes = core.layout.chunk_elems * dtype_bytes(core.opt.compute_dtype)};
-  // The chunk budget is the runtime's own (Note [Chunk budget]): activations are the caller's.
+  // Note [Chunk budget]
+  // The runtime's budgets.gpu_bytes is a budget for chunks alone: the device slots
+  // (streaming and resident params, gradients, optimizer states on the GPU). The
+  // caller's activations and workspaces live outside the runtime's allocator, so
+  // the caller sizes gpu_bytes to leave room for them; the traced non-chunk peak
+  // (which the planner subtracts when it plans a whole device, as strata-probe does)
+  // is zeroed here so those bytes are not counted twice.
   in.trace.non_chunk_peak_bytes = 0;
   // What the plan counts host room for (Note [Host room] in planner.cpp).
   in.deferred_step = core.deferred();

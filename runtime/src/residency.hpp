@@ -56,10 +56,10 @@ class Residency {
   //! when every slot is leased, or the gradients' host room is full, and nothing in
   //! the background will free one.
   Status ensure_on_device(std::unique_lock<std::mutex>& lock, Chunk& c, bool load);
-  //! Makes the host copy of `c` valid (write-back from the device, zeros when
-  //! absent). Blocks on the d2h copy. NVMe copies are not read here.
   //! Copies a dirty chunk's device value to its host copy (blocking), which becomes the value.
   Status write_back(Chunk& c, DeviceSlot& slot);
+  //! Makes the host copy of `c` valid (write-back from the device, zeros when
+  //! absent). Blocks on the d2h copy. NVMe copies are not read here.
   Status ensure_on_host(Chunk& c);
   //! Enqueues the copy host -> slot on the h2d stream after the slot's previous users.
   Status load_to_slot(Chunk& c, DeviceSlot& slot);

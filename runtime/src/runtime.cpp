@@ -8,9 +8,11 @@
 #include <exception>
 
 #include "runtime_impl.hpp"
+#include "strata/comm/caps.hpp"
 #include "strata/common/assert.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/common/log.hpp"
+#include "strata/memory/device_caps.hpp"
 #include "strata/runtime/options.hpp"
 
 namespace strata::runtime {
@@ -85,8 +87,8 @@ Runtime::Runtime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Result<std::unique_ptr<Runtime>> Runtime::create(memory::Device& device, RuntimeOptions options) {
   STRATA_RETURN_IF_ERROR(validate_options(options));
-  if (options.comm != nullptr && options.comm->backend() == "nccl" &&
-      device.kind() != memory::DeviceKind::kCuda) {
+  if (options.comm != nullptr && comm::needs_cuda_memory(*options.comm) &&
+      !memory::device_caps(device).cuda_memory) {
     return invalid_argument(
         "comm: the nccl backend reduces CUDA device memory, but this runtime's device is {} (host memory); "
         "use the local or mpi backend with it (Note [Sharded step])",

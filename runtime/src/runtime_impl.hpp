@@ -1,18 +1,26 @@
 #pragma once
 // Runtime::Impl: the runtime's parts and what crosses them. Not a public header.
 //
-//   Core               core.hpp          shared context: stores, streams, lock, tensors, chunks, plan,
-//   timeline StepTracker        step_tracker.*    trace, position in the adopted trace, step counters
-//   Residency          residency.*,      device slots, host <-> device moves, eviction victims, prefetch
-//                      eviction.cpp
-//   OptimizerPipeline  optimizer_*.*,    families' optimizer runs, gradient completion and staging,
-//                      nvme_pipeline.cpp NVMe read-ahead and write-back
+//   Core               core.*            shared context: lock, stores (stores.cpp), streams, thread pool,
+//                                        timeline, tensors, chunks (chunk.hpp), plan, the first error
+//   StepTracker        step_tracker.*    this step's trace, position in the adopted trace, step counters
+//   Residency          residency.*,      device slots, host <-> device moves, eviction victims and
+//                      eviction.cpp,     prefetch, NVMe-homed params' staging buffers
+//                      param_staging.cpp
+//   OptimizerPipeline  optimizer_*.*,    families' optimizer runs, gradient completion, the Inf/NaN
+//                      grad_check.cpp,   check, staging, NVMe read-ahead and write-back
+//                      nvme_pipeline.cpp
 //
 // Impl owns them and does what needs several: registration and finalising the
 // layout (runtime.cpp), leases (leases.cpp), starting background work
-// (scheduler.cpp), plan adoption and moving states
-// between homes (plan_adoption.cpp), host access to any state between steps
-// (host_copy.cpp, tensor_state.cpp) and step() (step.cpp).
+// (scheduler.cpp), plan adoption and moving states between homes
+// (plan_adoption.cpp), host access to any state between steps (host_copy.cpp,
+// tensor_state.cpp), step() (step.cpp), a failed step's discard (step_abort.cpp),
+// data parallelism (the dp_* members: data_parallel.cpp, dp_reduce.cpp,
+// dp_gather.cpp, dp.hpp), checkpoints (the checkpoint_* members: runtime/checkpoint/,
+// its README.md) and the invariants checked after each public call
+// (invariants.cpp). Planner, cost model, layout, trace, timeline, options and
+// tensor names have public headers (strata/runtime/) and do not include this one.
 //
 // Note [Gradient completion]
 // A family's gradients are complete when every trainable tensor in it has had
@@ -42,7 +50,7 @@ namespace strata::runtime {
 //! The moments at which the training thread starts background work (Note [Scheduler]).
 enum class SchedulerEvent : std::uint8_t { kUseBegins, kUsePlaced, kGradientsHandedOver, kStepEnds };
 
-struct CheckpointSave;  // checkpoint.hpp
+struct CheckpointSave;  // runtime/checkpoint/checkpoint.hpp
 
 struct Runtime::Impl {
   Impl(memory::Device& dev, RuntimeOptions options)
@@ -199,7 +207,7 @@ struct Runtime::Impl {
   //! first: fn gets zeros. Blocks.
   Status with_host_copy(std::unique_lock<std::mutex>& lock, Chunk& c, bool write,
                         const std::function<void(std::byte*)>& fn, bool whole = false);
-  // Note [Overlapped save] (checkpoint_capture.cpp).
+  // Note [Overlapped save] (checkpoint/capture.cpp).
   //! True when family f's optimizer update may start now: no save is in flight or
   //! it has captured f. Otherwise the save launches it once it has. Caller holds mu.
   bool checkpoint_allows_update(FamilyId f);

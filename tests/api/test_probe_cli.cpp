@@ -162,7 +162,7 @@ TEST_F(ProbeCli, VerifyTooLargeLeavesNothing) {
 // the run starts, in one line naming the sizes, and leaves nothing behind. Before,
 // --verify-params 3.2B (1.3x of 2.46B on a 23.5 GiB machine) passed the planner and
 // failed only when the pinned host pool refused a 27.6 GiB region; a smaller excess
-// would have been OOM-killed (Note [Verify host memory] in api/src/probe/verify.cpp).
+// would have been OOM-killed (Note [Verify host memory] in tools/probe/verify.cpp).
 TEST_F(ProbeCli, VerifyAtOnePointThreeTimesTheMaximumIsRefusedUpFront) {
   ProbeRun listing = probe("--json" + small(), /*merge_stderr=*/false);
   ASSERT_EQ(listing.exit_code, 0) << listing.out;

@@ -1,4 +1,4 @@
-// strata-probe's measurements (api/src/probe/measure.hpp): the thread count a
+// strata-probe's measurements (tools/probe/measure.hpp): the thread count a
 // rate is reported for is the number of threads that did the work.
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -278,7 +278,7 @@ Status read_back(Runtime& rt, const Draw& d, const std::vector<TensorId>& ids, T
     std::vector<float> v(d.model.tensors[i].numel);
     for (StateKind k : {StateKind::kParam, StateKind::kMaster, StateKind::kState0, StateKind::kState1}) {
       std::fill(v.begin(), v.end(), 0.0f);
-      const Status st = rt.read_tensor(ids[i], v, k);
+      const Status st = rt.read_tensor(ids[i], k, v);
       if (st.ok()) {
         out.values.emplace_back(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
       } else if (st.code() == StatusCode::kFailedPrecondition && k != StateKind::kParam) {

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "checkpoint/test_hooks.hpp"  // runtime/checkpoint/
 #include "mlp.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/memory/device_factory.hpp"
@@ -27,10 +28,6 @@
 #include "strata/runtime/stores.hpp"
 
 namespace strata::runtime {
-namespace checkpoint_testing {
-extern std::function<void(const std::string& dir)> after_verify;      // runtime/src/checkpoint.hpp
-extern std::function<void(const std::string& dir)> after_host_apply;  // runtime/src/checkpoint.hpp
-}  // namespace checkpoint_testing
 namespace {
 
 namespace fs = std::filesystem;

@@ -15,20 +15,17 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "checkpoint/test_hooks.hpp"  // runtime/checkpoint/
 #include "dp_harness.hpp"
 #include "strata/comm/local.hpp"
 #include "strata/common/scratch_dir.hpp"
 
 namespace strata::runtime {
-namespace checkpoint_testing {
-extern std::function<Status(const std::string& tmp_path)> before_create;  // runtime/src/checkpoint.hpp
-extern std::function<Status(int rank, FamilyId f)> before_assemble;       // runtime/src/checkpoint.hpp
-}  // namespace checkpoint_testing
 namespace {
 
 using testing::DpResult;
 
-// #13/#14: per-shard checkpoints (Note [Sharded checkpoint] in runtime/src/checkpoint_format.cpp).
+// #13/#14: per-shard checkpoints (Note [Sharded checkpoint] in runtime/checkpoint/format.cpp).
 
 constexpr int kStepsBeforeSave = 2;
 constexpr int kStepsAfterLoad = 2;

@@ -1,5 +1,5 @@
 #pragma once
-// CUDA multi-tensor kernels (Note [Emulated grid] in grid.hpp): the same passes
+// CUDA multi-tensor kernels (Note [Emulated grid] in grid_index.hpp): the same passes
 // as the CPU step, over spans in device memory, one launch per pass and dtype
 // signature. Built only with STRATA_HAVE_CUDA; otherwise every call returns
 // Unavailable saying so. This header has no CUDA types: streams are void*.

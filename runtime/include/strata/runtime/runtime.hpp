@@ -259,7 +259,7 @@ class Runtime {
   //! Writes a checkpoint of every tensor's param, fp32 master, optimizer states,
   //! step counter and group (and the groups' lr and weight decay) into `dir`
   //! (created when missing), from whichever tier holds each state (Note
-  //! [Checkpoint format], Note [Checkpoint publish] in runtime/src/checkpoint_format.cpp).
+  //! [Checkpoint format], Note [Checkpoint publish] in runtime/checkpoint/format.cpp).
   //! Atomic: a crash or error at any point leaves the previous checkpoint in `dir`
   //! loadable; the older files are removed in the background once it has published
   //! (flush() waits for that). Valid between steps; blocks (flushes first). Fails: InvalidArgument
@@ -271,7 +271,7 @@ class Runtime {
   //! when it fails on one, naming the rank and its error (Note [Sharded checkpoint]).
   Status save_checkpoint(const std::string& dir);
   //! Starts a checkpoint of the state as of this call into `dir` and returns at once
-  //! (Note [Overlapped save] in runtime/src/checkpoint_capture.cpp): training goes on while a
+  //! (Note [Overlapped save] in runtime/checkpoint/capture.cpp): training goes on while a
   //! background thread writes it; a family's optimizer update waits only until that
   //! family's pre-update values are captured. Valid between steps (waits for the
   //! previous step's NVMe write-backs, and for a save still in flight, returning its

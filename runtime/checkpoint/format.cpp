@@ -1,8 +1,8 @@
 // Checkpoint format: the manifest, the data files' layout, CRC32C stripes, and
 // publishing (fsync, rename, removing stale files), Note [Checkpoint format],
 // Note [Checkpoint publish], Note [Sharded checkpoint]. It calls Core (layout,
-// options, NVMe directories) only; the save and the load (checkpoint_save.cpp,
-// checkpoint_load.cpp) call it through checkpoint.hpp.
+// options, NVMe directories) only; the save and the load (save.cpp,
+// load.cpp) call it through checkpoint.hpp.
 //
 // Note [Checkpoint format]
 // A checkpoint directory holds one data file per chunk family and a JSON manifest:
@@ -31,7 +31,7 @@
 // (older generations, temporaries of a crashed save) are removed in the background (Note [Stale checkpoint
 // files]). States are streamed chunk by chunk (an NVMe chunk is read from its slots into a host buffer, never
 // through the device, up to 32 MiB of such reads ahead of the writer: Note [Save read-ahead] in
-// checkpoint_save.cpp), so a save needs that and the stripe buffers beyond what the runtime holds.
+// save_thread.cpp), so a save needs that and the stripe buffers beyond what the runtime holds.
 //
 // Note [Stale checkpoint files]
 // Removing the previous generation's files took 0.09-0.10 s of a 0.27 s save of 256
@@ -52,7 +52,7 @@
 // prepare), then the ranks agree (Impl::dp_all_ok: every rank's error text
 // reaches every rank) and take the largest generation any found (dp_max). Each
 // rank holds a shard of every family's masters and states, so first the ranks
-// all-gather them, family by family (assemble_shards in checkpoint_save.cpp,
+// all-gather them, family by family (assemble_shards in shards.cpp,
 // after finishing the last step's param gathers in issue order), and rank
 // f mod W keeps family f's whole chunks as its captured pieces; each rank then
 // writes, fsyncs and renames the files of its families f mod W (run_save: the
@@ -73,14 +73,25 @@
 // per tensor). Every rank reads its shard from every file.
 
 #include "checkpoint.hpp"
+#include "test_hooks.hpp"
 
 namespace strata::runtime {
 
-namespace checkpoint_testing {
-std::function<Status(const std::string& tmp_path)> before_create;
-}  // namespace checkpoint_testing
-
 namespace checkpoint_detail {
+
+Result<Fd> StripedWriter::create_tmp(const fs::path& final_path) {
+  fs::path tmp = final_path;
+  tmp += ".tmp";
+  if (checkpoint_testing::before_create)
+    STRATA_RETURN_IF_ERROR(checkpoint_testing::before_create(tmp.string()));
+  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) {
+    return errno_status(errno, fmt::format("save_checkpoint: creating {} (the checkpoint directory must be "
+                                           "writable by this process)",
+                                           tmp.string()));
+  }
+  return fd;
+}
 
 std::optional<StateKind> kind_from_name(std::string_view name) {
   for (StateKind k : kSavedKinds) {

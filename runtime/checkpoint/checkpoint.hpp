@@ -1,16 +1,17 @@
 #pragma once
-// Checkpoint (private to checkpoint_*.cpp): what the checkpoint files share. The
-// format side (checkpoint_format.cpp: manifest, data file layout, CRC32C stripes,
-// fsync/rename publishing, Note [Checkpoint format], Note [Checkpoint publish],
-// Note [Sharded checkpoint]), the capture side (checkpoint_capture.cpp: the save's
+// Checkpoint (private to runtime/checkpoint/; README.md there): what the checkpoint
+// files share. The format side (format.cpp: manifest, data file layout, CRC32C
+// stripes, fsync/rename publishing, Note [Checkpoint format], Note [Checkpoint
+// publish], Note [Sharded checkpoint]), the capture side (capture.cpp: the save's
 // buffers and its hold on optimizer updates, Note [Overlapped save]), the save
-// (checkpoint_save.cpp: save_checkpoint, begin_checkpoint, the save thread, Note
-// [Save I/O priority]) and
-// the load (checkpoint_load.cpp: the check pass, then the apply pass). They may
-// call Core, Runtime::Impl (finalize, the pipeline's wait_all and launches,
-// with_host_copy, the data-parallel agreements) and each other through this
-// header; nothing outside them includes it. Every function expecting Core::mu
-// held says so.
+// (prepare.cpp: a save's checks and description; save.cpp: save_checkpoint,
+// begin_checkpoint, starting the save thread, Note [Save I/O priority];
+// save_thread.cpp: the save thread's work; shards.cpp: data-parallel assembly) and
+// the load (load.cpp: the check pass, then the apply pass; shadow.cpp, load.hpp).
+// They may call Core, Runtime::Impl (finalize, the pipeline's wait_all and
+// launches, with_host_copy, the data-parallel agreements) and each other through
+// this header; nothing outside them includes it. Test hooks are in test_hooks.hpp,
+// not here. Every function expecting Core::mu held says so.
 
 #include <fcntl.h>
 #include <fmt/ranges.h>
@@ -36,28 +37,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include "runtime_impl.hpp"
+#include "../src/runtime_impl.hpp"
 #include "strata/common/log.hpp"
 #include "strata/offload/crc32c.hpp"
 
 namespace strata::runtime {
-
-namespace checkpoint_testing {
-//! Test hook: runs before a save creates each `<name>.tmp`; an error fails that file
-//! as a real one would (tests/runtime/test_checkpoint.cpp fails one rank's file).
-//! Set before the runtimes run; tests only.
-extern std::function<Status(const std::string& tmp_path)> before_create;
-//! Test hook: runs on each rank before it copies family f's shards for a save's
-//! assembly (assemble_shards); an error fails that rank's copy as a real one would.
-//! Set before the runtimes run; tests only.
-extern std::function<Status(int rank, FamilyId f)> before_assemble;
-//! Test hook: runs once a load has verified every file, before it applies any
-//! (tests/runtime/test_checkpoint.cpp writes a file there). Not thread-safe; tests only.
-extern std::function<void(const std::string& dir)> after_verify;
-//! Test hook: runs once a one-rank load has applied the host-held values, before it
-//! checks the files again and commits the NVMe ones (Note [Load in one read]).
-extern std::function<void(const std::string& dir)> after_host_apply;
-}  // namespace checkpoint_testing
 
 namespace checkpoint_detail {
 
@@ -236,19 +220,7 @@ class StripedWriter {
     return adopt(std::move(final_path), std::move(fd), sink);
   }
   //! Creates (or truncates) `<final_path>.tmp` for writing.
-  static Result<Fd> create_tmp(const fs::path& final_path) {
-    fs::path tmp = final_path;
-    tmp += ".tmp";
-    if (checkpoint_testing::before_create)
-      STRATA_RETURN_IF_ERROR(checkpoint_testing::before_create(tmp.string()));
-    Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (fd.get() < 0) {
-      return errno_status(errno, fmt::format("save_checkpoint: creating {} (the checkpoint directory must be "
-                                             "writable by this process)",
-                                             tmp.string()));
-    }
-    return fd;
-  }
+  static Result<Fd> create_tmp(const fs::path& final_path);
   //! A writer of `fd`, which create_tmp(final_path) made.
   static StripedWriter adopt(fs::path final_path, Fd fd, StripeSink& sink) {
     StripedWriter w;
@@ -388,7 +360,7 @@ struct CheckpointSave {
 
 namespace checkpoint_detail {
 
-// The capture side (checkpoint_capture.cpp); Core::mu held.
+// The capture side (capture.cpp); Core::mu held.
 //! A buffer of the save's own (4096-aligned, outside the host store): within its
 //! room, or past it with `force`; null otherwise.
 std::byte* save_allocate(CheckpointSave& s, std::uint64_t bytes, bool force);
@@ -402,21 +374,28 @@ Result<bool> capture_family(Runtime::Impl& m, CheckpointSave& s, FamilyId f, boo
 //! Ends the save's hold on every update (after an error): they launch now.
 void release_all_holds(Runtime::Impl& m, CheckpointSave& s);
 
-// The format side (checkpoint_format.cpp); Core::mu not needed.
+// The format side (format.cpp); Core::mu not needed.
 //! Writes, fsyncs and renames the manifest (the data files are published), then
 //! removes what no manifest names (Note [Checkpoint publish]).
 Status publish_manifest(Core& core, CheckpointSave& s, json files, json tensors, std::uint64_t total);
 
 //! With W > 1: all-gathers every family's optimizer shards so that rank f mod W
-//! holds family f's whole pieces as captured (checkpoint_shards.cpp). Core::mu held.
+//! holds family f's whole pieces as captured (shards.cpp). Core::mu held.
 Status assemble_shards(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, CheckpointSave& s);
-//! Everything of a save that can fail on one rank alone (checkpoint_prepare.cpp):
+//! Everything of a save that can fail on one rank alone (prepare.cpp):
 //! after this, only collectives and the save thread. Core::mu held.
 Status prepare_save(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, CheckpointSave& s,
                     const std::string& dir, bool wait_write_backs);
 //! The save's metadata as of the call (step counters, groups, the step index) and its
 //! per-family progress: another rank's families are done already. Core::mu held.
 void describe_save(Runtime::Impl& m, CheckpointSave& s);
+
+// The save thread (save_thread.cpp); takes Core::mu itself.
+//! Writes every family this rank owns and, on rank 0 or alone, the manifest
+//! (Note [Save read-ahead], Note [Save file creation]). Blocks until done.
+Status run_save(Runtime::Impl& m, CheckpointSave& s);
+//! Removes a failed save's temporary files, written or not.
+void remove_temporaries(const Core& core, const CheckpointSave& s);
 
 }  // namespace checkpoint_detail
 

@@ -1,6 +1,6 @@
 // Checkpoint load, private: what the check pass finds (LoadPlan), the fill of a
 // chunk's host image from the files, and the NVMe shadows of Note [Load in one
-// read] (checkpoint_shadow.cpp). Used by checkpoint_load.cpp only.
+// read] (shadow.cpp). Used by load.cpp only.
 #pragma once
 
 #include <sys/stat.h>

@@ -1,8 +1,8 @@
 // Checkpoint load: a chunk's host image filled from the checkpoint's files, and the
 // NVMe shadows that let a load read each byte once (Note [Load in one read], in
-// checkpoint_load.cpp).
+// load.cpp).
 
-#include "checkpoint_load.hpp"
+#include "load.hpp"
 
 namespace strata::runtime::checkpoint_detail {
 

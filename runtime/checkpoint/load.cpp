@@ -4,7 +4,9 @@
 // format side through checkpoint.hpp, Core, and Runtime::Impl (finalize,
 // wait_all, with_host_copy, the data-parallel agreement).
 
-#include "checkpoint_load.hpp"
+#include "load.hpp"
+
+#include "test_hooks.hpp"
 
 namespace strata::runtime {
 
@@ -31,11 +33,6 @@ using namespace checkpoint_detail;
 //   5. commits: each shadow replaces its chunk's slots (the old ones are freed).
 // Data-parallel ranks (Note [Sharded checkpoint]) check every stripe first, agree,
 // then apply every chunk through a host copy, NVMe ones included.
-
-namespace checkpoint_testing {
-std::function<void(const std::string&)> after_verify;
-std::function<void(const std::string&)> after_host_apply;
-}  // namespace checkpoint_testing
 
 namespace {
 

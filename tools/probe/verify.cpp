@@ -230,14 +230,17 @@ Result<double> measure_verify_compute(std::uint64_t hidden, std::uint64_t tokens
   return rates[rates.size() / 2];
 }
 
-// Long on purpose (issue #11's 80-line rule): one training run on the sim
-// device, from set-up through the timed steps to the comparison, in order.
-Result<VerifyResult> verify(const VerifyOptions& options) {
+namespace {
+
+// The verify run's size and prediction, from set-up to the budgets the runtime
+// gets: the compute rate measured over the tokens chosen for this run, the
+// checks that the model fits, the bound on a step's compute (into `r`). Returns
+// the options as the run uses them (shape and compute rate set).
+Result<VerifyOptions> size_verify_run(const VerifyOptions& options, VerifyResult& r) {
   if (options.steps < 1 || options.steps > kVerifyStepsMax) {
     return invalid_argument("--verify-steps = {}: use 1 .. {} (the median of the timed steps is reported)",
                             options.steps, kVerifyStepsMax);
   }
-  VerifyResult r;
   // Note [Verify compute]: the device compute rate is the measured rate of the
   // layer's products, over tokens chosen for this run.
   VerifyOptions o = options;
@@ -291,15 +294,15 @@ Result<VerifyResult> verify(const VerifyOptions& options) {
   r.predicted_cost = predicted.cost;
   r.bottleneck = predicted.cost.bottleneck;
   if (Status fits = fits_host_memory(o, spec, tokens); !fits.ok()) return too_large(o, fits);
+  return o;
+}
 
-  memory::DeviceOptions dopt;
-  dopt.kind = memory::DeviceChoice::kSim;
-  STRATA_ASSIGN_OR_RETURN(std::uint64_t activations, activation_peak_bytes(spec));
-  dopt.budget_bytes = sim_device_bytes(r.budgets.gpu_bytes);
-  dopt.h2d_bytes_per_s = o.link_bytes_per_s;
-  dopt.d2h_bytes_per_s = o.link_bytes_per_s;
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<memory::Device> device, memory::make_device(dopt));
-
+// The runtime's options for the verify run (Note [Verify budgets], in
+// size_verify_run): chunk budget without the modelled activations, the host
+// budget with the planner's reserve, the NVMe directory when the plan needs one.
+Result<runtime::RuntimeOptions> verify_runtime_options(const VerifyOptions& o, std::uint64_t activations,
+                                                       VerifyResult& r) {
+  const TrainSpec& spec = o.spec;
   runtime::RuntimeOptions ro = runtime_options(spec);
   ro.budgets = r.budgets;
   ro.budgets.gpu_bytes = r.budgets.gpu_bytes - activations;
@@ -319,12 +322,13 @@ Result<VerifyResult> verify(const VerifyOptions& options) {
   }
   const std::uint64_t per_layer = 12 * spec.shape.hidden * spec.shape.hidden;
   ro.layout.chunk_elems = align_up(per_layer, 4096);
-  // Outlives the runtime, whose compute stream runs the products on it.
-  const bool f32 = spec.compute_dtype == runtime::DType::kF32;
-  const LayerShape shape(tokens, spec.shape.hidden);
-  LayerScratch scratch(shape, /*own_weights=*/!f32);
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Runtime> rt, runtime::Runtime::create(*device, ro));
+  return ro;
+}
 
+// Registers the verify model: the embedding and one tensor per layer, every one
+// a h x 12h family (the embedding too: vocabulary 12h).
+Result<std::vector<runtime::TensorId>> register_verify_model(runtime::Runtime* rt, const TrainSpec& spec) {
+  const std::uint64_t per_layer = 12 * spec.shape.hidden * spec.shape.hidden;
   std::vector<runtime::TensorId> ids;
   std::vector<std::uint64_t> numels;
   const auto embed = static_cast<std::int64_t>(spec.shape.vocab * spec.shape.hidden);
@@ -338,11 +342,19 @@ Result<VerifyResult> verify(const VerifyOptions& options) {
     ids.push_back(id);
     numels.push_back(per_layer);
   }
-  const std::uint64_t esize = runtime::dtype_bytes(spec.compute_dtype);
-  // Every family is one h x 12h layer (the embedding too: vocabulary 12h).
   STRATA_CHECK(std::all_of(numels.begin(), numels.end(), [&](std::uint64_t n) { return n == per_layer; }));
-  LayerScratch* m = &scratch;
+  return ids;
+}
 
+// The warm-up and timed steps: each layer's products forward, then backward
+// with a gradient lease, then step(). Returns the timed steps' stats (high
+// waters into `r`).
+Result<std::vector<runtime::StepStats>> run_verify_steps(runtime::Runtime* rt, const VerifyOptions& o,
+                                                         const std::vector<runtime::TensorId>& ids,
+                                                         LayerScratch* m, const LayerShape& shape,
+                                                         VerifyResult& r) {
+  const bool f32 = o.spec.compute_dtype == runtime::DType::kF32;
+  const std::uint64_t esize = runtime::dtype_bytes(o.spec.compute_dtype);
   std::vector<runtime::StepStats> steady;
   for (int s = 0; s < o.warmup_steps + o.steps; ++s) {
     for (std::size_t i = 0; i < ids.size(); ++i) {
@@ -373,6 +385,31 @@ Result<VerifyResult> verify(const VerifyOptions& options) {
       steady.push_back(st);
     }
   }
+  return steady;
+}
+
+}  // namespace
+
+Result<VerifyResult> verify(const VerifyOptions& options) {
+  VerifyResult r;
+  STRATA_ASSIGN_OR_RETURN(const VerifyOptions o, size_verify_run(options, r));
+  const TrainSpec& spec = o.spec;
+  memory::DeviceOptions dopt;
+  dopt.kind = memory::DeviceChoice::kSim;
+  STRATA_ASSIGN_OR_RETURN(std::uint64_t activations, activation_peak_bytes(spec));
+  dopt.budget_bytes = sim_device_bytes(r.budgets.gpu_bytes);
+  dopt.h2d_bytes_per_s = o.link_bytes_per_s;
+  dopt.d2h_bytes_per_s = o.link_bytes_per_s;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<memory::Device> device, memory::make_device(dopt));
+  STRATA_ASSIGN_OR_RETURN(const runtime::RuntimeOptions ro, verify_runtime_options(o, activations, r));
+  // Outlives the runtime, whose compute stream runs the products on it.
+  const bool f32 = spec.compute_dtype == runtime::DType::kF32;
+  const LayerShape shape(r.tokens, spec.shape.hidden);
+  LayerScratch scratch(shape, /*own_weights=*/!f32);
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Runtime> rt, runtime::Runtime::create(*device, ro));
+  STRATA_ASSIGN_OR_RETURN(const std::vector<runtime::TensorId> ids, register_verify_model(rt.get(), spec));
+  STRATA_ASSIGN_OR_RETURN(std::vector<runtime::StepStats> steady,
+                          run_verify_steps(rt.get(), o, ids, &scratch, shape, r));
   STRATA_CHECK(!steady.empty());  // steps >= 1, checked above
   std::sort(steady.begin(), steady.end(),
             [](const runtime::StepStats& a, const runtime::StepStats& b) { return a.step_s < b.step_s; });

@@ -177,13 +177,11 @@ Result<NvmeTestSize> nvme_test_size(const std::string& dir, std::uint64_t bytes_
   return t;
 }
 
-// Long on purpose (issue #11's 80-line rule): the directory checks, the store
-// set-up and the four timed passes share one engine, store and buffer region
-// whose lifetimes end together here; `pass` is the loop they all run.
-Result<NvmeInfo> measure_nvme(const std::string& dir, std::uint64_t bytes_max, double seconds_max,
-                              const Progress& progress) {
-  NvmeInfo info;
-  info.path = dir;
+namespace {
+
+// The --nvme directory's checks before anything is written: it exists, is a
+// writable directory on a writable file system. Returns its free bytes.
+Result<std::uint64_t> nvme_free_bytes(const std::string& dir) {
   std::error_code ec;
   if (!fs::exists(dir, ec)) return not_found("--nvme {}: no such directory; create it or name another", dir);
   if (!fs::is_directory(dir, ec)) return invalid_argument("--nvme {}: not a directory", dir);
@@ -196,16 +194,115 @@ Result<NvmeInfo> measure_nvme(const std::string& dir, std::uint64_t bytes_max, d
   if (::access(dir.c_str(), W_OK) != 0) {
     return permission_denied("--nvme {}: not writable by this user; name a writable directory", dir);
   }
-  info.free_bytes = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  return static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+}
+
+// What every timed NVMe pass shares: the store, the buffers' region and the limits.
+struct NvmeBench {
+  const std::string& dir;
+  offload::SwapStore& store;
+  std::byte* region = nullptr;  //!< in_flight_max buffers of slot_bytes
+  std::uint64_t slot_bytes = 0;
+  std::size_t in_flight_max = 0;
+  double seconds_max = 0;
+  const Progress& progress;
+};
+
+// op(i) says whether transfer i writes and which slot it uses.
+using NvmeOp = std::function<std::pair<bool, offload::SlotId>(std::uint32_t)>;
+
+// Writes (or reads) slots with `in_flight` transfers outstanding at all times (a
+// sliding window, as the runtime's pipeline keeps its queue full) until `count`
+// are done or the time is up. Returns the transfers done and the seconds taken.
+Result<std::pair<std::uint32_t, double>> timed_pass(const NvmeBench& b, const NvmeOp& op, std::uint32_t count,
+                                                    std::string_view stage, std::size_t in_flight) {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::size_t outstanding = 0;
+  Status first_error;
+  std::vector<std::size_t> free_buffers;
+  for (std::size_t i = 0; i < b.in_flight_max; ++i) free_buffers.push_back(i);
+  const auto start = Clock::now();
+  std::uint32_t issued = 0;
+  auto wait_below = [&](std::size_t limit) {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return outstanding < limit; });
+  };
+  while (issued < count && (issued == 0 || since(start) < b.seconds_max)) {
+    wait_below(in_flight);
+    std::size_t buffer = 0;
+    {
+      std::lock_guard lock(mu);
+      if (!first_error.ok()) break;
+      buffer = free_buffers.back();
+      free_buffers.pop_back();
+      ++outstanding;
+    }
+    const auto [write, slot] = op(issued);
+    std::span<std::byte> buf(b.region + buffer * b.slot_bytes, b.slot_bytes);
+    auto done = [&, buffer](Status st) {
+      std::lock_guard lock(mu);
+      if (!st.ok() && first_error.ok()) first_error = st;
+      free_buffers.push_back(buffer);
+      --outstanding;
+      cv.notify_all();
+    };
+    Status s = write ? b.store.write_async(slot, slot, buf, done) : b.store.read_async(slot, slot, buf, done);
+    if (!s.ok()) {
+      done(Status::Ok());
+      wait_below(1);
+      return s.with_context(fmt::format("--nvme {}", b.dir));
+    }
+    ++issued;
+    report(b.progress, stage, static_cast<double>(issued) / count);
+  }
+  wait_below(1);
+  if (!first_error.ok()) return first_error.with_context(fmt::format("--nvme {}", b.dir));
+  return std::pair{issued, since(start)};
+}
+
+// The four passes over every slot: a warm-up write, then timed write, read and
+// mixed passes, into `info`.
+Status nvme_passes(const NvmeBench& b, std::uint32_t slots, NvmeInfo& info) {
+  for (std::uint32_t i = 0; i < slots; ++i) {
+    STRATA_ASSIGN_OR_RETURN(offload::SlotId s, b.store.allocate());
+    STRATA_CHECK(s < slots);
+  }
+  // The first pass writes fresh (fallocated, unwritten) extents, which costs the
+  // file system extent conversions the runtime's steady state never pays: it
+  // rewrites its slots. So the first pass is a warm-up and the second is timed.
+  auto write_op = [](std::uint32_t i) { return std::pair{true, i}; };
+  auto read_op = [](std::uint32_t i) { return std::pair{false, i}; };
+  STRATA_ASSIGN_OR_RETURN(auto warm, timed_pass(b, write_op, slots, "nvme warm-up", b.in_flight_max));
+  STRATA_ASSIGN_OR_RETURN(auto written, timed_pass(b, write_op, warm.first, "nvme write", b.in_flight_max));
+  STRATA_ASSIGN_OR_RETURN(auto read, timed_pass(b, read_op, written.first, "nvme read", b.in_flight_max));
+  // Half the transfers write, half read other slots, interleaved, as the
+  // pipeline's write-backs and read-aheads share the disk, with as much in
+  // flight as its default two NVMe places keep (two families' states).
+  const std::uint32_t half = std::max<std::uint32_t>(written.first / 2, 1);
+  auto mixed_op = [half](std::uint32_t i) { return std::pair{i % 2 == 0, (i / 2) % half + (i % 2) * half}; };
+  STRATA_ASSIGN_OR_RETURN(auto mixed, timed_pass(b, mixed_op, 2 * half, "nvme read + write",
+                                                 std::min<std::size_t>(4, b.in_flight_max)));
+  info.mixed_bytes_per_s = static_cast<double>(std::uint64_t{mixed.first} * b.slot_bytes) / mixed.second;
+  info.bytes_tested = std::uint64_t{written.first} * b.slot_bytes;
+  info.write_bytes_per_s = static_cast<double>(info.bytes_tested) / written.second;
+  info.read_bytes_per_s = static_cast<double>(std::uint64_t{read.first} * b.slot_bytes) / read.second;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<NvmeInfo> measure_nvme(const std::string& dir, std::uint64_t bytes_max, double seconds_max,
+                              const Progress& progress) {
+  NvmeInfo info;
+  info.path = dir;
+  STRATA_ASSIGN_OR_RETURN(info.free_bytes, nvme_free_bytes(dir));
   // Note [Probe NVMe test size]: what is checked here is what is written.
   STRATA_ASSIGN_OR_RETURN(const NvmeTestSize size, nvme_test_size(dir, bytes_max, info.free_bytes));
-  const std::uint64_t slot_bytes = size.slot_bytes;
-  const std::size_t in_flight_max = size.in_flight;
-  const std::uint32_t slots = size.slots;
 
   // One region for every in-flight buffer, registered with io_uring as fixed
   // buffers, as the runtime registers its pinned host region.
-  AlignedBuffer region(slot_bytes * in_flight_max);
+  AlignedBuffer region(size.slot_bytes * size.in_flight);
   for (std::size_t b = 0; b < region.size; b += 8) {
     const std::uint64_t v = (b + 1) * 0x9E3779B97F4A7C15ull;
     std::memcpy(region.data + b, &v, 8);
@@ -214,93 +311,18 @@ Result<NvmeInfo> measure_nvme(const std::string& dir, std::uint64_t bytes_max, d
   eo.fixed_buffer_regions = {std::span<std::byte>(region.data, region.size)};
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<offload::IoEngine> engine, offload::make_io_engine(eo));
   info.engine = std::string(engine->name());
-  auto buffer_at = [&](std::size_t i) { return region.data + i * slot_bytes; };
   auto store = offload::SwapStore::create(
-      *engine, {.dirs = {fs::path(dir)}, .slot_bytes = slot_bytes, .slots = slots});
+      *engine, {.dirs = {fs::path(dir)}, .slot_bytes = size.slot_bytes, .slots = size.slots});
   if (!store.ok()) return Status(store.status()).with_context(fmt::format("--nvme {}", dir));
   info.direct_io = (*store)->direct_io();
-
-  // Writes (or reads) slots with in_flight_max transfers outstanding at all times (a
-  // sliding window, as the runtime's pipeline keeps its queue full) until done or
-  // out of time.
-  // op(i) says whether transfer i writes and which slot it uses.
-  using Op = std::function<std::pair<bool, offload::SlotId>(std::uint32_t)>;
-  auto pass = [&](const Op& op, std::uint32_t count, std::string_view stage,
-                  std::size_t in_flight) -> Result<std::pair<std::uint32_t, double>> {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::size_t outstanding = 0;
-    Status first_error;
-    std::vector<std::size_t> free_buffers;
-    for (std::size_t i = 0; i < in_flight_max; ++i) free_buffers.push_back(i);
-    const auto start = Clock::now();
-    std::uint32_t issued = 0;
-    auto wait_below = [&](std::size_t limit) {
-      std::unique_lock lock(mu);
-      cv.wait(lock, [&] { return outstanding < limit; });
-    };
-    while (issued < count && (issued == 0 || since(start) < seconds_max)) {
-      wait_below(in_flight);
-      std::size_t buffer = 0;
-      {
-        std::lock_guard lock(mu);
-        if (!first_error.ok()) break;
-        buffer = free_buffers.back();
-        free_buffers.pop_back();
-        ++outstanding;
-      }
-      const auto [write, slot] = op(issued);
-      std::span<std::byte> buf(buffer_at(buffer), slot_bytes);
-      auto done = [&, buffer](Status st) {
-        std::lock_guard lock(mu);
-        if (!st.ok() && first_error.ok()) first_error = st;
-        free_buffers.push_back(buffer);
-        --outstanding;
-        cv.notify_all();
-      };
-      Status s =
-          write ? (*store)->write_async(slot, slot, buf, done) : (*store)->read_async(slot, slot, buf, done);
-      if (!s.ok()) {
-        done(Status::Ok());
-        wait_below(1);
-        return s.with_context(fmt::format("--nvme {}", dir));
-      }
-      ++issued;
-      report(progress, stage, static_cast<double>(issued) / count);
-    }
-    wait_below(1);
-    if (!first_error.ok()) return first_error.with_context(fmt::format("--nvme {}", dir));
-    return std::pair{issued, since(start)};
-  };
-  for (std::uint32_t i = 0; i < slots; ++i) {
-    STRATA_ASSIGN_OR_RETURN(offload::SlotId s, (*store)->allocate());
-    STRATA_CHECK(s < slots);
-  }
-  // The first pass writes fresh (fallocated, unwritten) extents, which costs the
-  // file system extent conversions the runtime's steady state never pays: it
-  // rewrites its slots. So the first pass is a warm-up and the second is timed.
-  auto write_op = [](std::uint32_t i) { return std::pair{true, i}; };
-  STRATA_ASSIGN_OR_RETURN(auto warm, pass(write_op, slots, "nvme warm-up", in_flight_max));
-  STRATA_ASSIGN_OR_RETURN(auto written, pass(write_op, warm.first, "nvme write", in_flight_max));
-  STRATA_ASSIGN_OR_RETURN(auto read, pass(
-                                         [](std::uint32_t i) {
-                                           return std::pair{false, i};
-                                         },
-                                         written.first, "nvme read", in_flight_max));
-  // Half the transfers write, half read other slots, interleaved, as the
-  // pipeline's write-backs and read-aheads share the disk, with as much in
-  // flight as its default two NVMe places keep (two families' states).
-  const std::uint32_t half = std::max<std::uint32_t>(written.first / 2, 1);
-  STRATA_ASSIGN_OR_RETURN(auto mixed,
-                          pass(
-                              [half](std::uint32_t i) {
-                                return std::pair{i % 2 == 0, (i / 2) % half + (i % 2) * half};
-                              },
-                              2 * half, "nvme read + write", std::min<std::size_t>(4, in_flight_max)));
-  info.mixed_bytes_per_s = static_cast<double>(std::uint64_t{mixed.first} * slot_bytes) / mixed.second;
-  info.bytes_tested = std::uint64_t{written.first} * slot_bytes;
-  info.write_bytes_per_s = static_cast<double>(info.bytes_tested) / written.second;
-  info.read_bytes_per_s = static_cast<double>(std::uint64_t{read.first} * slot_bytes) / read.second;
+  const NvmeBench bench{.dir = dir,
+                        .store = **store,
+                        .region = region.data,
+                        .slot_bytes = size.slot_bytes,
+                        .in_flight_max = size.in_flight,
+                        .seconds_max = seconds_max,
+                        .progress = progress};
+  STRATA_RETURN_IF_ERROR(nvme_passes(bench, size.slots, info));
   store->reset();  // removes the swap file
   engine->shutdown(offload::ShutdownMode::kDrain);
   return info;

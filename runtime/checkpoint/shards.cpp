@@ -2,14 +2,11 @@
 // masters and states from their shards before the save thread starts (Note
 // [Sharded checkpoint]), so the writer sees the same pieces as on one rank.
 
+#include "../src/dp.hpp"
 #include "checkpoint.hpp"
-#include "dp.hpp"
+#include "test_hooks.hpp"
 
 namespace strata::runtime {
-
-namespace checkpoint_testing {
-std::function<Status(int rank, FamilyId f)> before_assemble;
-}  // namespace checkpoint_testing
 
 namespace checkpoint_detail {
 

@@ -3,7 +3,7 @@
 // the save's room, and the hooks the scheduler and step() ask
 // (Runtime::Impl::checkpoint_*). It calls Core (stores, NVMe slot pins) and the
 // pipeline's launches; every function expects Core::mu held. The save thread
-// (checkpoint_save.cpp) calls it through checkpoint.hpp.
+// (save.cpp) calls it through checkpoint.hpp.
 
 #include "checkpoint.hpp"
 
@@ -25,7 +25,7 @@ namespace strata::runtime {
 // completes them), as much as its room holds (a quarter of the host budget, in
 // ordinary memory: the plan gives the host store to training), and writes
 // captured families first, host copies before NVMe pieces (Note [Save I/O
-// priority] in checkpoint_save.cpp). The training thread captures a family
+// priority] in save.cpp). The training thread captures a family
 // not yet captured itself before launching its update (release, step()), waiting
 // while the room is full until the writer frees some; a family it could not
 // capture (an error) is held back and launched by the save thread once captured,

@@ -1,0 +1,169 @@
+// Checkpoint save: save_checkpoint, begin_checkpoint / finish_checkpoint and the
+// save thread that writes each family's file (Note [Overlapped save], Note
+// [Sharded checkpoint]). It calls the capture side and the format side through
+// checkpoint.hpp, Core, and Runtime::Impl (finalize, wait_all, the data-parallel
+// agreements).
+
+#include <sys/syscall.h>
+
+#include "../src/dp.hpp"
+#include "checkpoint.hpp"
+
+namespace strata::runtime {
+
+using namespace checkpoint_detail;
+
+// Note [Save I/O priority]
+// An overlapped save must not hold training up, yet an update waits until its
+// family is captured, a capture waits for room in the save's buffers (Note
+// [Overlapped save]), and the NVMe tier shares the disk with the save. So:
+//   - the save thread appends each family's host copies (a param, host-held states)
+//     first and frees each as soon as it is appended; a family's pinned NVMe pieces
+//     cost no room and wait until no host copy is left to write (at most
+//     kDeferredMax files wait so, each holding its descriptor and one part-filled
+//     1 MiB stripe). A file is still written front to back, so it is the same file;
+//   - an overlapped save's stripes go to the page cache without starting their
+//     writeback, and its threads do I/O at class idle (ioprio_set; the writer and
+//     fsync threads it starts inherit it), so the fsyncs that write the files out
+//     yield the disk to training's NVMe reads and write-backs (mq-deadline and bfq
+//     dispatch idle requests after best-effort ones). The dirty pages are the
+//     kernel's, not the host budget's: the kernel's dirty limits (vm.dirty_ratio)
+//     bound them and throttle the save's writer, not training, when reached;
+//   - the save's threads run at the process's CPU priority: at nice 10, on a busy
+//     machine, the writer fell behind and updates waited for its room.
+// A blocking save_checkpoint keeps its priorities and starts each stripe's
+// writeback at once: nothing runs beside it.
+
+//! Starts a save (Note [Overlapped save]); `background`: its threads do I/O at idle
+//! priority (begin_checkpoint: training runs beside it), not for save_checkpoint, which waits.
+static Status begin_save(Runtime::Impl& m, const std::string& dir, bool background) {
+  std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
+  const bool sharded = m.core.dp_ranks() > 1;
+  if (sharded && background) {
+    // The same answer on every rank, so no rank waits in a collective for it.
+    return failed_precondition(
+        "begin_checkpoint({}): this runtime is rank {} of {} (data parallelism); an overlapped save is not "
+        "implemented for data-parallel ranks (its agreement would interleave with the step's collectives); "
+        "call save_checkpoint on every rank instead (Note [Sharded checkpoint])",
+        dir, m.core.dp_rank(), m.core.dp_ranks());
+  }
+  auto s = std::make_shared<CheckpointSave>();
+  if (!sharded) {
+    STRATA_RETURN_IF_ERROR(prepare_save(m, lock, *s, dir, /*wait_write_backs=*/!background));
+  } else {
+    STRATA_RETURN_IF_ERROR(m.dp_all_ok(lock, prepare_save(m, lock, *s, dir, true), "save_checkpoint"));
+    // Params are written by their owner: they must be rank 0's initial values if
+    // no step has run yet (Note [Sharded step]).
+    STRATA_RETURN_IF_ERROR(m.dp_broadcast_initial(lock));
+    // One generation for every rank's files: the largest any rank found.
+    STRATA_ASSIGN_OR_RETURN(s->generation, m.dp_max(lock, s->generation));
+  }
+  s->t0 = m.core.timeline.now_us();
+  s->sharded = sharded;
+  describe_save(m, *s);
+  s->blocking = !background;
+  if (sharded) {
+    Status assembled = assemble_shards(m, lock, *s);
+    if (!assembled.ok()) {
+      for (auto& pieces : s->pieces) release_pieces(m.core, pieces, *s);
+      return assembled;
+    }
+  }
+  m.checkpoint = s;
+  s->thread = std::thread([&m, s = s.get(), background] {
+    // Its disk writes (the fsyncs that write its page cache out) go after training's
+    // (Note [Save I/O priority]); its writer and fsync threads inherit this.
+    if (background &&
+        ::syscall(SYS_ioprio_set, kIoprioWhoProcess, ::gettid(), kIoprioClassIdle << kIoprioClassShift) != 0)
+      STRATA_LOG_DEBUG("checkpoint: ioprio_set of the save thread: {}", std::strerror(errno));
+    Status st = run_save(m, *s);
+    if (!st.ok()) remove_temporaries(m.core, *s);
+    std::lock_guard guard(m.core.mu);
+    if (!st.ok()) {
+      STRATA_LOG_WARN("checkpoint: the save into {} failed (the published checkpoint is untouched): {}",
+                      s->root.string(), st.to_string());
+      release_all_holds(m, *s);
+    }
+    for (auto& pieces : s->pieces) release_pieces(m.core, pieces, *s);
+    s->status = std::move(st);
+    s->done = true;
+    m.core.cv.notify_all();
+  });
+  return Status::Ok();
+}
+
+Status Runtime::begin_checkpoint(const std::string& dir) {
+  return begin_save(*impl_, dir, /*background=*/true);
+}
+
+Status Runtime::finish_checkpoint() {
+  Impl& m = *impl_;
+  std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
+  return m.checkpoint_finish(lock);
+}
+
+Result<bool> Runtime::checkpoint_in_flight() {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.core.mu);
+  if (m.checkpoint == nullptr) return false;
+  if (!m.checkpoint->done) return true;
+  STRATA_RETURN_IF_ERROR(m.checkpoint->status);
+  return false;
+}
+
+Status Runtime::save_checkpoint(const std::string& dir) {
+  STRATA_RETURN_IF_ERROR(begin_save(*impl_, dir, /*background=*/false));
+  Impl& m = *impl_;
+  if (m.core.dp_ranks() == 1) return finish_checkpoint();
+  // Note [Sharded checkpoint]: every rank's files are written, fsynced and renamed;
+  // the ranks agree, rank 0 publishes the manifest, and a last agreement returns
+  // rank 0's outcome on every rank once the manifest is durable.
+  std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
+  std::shared_ptr<CheckpointSave> s = m.checkpoint;
+  Status written = m.checkpoint_finish(lock);
+  STRATA_RETURN_IF_ERROR(m.dp_all_ok(lock, std::move(written), "save_checkpoint (writing the files)"));
+  const json mine = {{"files", std::move(s->shard_files)}, {"tensors", std::move(s->shard_tensors)}};
+  STRATA_ASSIGN_OR_RETURN(const std::vector<std::string> all, m.dp_exchange_text(lock, mine.dump()));
+  Status published = Status::Ok();
+  if (m.core.dp_rank() == 0) {
+    const std::size_t families = m.core.layout.families.size();
+    json files = json::array();
+    std::vector<json> by_family(families);
+    std::vector<json> tensor_entries(m.core.tensors.size());
+    std::uint64_t total = 0;
+    try {
+      for (const std::string& text : all) {
+        const json part = json::parse(text);
+        for (const json& f : part.at("files")) {
+          const auto family = f.at("family").get<std::size_t>();
+          STRATA_CHECK(family < families);
+          total += f.at("bytes").get<std::uint64_t>();
+          by_family[family] = {{"name", f.at("name")}, {"bytes", f.at("bytes")}, {"crc32c", f.at("crc32c")}};
+        }
+        for (const json& t : part.at("tensors"))
+          tensor_entries.at(t.at("id").get<std::size_t>()) = t.at("entry");
+      }
+    } catch (const json::exception& e) {
+      published = internal_error("save_checkpoint: a rank's file list is malformed: {}", e.what());
+    }
+    for (FamilyId f = 0; f < families && published.ok(); ++f) {
+      if (by_family[f].is_null()) {
+        published = internal_error("save_checkpoint: no rank wrote family {} (its owner is rank {})", f,
+                                   f % static_cast<FamilyId>(m.core.dp_ranks()));
+        break;
+      }
+      files.push_back(std::move(by_family[f]));
+    }
+    json tensors = json::array();
+    for (const FamilyLayout& fam : m.core.layout.families) {
+      for (TensorId id : fam.tensors) tensors.push_back(std::move(tensor_entries[id]));
+    }
+    if (published.ok()) published = publish_manifest(m.core, *s, std::move(files), std::move(tensors), total);
+  }
+  return m.dp_all_ok(lock, std::move(published), "save_checkpoint (publishing the manifest on rank 0)");
+}
+
+}  // namespace strata::runtime
