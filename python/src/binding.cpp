@@ -188,7 +188,7 @@ class Engine {
       for (const Param& p : params_) small = p.numel < small->numel ? &p : small;
       std::vector<float> values(small->numel);
       py::gil_scoped_release release;
-      throw_if(rt_->read_tensor(small->id, values, StateKind::kParam));
+      throw_if(rt_->read_tensor(small->id, StateKind::kParam, values));
       return;
     }
     for (std::size_t i = 0; i < ids.size(); ++i) {
@@ -358,7 +358,7 @@ class Engine {
     sync_views();
     at::Tensor out = at::empty(p.tensor.sizes(), at::TensorOptions().dtype(at::kFloat));
     py::gil_scoped_release release;
-    throw_if(rt_->read_tensor(p.id, std::span<float>(out.data_ptr<float>(), p.numel), to_kind(kind)));
+    throw_if(rt_->read_tensor(p.id, to_kind(kind), std::span<float>(out.data_ptr<float>(), p.numel)));
     return out;
   }
 
@@ -371,7 +371,7 @@ class Engine {
     at::Tensor v = values.detach().to(at::kCPU).to(at::kFloat).contiguous();
     {
       py::gil_scoped_release release;
-      throw_if(rt_->write_tensor(p.id, std::span<const float>(v.data_ptr<float>(), p.numel), to_kind(kind)));
+      throw_if(rt_->write_tensor(p.id, to_kind(kind), std::span<const float>(v.data_ptr<float>(), p.numel)));
     }
     refresh_view(p);  // this helper's block (Note [Parameters between steps]); a no-op without a view
   }

@@ -160,11 +160,6 @@ class Runtime {
   Status read_tensor(TensorId tensor, std::span<float> out) {
     return read_tensor(tensor, StateKind::kParam, out);
   }
-  //! The old argument order (buffer before state), kept only for python/src/binding.cpp,
-  //! which another branch edits this session (issue #26); remove once it calls the order above.
-  Status read_tensor(TensorId tensor, std::span<float> out, StateKind kind) {
-    return read_tensor(tensor, kind, out);
-  }
 
   //! A read lease on the param, on `where` (device by default). Fails as acquire().
   Result<Lease> param(TensorId tensor, Where where = Where::kDevice);
@@ -190,10 +185,6 @@ class Runtime {
   //! Overwrites one state of a tensor from fp32 values (param, master, state0/1;
   //! runtime::Runtime::write_tensor, same argument order). Between steps. Blocks.
   Status write_tensor(TensorId tensor, StateKind kind, std::span<const float> values);
-  //! The old argument order, kept only for python/src/binding.cpp (see read_tensor).
-  Status write_tensor(TensorId tensor, std::span<const float> values, StateKind kind) {
-    return write_tensor(tensor, kind, values);
-  }
   //! Optimizer steps applied to a tensor (its bias-correction counter).
   Result<std::int64_t> tensor_steps(TensorId tensor) const;
   //! Sets a tensor's step counter (a checkpoint's load). Between steps.
