@@ -130,6 +130,11 @@ def load_deepspeed_op():
                     fix="install the pinned deepspeed into this venv (scripts/requirements-torch2.txt)")
         return None, info
     info["deepspeed_version"] = deepspeed.__version__
+    # torch writes $CXX (default "c++") into the op's build.ninja as given, and ninja rebuilds when a command
+    # line changes: ctest's environment says /usr/bin/c++, a shell says c++, and each rebuilt the op (90 s).
+    # The resolved path makes every environment write the same line.
+    cxx = os.environ.get("CXX", "c++")
+    os.environ["CXX"] = shutil_which(cxx) or cxx
     builder = CPUAdamBuilder()
     info["op_name"] = builder.absolute_name()
     info["cached_before"] = os.path.isdir(os.path.join(ext_dir, builder.name)) and any(
