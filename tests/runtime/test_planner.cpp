@@ -103,7 +103,7 @@ TEST(Planner, RefusalNamesAnAcceptedHostBudget) {
     auto in = layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = host, .nvme_bytes = 8 * kGiB});
     auto refused = make_plan(in);
     ASSERT_FALSE(refused.ok()) << host;
-    const std::string& m = refused.status().message();
+    const std::string m = refused.status().message();  // a copy: status() returns by value
     const auto at = m.find("raise host_budget to at least ");
     ASSERT_NE(at, std::string::npos) << m;
     const auto open = m.find('(', at);
