@@ -191,9 +191,13 @@ void pad_to_shards(ChunkLayout& layout, int ranks) {
   }
 }
 
-//! Each family's bytes as the NVMe tier will store them (ensure_nvme_store picks the same slot).
+//! Each family's bytes as the NVMe tier will store them: in the slots of the store
+//! the embedder supplied (RuntimeOptions::nvme_store), else in those ensure_nvme_store
+//! picks. A supplied store's slot may be larger than a chunk; each chunk then holds a
+//! whole slot, and the plan counts it so.
 void count_nvme_bytes(Core& core) {
-  const std::uint64_t nvme_slot = nvme_slot_bytes(core.largest_optim_chunk());
+  const std::uint64_t nvme_slot =
+      core.nvme != nullptr ? core.nvme->slot_bytes() : nvme_slot_bytes(core.largest_optim_chunk());
   for (FamilyId f = 0; f < core.family_bytes.size(); ++f) {
     for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1})
       core.family_bytes[f].optim_nvme_bytes += nvme_chunk_bytes(core.chunk(f, k).bytes, nvme_slot);

@@ -417,6 +417,9 @@ TEST(Runtime, NvmeWriteBacksOutliveStepAndStayExact) {
       auto stats = run.rt->step();
       ASSERT_TRUE(stats.ok()) << stats.status();
       returned_with_writes_pending += slow->pending_ > 0;
+      // The store's slots (twice a chunk) are what the plan counts: write-backs in
+      // flight included, the NVMe bytes stay within it.
+      EXPECT_LE(stats->nvme_bytes, run.rt->plan().nvme_bytes) << "step " << s;
     }
     EXPECT_TRUE(run.rt->flush().ok());
     EXPECT_EQ(slow->pending_, 0);
