@@ -14,6 +14,15 @@ steps a few hundred milliseconds apart on the same batch, which is what lets thr
 invocations agree. Every variant has the same torch thread count (one process), runs
 --warmup steps before timing (the first traces and plans), and the garbage collector is
 off while a pair is timed (collected between pairs, untimed).
+Note [Stopping on the median's CI]
+Per-step ratios scatter (IQR about +-30 % on the 0.1 s step of the 0.8 M GPT, quiet machine
+included), so the median of a fixed 30 pairs moves by +-5 % between invocations: more than the
+effect. By default pairs run until the distribution-free 95 % confidence interval of every
+reported step ratio's median (order statistics, no normality assumed) is within +-1 % (--ci) of
+it, at least --min-pairs and at most --max-pairs or --max-seconds per size; the output gives
+each median's ci95, how many pairs ran and what stopped them ("ci", "max_seconds", "pairs").
+Two invocations whose CIs are +-1 % can then agree within about +-2 %, unless the machine
+itself changed between them (load_avg_1m is reported for that).
 Variants:
   plain           torch only, everything in memory, torch.optim.AdamW (its fastest, foreach);
   strata_fit      strata.torch with budgets where everything fits (all chunks on the device);
@@ -41,6 +50,7 @@ state_over_device_budget >= 4, bit_identical_sgd, no bytes moved by a fit step).
 import argparse
 import gc
 import json
+import math
 import os
 import shutil
 import statistics
@@ -144,13 +154,44 @@ class Variant:
         w.close()
 
 
+def median_ci95(values):
+    """The distribution-free 95 % confidence interval of the median (order statistics:
+    the ranks n/2 -+ 1.96 sqrt(n)/2), or None below 10 values. Note [Stopping on the median's CI]."""
+    n = len(values)
+    if n < 10:
+        return None
+    v = sorted(values)
+    half = 1.96 * math.sqrt(n) / 2
+    lo = max(0, int(math.floor(n / 2 - half)) - 1)
+    hi = min(n - 1, int(math.ceil(n / 2 + half)))
+    return v[lo], v[hi]
+
+
 def spread(values):
-    """{median, iqr: [q1, q3]} of per-pair ratios."""
+    """{median, iqr: [q1, q3], ci95: [lo, hi]} of per-pair ratios."""
     if len(values) < 2:
         v = round(values[0], 3) if values else None
-        return {"median": v, "iqr": [v, v]}
+        return {"median": v, "iqr": [v, v], "ci95": [v, v]}
     q = statistics.quantiles(values, n=4, method="inclusive")
-    return {"median": round(statistics.median(values), 3), "iqr": [round(q[0], 3), round(q[2], 3)]}
+    ci = median_ci95(values)
+    return {"median": round(statistics.median(values), 3), "iqr": [round(q[0], 3), round(q[2], 3)],
+            "ci95": [round(ci[0], 3), round(ci[1], 3)] if ci else None}
+
+
+def ci_narrow(variants, by, rel):
+    """True when the 95 % CI of every reported step ratio's median is within +-rel of it."""
+    plain = by["plain"]
+    for v in variants:
+        if v is plain:
+            continue
+        r = ratios(v, plain, 0)
+        ci = median_ci95(r)
+        if ci is None:
+            return False
+        m = statistics.median(r)
+        if max(m - ci[0], ci[1] - m) > rel * m:
+            return False
+    return True
 
 
 def ratios(a, b, field):
@@ -170,27 +211,40 @@ def measure(size, args, data, nvme_dir):
             v.step(x, y, timed=False)
     for v in variants:
         v.start_counting()
+    by = {v.kind: v for v in variants}
+    fixed = args.pairs is not None
+    most = args.pairs if fixed else args.max_pairs
+    started = time.perf_counter()
+    stopped_by = "pairs"
     gc.collect()
     gc.disable()
     try:
-        for i in range(args.pairs):
+        for i in range(most):
             x, y = next(it)
             for j in range(len(variants)):
                 variants[(i + j) % len(variants)].step(x, y, timed=True)
             if i % 4 == 3:
                 gc.collect()  # untimed: between pairs
-            if not args.json and (i + 1) % max(1, args.pairs // 4) == 0:
-                print(f"{size}: pair {i + 1}/{args.pairs}", file=sys.stderr)
+            done = i + 1
+            if not fixed and done >= args.min_pairs and done % 10 == 0:
+                if ci_narrow(variants, by, args.ci):
+                    stopped_by = "ci"
+                    break
+                if time.perf_counter() - started > args.max_seconds:
+                    stopped_by = "max_seconds"
+                    break
+            if not args.json and done % 50 == 0:
+                print(f"{size}: pair {done}", file=sys.stderr)
     finally:
         gc.enable()
     for v in variants:
         v.finish()
-    by = {v.kind: v for v in variants}
     plain, fit, off = by["plain"], by["strata_fit"], by["strata_offload"]
     fit_c, off_c = fit.info["counters_per_step"], off.info["counters_per_step"]
     out = {
         "params": unique_numel(plain.model), "d_model": d, "layers": layers,
-        "pairs": args.pairs,
+        "pairs": len(plain.times), "stopped_by": stopped_by,
+        "measured_s": round(time.perf_counter() - started, 1),
         "fit_overhead": spread(ratios(fit, plain, 0)),
         "offload_over_plain": spread(ratios(off, plain, 0)),
         "fit_fwd_bwd_overhead": spread(ratios(fit, plain, 1)),
@@ -242,7 +296,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--sizes", default="0.8M", help="comma-separated: 0.8M, 25M, 100M or DxL (default 0.8M)")
-    ap.add_argument("--pairs", type=int, default=30, help="measured steps of each variant (one pair each)")
+    ap.add_argument("--pairs", type=int, default=None,
+                    help="measured steps of each variant (one pair each); default: until the median's 95 %% "
+                         "CI is within --ci (Note [Stopping on the median's CI])")
+    ap.add_argument("--ci", type=float, default=0.01,
+                    help="stop when every step ratio's median is known within +-this fraction (95 %% CI)")
+    ap.add_argument("--min-pairs", type=int, default=40)
+    ap.add_argument("--max-pairs", type=int, default=3000)
+    ap.add_argument("--max-seconds", type=float, default=300, help="per size, when the CI is still wider")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=64)
@@ -252,7 +313,9 @@ def main():
     ap.add_argument("--access-ab", action="store_true",
                     help="also run strata without torch's contract between steps (#25) and report its cost")
     args = ap.parse_args()
-    if min(args.pairs, args.batch, args.offload_ratio) < 1 or args.warmup < 2:
+    if args.pairs is None and not 0 < args.ci < 1:
+        ap.error("--ci must be a fraction in (0, 1), e.g. 0.01")
+    if min(args.pairs or 1, args.min_pairs, args.batch, args.offload_ratio) < 1 or args.warmup < 2:
         ap.error("--pairs, --batch and --offload-ratio must be >= 1 and --warmup >= 2 (the first step plans)")
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     for s in sizes:
