@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "strata/common/bytes.hpp"
+#include "strata/kernels/optim.hpp"
 #include "strata/strata.hpp"
 
 namespace strata {
@@ -68,42 +69,6 @@ Result<bool> to_bool(std::string_view key, std::string_view text) {
   return invalid_argument("{} = \"{}\": use true or false", key, text);
 }
 
-Result<kernels::Optimizer> to_optimizer(std::string_view text) {
-  using kernels::Optimizer;
-  for (Optimizer o : {Optimizer::kAdam, Optimizer::kAdamW, Optimizer::kLamb, Optimizer::kLars,
-                      Optimizer::kSgd, Optimizer::kLion, Optimizer::kAdagrad, Optimizer::kCame}) {
-    if (kernels::optimizer_name(o) == text) return o;
-  }
-  return invalid_argument("optimizer.name = \"{}\": use adamw, adam, lamb, lars, sgd, lion, adagrad or came",
-                          text);
-}
-
-// torch.optim's defaults (the paper's where torch has none), per optimizer.
-kernels::Hyper optimizer_defaults(kernels::Optimizer o) {
-  kernels::Hyper h;
-  h.optimizer = o;
-  switch (o) {
-    case kernels::Optimizer::kAdamW:
-      h.weight_decay = 0.01f;
-      break;
-    case kernels::Optimizer::kLion:
-      h.lr = 1e-4f;
-      h.beta2 = 0.99f;
-      break;
-    case kernels::Optimizer::kAdagrad:
-      h.lr = 1e-2f;
-      h.eps = 1e-10f;
-      break;
-    case kernels::Optimizer::kCame:
-      h.lr = 2e-4f;
-      h.eps = 1e-30f;
-      break;
-    default:
-      break;
-  }
-  return h;
-}
-
 using Setter = std::function<Status(Config&, std::string_view key, std::string_view value)>;
 struct Key {
   std::string name;
@@ -143,134 +108,156 @@ Setter integer_into(T Owner::*field, Owner runtime::RuntimeOptions::*owner) {
   };
 }
 
-// Long on purpose (issue #11's 80-line rule): one entry per configuration key,
-// read as a table; split, the keys would scatter.
+// The configuration keys, one table built section by section (each add_* below).
+// device.*: the device's kind, budget, copy rates and streams.
+void add_device_keys(std::vector<Key>& k) {
+  for (const char* d : {"budget", "h2d_bandwidth", "d2h_bandwidth", "d2d_bandwidth"}) {
+    k.push_back({fmt::format("device.{}", d), Kind::kSize,
+                 [d](Config& c, std::string_view, std::string_view v) { return c.device.set(d, v); }});
+  }
+  for (const char* d : {"stream_queue_depth", "streams_max", "cuda_ordinal"}) {
+    k.push_back({fmt::format("device.{}", d), Kind::kInteger,
+                 [d](Config& c, std::string_view, std::string_view v) { return c.device.set(d, v); }});
+  }
+  k.push_back({"device.kind", Kind::kString,
+               [](Config& c, std::string_view, std::string_view v) { return c.device.set("kind", v); }});
+}
+
+// budgets.* and nvme.*: each tier's cap and the NVMe tier's place.
+void add_storage_keys(std::vector<Key>& k) {
+  k.push_back({"budgets.gpu", Kind::kSize, size_into(&runtime::Budgets::gpu_bytes)});
+  k.push_back({"budgets.host", Kind::kSize, size_into(&runtime::Budgets::host_bytes)});
+  k.push_back({"budgets.nvme", Kind::kSize, size_into(&runtime::Budgets::nvme_bytes)});
+  k.push_back(
+      {"nvme.dirs", Kind::kStringList, [](Config& c, std::string_view key, std::string_view v) -> Status {
+         c.runtime.nvme_dirs.clear();
+         std::string s(v);
+         std::stringstream in(s);
+         for (std::string dir; std::getline(in, dir, ',');) {
+           if (dir.empty()) return invalid_argument("{} = \"{}\": an empty directory name", key, v);
+           c.runtime.nvme_dirs.push_back(dir);
+         }
+         return Status::Ok();
+       }});
+  k.push_back(
+      {"nvme.engine", Kind::kString, [](Config& c, std::string_view key, std::string_view v) -> Status {
+         if (v != "auto" && v != "uring" && v != "posix")
+           return invalid_argument("{} = \"{}\": use auto, uring or posix", key, v);
+         c.runtime.io_engine = std::string(v);
+         return Status::Ok();
+       }});
+}
+
+// optimizer.*: the optimizer and its hyperparameters.
+void add_optimizer_keys(std::vector<Key>& k) {
+  k.push_back(
+      {"optimizer.name", Kind::kString, [](Config& c, std::string_view key, std::string_view v) -> Status {
+         auto o = kernels::parse_optimizer(v);
+         if (!o.ok()) return Status(o.status()).with_context(key);
+         c.runtime.hyper = kernels::optimizer_defaults(*o);
+         return Status::Ok();
+       }});
+  using H = kernels::Hyper;
+  const std::pair<const char*, float H::*> floats[] = {{"lr", &H::lr},
+                                                       {"beta1", &H::beta1},
+                                                       {"beta2", &H::beta2},
+                                                       {"beta3", &H::beta3},
+                                                       {"eps", &H::eps},
+                                                       {"eps2", &H::eps2},
+                                                       {"weight_decay", &H::weight_decay},
+                                                       {"momentum", &H::momentum},
+                                                       {"dampening", &H::dampening},
+                                                       {"trust_coefficient", &H::trust_coefficient},
+                                                       {"lr_decay", &H::lr_decay},
+                                                       {"clip_threshold", &H::clip_threshold}};
+  for (const auto& [name, field] : floats)
+    k.push_back({fmt::format("optimizer.{}", name), Kind::kNumber, hyper_float(field)});
+  for (const auto& [name, field] : {std::pair<const char*, bool H::*>{"nesterov", &H::nesterov},
+                                    {"bias_correction", &H::bias_correction},
+                                    {"lars_clip", &H::lars_clip}})
+    k.push_back({fmt::format("optimizer.{}", name), Kind::kBool, hyper_bool(field)});
+}
+
+// precision.*, clipping, loss scaling, threads and the timeline.
+void add_step_keys(std::vector<Key>& k) {
+  k.push_back(
+      {"precision.compute", Kind::kString, [](Config& c, std::string_view key, std::string_view v) -> Status {
+         auto d = runtime::parse_dtype(v);
+         if (!d.ok()) return invalid_argument("{} = \"{}\": use fp32, bf16 or fp16", key, v);
+         c.runtime.compute_dtype = *d;
+         return Status::Ok();
+       }});
+  k.push_back(
+      {"precision.states", Kind::kString, [](Config& c, std::string_view key, std::string_view v) -> Status {
+         auto d = runtime::parse_dtype(v);
+         if (!d.ok() || *d == runtime::DType::kF16)
+           return invalid_argument("{} = \"{}\": use fp32 or bf16", key, v);
+         c.runtime.state_dtype = *d;
+         return Status::Ok();
+       }});
+  k.push_back(
+      {"clip_max_norm", Kind::kNumber, [](Config& c, std::string_view key, std::string_view v) -> Status {
+         STRATA_ASSIGN_OR_RETURN(c.runtime.clip_max_norm, to_number(key, v));
+         if (c.runtime.clip_max_norm < 0) return invalid_argument("{} = {}: must be >= 0 (0 = off)", key, v);
+         return Status::Ok();
+       }});
+  k.push_back(
+      {"loss_scaling", Kind::kBool, [](Config& c, std::string_view key, std::string_view v) -> Status {
+         STRATA_ASSIGN_OR_RETURN(c.runtime.loss_scaling, to_bool(key, v));
+         return Status::Ok();
+       }});
+  k.push_back({"threads", Kind::kInteger, [](Config& c, std::string_view key, std::string_view v) -> Status {
+                 STRATA_ASSIGN_OR_RETURN(std::uint64_t n, to_integer(key, v));
+                 if (n > 4096) return invalid_argument("{} = {}: at most 4096 (0 = one per core)", key, n);
+                 c.runtime.threads = n;
+                 return Status::Ok();
+               }});
+  k.push_back({"timeline_events_max", Kind::kInteger,
+               [](Config& c, std::string_view key, std::string_view v) -> Status {
+                 STRATA_ASSIGN_OR_RETURN(std::uint64_t n, to_integer(key, v));
+                 if (n == 0 || n > (1u << 24)) return invalid_argument("{} = {}: use 1 .. 16777216", key, n);
+                 c.runtime.timeline_events_max = n;
+                 return Status::Ok();
+               }});
+}
+
+// plan.* and layout.*: the planner's knobs and the chunk size.
+void add_plan_keys(std::vector<Key>& k) {
+  k.push_back(
+      {"plan.prefetch", Kind::kBool, [](Config& c, std::string_view key, std::string_view v) -> Status {
+         STRATA_ASSIGN_OR_RETURN(c.runtime.plan.prefetch, to_bool(key, v));
+         return Status::Ok();
+       }});
+  using P = runtime::PlanOptions;
+  for (const auto& [name, field] :
+       {std::pair<const char*, std::uint32_t P::*>{"prefetch_depth_max", &P::prefetch_depth_max},
+        {"nvme_families_in_flight", &P::nvme_families_in_flight},
+        {"grad_staging_slots", &P::grad_staging_slots},
+        {"micro_batches", &P::micro_batches}})
+    k.push_back(
+        {fmt::format("plan.{}", name), Kind::kInteger, integer_into(field, &runtime::RuntimeOptions::plan)});
+  k.push_back(
+      {"plan.host_reserve", Kind::kSize, [](Config& c, std::string_view key, std::string_view v) -> Status {
+         STRATA_ASSIGN_OR_RETURN(c.runtime.plan.host_reserve_bytes, parse_bytes(v, key));
+         return Status::Ok();
+       }});
+  using L = runtime::LayoutOptions;
+  for (const auto& [name, field] :
+       {std::pair<const char*, std::uint64_t L::*>{"chunk_elems", &L::chunk_elems},
+        {"chunk_elems_min", &L::chunk_elems_min},
+        {"chunk_elems_max", &L::chunk_elems_max}})
+    k.push_back({fmt::format("layout.{}", name), Kind::kInteger,
+                 integer_into(field, &runtime::RuntimeOptions::layout)});
+}
+
 const std::vector<Key>& table() {
   static const std::vector<Key> keys = [] {
     std::vector<Key> k;
-    for (const char* d : {"budget", "h2d_bandwidth", "d2h_bandwidth", "d2d_bandwidth"}) {
-      k.push_back({fmt::format("device.{}", d), Kind::kSize,
-                   [d](Config& c, std::string_view, std::string_view v) { return c.device.set(d, v); }});
-    }
-    for (const char* d : {"stream_queue_depth", "streams_max", "cuda_ordinal"}) {
-      k.push_back({fmt::format("device.{}", d), Kind::kInteger,
-                   [d](Config& c, std::string_view, std::string_view v) { return c.device.set(d, v); }});
-    }
-    k.push_back({"device.kind", Kind::kString,
-                 [](Config& c, std::string_view, std::string_view v) { return c.device.set("kind", v); }});
-    k.push_back({"budgets.gpu", Kind::kSize, size_into(&runtime::Budgets::gpu_bytes)});
-    k.push_back({"budgets.host", Kind::kSize, size_into(&runtime::Budgets::host_bytes)});
-    k.push_back({"budgets.nvme", Kind::kSize, size_into(&runtime::Budgets::nvme_bytes)});
-    k.push_back(
-        {"nvme.dirs", Kind::kStringList, [](Config& c, std::string_view key, std::string_view v) -> Status {
-           c.runtime.nvme_dirs.clear();
-           std::string s(v);
-           std::stringstream in(s);
-           for (std::string dir; std::getline(in, dir, ',');) {
-             if (dir.empty()) return invalid_argument("{} = \"{}\": an empty directory name", key, v);
-             c.runtime.nvme_dirs.push_back(dir);
-           }
-           return Status::Ok();
-         }});
-    k.push_back(
-        {"nvme.engine", Kind::kString, [](Config& c, std::string_view key, std::string_view v) -> Status {
-           if (v != "auto" && v != "uring" && v != "posix")
-             return invalid_argument("{} = \"{}\": use auto, uring or posix", key, v);
-           c.runtime.io_engine = std::string(v);
-           return Status::Ok();
-         }});
-    k.push_back(
-        {"optimizer.name", Kind::kString, [](Config& c, std::string_view, std::string_view v) -> Status {
-           STRATA_ASSIGN_OR_RETURN(kernels::Optimizer o, to_optimizer(v));
-           c.runtime.hyper = optimizer_defaults(o);
-           return Status::Ok();
-         }});
-    using H = kernels::Hyper;
-    const std::pair<const char*, float H::*> floats[] = {{"lr", &H::lr},
-                                                         {"beta1", &H::beta1},
-                                                         {"beta2", &H::beta2},
-                                                         {"beta3", &H::beta3},
-                                                         {"eps", &H::eps},
-                                                         {"eps2", &H::eps2},
-                                                         {"weight_decay", &H::weight_decay},
-                                                         {"momentum", &H::momentum},
-                                                         {"dampening", &H::dampening},
-                                                         {"trust_coefficient", &H::trust_coefficient},
-                                                         {"lr_decay", &H::lr_decay},
-                                                         {"clip_threshold", &H::clip_threshold}};
-    for (const auto& [name, field] : floats)
-      k.push_back({fmt::format("optimizer.{}", name), Kind::kNumber, hyper_float(field)});
-    for (const auto& [name, field] : {std::pair<const char*, bool H::*>{"nesterov", &H::nesterov},
-                                      {"bias_correction", &H::bias_correction},
-                                      {"lars_clip", &H::lars_clip}})
-      k.push_back({fmt::format("optimizer.{}", name), Kind::kBool, hyper_bool(field)});
-    k.push_back({"precision.compute", Kind::kString,
-                 [](Config& c, std::string_view key, std::string_view v) -> Status {
-                   auto d = runtime::parse_dtype(v);
-                   if (!d.ok()) return invalid_argument("{} = \"{}\": use fp32, bf16 or fp16", key, v);
-                   c.runtime.compute_dtype = *d;
-                   return Status::Ok();
-                 }});
-    k.push_back({"precision.states", Kind::kString,
-                 [](Config& c, std::string_view key, std::string_view v) -> Status {
-                   auto d = runtime::parse_dtype(v);
-                   if (!d.ok() || *d == runtime::DType::kF16)
-                     return invalid_argument("{} = \"{}\": use fp32 or bf16", key, v);
-                   c.runtime.state_dtype = *d;
-                   return Status::Ok();
-                 }});
-    k.push_back(
-        {"clip_max_norm", Kind::kNumber, [](Config& c, std::string_view key, std::string_view v) -> Status {
-           STRATA_ASSIGN_OR_RETURN(c.runtime.clip_max_norm, to_number(key, v));
-           if (c.runtime.clip_max_norm < 0)
-             return invalid_argument("{} = {}: must be >= 0 (0 = off)", key, v);
-           return Status::Ok();
-         }});
-    k.push_back(
-        {"loss_scaling", Kind::kBool, [](Config& c, std::string_view key, std::string_view v) -> Status {
-           STRATA_ASSIGN_OR_RETURN(c.runtime.loss_scaling, to_bool(key, v));
-           return Status::Ok();
-         }});
-    k.push_back(
-        {"threads", Kind::kInteger, [](Config& c, std::string_view key, std::string_view v) -> Status {
-           STRATA_ASSIGN_OR_RETURN(std::uint64_t n, to_integer(key, v));
-           if (n > 4096) return invalid_argument("{} = {}: at most 4096 (0 = one per core)", key, n);
-           c.runtime.threads = n;
-           return Status::Ok();
-         }});
-    k.push_back({"timeline_events_max", Kind::kInteger,
-                 [](Config& c, std::string_view key, std::string_view v) -> Status {
-                   STRATA_ASSIGN_OR_RETURN(std::uint64_t n, to_integer(key, v));
-                   if (n == 0 || n > (1u << 24))
-                     return invalid_argument("{} = {}: use 1 .. 16777216", key, n);
-                   c.runtime.timeline_events_max = n;
-                   return Status::Ok();
-                 }});
-    k.push_back(
-        {"plan.prefetch", Kind::kBool, [](Config& c, std::string_view key, std::string_view v) -> Status {
-           STRATA_ASSIGN_OR_RETURN(c.runtime.plan.prefetch, to_bool(key, v));
-           return Status::Ok();
-         }});
-    using P = runtime::PlanOptions;
-    for (const auto& [name, field] :
-         {std::pair<const char*, std::uint32_t P::*>{"prefetch_depth_max", &P::prefetch_depth_max},
-          {"nvme_families_in_flight", &P::nvme_families_in_flight},
-          {"grad_staging_slots", &P::grad_staging_slots},
-          {"micro_batches", &P::micro_batches}})
-      k.push_back({fmt::format("plan.{}", name), Kind::kInteger,
-                   integer_into(field, &runtime::RuntimeOptions::plan)});
-    k.push_back(
-        {"plan.host_reserve", Kind::kSize, [](Config& c, std::string_view key, std::string_view v) -> Status {
-           STRATA_ASSIGN_OR_RETURN(c.runtime.plan.host_reserve_bytes, parse_bytes(v, key));
-           return Status::Ok();
-         }});
-    using L = runtime::LayoutOptions;
-    for (const auto& [name, field] :
-         {std::pair<const char*, std::uint64_t L::*>{"chunk_elems", &L::chunk_elems},
-          {"chunk_elems_min", &L::chunk_elems_min},
-          {"chunk_elems_max", &L::chunk_elems_max}})
-      k.push_back({fmt::format("layout.{}", name), Kind::kInteger,
-                   integer_into(field, &runtime::RuntimeOptions::layout)});
+    add_device_keys(k);
+    add_storage_keys(k);
+    add_optimizer_keys(k);
+    add_step_keys(k);
+    add_plan_keys(k);
     return k;
   }();
   return keys;
@@ -378,7 +365,7 @@ Status apply(Config& c, const std::string& name, const nlohmann::json& v) {
 }  // namespace
 
 Config::Config() {
-  runtime.hyper = optimizer_defaults(kernels::Optimizer::kAdamW);
+  runtime.hyper = kernels::optimizer_defaults(kernels::Optimizer::kAdamW);
   runtime.budgets = {.gpu_bytes = 1 * kGiB, .host_bytes = 4 * kGiB, .nvme_bytes = 0};
 }
 

@@ -56,6 +56,8 @@ TEST(Config, EveryOptimizerByName) {
   Config c;
   Status s = c.set("optimizer.name", "rmsprop");
   EXPECT_NE(s.message().find("rmsprop"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("optimizer.name"), std::string::npos) << s;  // where
+  EXPECT_NE(s.message().find("adamw"), std::string::npos) << s;           // what to do
 }
 
 void expect_rejected(const char* json, const char* names) {

@@ -9,6 +9,7 @@
 #include "strata/common/bytes.hpp"
 #include "strata/common/duration.hpp"
 #include "strata/common/log.hpp"
+#include "strata/kernels/optim.hpp"
 #include "strata/memory/device_factory.hpp"
 #include "strata/runtime/options.hpp"
 #include "verify.hpp"
@@ -16,13 +17,12 @@
 namespace strata::probe {
 namespace {
 
+// The probe sizes every optimizer but CAME, which the chunk runtime refuses.
 Result<kernels::Optimizer> parse_optimizer(std::string_view name) {
-  using kernels::Optimizer;
-  for (Optimizer o : {Optimizer::kAdam, Optimizer::kAdamW, Optimizer::kLamb, Optimizer::kLars,
-                      Optimizer::kSgd, Optimizer::kLion, Optimizer::kAdagrad}) {
-    if (kernels::optimizer_name(o) == name) return o;
-  }
-  return invalid_argument("--optimizer \"{}\": use adamw, adam, lamb, lars, sgd, lion or adagrad", name);
+  auto o = kernels::parse_optimizer(name);
+  if (!o.ok() || *o == kernels::Optimizer::kCame)
+    return invalid_argument("--optimizer \"{}\": use adamw, adam, lamb, lars, sgd, lion or adagrad", name);
+  return o;
 }
 
 // A size flag that may be "auto"; 0 (like any size too small to mean anything) is an error.

@@ -96,6 +96,10 @@ struct StepReport {
 
 //! Checks hyperparameters (finite, in range for the optimizer). Pure.
 Status validate_hyper(const Hyper& hyper);
+//! The Optimizer named `name` (optimizer_name's spelling); InvalidArgument lists the names.
+Result<Optimizer> parse_optimizer(std::string_view name);
+//! `optimizer` with torch.optim's default hyperparameters (the paper's where torch has none).
+Hyper optimizer_defaults(Optimizer optimizer);
 //! Checks the spans against the optimizer: non-null pointers for non-empty
 //! spans, the states it needs, supported dtype combinations. Pure.
 Status validate_spans(const Hyper& hyper, std::span<const Span> spans);
