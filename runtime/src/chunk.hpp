@@ -88,7 +88,7 @@ struct Chunk {
   bool awaiting_reduction = false;
   //! A param whose update (another rank's) is still arriving by all-gather (Note
   //! [Sharded step]): its host and device copies are stale; not prefetched; its
-  //! first use waits for the gather (Runtime::Impl::dp_finish_gather).
+  //! first use waits for the gather (DataParallel::finish_gather).
   bool awaiting_gather = false;
   //! Its device slot is read or written by a collective in flight (a
   //! device-buffer communicator, Note [Sharded step]): the slot is not reused.

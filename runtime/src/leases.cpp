@@ -143,9 +143,9 @@ Result<std::byte*> pin(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Chu
 // run) and pins the chunk.
 Result<std::byte*> place(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Chunk& c,
                          const TensorInfo& info, Access access, Where where) {
-  STRATA_RETURN_IF_ERROR(m.dp_broadcast_initial(lock));  // (Note [Sharded step])
+  STRATA_RETURN_IF_ERROR(m.dp.broadcast_initial(lock));  // (Note [Sharded step])
   // Another rank's updated param still arriving: its first use waits for it (Note [Sharded step]).
-  if (c.kind == StateKind::kParam) STRATA_RETURN_IF_ERROR(m.dp_finish_gather(lock, c.family));
+  if (c.kind == StateKind::kParam) STRATA_RETURN_IF_ERROR(m.dp.finish_gather(lock, c.family));
   // A family whose optimizer is running is waited for (only an unplanned access can meet one).
   if (m.pipeline.updating(c.family)) {
     const double t0 = m.core.timeline.now_us();
@@ -204,7 +204,7 @@ Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, W
   if (access != Access::kRead) ++info.write_leases;
   ++m.leases_out;
   // The gathers of the params the prefetch is about to load end first (Note [Sharded step]).
-  if (Status st = m.dp_gather_ahead(lock); !st.ok()) m.core.fail(st);
+  if (Status st = m.dp.gather_ahead(lock); !st.ok()) m.core.fail(st);
   // A failed prefetch is the next call's error (Note [Prefetch errors]); a failed
   // load of a prefetched param the background error.
   m.schedule(SchedulerEvent::kUsePlaced).ignore();

@@ -36,7 +36,7 @@ Status Runtime::Impl::schedule(SchedulerEvent event, FamilyId family) {
       return residency.prefetch();
     case SchedulerEvent::kGradientsHandedOver:
       if (core.dp_ranks() > 1) {  // the reduction starts now, the optimizer at step() (Note [Sharded step])
-        Status st = dp_post_complete_rounds();
+        Status st = dp.post_complete_rounds();
         if (!st.ok()) core.fail(st);
         return st;
       }

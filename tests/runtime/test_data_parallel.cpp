@@ -701,7 +701,7 @@ TEST(DataParallelInvariants, HoldThroughStepsAndGathers) {
         b.rt->check_invariants();  // params awaiting their gathers
         Runtime::Impl& m = RuntimeTestAccess::impl(*b.rt);
         std::lock_guard lock(m.core.mu);
-        if (m.dp_gathers.empty()) return internal_error("no gather in flight after a W = 2 step");
+        if (m.dp.gathers_in_flight() == 0) return internal_error("no gather in flight after a W = 2 step");
         return Status::Ok();
       }();
       if (!status[static_cast<std::size_t>(r)].ok()) return;
