@@ -13,7 +13,7 @@ Status Runtime::Impl::with_host_copy(std::unique_lock<std::mutex>& lock, Chunk& 
   // Rank 0's initial params first, before any read (Note [Sharded step]).
   if (!write) STRATA_RETURN_IF_ERROR(dp.broadcast_initial(lock));
   // Another rank's update still arriving (Note [Sharded step]).
-  if (param && c.awaiting_gather) STRATA_RETURN_IF_ERROR(dp.finish_gather(lock, c.family));
+  if (param && dp.flags().awaiting_gather(c)) STRATA_RETURN_IF_ERROR(dp.finish_gather(lock, c.family));
   const bool on_nvme =
       (is_optim_kind(c.kind) && core.on_nvme(c.family)) || (param && core.param_on_nvme(c.family));
   if (on_nvme && param && write) {

@@ -64,7 +64,9 @@ struct Runtime::Impl {
         dp(core, tracker, residency, pipeline,
            [this](std::unique_lock<std::mutex>& lock, Chunk& c, bool write,
                   const std::function<void(std::byte*)>& fn,
-                  bool whole) { return with_host_copy(lock, c, write, fn, whole); }) {}
+                  bool whole) { return with_host_copy(lock, c, write, fn, whole); }) {
+    residency.read_dp_flags(dp.flags());
+  }
 
   Core core;
   StepTracker tracker;

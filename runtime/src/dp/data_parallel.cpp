@@ -58,7 +58,7 @@
 //      of one rank's). A GPU-homed family keeps its slot; the sum of its shard
 //      is written there and stays there through the prepass (the device kernel
 //      reads it in place), so it is not copied down either. A complete
-//      gradient not posted yet is evicted last (Chunk::awaiting_reduction).
+//      gradient not posted yet is evicted last (DpChunkFlags::Family::awaiting_reduction).
 //      Order: every rank must issue collectives in the same order. Families
 //      are posted in one fixed order, last family first (backward goes in
 //      reverse registration order), and family f only after f + 1 (a reorder
@@ -107,7 +107,7 @@
 //      reduce-scatter is issued on the slot in place (recv = slot + this
 //      shard's offset, NCCL's in-place form). The ordering goes through the
 //      host, so it holds whatever stream the communicator issues on. The slot
-//      is pinned meanwhile (Chunk::in_collective: not evicted); a gradient on
+//      is pinned meanwhile (DpChunkFlags: in_collective, not evicted); a gradient on
 //      host instead goes up into a device buffer of its own (h2d) first.
 //   2. once its collective is done (Handle::done at a later hand-over, or the
 //      wait at step(); at most half the slots are pinned at once, past that
@@ -231,6 +231,7 @@ std::pair<std::string, std::string> first_difference(std::string_view a, std::st
 }  // namespace
 
 Status DataParallel::check_config(std::unique_lock<std::mutex>& lock) {
+  flags_.reset(core_.layout.families.size());
   if (core_.opt.comm == nullptr) return Status::Ok();
   comm::Communicator& c = *core_.opt.comm;
   const std::string mine = describe_config(core_);
@@ -375,24 +376,31 @@ Result<std::int64_t> DataParallel::max(std::unique_lock<std::mutex>& lock, std::
 // Note [Sharded step]: the data-parallel flags and shard sizes.
 void DataParallel::check_invariants() const {
   const auto w = static_cast<std::uint64_t>(core_.dp_ranks());
+  const bool device_buffers = core_.opt.comm != nullptr && core_.opt.comm->device_buffers();
+  STRATA_CHECK(flags_.size() == core_.layout.families.size());
   std::size_t gathering = 0;
-  for (const Chunk& c : core_.chunks) {
+  for (FamilyId f = 0; f < flags_.size(); ++f) {
+    const DpChunkFlags::Family& flag = flags_[f];
     // Only a gradient awaits its reduction, only a param its gather, only with W > 1.
-    if (c.awaiting_reduction) {
-      STRATA_CHECK_MSG(c.kind == StateKind::kGrad && c.bytes > 0 && w > 1,
-                       "awaiting_reduction is set on a chunk that is not a data-parallel gradient");
+    if (flag.awaiting_reduction) {
+      STRATA_CHECK_MSG(core_.chunk(f, StateKind::kGrad).bytes > 0 && w > 1,
+                       "awaiting_reduction is set on a family without a data-parallel gradient");
     }
-    if (c.awaiting_gather) {
-      STRATA_CHECK_MSG(c.kind == StateKind::kParam && c.bytes > 0 && w > 1,
-                       "awaiting_gather is set on a chunk that is not a data-parallel param");
+    if (flag.awaiting_gather) {
+      STRATA_CHECK_MSG(core_.chunk(f, StateKind::kParam).bytes > 0 && w > 1,
+                       "awaiting_gather is set on a family without a data-parallel param");
     }
-    gathering += c.awaiting_gather ? 1 : 0;
+    // Only a device-buffer communicator's collectives hold device slots.
+    if (flag.grad_in_collective || flag.param_in_collective) {
+      STRATA_CHECK_MSG(device_buffers && w > 1,
+                       "in_collective is set without a device-buffer communicator's collective");
+    }
+    gathering += flag.awaiting_gather ? 1 : 0;
   }
   // A param awaits its gather exactly while that gather is in flight.
   STRATA_CHECK(gathering == gathers_.size());
   for (const Gather& g : gathers_) {
-    STRATA_CHECK(core_.chunks[g.first * kStateKindCount + static_cast<std::size_t>(StateKind::kParam)]
-                     .awaiting_gather);
+    STRATA_CHECK(flags_[g.first].awaiting_gather);
     // A host gather fills `all`; a device-buffer one fills `dev` and leaves `all` empty.
     if (g.dev != nullptr) {
       STRATA_CHECK(g.all.empty());

@@ -29,6 +29,7 @@
 #include "../optimizer_pipeline.hpp"
 #include "../residency.hpp"
 #include "../step_tracker.hpp"
+#include "chunk_flags.hpp"
 
 namespace strata::runtime {
 
@@ -114,6 +115,10 @@ class DataParallel {
   Status gather_ahead(std::unique_lock<std::mutex>& lock);
   //! Gathers in flight (tests).
   std::size_t gathers_in_flight() const { return gathers_.size(); }
+  //! The per-chunk flags (chunk_flags.hpp) Residency reads.
+  const DpChunkFlags& flags() const { return flags_; }
+  //! Writable, for a test that breaks them on purpose.
+  DpChunkFlags& flags_for_testing() { return flags_; }
 
   // Agreements (checkpoints, Note [Sharded checkpoint]).
   //! Every rank's `text`, by rank (W = 1: {text}). A collective: every rank calls it.
@@ -125,7 +130,7 @@ class DataParallel {
   //! The largest `value` over the ranks (exact below 2^53). W = 1: `value`.
   Result<std::int64_t> max(std::unique_lock<std::mutex>& lock, std::int64_t value);
 
-  //! The awaiting_* flags, gathers in flight, shard sizes (invariants.cpp); aborts on a violation.
+  //! The chunk flags, gathers in flight, shard sizes (invariants.cpp); aborts on a violation.
   void check_invariants() const;
 
  private:
@@ -188,6 +193,7 @@ class DataParallel {
   Residency& residency_;
   const OptimizerPipeline& pipeline_;
   HostCopy host_copy_;
+  DpChunkFlags flags_;             //!< sized at check_config (finalize)
   std::vector<Round> inflight_;    //!< started this step, in issue order
   std::size_t rounds_posted_ = 0;  //!< families posted this step (from the last family down)
   std::vector<Gather> gathers_;    //!< started at the last step's end, in issue order

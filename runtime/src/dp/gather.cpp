@@ -32,7 +32,7 @@ Status DataParallel::gather_params(std::unique_lock<std::mutex>& lock) {
       STRATA_RETURN_IF_ERROR(stage_gather_on_device(lock, g, p));
       STRATA_ASSIGN_OR_RETURN(g.handle, c.all_gather(g.dev + rounds.me * g.slice, g.dev,
                                                      g.slice / rounds.elem_bytes, rounds.dtype));
-      p.awaiting_gather = true;
+      flags_[f].awaiting_gather = true;
       gathers_.push_back(std::move(g));
       continue;
     }
@@ -50,7 +50,7 @@ Status DataParallel::gather_params(std::unique_lock<std::mutex>& lock) {
     }
     STRATA_ASSIGN_OR_RETURN(g.handle,
                             c.all_gather(mine, g.all.data(), g.slice / rounds.elem_bytes, rounds.dtype));
-    p.awaiting_gather = true;
+    flags_[f].awaiting_gather = true;
     if (p.device_copy && p.readers == 0 && !p.dirty()) residency_.drop_device_copy(p);  // stale
     gathers_.push_back(std::move(g));
   }
@@ -72,7 +72,7 @@ Status DataParallel::stage_gather_on_device(std::unique_lock<std::mutex>& lock, 
     // On the device: the gather fills the param's slot in place from this
     // rank's shard there (updated there, or a clean copy whose host value has
     // the update: only the shard goes up), so no whole chunk moves h2d. The
-    // slot stays put (in_collective) until the first use waits for the gather.
+    // slot stays put (DpChunkFlags: in_collective) until the first use waits for the gather.
     DeviceSlot& slot = residency_.slot_of(p);
     g.dev = slot.ptr;
     if (!p.dirty()) {
@@ -84,7 +84,7 @@ Status DataParallel::stage_gather_on_device(std::unique_lock<std::mutex>& lock, 
     }
     // The update's writes (compute or h2d) are done before the collective starts.
     STRATA_RETURN_IF_ERROR(core_.device.synchronize(slot.fence));
-    p.in_collective = true;
+    flags_[p.family].param_in_collective = true;
     return Status::Ok();
   }
   // Not on the device: this rank's shard goes up into a device buffer of its
@@ -105,16 +105,16 @@ Status DataParallel::stage_gather_on_device(std::unique_lock<std::mutex>& lock, 
 
 Status DataParallel::finish_gather(std::unique_lock<std::mutex>& lock, FamilyId f) {
   Chunk& p = core_.chunk(f, StateKind::kParam);
-  if (!p.awaiting_gather) return Status::Ok();
+  if (!flags_.awaiting_gather(p)) return Status::Ok();
   auto it = std::find_if(gathers_.begin(), gathers_.end(), [&](const Gather& g) { return g.first == f; });
   STRATA_CHECK(it != gathers_.end());
   Gather g = std::move(*it);
   gathers_.erase(it);
-  p.awaiting_gather = false;
+  flags_[f].awaiting_gather = false;
   lock.unlock();
   Status st = g.handle.wait();
   lock.lock();
-  if (g.dev != nullptr && !g.staging.valid()) p.in_collective = false;
+  if (g.dev != nullptr && !g.staging.valid()) flags_[f].param_in_collective = false;
   STRATA_RETURN_IF_ERROR(st);
   if (g.dev != nullptr) {
     if (!g.staging.valid()) {

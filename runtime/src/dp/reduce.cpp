@@ -45,7 +45,7 @@ Status DataParallel::post_round(bool at_step) {
   ++rounds_posted_;
   Chunk& g = core_.chunk(f, StateKind::kGrad);
   if (g.bytes == 0) return Status::Ok();
-  g.awaiting_reduction = false;
+  flags_[f].awaiting_reduction = false;
   for (TensorId t : core_.layout.families[f].tensors) {
     const TensorInfo& info = core_.tensors[t];
     if (at_step && !info.spec.frozen && !info.grad_written) {
@@ -107,7 +107,7 @@ Status DataParallel::stage_round_on_device(Round& round, Chunk& g, std::uint64_t
   if (g.dirty()) {
     // In its device slot: the reduce-scatter reads the whole chunk there and
     // writes this rank's shard's sum in place (ncclReduceScatter's in-place
-    // form), so the slot stays put (in_collective) until step() waits for it.
+    // form), so the slot stays put (DpChunkFlags: in_collective) until step() waits for it.
     // It starts once an event on the compute stream after the backward that
     // wrote the slot completes (start_packed): ordered after those kernels
     // whatever stream the communicator issues on.
@@ -117,7 +117,7 @@ Status DataParallel::stage_round_on_device(Round& round, Chunk& g, std::uint64_t
     STRATA_ASSIGN_OR_RETURN(memory::Event e, core_.device.create_event());
     round.packed.emplace(std::move(e));
     STRATA_RETURN_IF_ERROR(core_.device.record(*round.packed, core_.compute));
-    g.in_collective = true;
+    flags_[g.family].grad_in_collective = true;
     return Status::Ok();
   }
   // On host (written there, or evicted before its round): up into a device
@@ -138,7 +138,7 @@ Status DataParallel::land_device_round(Round& round) {
   const std::uint64_t at = core_.shard_begin(round.first) * rounds.elem_bytes;
   const std::byte* sum = round.dev + at;
   if (!round.staging.valid()) {
-    g.in_collective = false;
+    flags_[round.first].grad_in_collective = false;
     // A GPU-homed family: the shard's sum is in place in its slot, where the
     // device kernel reads it; nothing moves.
     if (sum_on_device(core_, round.first)) return Status::Ok();
@@ -170,7 +170,7 @@ Status DataParallel::land_device_round(Round& round) {
 }
 
 Status DataParallel::land_done_rounds() {
-  // A round holding a device slot (in_collective: not evictable) counts against
+  // A round holding a device slot (DpChunkFlags: in_collective, not evictable) counts against
   // half the slots; past that, the oldest is waited for here, with mu held: what
   // completes a collective (the communicator's stream, the other ranks issuing
   // it in the same order) never takes mu. Landing frees an off-GPU family's
@@ -238,8 +238,8 @@ Status DataParallel::post_complete_rounds() {
   // Complete gradients not posted yet (a later family, in the fixed order, is
   // incomplete) stay on the device for their reduction.
   for (FamilyId f = 0; f < static_cast<FamilyId>(total - rounds_posted_); ++f) {
-    Chunk& g = core_.chunk(f, StateKind::kGrad);
-    g.awaiting_reduction = g.bytes > 0 && pipeline_.gradients_complete(f);
+    flags_[f].awaiting_reduction =
+        core_.chunk(f, StateKind::kGrad).bytes > 0 && pipeline_.gradients_complete(f);
   }
   return Status::Ok();
 }
@@ -301,9 +301,10 @@ void DataParallel::abandon_rounds(std::unique_lock<std::mutex>& lock) {
   }
   inflight.clear();
   lock.lock();
-  for (Chunk& c : core_.chunks) {
-    c.awaiting_reduction = false;
-    c.in_collective = false;
+  for (FamilyId f = 0; f < flags_.size(); ++f) {
+    flags_[f].awaiting_reduction = false;
+    flags_[f].grad_in_collective = false;
+    flags_[f].param_in_collective = false;
   }
 }
 
