@@ -41,6 +41,7 @@
 #include <mutex>
 #include <optional>
 
+#include "chunk_events.hpp"
 #include "core.hpp"
 #include "dp/data_parallel.hpp"
 #include "optimizer_pipeline.hpp"
@@ -66,6 +67,7 @@ struct Runtime::Impl {
                   const std::function<void(std::byte*)>& fn,
                   bool whole) { return with_host_copy(lock, c, write, fn, whole); }) {
     residency.read_dp_flags(dp.flags());
+    if (core.dp_ranks() > 1) events = &dp;
   }
 
   Core core;
@@ -73,6 +75,8 @@ struct Runtime::Impl {
   Residency residency;
   OptimizerPipeline pipeline;
   DataParallel dp;  //!< Note [Sharded step] (dp/data_parallel.hpp)
+  //! The observer of chunk use (Note [Chunk events]): dp with W > 1 ranks, else none.
+  ChunkEvents* events = nullptr;
   int leases_out = 0;
   //! The asynchronous save in flight or finished and not yet collected (Note [Overlapped save]).
   std::shared_ptr<CheckpointSave> checkpoint;

@@ -32,7 +32,8 @@
 // optimizer runs; read-ahead stops).
 //
 // At start-up (finalize) every rank compares its model and options with rank
-// 0's (check_config). At a rank's first acquire, host read or step(), every
+// 0's (check_config). At a rank's first acquire, host read or step() (the
+// on_use and on_host_access events of Note [Chunk events], or step() itself), every
 // param takes rank 0's value by broadcast (broadcast_initial), so ranks need
 // not initialise alike (DataParallelStart.RanksTakeRankZerosInitialParams);
 // with bf16/fp16 compute a rank whose values differ is refused by name, since
@@ -82,9 +83,9 @@
 //      all-gather, asynchronously; the params are marked awaiting_gather (the
 //      other shards are stale, device copies dropped) and step() returns. The
 //      next step's first use of such a family waits for its gather and writes
-//      the whole chunk (finish_gather, from acquire and any host access;
+//      the whole chunk (finish_gather, at the on_use or on_host_access event;
 //      into the device slot when that holds the only copy, on the sim device):
-//      the planned prefetch (gather_ahead, before Residency::prefetch)
+//      the planned prefetch (gather_ahead at on_placed, before Residency::prefetch)
 //      finishes the gathers of the params it is about to load, and prefetch
 //      skips a param still awaiting its gather. A rank's step() thus never
 //      waits for a slower rank's update

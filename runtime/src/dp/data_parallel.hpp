@@ -9,8 +9,8 @@
 // May call: Core (chunks, device, streams, the communicator), Residency (host
 // and device copies of a chunk), the StepTracker and the OptimizerPipeline
 // (read only), and the runtime's host copy of a chunk (given at construction).
-// Called by: Runtime::Impl: finalize (check_config), the scheduler and the lease
-// path (post_complete_rounds, broadcast_initial, finish_gather, gather_ahead),
+// Called by: Runtime::Impl: finalize (check_config), the lease path, host
+// access and the scheduler through ChunkEvents (Note [Chunk events]),
 // step() (reduce_gradients, agree, gather_params, count_traffic), a discarded
 // step (abandon_rounds), checkpoints (finish_all_gathers, all_ok, exchange_text,
 // max) and the invariant check. Every method expects Core::mu held; those
@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../chunk_events.hpp"
 #include "../core.hpp"
 #include "../optimizer_pipeline.hpp"
 #include "../residency.hpp"
@@ -58,7 +59,7 @@ Status run_collective(std::unique_lock<std::mutex>& lock, Result<comm::Handle> s
 
 }  // namespace dp_detail
 
-class DataParallel {
+class DataParallel final : public ChunkEvents {
  public:
   //! Runs fn on a host copy of a chunk (Runtime::Impl::with_host_copy: write,
   //! whole as there). Blocks.
@@ -74,6 +75,16 @@ class DataParallel {
         host_copy_(std::move(host_copy)) {}
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
+
+  // Note [Chunk events]: Runtime::Impl::events is this object with W > 1.
+  //! Rank 0's initial params (broadcast_initial); a param's gather (finish_gather).
+  Status on_use(std::unique_lock<std::mutex>& lock, Chunk& c) override;
+  //! The gathers of the params the prefetch loads next (gather_ahead).
+  Status on_placed(std::unique_lock<std::mutex>& lock) override;
+  //! As on_use; a host write needs no initial broadcast first.
+  Status on_host_access(std::unique_lock<std::mutex>& lock, Chunk& c, bool write) override;
+  //! The reductions of the families whose gradients are complete (post_complete_rounds).
+  Status on_gradients_handed_over() override { return post_complete_rounds(); }
 
   //! Compares this rank's tensors and options with rank 0's; FailedPrecondition
   //! naming the first difference. Blocks until every rank arrived (or the timeout).

@@ -140,6 +140,24 @@ Status DataParallel::finish_gather(std::unique_lock<std::mutex>& lock, FamilyId 
   return host_copy(lock, p, true, [&](std::byte* h) { std::memcpy(h, g.all.data(), g.all.size()); });
 }
 
+Status DataParallel::on_use(std::unique_lock<std::mutex>& lock, Chunk& c) {
+  STRATA_RETURN_IF_ERROR(broadcast_initial(lock));
+  // Another rank's updated param still arriving: its first use waits for it.
+  if (c.kind == StateKind::kParam) STRATA_RETURN_IF_ERROR(finish_gather(lock, c.family));
+  return Status::Ok();
+}
+
+Status DataParallel::on_placed(std::unique_lock<std::mutex>& lock) {
+  return gather_ahead(lock);
+}
+
+Status DataParallel::on_host_access(std::unique_lock<std::mutex>& lock, Chunk& c, bool write) {
+  // Rank 0's initial params first, before any read.
+  if (!write) STRATA_RETURN_IF_ERROR(broadcast_initial(lock));
+  if (c.kind == StateKind::kParam) STRATA_RETURN_IF_ERROR(finish_gather(lock, c.family));
+  return Status::Ok();
+}
+
 Status DataParallel::finish_all_gathers(std::unique_lock<std::mutex>& lock) {
   while (!gathers_.empty()) STRATA_RETURN_IF_ERROR(finish_gather(lock, gathers_.front().first));
   return Status::Ok();
