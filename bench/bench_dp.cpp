@@ -1,5 +1,5 @@
 // strata-bench dp: data parallelism (Note [Sharded step] in
-// runtime/src/data_parallel.cpp). W ranks each train bench::DpModel on 1/W of
+// runtime/src/dp/data_parallel.cpp). W ranks each train bench::DpModel on 1/W of
 // the batch; the baseline is one rank with the whole batch (as W micro-batches),
 // measured in the same run by rank 0 while the others wait. It reports whether
 // the two end bit-identical, each rank's share of the optimizer states, the

@@ -49,8 +49,8 @@
 // With W > 1 data-parallel ranks (Note [Sharded step]) save_checkpoint and
 // load_checkpoint are collective: every rank calls them on the same directory.
 // A save: each rank does every check that can fail on it alone (begin_save's
-// prepare), then the ranks agree (Impl::dp_all_ok: every rank's error text
-// reaches every rank) and take the largest generation any found (dp_max). Each
+// prepare), then the ranks agree (DataParallel::all_ok: every rank's error text
+// reaches every rank) and take the largest generation any found (DataParallel::max). Each
 // rank holds a shard of every family's masters and states, so first the ranks
 // all-gather them, family by family (assemble_shards in shards.cpp,
 // after finishing the last step's param gathers in issue order), and rank
@@ -58,7 +58,7 @@
 // writes, fsyncs and renames the files of its families f mod W (run_save: the
 // same files as one rank's) and fsyncs the directory; they agree
 // again; rank 0 gathers every rank's file entries and tensor entries
-// (dp_exchange_text), publishes the manifest (publish_manifest: the same
+// (DataParallel::exchange_text), publishes the manifest (publish_manifest: the same
 // format as one rank's, plus "ranks": W) and removes stale files; a last
 // agreement hands rank 0's outcome to every rank once the manifest is durable.
 // Until rank 0's rename the previous manifest is the published one, so the

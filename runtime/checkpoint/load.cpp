@@ -181,7 +181,7 @@ Status prepare_load(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, LoadPl
   STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
   STRATA_RETURN_IF_ERROR(m.checkpoint_wait_captured(lock, /*every_family=*/true));
   // Params already gathered must not overwrite what is loaded (Note [Sharded checkpoint]).
-  STRATA_RETURN_IF_ERROR(m.dp_finish_all_gathers(lock));
+  STRATA_RETURN_IF_ERROR(m.dp.finish_all_gathers(lock));
   STRATA_ASSIGN_OR_RETURN(p.manifest, read_manifest(p.root));
   p.mpath = (p.root / kManifestName).string();
   STRATA_RETURN_IF_ERROR(check_manifest(m.core, p));
@@ -231,7 +231,7 @@ Status Runtime::load_checkpoint(const std::string& dir) {
   if (one_rank) {
     STRATA_RETURN_IF_ERROR(prepare_load(m, lock, p, dir, &shadows));
   } else {
-    STRATA_RETURN_IF_ERROR(m.dp_all_ok(lock, prepare_load(m, lock, p, dir, nullptr), "load_checkpoint"));
+    STRATA_RETURN_IF_ERROR(m.dp.all_ok(lock, prepare_load(m, lock, p, dir, nullptr), "load_checkpoint"));
   }
   std::vector<std::byte> staging;
   for (FamilyId f = 0; f < m.core.layout.families.size(); ++f) {

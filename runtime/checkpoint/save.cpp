@@ -6,7 +6,7 @@
 
 #include <sys/syscall.h>
 
-#include "../src/dp.hpp"
+#include "../src/dp/data_parallel.hpp"
 #include "checkpoint.hpp"
 
 namespace strata::runtime {
@@ -52,12 +52,12 @@ static Status begin_save(Runtime::Impl& m, const std::string& dir, bool backgrou
   if (!sharded) {
     STRATA_RETURN_IF_ERROR(prepare_save(m, lock, *s, dir, /*wait_write_backs=*/!background));
   } else {
-    STRATA_RETURN_IF_ERROR(m.dp_all_ok(lock, prepare_save(m, lock, *s, dir, true), "save_checkpoint"));
+    STRATA_RETURN_IF_ERROR(m.dp.all_ok(lock, prepare_save(m, lock, *s, dir, true), "save_checkpoint"));
     // Params are written by their owner: they must be rank 0's initial values if
     // no step has run yet (Note [Sharded step]).
-    STRATA_RETURN_IF_ERROR(m.dp_broadcast_initial(lock));
+    STRATA_RETURN_IF_ERROR(m.dp.broadcast_initial(lock));
     // One generation for every rank's files: the largest any rank found.
-    STRATA_ASSIGN_OR_RETURN(s->generation, m.dp_max(lock, s->generation));
+    STRATA_ASSIGN_OR_RETURN(s->generation, m.dp.max(lock, s->generation));
   }
   s->t0 = m.core.timeline.now_us();
   s->sharded = sharded;
@@ -124,9 +124,9 @@ Status Runtime::save_checkpoint(const std::string& dir) {
   InvariantCheck check(m, &lock);
   std::shared_ptr<CheckpointSave> s = m.checkpoint;
   Status written = m.checkpoint_finish(lock);
-  STRATA_RETURN_IF_ERROR(m.dp_all_ok(lock, std::move(written), "save_checkpoint (writing the files)"));
+  STRATA_RETURN_IF_ERROR(m.dp.all_ok(lock, std::move(written), "save_checkpoint (writing the files)"));
   const json mine = {{"files", std::move(s->shard_files)}, {"tensors", std::move(s->shard_tensors)}};
-  STRATA_ASSIGN_OR_RETURN(const std::vector<std::string> all, m.dp_exchange_text(lock, mine.dump()));
+  STRATA_ASSIGN_OR_RETURN(const std::vector<std::string> all, m.dp.exchange_text(lock, mine.dump()));
   Status published = Status::Ok();
   if (m.core.dp_rank() == 0) {
     const std::size_t families = m.core.layout.families.size();
@@ -163,7 +163,7 @@ Status Runtime::save_checkpoint(const std::string& dir) {
     }
     if (published.ok()) published = publish_manifest(m.core, *s, std::move(files), std::move(tensors), total);
   }
-  return m.dp_all_ok(lock, std::move(published), "save_checkpoint (publishing the manifest on rank 0)");
+  return m.dp.all_ok(lock, std::move(published), "save_checkpoint (publishing the manifest on rank 0)");
 }
 
 }  // namespace strata::runtime

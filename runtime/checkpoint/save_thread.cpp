@@ -4,7 +4,7 @@
 // next_family picks, then the manifest (Note [Checkpoint format]). It calls the
 // capture side and the format side through checkpoint.hpp, and Core.
 
-#include "../src/dp.hpp"
+#include "../src/dp/data_parallel.hpp"
 #include "checkpoint.hpp"
 
 namespace strata::runtime {

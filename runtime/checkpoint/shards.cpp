@@ -2,7 +2,7 @@
 // masters and states from their shards before the save thread starts (Note
 // [Sharded checkpoint]), so the writer sees the same pieces as on one rank.
 
-#include "../src/dp.hpp"
+#include "../src/dp/data_parallel.hpp"
 #include "checkpoint.hpp"
 #include "test_hooks.hpp"
 
@@ -24,7 +24,7 @@ Status assemble_shards(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Che
   const auto me = static_cast<std::uint64_t>(core.dp_rank());
   // The last step's param gathers end first, in the same order on every rank (a
   // rank waiting for one alone would wait for the others, who are in the save's).
-  STRATA_RETURN_IF_ERROR(m.dp_finish_all_gathers(lock));
+  STRATA_RETURN_IF_ERROR(m.dp.finish_all_gathers(lock));
   std::vector<std::byte> mine, others;
   for (FamilyId f = 0; f < s.stage.size(); ++f) {
     const bool writer = core.owns(f);

@@ -83,16 +83,6 @@ struct Chunk {
   std::vector<std::uint32_t> nvme_slots;  //!< NvmeStore slots holding the NVMe copy, in order
   int readers = 0;
   int writers = 0;
-  //! A complete gradient whose data-parallel round has not started its reduction
-  //! yet (Note [Sharded step]): evicted only when nothing else can be.
-  bool awaiting_reduction = false;
-  //! A param whose update (another rank's) is still arriving by all-gather (Note
-  //! [Sharded step]): its host and device copies are stale; not prefetched; its
-  //! first use waits for the gather (Runtime::Impl::dp_finish_gather).
-  bool awaiting_gather = false;
-  //! Its device slot is read or written by a collective in flight (a
-  //! device-buffer communicator, Note [Sharded step]): the slot is not reused.
-  bool in_collective = false;
   std::uint64_t tick = 0;  //!< last use, for LRU
   //! The last copy that reads the host copy (a load); the host copy is not
   //! written or freed before it completes (Residency::wait_host_reads).

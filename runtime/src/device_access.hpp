@@ -3,7 +3,7 @@
 // capability, memory::DeviceCaps::host_addressable: true on the sim device, whose
 // "device" memory is host memory; false on CUDA). The gradient check on the device
 // (grad_check.cpp) and the data-parallel reduction from the device slot
-// (dp_reduce.cpp, dp_gather.cpp) ask this one question here.
+// (dp/reduce.cpp, dp/gather.cpp) ask this one question here.
 
 #include "strata/memory/device_caps.hpp"
 

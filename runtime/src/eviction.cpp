@@ -40,7 +40,7 @@ Status failed(Core& core, Status st) {
 bool Residency::movable(const DeviceSlot& slot) const {
   if (slot.chunk < 0) return true;
   const Chunk& c = core_.chunks[static_cast<std::size_t>(slot.chunk)];
-  if (c.readers > 0 || c.writers > 0 || c.in_collective) return false;
+  if (c.readers > 0 || c.writers > 0 || dp_flags_->in_collective(c)) return false;
   // A complete gradient waiting for the optimizer pipeline leaves by itself;
   // writing it back to host would spend host memory the plan did not give it.
   // Waiting for the pipeline is the back-pressure (ensure_on_device).
@@ -85,7 +85,7 @@ std::int64_t Residency::pick_slot(FamilyId for_family, std::uint64_t farther_tha
     if (!free) {
       const Chunk& c = core_.chunks[static_cast<std::size_t>(device_slots_[s].chunk)];
       if (c.family == for_family && c.kind != StateKind::kGrad) continue;
-      waiting = c.awaiting_reduction;
+      waiting = dp_flags_->awaiting_reduction(c);
       // A gradient still being accumulated is used again at the family's next backward use.
       const std::uint64_t d = planned ? tracker_.next_use().distance(c.family, here) : 0;
       if (farther_than > 0 && (c.dirty() || d <= farther_than)) continue;
@@ -132,8 +132,8 @@ Status Residency::prefetch() {
   for (std::size_t q = start; q < uses.size() && q < start + plan.prefetch_depth; ++q) {
     const FamilyId f = uses[q].family;
     Chunk& c = core_.chunk(f, StateKind::kParam);
-    if (c.device_copy || c.bytes == 0 || c.awaiting_gather) continue;            // (Note [Sharded step])
-    if (needs_staging(c) ? !staged(c) : c.value != ChunkValue::kHost) continue;  // (not read yet)
+    if (c.device_copy || c.bytes == 0 || dp_flags_->awaiting_gather(c)) continue;  // (Note [Sharded step])
+    if (needs_staging(c) ? !staged(c) : c.value != ChunkValue::kHost) continue;    // (not read yet)
     if (pipeline_.updating(f)) continue;
     if (c.device_slot >= 0 && device_slots_[static_cast<std::size_t>(c.device_slot)].dedicated) {
       STRATA_RETURN_IF_ERROR(failed(core_, load_to_slot(c, slot_of(c))));

@@ -10,10 +10,8 @@ namespace strata::runtime {
 Status Runtime::Impl::with_host_copy(std::unique_lock<std::mutex>& lock, Chunk& c, bool write,
                                      const std::function<void(std::byte*)>& fn, bool whole) {
   const bool param = c.kind == StateKind::kParam;
-  // Rank 0's initial params first, before any read (Note [Sharded step]).
-  if (!write) STRATA_RETURN_IF_ERROR(dp_broadcast_initial(lock));
-  // Another rank's update still arriving (Note [Sharded step]).
-  if (param && c.awaiting_gather) STRATA_RETURN_IF_ERROR(dp_finish_gather(lock, c.family));
+  // Rank 0's initial params first, another rank's update still arriving (Note [Chunk events]).
+  if (events != nullptr) STRATA_RETURN_IF_ERROR(events->on_host_access(lock, c, write));
   const bool on_nvme =
       (is_optim_kind(c.kind) && core.on_nvme(c.family)) || (param && core.param_on_nvme(c.family));
   if (on_nvme && param && write) {

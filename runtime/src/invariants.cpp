@@ -100,49 +100,9 @@ void Runtime::Impl::check_invariants() const {
       STRATA_CHECK(c.value == ChunkValue::kHost || c.value == ChunkValue::kNvme || c.absent());
   }
   STRATA_CHECK(leased == leases_out);
-  check_dp_invariants();
+  dp.check_invariants();
   residency.check_invariants();
   pipeline.check_invariants();
-}
-
-// Note [Sharded step]: the data-parallel flags and shard sizes.
-void Runtime::Impl::check_dp_invariants() const {
-  const auto w = static_cast<std::uint64_t>(core.dp_ranks());
-  std::size_t gathering = 0;
-  for (const Chunk& c : core.chunks) {
-    // Only a gradient awaits its reduction, only a param its gather, only with W > 1.
-    if (c.awaiting_reduction) {
-      STRATA_CHECK_MSG(c.kind == StateKind::kGrad && c.bytes > 0 && w > 1,
-                       "awaiting_reduction is set on a chunk that is not a data-parallel gradient");
-    }
-    if (c.awaiting_gather) {
-      STRATA_CHECK_MSG(c.kind == StateKind::kParam && c.bytes > 0 && w > 1,
-                       "awaiting_gather is set on a chunk that is not a data-parallel param");
-    }
-    gathering += c.awaiting_gather ? 1 : 0;
-  }
-  // A param awaits its gather exactly while that gather is in flight.
-  STRATA_CHECK(gathering == dp_gathers.size());
-  for (const DpGather& g : dp_gathers) {
-    STRATA_CHECK(
-        core.chunks[g.first * kStateKindCount + static_cast<std::size_t>(StateKind::kParam)].awaiting_gather);
-    // A host gather fills `all`; a device-buffer one fills `dev` and leaves `all` empty.
-    if (g.dev != nullptr) {
-      STRATA_CHECK(g.all.empty());
-    } else {
-      STRATA_CHECK(g.all.size() == g.slice * w);
-    }
-  }
-  STRATA_CHECK(dp_rounds_posted <= core.layout.families.size());
-  for (FamilyId f = 0; f < core.layout.families.size(); ++f) {
-    // Shards are whole 64-element groups (Note [Exact norms] in kernels/exact_sum.hpp).
-    if (w > 1) STRATA_CHECK(core.layout.families[f].capacity_elems % (w * kShardAlignElems) == 0);
-    // Masters and states hold (at least) this rank's shard.
-    for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1}) {
-      const Chunk& c = core.chunks[f * kStateKindCount + static_cast<std::size_t>(k)];
-      if (c.bytes > 0) STRATA_CHECK(c.bytes >= core.shard_elems(f) * dtype_bytes(core.kind_dtype(k)));
-    }
-  }
 }
 
 }  // namespace strata::runtime

@@ -143,9 +143,8 @@ Result<std::byte*> pin(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Chu
 // run) and pins the chunk.
 Result<std::byte*> place(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Chunk& c,
                          const TensorInfo& info, Access access, Where where) {
-  STRATA_RETURN_IF_ERROR(m.dp_broadcast_initial(lock));  // (Note [Sharded step])
-  // Another rank's updated param still arriving: its first use waits for it (Note [Sharded step]).
-  if (c.kind == StateKind::kParam) STRATA_RETURN_IF_ERROR(m.dp_finish_gather(lock, c.family));
+  // Rank 0's initial params, another rank's updated param still arriving (Note [Chunk events]).
+  if (m.events != nullptr) STRATA_RETURN_IF_ERROR(m.events->on_use(lock, c));
   // A family whose optimizer is running is waited for (only an unplanned access can meet one).
   if (m.pipeline.updating(c.family)) {
     const double t0 = m.core.timeline.now_us();
@@ -203,8 +202,10 @@ Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, W
   std::byte* base = *placed;
   if (access != Access::kRead) ++info.write_leases;
   ++m.leases_out;
-  // The gathers of the params the prefetch is about to load end first (Note [Sharded step]).
-  if (Status st = m.dp_gather_ahead(lock); !st.ok()) m.core.fail(st);
+  // The gathers of the params the prefetch is about to load end first (Note [Chunk events]).
+  if (m.events != nullptr) {
+    if (Status st = m.events->on_placed(lock); !st.ok()) m.core.fail(st);
+  }
   // A failed prefetch is the next call's error (Note [Prefetch errors]); a failed
   // load of a prefetched param the background error.
   m.schedule(SchedulerEvent::kUsePlaced).ignore();

@@ -210,7 +210,7 @@ Status Residency::no_slot_error(bool room_full) const {
     const DeviceSlot& slot = device_slots_[i];
     if (slot.chunk < 0) continue;
     const Chunk& o = core_.chunks[static_cast<std::size_t>(slot.chunk)];
-    leased += (o.readers > 0 || o.writers > 0 || o.in_collective) ? 1 : 0;
+    leased += (o.readers > 0 || o.writers > 0 || dp_flags_->in_collective(o)) ? 1 : 0;
     claimed += (o.kind == StateKind::kGrad && pipeline_.claims_gradient(o.family)) ? 1 : 0;
   }
   const std::uint64_t slot_bytes = device_slots_.empty() ? 0 : device_slots_[0].bytes;

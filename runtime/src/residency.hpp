@@ -5,7 +5,10 @@
 // trace (Note [Chunk state machine] in chunk.hpp). It may call Core (stores,
 // streams, timeline) and reads StepTracker's position and OptimizerPipeline's
 // per-family progress (a gradient the pipeline has claimed is not evicted, a
-// family being updated is not prefetched). NVMe copies of optimizer states are
+// family being updated is not prefetched) and DataParallel's chunk flags
+// (dp/chunk_flags.hpp: a slot a collective holds is not reused, a gradient
+// awaiting its reduction is evicted last, a param awaiting its gather is not
+// prefetched). NVMe copies of optimizer states are
 // the pipeline's and Runtime::Impl's business; this part reads NVMe-homed params
 // into its staging buffers (Note [NVMe-homed params]). Every function expects
 // Core::mu held (Note [Lock discipline]).
@@ -32,6 +35,7 @@
 #include <vector>
 
 #include "core.hpp"
+#include "dp/chunk_flags.hpp"
 
 namespace strata::runtime {
 
@@ -42,6 +46,9 @@ class Residency {
  public:
   Residency(Core& core, const StepTracker& tracker, const OptimizerPipeline& pipeline)
       : core_(core), tracker_(tracker), pipeline_(pipeline) {}
+  //! Data parallelism's chunk flags, which eviction and prefetch respect (set once,
+  //! by Runtime::Impl's constructor, before any use).
+  void read_dp_flags(const DpChunkFlags& flags) { dp_flags_ = &flags; }
 
   //! Creates the events and settings it needs; once, at Runtime::create.
   Status init();
@@ -161,6 +168,8 @@ class Residency {
   Core& core_;
   const StepTracker& tracker_;
   const OptimizerPipeline& pipeline_;
+  //! Data parallelism's chunk flags (dp/chunk_flags.hpp): read, never written here.
+  const DpChunkFlags* dp_flags_ = nullptr;
   std::vector<memory::DeviceAllocation> device_memory_;
   std::vector<DeviceSlot> device_slots_;
   std::size_t cache_slots_ = 0;  //!< device slots [0, cache_slots_) stream; the rest are dedicated

@@ -179,7 +179,7 @@ std::size_t Runtime::tensor_count() const {
 namespace {
 
 //! Note [Sharded step]: every chunk splits into W equal, aligned shards. The
-//! same on every rank (dp_check_config compares chunk_elems and the ranks).
+//! same on every rank (DataParallel::check_config compares chunk_elems and the ranks).
 void pad_to_shards(ChunkLayout& layout, int ranks) {
   const std::uint64_t unit = static_cast<std::uint64_t>(ranks) * kShardAlignElems;
   auto round_up = [unit](std::uint64_t x) { return (x + unit - 1) / unit * unit; };  // W need not be 2^k
@@ -220,7 +220,7 @@ Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
   }
   STRATA_ASSIGN_OR_RETURN(core.layout, build_layout(numels, order, core.opt.layout));
   if (core.dp_ranks() > 1) pad_to_shards(core.layout, core.dp_ranks());
-  STRATA_RETURN_IF_ERROR(dp_check_config(lock));
+  STRATA_RETURN_IF_ERROR(dp.check_config(lock));
   const std::uint64_t cb = dtype_bytes(core.opt.compute_dtype);
   const std::uint64_t sb = kernels::dtype_size(core.opt.state_dtype);
   const std::size_t families = core.layout.families.size();

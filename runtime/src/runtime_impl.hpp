@@ -10,14 +10,16 @@
 //   OptimizerPipeline  optimizer_*.*,    families' optimizer runs, gradient completion, the Inf/NaN
 //                      grad_check.cpp,   check, staging, NVMe read-ahead and write-back
 //                      nvme_pipeline.cpp
+//   DataParallel       dp/               data parallelism (Note [Sharded step]): gradient
+//                                        reduce-scatters, param all-gathers, the initial
+//                                        broadcast, agreements between ranks; a no-op for one rank
 //
 // Impl owns them and does what needs several: registration and finalising the
 // layout (runtime.cpp), leases (leases.cpp), starting background work
 // (scheduler.cpp), plan adoption and moving states between homes
 // (plan_adoption.cpp), host access to any state between steps (host_copy.cpp,
 // tensor_state.cpp), step() (step.cpp), a failed step's discard (step_abort.cpp),
-// data parallelism (the dp_* members: data_parallel.cpp, dp_reduce.cpp,
-// dp_gather.cpp, dp.hpp), checkpoints (the checkpoint_* members: runtime/checkpoint/,
+// checkpoints (the checkpoint_* members: runtime/checkpoint/,
 // its README.md) and the invariants checked after each public call
 // (invariants.cpp). Planner, cost model, layout, trace, timeline, options and
 // tensor names have public headers (strata/runtime/) and do not include this one.
@@ -39,7 +41,9 @@
 #include <mutex>
 #include <optional>
 
+#include "chunk_events.hpp"
 #include "core.hpp"
+#include "dp/data_parallel.hpp"
 #include "optimizer_pipeline.hpp"
 #include "residency.hpp"
 #include "step_tracker.hpp"
@@ -57,12 +61,22 @@ struct Runtime::Impl {
       : core(dev, std::move(options)),
         tracker(core),
         residency(core, tracker, pipeline),
-        pipeline(core, residency) {}
+        pipeline(core, residency),
+        dp(core, tracker, residency, pipeline,
+           [this](std::unique_lock<std::mutex>& lock, Chunk& c, bool write,
+                  const std::function<void(std::byte*)>& fn,
+                  bool whole) { return with_host_copy(lock, c, write, fn, whole); }) {
+    residency.read_dp_flags(dp.flags());
+    if (core.dp_ranks() > 1) events = &dp;
+  }
 
   Core core;
   StepTracker tracker;
   Residency residency;
   OptimizerPipeline pipeline;
+  DataParallel dp;  //!< Note [Sharded step] (dp/data_parallel.hpp)
+  //! The observer of chunk use (Note [Chunk events]): dp with W > 1 ranks, else none.
+  ChunkEvents* events = nullptr;
   int leases_out = 0;
   //! The asynchronous save in flight or finished and not yet collected (Note [Overlapped save]).
   std::shared_ptr<CheckpointSave> checkpoint;
@@ -106,101 +120,6 @@ struct Runtime::Impl {
   //! writing. False (and states_kept set) when some stay.
   bool rehome_kept_states(std::unique_lock<std::mutex>& lock);
   bool states_kept = false;  //!< rehome_kept_states left some; the next acquire tries again
-  //! Waits (unlocking) for the data-parallel reductions of the step and forgets them.
-  void abandon_dp_rounds(std::unique_lock<std::mutex>& lock);
-  // Data parallelism (data_parallel.cpp, dp_reduce.cpp, dp_gather.cpp; Note [Sharded step]); no-ops for one
-  // rank.
-  //! Compares this rank's tensors and options with rank 0's; FailedPrecondition
-  //! naming the first difference. Blocks until every rank arrived (or the timeout).
-  Status dp_check_config(std::unique_lock<std::mutex>& lock);
-  //! Starts the reduce-scatter of every family whose gradient is complete, in the
-  //! fixed order, last family first (Note [Sharded step]; a "round" is one family's
-  //! reduction); called as gradients are handed over. Does not wait. Caller holds mu.
-  Status dp_post_complete_rounds();
-  //! At step(): starts the rounds not started yet (every trainable tensor must
-  //! have its gradient), then waits for every round in order and writes the sum
-  //! of this rank's shard into its gradients. Unlocks while waiting for the other ranks.
-  Status dp_reduce_gradients(std::unique_lock<std::mutex>& lock);
-  //! Starts one family's reduce-scatter (families go last to first); at_step: a
-  //! tensor without a gradient is an error (not just incomplete).
-  Status dp_post_round(bool at_step);
-  //! A family's reduce-scatter in flight (`first`: the family; `slice`: the bytes of
-  //! one shard): its buffers live until it is waited for.
-  struct DpRound {
-    FamilyId first = 0;
-    std::uint64_t slice = 0;
-    std::vector<std::byte> send, recv;
-    comm::Handle handle;
-    //! The device-side pack of `send` (compute stream) is done when it completes;
-    //! the reduce-scatter starts after it (started).
-    std::optional<memory::Event> packed;
-    bool started = false;
-    //! A device-buffer communicator (nccl): the collective reads `dev` (the
-    //! gradient's device slot, or `staging` for a gradient on host) and writes
-    //! this rank's shard's sum in place there; `send`/`recv` stay empty.
-    std::byte* dev = nullptr;
-    memory::DeviceAllocation staging;
-    bool landed = false;  //!< waited for and landed during backward (dp_land_done_rounds)
-  };
-  //! Device-buffer communicator: lands the rounds whose collectives are done, and
-  //! waits for the oldest while too many hold device slots (back-pressure: the
-  //! slots are backward's).
-  Status dp_land_done_rounds();
-  //! Device-buffer communicator: points `round` at gradient g's device slot (or
-  //! a device buffer of `whole` bytes holding it) after the writes to it.
-  Status dp_stage_round_on_device(DpRound& round, Chunk& g, std::uint64_t whole);
-  //! Device-buffer communicator, once `round` is done: a GPU-homed family keeps
-  //! its shard's sum in its slot; otherwise only the shard comes down to host.
-  Status dp_land_device_round(DpRound& round);
-  //! Starts, in issue order, the reduce-scatters whose packs are done (with
-  //! block, waits for each pack). Caller holds mu.
-  Status dp_start_packed(bool block);
-  std::vector<DpRound> dp_inflight;  //!< started this step, in issue order
-  std::size_t dp_rounds_posted = 0;  //!< families posted this step (from the last family down)
-  //! The communicator's counters when the last step ended (StepStats::bytes_comm, comm_s).
-  comm::CommStats dp_stats_mark;
-  //! Agrees on the step's Inf/NaN and grad norm² over ranks: *finite becomes
-  //! every rank's, *norm_sq the exact sum of every rank's (one all-reduce).
-  Status dp_agree(std::unique_lock<std::mutex>& lock, bool* finite, kernels::ExactSum* norm_sq);
-  //! Starts the all-gather of each family's updated param shards (after the step's
-  //! optimizer work); the params are marked awaiting_gather.
-  Status dp_gather_params(std::unique_lock<std::mutex>& lock);
-  //! Waits (unlocking) for the all-gather of family f's params, if one is still
-  //! pending, and writes the gathered chunk.
-  Status dp_finish_gather(std::unique_lock<std::mutex>& lock, FamilyId f);
-  //! dp_finish_gather for every pending family (in issue order).
-  Status dp_finish_all_gathers(std::unique_lock<std::mutex>& lock);
-  //! Finishes the gathers of the families the next `depth` traced uses load (the
-  //! planned prefetch), so prefetch can load their updated params.
-  Status dp_gather_ahead(std::unique_lock<std::mutex>& lock);
-  //! Once, at a rank's first acquire, host read or step() after start-up: every
-  //! param takes rank 0's value (broadcast), so ranks need not initialise alike.
-  Status dp_broadcast_initial(std::unique_lock<std::mutex>& lock);
-  bool dp_initial_sent = false;
-  //! Every rank's `text`, by rank (W = 1: {text}). A collective: every rank calls it.
-  Result<std::vector<std::string>> dp_exchange_text(std::unique_lock<std::mutex>& lock,
-                                                    const std::string& text);
-  //! A collective agreement on `mine` (checkpoints, Note [Sharded checkpoint]): OK on every rank only
-  //! when it is OK on all; a failed rank gets its own error (naming the rank), the others one naming
-  //! every failed rank and its error. W = 1: `mine`.
-  Status dp_all_ok(std::unique_lock<std::mutex>& lock, Status mine, std::string_view what);
-  //! The largest `value` over the ranks (exact below 2^53). W = 1: `value`.
-  Result<std::int64_t> dp_max(std::unique_lock<std::mutex>& lock, std::int64_t value);
-  //! A family's param all-gather in flight (`first`: the family; `slice`: one shard's bytes).
-  struct DpGather {
-    FamilyId first = 0;
-    std::uint64_t slice = 0;
-    std::vector<std::byte> all;
-    comm::Handle handle;
-    //! A device-buffer communicator: the gather fills `dev` (the param's device
-    //! slot, or `staging` for a param not on the device); `all` stays empty.
-    std::byte* dev = nullptr;
-    memory::DeviceAllocation staging;
-  };
-  std::vector<DpGather> dp_gathers;  //!< started at the last step's end, in issue order
-  //! Device-buffer communicator: points `g` at param p's device slot (in place) or
-  //! a device buffer, with this rank's updated shard in it.
-  Status dp_stage_gather_on_device(std::unique_lock<std::mutex>& lock, DpGather& g, Chunk& p);
   //! Runs fn on a host copy of chunk c (reading NVMe into a temporary when it lives
   //! there); with write, the change is stored back to c's home. With whole (and
   //! write), fn overwrites every byte of the chunk, so an NVMe copy is not read
@@ -223,8 +142,6 @@ struct Runtime::Impl {
   //! The checks of Note [Chunk state machine] and Note [Pipeline places]; aborts
   //! on a violation. Caller holds mu.
   void check_invariants() const;
-  //! Its data-parallel part: the awaiting_* flags, gathers in flight, shard sizes.
-  void check_dp_invariants() const;
 };
 
 //! Runs Runtime::Impl::check_invariants when it goes out of scope, in checked

@@ -16,9 +16,10 @@
 //                that lease — by Lease::release or a Lease's destructor — starts
 //                it; runtime.hpp says so on Lease, and Lease::release returns
 //                Released::kOptimizerStarted then, so a call site can see it;
-//                with data parallelism it starts the reduce-scatter of each
-//                round of families whose gradients are complete instead
-//                (Note [Sharded step]);
+//                with data parallelism the event goes to the chunk-events
+//                observer instead, which starts the reduce-scatter of each
+//                round of families whose gradients are complete (Note [Chunk
+//                events], Note [Sharded step]);
 //   kStepEnds    (step()): every family not started yet starts, read-ahead
 //                stops, the pipeline takes what its places allow.
 // Background work advances itself after that: pool tasks and I/O completions
@@ -35,8 +36,9 @@ Status Runtime::Impl::schedule(SchedulerEvent event, FamilyId family) {
     case SchedulerEvent::kUsePlaced:
       return residency.prefetch();
     case SchedulerEvent::kGradientsHandedOver:
-      if (core.dp_ranks() > 1) {  // the reduction starts now, the optimizer at step() (Note [Sharded step])
-        Status st = dp_post_complete_rounds();
+      if (events !=
+          nullptr) {  // W > 1: the reduction starts now, the optimizer at step() (Note [Chunk events])
+        Status st = events->on_gradients_handed_over();
         if (!st.ok()) core.fail(st);
         return st;
       }

@@ -12,7 +12,7 @@ namespace strata::runtime {
 Status Runtime::Impl::deferred_prepass(std::unique_lock<std::mutex>& lock, bool* skip) {
   *skip = false;
   // Data parallelism: this rank's families get the sum over ranks, the others none (Note [Sharded step]).
-  STRATA_RETURN_IF_ERROR(dp_reduce_gradients(lock));
+  STRATA_RETURN_IF_ERROR(dp.reduce_gradients(lock));
   // The 1/W averaging of data parallelism folds into the gradient scale.
   const float scale = pipeline.grad_scale / static_cast<float>(core.dp_ranks());
   // Bring every written gradient to the host, checked on the device on its way
@@ -69,7 +69,7 @@ Status Runtime::Impl::deferred_prepass(std::unique_lock<std::mutex>& lock, bool*
     norm_sq.add(c.sum_exact);
     finite = finite && c.finite;
   }
-  STRATA_RETURN_IF_ERROR(dp_agree(lock, &finite, &norm_sq));  // every rank decides alike
+  STRATA_RETURN_IF_ERROR(dp.agree(lock, &finite, &norm_sq));  // every rank decides alike
   const double sum_squares = norm_sq.to_double();
   if (!finite || !std::isfinite(sum_squares)) {
     *skip = true;
@@ -143,9 +143,9 @@ Result<StepStats> Runtime::step() {
 Result<StepStats> Runtime::Impl::run_step(std::unique_lock<std::mutex>& lock) {
   Impl& m = *this;
   STRATA_RETURN_IF_ERROR(m.core.background_error);
-  STRATA_RETURN_IF_ERROR(m.dp_broadcast_initial(lock));  // (a step without uses)
+  STRATA_RETURN_IF_ERROR(m.dp.broadcast_initial(lock));  // (a step without uses)
   // Last step's gathers of params this step did not use (Note [Sharded step]).
-  STRATA_RETURN_IF_ERROR(m.dp_finish_all_gathers(lock));
+  STRATA_RETURN_IF_ERROR(m.dp.finish_all_gathers(lock));
   lock.unlock();
   STRATA_RETURN_IF_ERROR(m.core.device.synchronize(m.core.compute));
   lock.lock();
@@ -178,14 +178,8 @@ Result<StepStats> Runtime::Impl::run_step(std::unique_lock<std::mutex>& lock) {
   Status waited = m.pipeline.wait_step_work(lock);
   if (!waited.ok()) return waited;
   // Starts the all-gathers; the next step's uses wait for them (skip agrees on every rank).
-  if (!skip) STRATA_RETURN_IF_ERROR(m.dp_gather_params(lock));
-  if (m.core.opt.comm != nullptr) {
-    // Since the last step ended: the reductions started during backward count.
-    const comm::CommStats now = m.core.opt.comm->stats();
-    stats.bytes_comm = now.total_bytes() - m.dp_stats_mark.total_bytes();
-    stats.comm_s = now.wait_s - m.dp_stats_mark.wait_s;
-    m.dp_stats_mark = now;
-  }
+  if (!skip) STRATA_RETURN_IF_ERROR(m.dp.gather_params(lock));
+  m.dp.count_traffic(stats);  // since the last step ended: the reductions during backward count
   stats.applied = !skip && m.pipeline.all_applied();
   stats.grad_check_host_bytes = m.pipeline.take_host_check_bytes();
   if (!stats.applied && !skip) {

@@ -46,24 +46,6 @@ Status Runtime::Impl::poison_step(std::unique_lock<std::mutex>& lock, Status st,
   return st;
 }
 
-void Runtime::Impl::abandon_dp_rounds(std::unique_lock<std::mutex>& lock) {
-  // A round's buffers stay alive until its collective ended (a dead peer fails
-  // it within the communicator's timeout: Note [Peer failure]).
-  std::vector<DpRound> inflight = std::move(dp_inflight);
-  dp_inflight.clear();
-  dp_rounds_posted = 0;
-  lock.unlock();
-  for (DpRound& round : inflight) {
-    if (!round.landed && round.started) round.handle.wait().ignore();
-  }
-  inflight.clear();
-  lock.lock();
-  for (Chunk& c : core.chunks) {
-    c.awaiting_reduction = false;
-    c.in_collective = false;
-  }
-}
-
 bool Runtime::Impl::rehome_kept_states(std::unique_lock<std::mutex>& lock) {
   states_kept = false;
   if (core.nvme == nullptr) return true;
@@ -97,7 +79,7 @@ Status Runtime::Impl::discard_step(std::unique_lock<std::mutex>& lock, Status ca
   // data-parallel packs their rounds' buffers).
   core.device.synchronize().ignore();
   lock.lock();
-  if (core.dp_ranks() > 1) abandon_dp_rounds(lock);
+  if (core.dp_ranks() > 1) dp.abandon_rounds(lock);
   discard_gradients();
   pipeline.abandon_step();
   tracker.abandon_step();

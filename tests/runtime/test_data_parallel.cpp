@@ -701,7 +701,7 @@ TEST(DataParallelInvariants, HoldThroughStepsAndGathers) {
         b.rt->check_invariants();  // params awaiting their gathers
         Runtime::Impl& m = RuntimeTestAccess::impl(*b.rt);
         std::lock_guard lock(m.core.mu);
-        if (m.dp_gathers.empty()) return internal_error("no gather in flight after a W = 2 step");
+        if (m.dp.gathers_in_flight() == 0) return internal_error("no gather in flight after a W = 2 step");
         return Status::Ok();
       }();
       if (!status[static_cast<std::size_t>(r)].ok()) return;
@@ -715,23 +715,24 @@ TEST(DataParallelInvariants, HoldThroughStepsAndGathers) {
     ASSERT_TRUE(status[static_cast<std::size_t>(r)].ok()) << status[static_cast<std::size_t>(r)];
 }
 
-//! A one-rank runtime with `flag` set on family 0's param, checked (dies).
-void check_with_flag_set(bool Chunk::*flag) {
+//! A one-rank runtime with `flag` set in family 0's data-parallel flags (a side table), checked (dies).
+void check_with_flag_set(bool DpChunkFlags::Family::*flag) {
   auto device = testing::dp_device();
   auto made = testing::create_runtime(*device, testing::dp_options(Tier::kHost, ""));
   if (!made.ok()) std::abort();
   bench::DpModel model = testing::dp_model();
   if (!model.build(**made).ok()) std::abort();
-  RuntimeTestAccess::impl(**made).core.chunk(0, StateKind::kParam).*flag = true;
+  RuntimeTestAccess::impl(**made).dp.flags_for_testing()[0].*flag = true;
   (*made)->check_invariants();
 }
 
 TEST(DataParallelInvariantsDeathTest, ABrokenFlagIsCaughtNamingIt) {
-  // One rank: no flag may be set (and a param never awaits a reduction).
-  // Breaking one aborts naming it.
+  // One rank: no flag may be set. Breaking one aborts naming it.
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_DEATH(check_with_flag_set(&Chunk::awaiting_gather), "awaiting_gather");
-  EXPECT_DEATH(check_with_flag_set(&Chunk::awaiting_reduction), "awaiting_reduction");
+  EXPECT_DEATH(check_with_flag_set(&DpChunkFlags::Family::awaiting_gather), "awaiting_gather");
+  EXPECT_DEATH(check_with_flag_set(&DpChunkFlags::Family::awaiting_reduction), "awaiting_reduction");
+  EXPECT_DEATH(check_with_flag_set(&DpChunkFlags::Family::grad_in_collective), "in_collective");
+  EXPECT_DEATH(check_with_flag_set(&DpChunkFlags::Family::param_in_collective), "in_collective");
 }
 
 }  // namespace

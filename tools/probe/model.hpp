@@ -86,7 +86,7 @@ struct TrainSpec {
   //! The runtime runs optimizer steps on the device (runtime::gpu_optimizer_supported):
   //! without it the all-gpu placement is not offered.
   bool gpu_optimizer = true;
-  //! Data-parallel ranks (Note [Sharded step] in runtime/src/data_parallel.cpp):
+  //! Data-parallel ranks (Note [Sharded step] in runtime/src/dp/data_parallel.cpp):
   //! family f's master and optimizer states live on rank f % ranks only. The
   //! probe plans rank 0, which holds the most families (params and gradients are
   //! whole on every rank).

@@ -4,7 +4,7 @@
 // Note [Exact norms]
 // LAMB/LARS trust ratios and the clip norm need sums of squares over tensors
 // that data parallelism cuts into parts on several ranks (Note [Sharded step]
-// in runtime/src/data_parallel.cpp). Floating-point addition is not
+// in runtime/src/dp/data_parallel.cpp). Floating-point addition is not
 // associative, so summing parts and then the parts' totals gives other bits
 // than one rank's sum over the whole tensor. Two things make the result
 // independent of how a tensor is cut:

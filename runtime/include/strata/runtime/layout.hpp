@@ -48,7 +48,7 @@ struct FamilyLayout {
 
 //! With W data-parallel ranks every chunk capacity is a multiple of W x this many
 //! elements, and rank r holds elements [r C/W, (r+1) C/W) of each chunk's masters
-//! and optimizer states (Note [Sharded step] in runtime/src/data_parallel.cpp):
+//! and optimizer states (Note [Sharded step] in runtime/src/dp/data_parallel.cpp):
 //! 64 B or more of any dtype, so every shard starts aligned for the kernels.
 inline constexpr std::uint64_t kShardAlignElems = 64;
 

@@ -37,7 +37,7 @@
 // optimizer is *deferred* to step(), not rolled back. With data parallelism
 // (RuntimeOptions::comm) every optimizer step is deferred to step() as well,
 // where the ranks reduce gradients and gather params (Note [Sharded step] in
-// runtime/src/data_parallel.cpp).
+// runtime/src/dp/data_parallel.cpp).
 
 #include <cstdint>
 #include <functional>
@@ -95,7 +95,7 @@ struct RuntimeOptions {
   //! Data parallelism: this rank's end of a group of W ranks; null = one rank.
   //! Every rank registers the same tensors with the same options (checked at the
   //! first acquire/init/step) and hands over every trainable gradient each step
-  //! (Note [Sharded step] in runtime/src/data_parallel.cpp).
+  //! (Note [Sharded step] in runtime/src/dp/data_parallel.cpp).
   std::shared_ptr<comm::Communicator> comm;
 };
 

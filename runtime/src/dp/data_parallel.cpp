@@ -1,5 +1,6 @@
-// Runtime::Impl: data parallelism over a comm::Communicator (the dp_* members of
-// runtime_impl.hpp). Everything here is a no-op for one rank.
+// DataParallel (data_parallel.hpp): data parallelism over a comm::Communicator;
+// here start-up, the initial broadcast and the agreements. Everything here is a
+// no-op for one rank.
 //
 // Note [Sharded step]
 // W ranks each run the same model on 1/W of the batch. Every rank builds the
@@ -31,8 +32,9 @@
 // optimizer runs; read-ahead stops).
 //
 // At start-up (finalize) every rank compares its model and options with rank
-// 0's (dp_check_config). At a rank's first acquire, host read or step(), every
-// param takes rank 0's value by broadcast (dp_broadcast_initial), so ranks need
+// 0's (check_config). At a rank's first acquire, host read or step() (the
+// on_use and on_host_access events of Note [Chunk events], or step() itself), every
+// param takes rank 0's value by broadcast (broadcast_initial), so ranks need
 // not initialise alike (DataParallelStart.RanksTakeRankZerosInitialParams);
 // with bf16/fp16 compute a rank whose values differ is refused by name, since
 // its fp32 master shard came from its own values.
@@ -40,12 +42,12 @@
 //
 // Data parallelism defers every optimizer step to step() (Core::deferred). The
 // gradients are reduced as backward goes:
-//   1. dp_post_complete_rounds (on every gradient hand-over, Note [Gradient
+//   1. post_complete_rounds (on every gradient hand-over, Note [Gradient
 //      completion]): once a family's gradient is complete, its whole chunk is
 //      packed into a send buffer (from a device slot: a host function on the
 //      compute stream after the backward that wrote it, so the training thread
 //      does not wait) and its reduce-scatter starts once the pack is done
-//      (dp_start_packed, checked at every hand-over, in issue order); backward
+//      (start_packed, checked at every hand-over, in issue order); backward
 //      goes on. Rank r receives the sum over ranks of shard r, in rank order in
 //      deterministic mode (Note [Deterministic reduction] in comm/). On the sim
 //      device the slot is host memory the communicator reads (on CUDA the
@@ -57,33 +59,33 @@
 //      of one rank's). A GPU-homed family keeps its slot; the sum of its shard
 //      is written there and stays there through the prepass (the device kernel
 //      reads it in place), so it is not copied down either. A complete
-//      gradient not posted yet is evicted last (Chunk::awaiting_reduction).
+//      gradient not posted yet is evicted last (DpChunkFlags::Family::awaiting_reduction).
 //      Order: every rank must issue collectives in the same order. Families
 //      are posted in one fixed order, last family first (backward goes in
 //      reverse registration order), and family f only after f + 1 (a reorder
 //      window of the families completed early): the order is the same on every
 //      rank whatever order its families complete in; a model whose backward is
 //      not reverse-registration order only delays reductions to step().
-//   2. dp_reduce_gradients (step()): posts the families not posted yet (a
+//   2. reduce_gradients (step()): posts the families not posted yet (a
 //      tensor without a gradient is refused by name), then waits for each in
 //      issue order and writes the shard's sum where the gradient is (device
 //      slot or host). step() only waits.
 //   3. deferred_prepass: each rank's shard sums give its exact norm² (Note
-//      [Exact norms]) and Inf/NaN, which dp_agree all-reduces in one call, so
+//      [Exact norms]) and Inf/NaN, which agree all-reduces in one call, so
 //      every rank has the exact norm² of the whole gradient, rounded as one
 //      rank rounds it: clipping is one rank's bit for bit and the Inf/NaN skip
 //      agrees on every rank. The 1/W averaging folds into the gradient scale.
 //   4. the optimizer runs on each rank's shard of every family; every rank
 //      counts each updated tensor's step;
-//   5. dp_gather_params (the end of step(), once every optimizer step ran):
+//   5. gather_params (the end of step(), once every optimizer step ran):
 //      per family, each rank's updated shard of the param chunk (read from its
 //      device slot when it was updated there, on the sim device) starts one
 //      all-gather, asynchronously; the params are marked awaiting_gather (the
 //      other shards are stale, device copies dropped) and step() returns. The
 //      next step's first use of such a family waits for its gather and writes
-//      the whole chunk (dp_finish_gather, from acquire and any host access;
+//      the whole chunk (finish_gather, at the on_use or on_host_access event;
 //      into the device slot when that holds the only copy, on the sim device):
-//      the planned prefetch (dp_gather_ahead, before Residency::prefetch)
+//      the planned prefetch (gather_ahead at on_placed, before Residency::prefetch)
 //      finishes the gathers of the params it is about to load, and prefetch
 //      skips a param still awaiting its gather. A rank's step() thus never
 //      waits for a slower rank's update
@@ -97,16 +99,16 @@
 //
 // Device-buffer communicators (Communicator::device_buffers(): nccl). The
 // reduce-scatter and all-gather take device memory, so steps 1, 2 and 5 use the
-// slots themselves (dp_stage_round_on_device, dp_land_device_round,
-// dp_land_done_rounds in dp_reduce.cpp; dp_stage_gather_on_device in
-// dp_gather.cpp):
+// slots themselves (stage_round_on_device, land_device_round,
+// land_done_rounds in reduce.cpp; stage_gather_on_device in
+// gather.cpp):
 //   1. a complete gradient in its device slot is not packed: an event on the
 //      compute stream after the backward that wrote it is recorded, and once
 //      the host sees it complete (at a hand-over, or blocking at step()) the
 //      reduce-scatter is issued on the slot in place (recv = slot + this
 //      shard's offset, NCCL's in-place form). The ordering goes through the
 //      host, so it holds whatever stream the communicator issues on. The slot
-//      is pinned meanwhile (Chunk::in_collective: not evicted); a gradient on
+//      is pinned meanwhile (DpChunkFlags: in_collective, not evicted); a gradient on
 //      host instead goes up into a device buffer of its own (h2d) first.
 //   2. once its collective is done (Handle::done at a later hand-over, or the
 //      wait at step(); at most half the slots are pinned at once, past that
@@ -141,18 +143,19 @@
 // Checkpoints (Note [Sharded checkpoint] in checkpoint/format.cpp): the files are
 // per family, as one rank's. At save_checkpoint the ranks all-gather each
 // family's master and state shards and rank f mod W writes family f's file; rank
-// 0 publishes the manifest after the ranks agree (dp_all_ok, dp_exchange_text,
-// dp_max below). A load reads this rank's shard of each tensor's states, so a
+// 0 publishes the manifest after the ranks agree (all_ok, exchange_text,
+// max below). A load reads this rank's shard of each tensor's states, so a
 // checkpoint saved at W loads at any W'.
 //
 // With one rank holding the whole batch as W micro-batches accumulated in rank
 // order, and set_grad_scale(1/W), a step is bit-identical to W ranks in
 // deterministic mode, for params and states (tests/runtime/test_data_parallel.cpp).
+#include "data_parallel.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <optional>
 
-#include "dp.hpp"
 #include "strata/common/assert.hpp"
 #include "strata/common/log.hpp"
 
@@ -228,10 +231,11 @@ std::pair<std::string, std::string> first_difference(std::string_view a, std::st
 
 }  // namespace
 
-Status Runtime::Impl::dp_check_config(std::unique_lock<std::mutex>& lock) {
-  if (core.opt.comm == nullptr) return Status::Ok();
-  comm::Communicator& c = *core.opt.comm;
-  const std::string mine = describe_config(core);
+Status DataParallel::check_config(std::unique_lock<std::mutex>& lock) {
+  flags_.reset(core_.layout.families.size());
+  if (core_.opt.comm == nullptr) return Status::Ok();
+  comm::Communicator& c = *core_.opt.comm;
+  const std::string mine = describe_config(core_);
   // Rank 0's hash and length, then its text (to name a difference).
   std::uint64_t head[2] = {fnv1a(mine), mine.size()};
   STRATA_RETURN_IF_ERROR(run_collective(lock, c.broadcast(head, sizeof(head), 0)));
@@ -259,17 +263,17 @@ Status Runtime::Impl::dp_check_config(std::unique_lock<std::mutex>& lock) {
         "difference); every rank must register the same tensors with the same options",
         others);
   }
-  dp_stats_mark = c.stats();  // the start-up check is no step's traffic
+  stats_mark_ = c.stats();  // the start-up check is no step's traffic
   STRATA_LOG_INFO(
       "runtime: data parallel rank {} of {} ({} backend): shard {} of each of {} families ({} elements per "
       "chunk)",
-      c.rank(), c.size(), c.backend(), c.rank(), core.layout.families.size(), core.layout.chunk_elems);
+      c.rank(), c.size(), c.backend(), c.rank(), core_.layout.families.size(), core_.layout.chunk_elems);
   return Status::Ok();
 }
 
-Status Runtime::Impl::dp_agree(std::unique_lock<std::mutex>& lock, bool* finite, kernels::ExactSum* norm_sq) {
-  if (core.dp_ranks() == 1) return Status::Ok();
-  comm::Communicator& c = *core.opt.comm;
+Status DataParallel::agree(std::unique_lock<std::mutex>& lock, bool* finite, kernels::ExactSum* norm_sq) {
+  if (core_.dp_ranks() == 1) return Status::Ok();
+  comm::Communicator& c = *core_.opt.comm;
   // This rank's exact norm² of its shards (Note [Exact norms]), then its
   // Inf/NaN flag: the limbs add exactly in any order, so every rank gets the
   // exact norm² of the whole gradient, which one rank rounds the same way.
@@ -283,33 +287,33 @@ Status Runtime::Impl::dp_agree(std::unique_lock<std::mutex>& lock, bool* finite,
   return Status::Ok();
 }
 
-Status Runtime::Impl::dp_broadcast_initial(std::unique_lock<std::mutex>& lock) {
-  if (core.dp_ranks() == 1 || dp_initial_sent) return Status::Ok();
-  dp_initial_sent = true;
-  comm::Communicator& c = *core.opt.comm;
+Status DataParallel::broadcast_initial(std::unique_lock<std::mutex>& lock) {
+  if (core_.dp_ranks() == 1 || initial_sent_) return Status::Ok();
+  initial_sent_ = true;
+  comm::Communicator& c = *core_.opt.comm;
   std::vector<std::byte> buf, mine;
   std::size_t changed = 0;
-  for (FamilyId f = 0; f < core.layout.families.size(); ++f) {
-    Chunk& p = core.chunk(f, StateKind::kParam);
+  for (FamilyId f = 0; f < core_.layout.families.size(); ++f) {
+    Chunk& p = core_.chunk(f, StateKind::kParam);
     if (p.bytes == 0) continue;
     buf.assign(p.bytes, std::byte{0});
     STRATA_RETURN_IF_ERROR(
-        with_host_copy(lock, p, false, [&](std::byte* h) { std::memcpy(buf.data(), h, p.bytes); }));
+        host_copy(lock, p, false, [&](std::byte* h) { std::memcpy(buf.data(), h, p.bytes); }));
     mine = buf;
     STRATA_RETURN_IF_ERROR(run_collective(lock, c.broadcast(buf.data(), buf.size(), 0)));
     if (buf == mine) continue;
     // A separate fp32 master shard (bf16/fp16 compute) was initialised from
     // this rank's values, which rank 0's rounded params cannot restore.
-    if (core.chunk(f, StateKind::kMaster).bytes > 0) {
+    if (core_.chunk(f, StateKind::kMaster).bytes > 0) {
       return failed_precondition(
           "data parallel: rank {} initialised family {}'s params differently from rank 0, and with {} "
           "compute "
           "its fp32 master shard was initialised from this rank's values, which rank 0's rounded params "
           "cannot restore. Initialise every rank alike (the same init_tensor values), or use fp32 compute",
-          c.rank(), f, runtime::dtype_name(core.opt.compute_dtype));
+          c.rank(), f, runtime::dtype_name(core_.opt.compute_dtype));
     }
     ++changed;
-    STRATA_RETURN_IF_ERROR(with_host_copy(
+    STRATA_RETURN_IF_ERROR(host_copy(
         lock, p, true, [&](std::byte* h) { std::memcpy(h, buf.data(), p.bytes); }, true));
   }
   if (changed > 0) {
@@ -319,10 +323,10 @@ Status Runtime::Impl::dp_broadcast_initial(std::unique_lock<std::mutex>& lock) {
   return Status::Ok();
 }
 
-Result<std::vector<std::string>> Runtime::Impl::dp_exchange_text(std::unique_lock<std::mutex>& lock,
-                                                                 const std::string& text) {
-  if (core.dp_ranks() == 1) return std::vector<std::string>{text};
-  comm::Communicator& c = *core.opt.comm;
+Result<std::vector<std::string>> DataParallel::exchange_text(std::unique_lock<std::mutex>& lock,
+                                                             const std::string& text) {
+  if (core_.dp_ranks() == 1) return std::vector<std::string>{text};
+  comm::Communicator& c = *core_.opt.comm;
   const auto w = static_cast<std::size_t>(c.size());
   std::vector<double> lengths(w, 0.0);
   lengths[static_cast<std::size_t>(c.rank())] = static_cast<double>(text.size());
@@ -337,14 +341,14 @@ Result<std::vector<std::string>> Runtime::Impl::dp_exchange_text(std::unique_loc
   return all;
 }
 
-Status Runtime::Impl::dp_all_ok(std::unique_lock<std::mutex>& lock, Status mine, std::string_view what) {
-  if (core.dp_ranks() == 1) return mine;
-  const int me = core.dp_rank();
+Status DataParallel::all_ok(std::unique_lock<std::mutex>& lock, Status mine, std::string_view what) {
+  if (core_.dp_ranks() == 1) return mine;
+  const int me = core_.dp_rank();
   STRATA_ASSIGN_OR_RETURN(std::vector<std::string> all,
-                          dp_exchange_text(lock, mine.ok() ? std::string() : mine.to_string()));
+                          exchange_text(lock, mine.ok() ? std::string() : mine.to_string()));
   if (!mine.ok()) {
     return Status(mine.code(), fmt::format("{} on rank {} of {} (every rank fails with it): {}", what, me,
-                                           core.dp_ranks(), mine.message()));
+                                           core_.dp_ranks(), mine.message()));
   }
   std::string failed;
   for (std::size_t r = 0; r < all.size(); ++r) {
@@ -354,11 +358,67 @@ Status Runtime::Impl::dp_all_ok(std::unique_lock<std::mutex>& lock, Status mine,
   return failed_precondition("{} failed on another rank, so it fails on rank {} too: {}", what, me, failed);
 }
 
-Result<std::int64_t> Runtime::Impl::dp_max(std::unique_lock<std::mutex>& lock, std::int64_t value) {
-  if (core.dp_ranks() == 1) return value;
+void DataParallel::count_traffic(StepStats& stats) {
+  if (core_.opt.comm == nullptr) return;
+  // Since the last step ended: the reductions started during backward count.
+  const comm::CommStats now = core_.opt.comm->stats();
+  stats.bytes_comm = now.total_bytes() - stats_mark_.total_bytes();
+  stats.comm_s = now.wait_s - stats_mark_.wait_s;
+  stats_mark_ = now;
+}
+
+Result<std::int64_t> DataParallel::max(std::unique_lock<std::mutex>& lock, std::int64_t value) {
+  if (core_.dp_ranks() == 1) return value;
   std::vector<double> v{static_cast<double>(value)};
-  STRATA_RETURN_IF_ERROR(run_collective(lock, core.opt.comm->all_reduce(v, comm::ReduceOp::kMax)));
+  STRATA_RETURN_IF_ERROR(run_collective(lock, core_.opt.comm->all_reduce(v, comm::ReduceOp::kMax)));
   return static_cast<std::int64_t>(v[0]);
+}
+
+// Note [Sharded step]: the data-parallel flags and shard sizes.
+void DataParallel::check_invariants() const {
+  const auto w = static_cast<std::uint64_t>(core_.dp_ranks());
+  const bool device_buffers = core_.opt.comm != nullptr && core_.opt.comm->device_buffers();
+  STRATA_CHECK(flags_.size() == core_.layout.families.size());
+  std::size_t gathering = 0;
+  for (FamilyId f = 0; f < flags_.size(); ++f) {
+    const DpChunkFlags::Family& flag = flags_[f];
+    // Only a gradient awaits its reduction, only a param its gather, only with W > 1.
+    if (flag.awaiting_reduction) {
+      STRATA_CHECK_MSG(core_.chunk(f, StateKind::kGrad).bytes > 0 && w > 1,
+                       "awaiting_reduction is set on a family without a data-parallel gradient");
+    }
+    if (flag.awaiting_gather) {
+      STRATA_CHECK_MSG(core_.chunk(f, StateKind::kParam).bytes > 0 && w > 1,
+                       "awaiting_gather is set on a family without a data-parallel param");
+    }
+    // Only a device-buffer communicator's collectives hold device slots.
+    if (flag.grad_in_collective || flag.param_in_collective) {
+      STRATA_CHECK_MSG(device_buffers && w > 1,
+                       "in_collective is set without a device-buffer communicator's collective");
+    }
+    gathering += flag.awaiting_gather ? 1 : 0;
+  }
+  // A param awaits its gather exactly while that gather is in flight.
+  STRATA_CHECK(gathering == gathers_.size());
+  for (const Gather& g : gathers_) {
+    STRATA_CHECK(flags_[g.first].awaiting_gather);
+    // A host gather fills `all`; a device-buffer one fills `dev` and leaves `all` empty.
+    if (g.dev != nullptr) {
+      STRATA_CHECK(g.all.empty());
+    } else {
+      STRATA_CHECK(g.all.size() == g.slice * w);
+    }
+  }
+  STRATA_CHECK(rounds_posted_ <= core_.layout.families.size());
+  for (FamilyId f = 0; f < core_.layout.families.size(); ++f) {
+    // Shards are whole 64-element groups (Note [Exact norms] in kernels/exact_sum.hpp).
+    if (w > 1) STRATA_CHECK(core_.layout.families[f].capacity_elems % (w * kShardAlignElems) == 0);
+    // Masters and states hold (at least) this rank's shard.
+    for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1}) {
+      const Chunk& c = core_.chunks[f * kStateKindCount + static_cast<std::size_t>(k)];
+      if (c.bytes > 0) STRATA_CHECK(c.bytes >= core_.shard_elems(f) * dtype_bytes(core_.kind_dtype(k)));
+    }
+  }
 }
 
 }  // namespace strata::runtime
