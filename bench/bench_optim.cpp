@@ -542,7 +542,7 @@ int run_optim(const OptimOptions& o) {
     };
     nlohmann::json row = {
         {"optimizer", name},
-        {"param_dtype", c.param == DType::kNone ? "f32(master)" : dtype_name(c.param)},
+        {"param_dtype", c.param == DType::kNone ? "fp32(master)" : dtype_name(c.param)},
         {"grad_dtype", dtype_name(c.grad)},
         {"state_dtype", c.grad_norm_only ? "none" : dtype_name(c.state)},
         {"isa", isa_used},

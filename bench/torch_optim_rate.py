@@ -4,7 +4,8 @@
 Usage: torch_optim_rate.py OPTIMIZER N THREADS REPEATS [GRAD_DTYPE]
 Prints one JSON object: {"optimizer", "mparams_per_s", "variant", "torch_version", "threads"}.
 
-GRAD_DTYPE f32 (default): fp32 param, grad and states, as strata's fp32 rows.
+GRAD_DTYPE fp32 (default; "f32" is read too, the name strata-bench passed before
+issue #26): fp32 param, grad and states, as strata's fp32 rows.
 GRAD_DTYPE bf16: the same streams as strata's rows with bf16 grad and param and
 fp32 master and states, in torch's usual mixed-precision recipe: the bf16
 gradient is copied into the fp32 master's .grad, torch.optim steps the fp32
@@ -40,7 +41,7 @@ def rate(name, n, repeats, foreach, grad_dtype):
     master = torch.full((n,), 0.01, dtype=torch.float32, requires_grad=True)
     master.grad = torch.full((n,), 0.001, dtype=torch.float32)
     opt = make(name, master, foreach)
-    if grad_dtype == "f32":
+    if grad_dtype == "fp32":
         step = opt.step
     else:
         grad = torch.full((n,), 0.001, dtype=torch.bfloat16)
@@ -64,11 +65,12 @@ def rate(name, n, repeats, foreach, grad_dtype):
 
 def main():
     name, n, threads, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    grad_dtype = sys.argv[5] if len(sys.argv) > 5 else "f32"
-    if grad_dtype not in ("f32", "bf16"):
-        raise SystemExit(f"no torch recipe for grad dtype {grad_dtype}")
+    grad_dtype = sys.argv[5] if len(sys.argv) > 5 else "fp32"
+    grad_dtype = "fp32" if grad_dtype == "f32" else grad_dtype
+    if grad_dtype not in ("fp32", "bf16"):
+        raise SystemExit(f"no torch recipe for grad dtype {grad_dtype} (fp32 or bf16)")
     torch.set_num_threads(threads)
-    dtypes = ("fp32" if grad_dtype == "f32" else
+    dtypes = ("fp32" if grad_dtype == "fp32" else
               "bf16 grad copied into fp32 master .grad, fp32 states, master copied out to bf16 param")
     best = None
     for foreach in (False, True):

@@ -25,6 +25,15 @@ struct strata_lease {
 
 namespace {
 
+// strata_state is StateKind's values (the casts below rely on it; so does strata.torch,
+// whose constants the binding generates from the enum: tests/torch/test_one_api.py).
+static_assert(static_cast<int>(strata::StateKind::kParam) == STRATA_PARAM &&
+              static_cast<int>(strata::StateKind::kGrad) == STRATA_GRAD &&
+              static_cast<int>(strata::StateKind::kMaster) == STRATA_MASTER &&
+              static_cast<int>(strata::StateKind::kState0) == STRATA_STATE0 &&
+              static_cast<int>(strata::StateKind::kState1) == STRATA_STATE1 &&
+              strata::runtime::kStateKindCount == STRATA_STATE1 + 1);
+
 thread_local std::string last_error;
 
 strata_status fail(const strata::Status& status) {

@@ -4,22 +4,10 @@
 #include <chrono>
 #include <cstring>
 
+#include "strata/common/assert.hpp"
 #include "strata/common/log.hpp"
 
 namespace strata::comm {
-
-// (kernels/ has the same dtype names; the conversions are common/half.hpp's, shared with it.)
-std::string_view dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return "f32";
-    case DType::kBF16:
-      return "bf16";
-    case DType::kF16:
-      return "f16";
-  }
-  return "?";
-}
 
 namespace {
 
@@ -53,7 +41,11 @@ void sum_in_rank_order(std::span<const void* const> sources, void* out, std::siz
       return sum_halves<to_bf16, from_bf16>(sources, out, count);
     case DType::kF16:
       return sum_halves<to_f16, from_f16>(sources, out, count);
+    case DType::kNone:
+      break;
   }
+  // reduce_scatter refused kNone (check_chunk_dtype) before any backend got here.
+  STRATA_CHECK_MSG(false, "sum_in_rank_order: a buffer of DType::kNone has no elements to sum");
 }
 
 Handle::Handle(std::unique_ptr<PendingOp> op, std::atomic<std::uint64_t>* wait_ns)
@@ -105,9 +97,21 @@ bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_b
   return pa < pb + b_bytes && pb < pa + a_bytes;
 }
 
+// A chunk collective moves fp32, bf16 or fp16 elements; kNone (a kernel span's
+// "absent") has no size and no reduction, and is refused rather than read as any
+// of them.
+Status check_chunk_dtype(std::string_view op, DType dtype) {
+  if (dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16) return Status::Ok();
+  return invalid_argument(
+      "comm: {} of dtype {} (value {}): chunk collectives move fp32, bf16 or fp16 elements; pass the "
+      "buffer's element type",
+      op, dtype_name(dtype), static_cast<int>(dtype));
+}
+
 }  // namespace
 
 Result<Handle> Communicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype) {
+  STRATA_RETURN_IF_ERROR(check_chunk_dtype("reduce_scatter", dtype));
   const std::size_t bytes = count * dtype_size(dtype);
   if (count > 0 && (send == nullptr || recv == nullptr)) {
     return invalid_argument("comm {}: reduce_scatter of {} x {} got a null buffer", backend(), count,
@@ -124,6 +128,7 @@ Result<Handle> Communicator::reduce_scatter(const void* send, void* recv, std::s
 }
 
 Result<Handle> Communicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
+  STRATA_RETURN_IF_ERROR(check_chunk_dtype("all_gather", dtype));
   if (count > 0 && (send == nullptr || recv == nullptr)) {
     return invalid_argument("comm {}: all_gather of {} x {} got a null buffer", backend(), count,
                             dtype_name(dtype));

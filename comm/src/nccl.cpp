@@ -11,6 +11,8 @@
 
 #include <thread>
 
+#include "strata/common/assert.hpp"
+
 namespace strata::comm {
 namespace {
 
@@ -24,8 +26,11 @@ ncclDataType_t nccl_dtype(DType d) {
       return ncclBfloat16;
     case DType::kF16:
       return ncclFloat16;
+    case DType::kNone:
+      break;
   }
-  return ncclFloat32;
+  // Communicator::reduce_scatter / all_gather refused any other dtype (check_chunk_dtype).
+  STRATA_UNREACHABLE();
 }
 
 struct Shared {

@@ -87,7 +87,7 @@ Status validate_grad_spans(std::span<const Span> spans, float grad_scale) {
   for (std::size_t i = 0; i < spans.size(); ++i) {
     const Span& s = spans[i];
     if (s.grad_dtype != DType::kF32 && s.grad_dtype != DType::kBF16 && s.grad_dtype != DType::kF16) {
-      return invalid_argument("grad_stats: span {} grad dtype {} is unsupported; use f32, bf16 or f16", i,
+      return invalid_argument("grad_stats: span {} grad dtype {} is unsupported; use fp32, bf16 or fp16", i,
                               dtype_name(s.grad_dtype));
     }
     if (s.n != 0 && s.grad == nullptr)

@@ -30,20 +30,6 @@ std::string_view optimizer_name(Optimizer optimizer) {
   return "?";
 }
 
-std::string_view dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return "f32";
-    case DType::kBF16:
-      return "bf16";
-    case DType::kF16:
-      return "f16";
-    case DType::kNone:
-      return "none";
-  }
-  return "?";
-}
-
 namespace {
 
 Status check_range(std::string_view opt, std::string_view name, float value, float lo, float hi,
@@ -129,7 +115,7 @@ Status validate_spans(const Hyper& h, std::span<const Span> spans) {
       return invalid_argument("{}: span {} has n = {} elements, more than any memory holds", o, i, s.n);
     }
     if (s.grad_dtype != DType::kF32 && s.grad_dtype != DType::kBF16 && s.grad_dtype != DType::kF16) {
-      return invalid_argument("{}: span {} grad dtype {} is unsupported; use f32, bf16 or f16", o, i,
+      return invalid_argument("{}: span {} grad dtype {} is unsupported; use fp32, bf16 or fp16", o, i,
                               dtype_name(s.grad_dtype));
     }
     if ((s.param == nullptr) != (s.param_dtype == DType::kNone)) {
@@ -138,8 +124,8 @@ Status validate_spans(const Hyper& h, std::span<const Span> spans) {
     }
     if (s.state_dtype != DType::kF32 && !(s.state_dtype == DType::kBF16 && is_adam_family(h.optimizer))) {
       return invalid_argument(
-          "{}: span {} state dtype {} is unsupported; states are f32 (bf16 only for adam, adamw, lamb)", o, i,
-          dtype_name(s.state_dtype));
+          "{}: span {} state dtype {} is unsupported; states are fp32 (bf16 only for adam, adamw, lamb)", o,
+          i, dtype_name(s.state_dtype));
     }
     if (s.group_phase >= kGroupElems) {
       return invalid_argument(

@@ -49,6 +49,7 @@
 //     model.strata.read_param and model.state_dict() (not served yet).
 #include <torch/extension.h>
 
+#include <cctype>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -84,15 +85,47 @@ T value_or_throw(Result<T> result) {
   return std::move(result).value();
 }
 
-at::ScalarType torch_dtype(runtime::DType dtype) {
+at::ScalarType torch_dtype(DType dtype) {
   switch (dtype) {
-    case runtime::DType::kBF16:
-      return at::kBFloat16;
-    case runtime::DType::kF16:
-      return at::kHalf;
-    default:
+    case DType::kF32:
       return at::kFloat;
+    case DType::kBF16:
+      return at::kBFloat16;
+    case DType::kF16:
+      return at::kHalf;
+    case DType::kNone:
+      break;
   }
+  throw StrataError(fmt::format("strata.torch: dtype {} has no torch type", dtype_name(dtype)));
+}
+
+//! model.strata.totals: the facade's running totals (strata::Runtime::stats(), the
+//! one place they are kept, #26), under the keys _wrap.py always had.
+py::dict totals_dict(const Stats& s) {
+  py::dict d;
+  d["steps"] = s.steps;
+  d["bytes_h2d"] = s.bytes_h2d;
+  d["bytes_d2h"] = s.bytes_d2h;
+  d["bytes_disk_read"] = s.bytes_disk_read;
+  d["bytes_disk_write"] = s.bytes_disk_write;
+  d["stall_s"] = s.stall_s;
+  return d;
+}
+
+//! StateKind as module constants generated from the enum (issue #26): PARAM = 0,
+//! GRAD, MASTER, STATE0, STATE1 (state_kind_name upper-cased), and STATE_KINDS,
+//! the names in value order. _wrap.py takes them from here rather than numbering
+//! the kinds itself.
+void export_state_kinds(py::module_& m) {
+  py::list names;
+  for (std::size_t k = 0; k < runtime::kStateKindCount; ++k) {
+    const std::string name(runtime::state_kind_name(static_cast<StateKind>(k)));
+    std::string upper = name;
+    for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    m.attr(upper.c_str()) = static_cast<int>(k);
+    names.append(name);
+  }
+  m.attr("STATE_KINDS") = py::tuple(names);
 }
 
 //! One parameter handed to the runtime.
@@ -128,6 +161,7 @@ class Engine {
     if (rt_ == nullptr) return;
     for (Param& p : params_) unbind_now(p);
     params_.clear();
+    closed_totals_ = rt_->stats();
     py::gil_scoped_release release;
     rt_.reset();
   }
@@ -524,6 +558,9 @@ class Engine {
     return d;
   }
 
+  //! Totals since the engine was created (totals_dict); after close(), its last ones.
+  py::dict totals() const { return totals_dict(rt_ != nullptr ? rt_->stats() : closed_totals_); }
+
   //! Whether parameter `id` is a view between steps (for tests).
   bool is_view(std::uint32_t id) { return param(id).poison.in_view(); }
 
@@ -661,6 +698,7 @@ class Engine {
   std::vector<Param> params_;
   std::uint64_t crossings_ = 0;
   std::uint64_t param_leases_ = 0;
+  Stats closed_totals_;  //!< rt_->stats() when close() freed the runtime
 };
 
 //! kernels::Hyper for `optimizer` from a dict of torch-style names (strata.torch.functional).
@@ -842,7 +880,11 @@ PYBIND11_MODULE(_C, m) {
       .def("sync_views", &Engine::sync_views)
       .def("drop_views", &Engine::drop_views)
       .def("is_view", &Engine::is_view)
-      .def("counters", &Engine::counters);
+      .def("counters", &Engine::counters)
+      .def("totals", &Engine::totals);  // #26: model.strata.totals
+  m.def("zero_totals",
+        [] { return strata::torch_binding::totals_dict(strata::Stats{}); });  // before an engine
+  strata::torch_binding::export_state_kinds(m);  // #26: PARAM..STATE1 from the C++ enum
   m.def("validate_config", &strata::torch_binding::validate_config, py::arg("config_json"));
   m.def("fused_step", &strata::torch_binding::fused_step, py::arg("optimizer"), py::arg("param"),
         py::arg("grad"), py::arg("states"), py::arg("step"), py::arg("hyper"), py::arg("grad_scale") = 1.0f,

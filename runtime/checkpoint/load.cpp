@@ -69,7 +69,12 @@ Status check_tensor(Core& core, LoadPlan& p, const json& t) {
     if (!kind)
       return corrupt("load_checkpoint: {}: tensor \"{}\" has unknown state \"{}\"", mpath, name, kname);
     const auto k = static_cast<std::size_t>(*kind);
-    STRATA_ASSIGN_OR_RETURN(s.dtype[k], parse_dtype(st.at("dtype").get<std::string>()));
+    // Every spelling a manifest was written with parses (Note [DType names] in common/dtype.hpp).
+    Result<DType> dtype = parse_dtype(st.at("dtype").get<std::string>());
+    if (!dtype.ok())
+      return corrupt("load_checkpoint: {}: tensor \"{}\" {}: {}", mpath, name, kname,
+                     dtype.status().message());
+    s.dtype[k] = *dtype;
     s.offset[k] = st.at("offset").get<std::uint64_t>();
     s.has[k] = true;
     if (s.offset[k] + info.numel * dtype_bytes(s.dtype[k]) > p.file_bytes[s.file]) {

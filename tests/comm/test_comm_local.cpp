@@ -167,6 +167,25 @@ TEST(LocalComm, BadArgumentsAreRefusedBeforeAnythingMoves) {
   EXPECT_EQ(Handle().wait(), StatusCode::kFailedPrecondition);
 }
 
+// One DType (common/dtype.hpp, #26): kNone, a kernel span's "absent", is refused by
+// name, never read as fp32 (as the runtime's comm_dtype once mapped it).
+TEST(LocalComm, ACollectiveOfDTypeNoneIsRefusedNamingIt) {
+  Group g = make_group(1);
+  Communicator& c = *g[0];
+  std::vector<float> buf(8);
+  auto expect_refused = [](const Result<Handle>& started) {
+    ASSERT_EQ(started.status(), StatusCode::kInvalidArgument);
+    EXPECT_NE(started.status().message().find("chunk collectives move fp32, bf16 or fp16"), std::string::npos)
+        << started.status();
+  };
+  expect_refused(c.reduce_scatter(buf.data(), buf.data(), 4, DType::kNone));
+  expect_refused(c.all_gather(buf.data(), buf.data(), 4, DType::kNone));
+  expect_refused(c.reduce_scatter(buf.data(), buf.data(), 4, static_cast<DType>(7)));
+  EXPECT_NE(c.all_gather(buf.data(), buf.data(), 4, DType::kNone).status().message().find("dtype none"),
+            std::string::npos);
+  EXPECT_EQ(c.stats().collectives, 0u) << "a refused collective started";
+}
+
 TEST(CommDType, HalfConversionsRoundToNearestEven) {
   EXPECT_EQ(0x3f80, to_bf16(1.0f));
   EXPECT_EQ(1.0f, from_bf16(to_bf16(1.0f)));

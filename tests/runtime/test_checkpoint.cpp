@@ -588,6 +588,47 @@ TEST(Checkpoint, RefusesANewerFormatVersion) {
       StatusCode::kFailedPrecondition, "format version 99, newer than this build reads (1)");
 }
 
+//! Rewrites every state's "dtype" in the manifest with `spell(old)`.
+void respell_dtypes(const fs::path& dir, const std::function<std::string(const std::string&)>& spell) {
+  std::ifstream in(dir / "manifest.json");
+  nlohmann::json m = nlohmann::json::parse(in);
+  int respelled = 0;
+  for (auto& t : m["tensors"]) {
+    for (auto& [kind, st] : t["states"].items()) {
+      st["dtype"] = spell(st["dtype"].get<std::string>());
+      ++respelled;
+    }
+  }
+  EXPECT_GT(respelled, 0);
+  std::ofstream(dir / "manifest.json") << m.dump();
+}
+
+// Note [DType names]: a manifest names dtypes "fp32"; one that spells them as the
+// kernels did before issue #26 ("f32") or as torch does ("float32") loads the same.
+TEST(Checkpoint, LoadsEveryDTypeSpellingOfTheManifest) {
+  for (const std::string spelling : {"fp32", "f32", "float32"}) {
+    SCOPED_TRACE(spelling);
+    Dirs dirs;
+    Trainer a(Placement::kNvme, dirs.nvme_a.path());
+    a.train(2);
+    ASSERT_TRUE(a.rt->save_checkpoint(dirs.ckpt.path().string()).ok());
+    const State saved = read_state(*a.rt);
+    respell_dtypes(dirs.ckpt.path(), [&](const std::string& old) {
+      EXPECT_EQ(old, "fp32") << "the manifest's spelling changed: checkpoints written before read it";
+      return spelling;
+    });
+    Trainer b(Placement::kNvme, dirs.nvme_b.path());
+    Status loaded = b.rt->load_checkpoint(dirs.ckpt.path().string());
+    ASSERT_TRUE(loaded.ok()) << loaded;
+    EXPECT_TRUE(read_state(*b.rt) == saved);
+  }
+}
+
+TEST(Checkpoint, RefusesAnUnknownDTypeNamingTheTensor) {
+  expect_refused([](const fs::path& dir) { respell_dtypes(dir, [](const std::string&) { return "fp8"; }); },
+                 StatusCode::kCorrupt, "dtype \"fp8\" is not known; use fp32, bf16 or fp16");
+}
+
 TEST(Checkpoint, RefusesAnotherModel) {
   expect_refused([](const fs::path&) {}, StatusCode::kFailedPrecondition,
                  "tensor \"l0.w\" has shape [128, 128]",

@@ -57,13 +57,15 @@ import weakref
 
 import torch
 
+from . import _C
+
 _ORIGINAL_LOAD = torch.nn.Module.load_state_dict
 _ORIGINAL_GETATTR = torch.nn.Module.__getattr__
 # Instance attributes strata puts on a wrapped model's modules (taken off for a copy).
 _ATTRS = ("load_state_dict", "zero_grad", "__deepcopy__", "__reduce_ex__", "_strata_owner", "_strata_wrapped", "strata")
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks", "_state_dict_hooks",
                "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
-_PARAM = 0
+_PARAM = _C.PARAM  # StateKind::kParam, from the binding (#26)
 
 
 def _module_getattr(self, name):

@@ -40,7 +40,8 @@ import torch
 
 from . import _C, _deferred, _layout, _state
 
-PARAM, GRAD, MASTER, STATE0, STATE1 = range(5)
+# The runtime's StateKind values, generated from the C++ enum by the binding (#26).
+PARAM, GRAD, MASTER, STATE0, STATE1 = _C.PARAM, _C.GRAD, _C.MASTER, _C.STATE0, _C.STATE1
 StrataError = _C.StrataError
 
 # Keys of the wrap config that the binding handles itself (not the runtime's).
@@ -337,8 +338,7 @@ class Wrapped:
         self._steps = 0
         self._pushed_groups = None
         self.last_stats = None
-        self.totals = {"steps": 0, "bytes_h2d": 0, "bytes_d2h": 0, "bytes_disk_read": 0,
-                       "bytes_disk_write": 0, "stall_s": 0.0}
+        self._last_engine = None  # the newest engine, closed or not: it keeps the totals
         self._hook_calls = 0  # Python hook calls (Note [Step counters])
         self._deferred = self._deferred_init(init, init_order)
         self._collect()
@@ -525,6 +525,7 @@ class Wrapped:
             engine.close()
             raise
         self.engine = engine
+        self._last_engine = engine
         _live_engines.add(engine)
         self._pushed_groups = None
         self._keep_grads = self._next_keep_grads()
@@ -953,10 +954,15 @@ class Wrapped:
                 if p.grad is not None and not isinstance(p.grad, _StrataGrad) and not self._frozen[pid]:
                     p.grad = self._placeholder(pid)
         self.last_stats = stats
-        self.totals["steps"] += 1
-        for k in ("bytes_h2d", "bytes_d2h", "bytes_disk_read", "bytes_disk_write", "stall_s"):
-            self.totals[k] += stats[k]
         return stats
+
+    @property
+    def totals(self):
+        """Steps, bytes per link and stall since wrap: the C++ runtime's running totals
+        (strata::Runtime::stats, kept in that one place, #26), read, not summed here. An
+        engine is rebuilt only before the first step, so the newest one holds them all."""
+        engine = self._last_engine
+        return engine.totals() if engine is not None else _C.zero_totals()
 
     # --- state_dict (plain torch tensors) -----------------------------------------------
 

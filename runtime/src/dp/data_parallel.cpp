@@ -164,18 +164,10 @@ namespace strata::runtime {
 namespace dp_detail {
 
 comm::DType comm_dtype(DType d) {
-  switch (d) {
-    case DType::kF32:
-      return comm::DType::kF32;
-    case DType::kBF16:
-      return comm::DType::kBF16;
-    case DType::kF16:
-      return comm::DType::kF16;
-    case DType::kNone:
-      break;  // an absent span has no elements to reduce: a caller's bug, never fp32
-  }
-  STRATA_CHECK_MSG(false, "comm_dtype: DType::kNone has no collective element type");
-  return comm::DType::kF32;  // not reached
+  // One DType (common/dtype.hpp, #26): the collectives' dtype is the compute dtype.
+  // validate_options refuses a kNone compute dtype, and so does the communicator.
+  STRATA_CHECK_MSG(d != DType::kNone, "comm_dtype: DType::kNone has no collective element type");
+  return d;
 }
 
 Status run_collective(std::unique_lock<std::mutex>& lock, Result<comm::Handle> started) {

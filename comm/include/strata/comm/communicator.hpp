@@ -49,19 +49,17 @@
 #include <string>
 #include <string_view>
 
+#include "strata/common/dtype.hpp"
 #include "strata/common/half.hpp"
 #include "strata/common/status.hpp"
 
 namespace strata::comm {
 
-//! Element type of a chunk buffer (the dtypes chunks use).
-enum class DType : std::uint8_t { kF32, kBF16, kF16 };
-//! "f32", "bf16", "f16".
-std::string_view dtype_name(DType dtype);
-//! Bytes per element.
-constexpr std::size_t dtype_size(DType dtype) {
-  return dtype == DType::kF32 ? 4 : 2;
-}
+//! Element type of a chunk buffer: common's (Note [DType names] in
+//! common/dtype.hpp). reduce_scatter and all_gather refuse DType::kNone.
+using DType = strata::DType;
+using strata::dtype_name;
+using strata::dtype_size;
 
 //! Reduction of all_reduce.
 enum class ReduceOp : std::uint8_t { kSum, kMax };

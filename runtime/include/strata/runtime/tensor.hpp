@@ -6,24 +6,21 @@
 #include <string_view>
 #include <vector>
 
+#include "strata/common/dtype.hpp"
 #include "strata/common/status.hpp"
-#include "strata/kernels/dtype.hpp"
 
 namespace strata::runtime {
 
-//! Element type of a tensor or chunk: the kernels' (kNone is never a tensor's).
-using DType = kernels::DType;
+//! Element type of a tensor or chunk: common's (kNone is never a tensor's), with
+//! its one name table (Note [DType names] in common/dtype.hpp).
+using DType = strata::DType;
+using strata::dtype_name;
+using strata::parse_dtype;
 
 //! Bytes per element.
 constexpr std::uint64_t dtype_bytes(DType dtype) {
-  return kernels::dtype_size(dtype);
+  return strata::dtype_size(dtype);
 }
-
-//! "fp32", "bf16", "fp16".
-std::string_view dtype_name(DType dtype);
-
-//! Parses "fp32"/"float32", "bf16"/"bfloat16", "fp16"/"float16"; InvalidArgument otherwise.
-Result<DType> parse_dtype(std::string_view text);
 
 //! Index of a registered tensor; dense from 0 in registration order.
 using TensorId = std::uint32_t;
