@@ -61,7 +61,6 @@ struct Extents {
   std::uint64_t slot_bytes = 0;  // a streaming device slot (fits any param or grad chunk)
   std::uint64_t grad_max = 0, optim_max = 0, param_max = 0;
   std::uint64_t params_total = 0, optim_total = 0, grad_total = 0;
-  std::uint64_t grad_pieces_total = 0;  // gradients written in more than one piece (Note [Host room])
 };
 
 Extents measure(const PlanInput& in) {
@@ -75,7 +74,6 @@ Extents measure(const PlanInput& in) {
     e.params_total += f.param_bytes;
     e.optim_total += f.optim_bytes;
     e.grad_total += f.grad_bytes;
-    if (f.grad_pieces > 1) e.grad_pieces_total += f.grad_bytes;
   }
   return e;
 }
@@ -138,16 +136,9 @@ struct Usage {
 //    (loss scaling, clipping, data parallelism: PlanInput::deferred_step) every
 //    gradient comes to host first, and with micro-batches (PlanOptions::micro_batches
 //    > 1) every gradient may be written back between micro-batches and wait there for
-//    the last one: room for all of them. Otherwise room for every gradient written
-//    in more than one piece (a family of several trainable tensors) plus one gradient
-//    per streaming slot, at most all. A gradient in pieces can wait on host incomplete,
-//    and the optimizer cannot consume it (nor does any in-flight work end its wait)
-//    until the training thread writes its last piece; the pieces of all families can
-//    come in any order (torch under autocast with cached weight casts writes one piece
-//    of every family first and the others at the end of backward, #27), so every such
-//    gradient may wait at once. A gradient in one piece is complete when written: an
-//    eviction that finds the room full waits for the optimizer pipeline to consume
-//    one (Note [Backpressure]), and the slots bound how many wait for that;
+//    the last one: room for all of them. Otherwise one gradient per streaming slot (an
+//    eviction takes a dirty gradient out of a slot), at most all; an eviction that
+//    finds the room full waits for the optimizer pipeline to consume one;
 //  - param homes and optimizer states kept on host;
 //  - param staging (Note [NVMe param staging]) and the NVMe pipeline's staging (per
 //    family in flight: its states and the param updated beside them);
@@ -161,17 +152,14 @@ Status place_params(const PlanInput& in, const Extents& e, Plan& plan, Usage& us
   const Budgets& budget = in.budgets;
   const std::uint64_t grad_staging = std::uint64_t{opt.grad_staging_slots} * e.grad_max;
   const bool all_grads = in.deferred_step || opt.micro_batches > 1;
-  plan.grad_host_bytes =
-      all_grads ? e.grad_total
-                : std::min(e.grad_total, e.grad_pieces_total + plan.gpu_cache_slots * e.grad_max);
+  plan.grad_host_bytes = all_grads ? e.grad_total : std::min(e.grad_total, plan.gpu_cache_slots * e.grad_max);
   used.host = grad_staging + plan.grad_host_bytes + opt.host_reserve_bytes;
   if (used.host > budget.host_bytes) {
     return budget_error("host_budget", budget.host_bytes, used.host,
                         fmt::format("the gradient landing slots, host copies of {} and the reserve",
                                     all_grads ? "every gradient (micro-batches, loss scaling, clipping or "
                                                 "data parallelism hold them to the step)"
-                                              : "every gradient written in pieces (families of several "
-                                                "tensors) and one more per GPU streaming slot"));
+                                              : "one gradient per GPU streaming slot"));
   }
   // A temporary host copy of one NVMe chunk, when anything may go to NVMe (Note [Host room]).
   const bool all_fit = used.host + e.params_total + e.optim_total <= budget.host_bytes;

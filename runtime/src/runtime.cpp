@@ -256,7 +256,6 @@ Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
     b.numel = trainable_numel;
     b.param_bytes = core.chunk(f, StateKind::kParam).bytes;
     b.grad_bytes = core.chunk(f, StateKind::kGrad).bytes;
-    b.grad_pieces = static_cast<std::uint32_t>(pipeline.trainable[f]);
     for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1})
       b.optim_bytes += core.chunk(f, k).bytes;
   }

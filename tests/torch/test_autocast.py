@@ -2,12 +2,13 @@
 forward, backward and step() of 4 steps caches each weight's bf16 cast from the first step, and
 from the second step on the weights' gradients come at the end of backward, after the layer norms'.
 With a layer norm and a linear layer packed into the same chunk families, every family's gradient is
-written in pieces that wait on host incomplete, all at once. The plan counts host room for that
-(Note [Host room] in runtime/src/planner.cpp); before the fix the run stopped in the second step with
-"host room for gradients ... is full ...: a planner bug". Runs under torch 1.13 and 2.x."""
+written in pieces that wait on host incomplete, all at once. The plan must count host room for that
+(Note [Host room] in runtime/src/planner.cpp); until it does the run stops in the second step with
+"host room for gradients ... is full ...: a planner bug" (strict xfail). Runs under torch 1.13 and 2.x."""
 
 import copy
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -64,6 +65,9 @@ def train(model, opt, steps, order=None):
     return losses
 
 
+@pytest.mark.xfail(strict=True, raises=st.StrataError,
+                   reason="#27: the plan counts one gradient per GPU slot, not every gradient written in pieces "
+                          "(the fix is on branch s3-bf16-fix; it raises host minimums)")
 def test_autocast_over_steps_writes_gradients_in_pieces_and_trains_bit_identical(tmp_path):
     ref = make()
     model = st.wrap(copy.deepcopy(ref), config(tmp_path))

@@ -51,13 +51,7 @@ def layout_of(model, cfg):
             if id(p) not in seen:
                 seen.add(id(p))
                 engine.register_param(name, p, False)
-        try:
-            engine.init_many([], [])  # fixes the layout
-        except _C.StrataError as e:
-            # The layout is fixed before the plan: a host budget too small for the plan (since #27
-            # the plan counts every gradient written in pieces) leaves it to read.
-            if "raise host_budget" not in str(e):
-                raise
+        engine.init_many([], [])  # fixes the layout
         return engine.layout()
     finally:
         engine.close()

@@ -46,9 +46,6 @@ struct FamilyBytes {
   std::uint64_t numel = 0;        //!< elements updated by the optimizer (0 for frozen-only families)
   std::uint64_t param_bytes = 0;  //!< compute-dtype param chunk
   std::uint64_t grad_bytes = 0;   //!< compute-dtype grad chunk (0 when all tensors are frozen)
-  //! Trainable tensors: the gradient is written in this many pieces, in any order
-  //! between other families' (0 or 1: in one piece; Note [Host room] in planner.cpp).
-  std::uint32_t grad_pieces = 0;
   std::uint64_t optim_bytes = 0;  //!< fp32 master (when separate) + optimizer states
   //! optim_bytes as the NVMe tier stores them (each chunk rounded up to whole
   //! slots, nvme_chunk_bytes); 0 = optim_bytes.
