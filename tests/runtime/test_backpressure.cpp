@@ -3,6 +3,7 @@
 // runtime/src/residency.cpp (how the runtime waits instead of failing).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <future>
@@ -157,6 +158,61 @@ TEST(Backpressure, ShortHostStoreWaitsOrNamesAPlannerBug) {
       SCOPED_TRACE(fmt::format("store short by {}: {}", short_by, st.to_string()));
     });
   }
+}
+
+// Registers 2 * kTensors tensors of half a chunk (two per family) and trains
+// `steps` steps of one micro-batch. The first step writes the gradients in
+// reverse (each family's two pieces one after the other); later steps write one
+// piece of every family first and the other pieces after them, as torch does
+// under autocast when the casts of the weights are cached across steps (#27):
+// every family's gradient is incomplete at once.
+Status train_in_pieces(Runtime& r, int steps, StepStats* last) {
+  std::vector<TensorId> ids;
+  for (int t = 0; t < 2 * kTensors; ++t) {
+    STRATA_ASSIGN_OR_RETURN(TensorId id, r.register_tensor({fmt::format("t{}", t), {kElems / 2}}));
+    ids.push_back(id);
+  }
+  std::vector<float> init(kElems / 2, 0.5f);
+  for (TensorId id : ids) STRATA_RETURN_IF_ERROR(r.init_tensor(id, init));
+  for (int step = 0; step < steps; ++step) {
+    STRATA_RETURN_IF_ERROR(r.begin_micro_batch(true));
+    for (TensorId id : ids) STRATA_RETURN_IF_ERROR(r.acquire(id, StateKind::kParam, Access::kRead).status());
+    std::vector<TensorId> order(ids.rbegin(), ids.rend());
+    if (step > 0) {
+      std::stable_partition(order.begin(), order.end(), [](TensorId id) { return id % 2 == 1; });
+    }
+    for (TensorId id : order) {
+      STRATA_ASSIGN_OR_RETURN(Lease g, r.acquire(id, StateKind::kGrad, Access::kWrite));
+      float* gp = g.as<float>();
+      STRATA_RETURN_IF_ERROR(r.launch([gp] {
+        for (std::size_t i = 0; i < kElems / 2; ++i) gp[i] = 1e-3f;
+      }));
+    }
+    STRATA_ASSIGN_OR_RETURN(*last, r.step());
+  }
+  return r.flush();
+}
+
+// Gradients written in pieces, every family incomplete at once, with three
+// streaming slots: the plan must count host room for every gradient that can
+// wait incomplete (Note [Host room]). It counts one gradient per slot, and the
+// second step fails with "host room for gradients ... is full ...: a planner
+// bug" (#27). Disabled until the fix lands (branch s3-bf16-fix counts them,
+// FamilyBytes::grad_pieces, at the price of higher host minimums).
+TEST(Backpressure, DISABLED_GradientsWrittenInPiecesFitThePlan) {
+  TempDir dir;
+  auto device = sim_device();
+  RuntimeOptions o = options(dir.path, 8 * kMiB, 1);
+  o.hyper.optimizer = kernels::Optimizer::kSgd;
+  auto rt = Runtime::create(*device, o);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  StepStats last;
+  within(std::chrono::seconds(60), [&] {
+    Status st = train_in_pieces(**rt, 3, &last);
+    ASSERT_TRUE(st.ok()) << st;
+  });
+  EXPECT_EQ((*rt)->plan().grad_host_bytes, kTensors * kElems * 4);
+  EXPECT_LE(last.host_high_water_bytes, (*rt)->plan().host_bytes);
 }
 
 }  // namespace
