@@ -57,6 +57,8 @@ import weakref
 
 import torch
 
+from . import _compile
+
 _ORIGINAL_LOAD = torch.nn.Module.load_state_dict
 _ORIGINAL_GETATTR = torch.nn.Module.__getattr__
 # Instance attributes strata puts on a wrapped model's modules (taken off for a copy).
@@ -117,9 +119,10 @@ class ModelState:
             self._set_copy_attrs(m)
         framed = [m for m in model.modules() if m in w._module_pids or
                   any(p is not None and id(p) in w._pid for p in m.parameters())]
+        push, pop = _compile.eager(self._push), _compile.eager(self._pop)  # Note [torch.compile]
         for m in framed:  # the root, owners and every module above one: those that can read a parameter
-            w._handles.append(m.register_forward_pre_hook(self._push))
-            w._handles.append(m.register_forward_hook(self._pop))
+            w._handles.append(m.register_forward_pre_hook(push))
+            w._handles.append(m.register_forward_hook(pop))
         ours = {h.id for h in w._handles}
         for m in framed:
             hooks = m._forward_pre_hooks
