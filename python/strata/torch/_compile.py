@@ -103,3 +103,18 @@ def poison_hint():
             "through the attribute access that lets strata bind one used outside the module that owns it (Note "
             "[Parameters read by another module] in strata/torch/_state.py). Compile only submodules that use "
             "their own parameters, or run this model without torch.compile (docs/torch.md, \"torch.compile\").")
+
+
+def skip_frames(*fns):
+    """Dynamo compiles no frame of these functions (called from eager code, strata's attribute-access path would
+    otherwise be compiled as frames of its own: a recompile per parameter, then dynamo's recompile limit); unlike
+    eager(), no wrapper, so eager mode pays nothing. Nothing on torch 1.x or a torch without skip_code."""
+    if not _HAS_COMPILE:
+        return
+    import torch._dynamo  # noqa: PLC0415
+
+    skip = getattr(getattr(torch._dynamo, "eval_frame", None), "skip_code", None)
+    if skip is None:
+        return
+    for fn in fns:
+        skip(fn.__code__)
