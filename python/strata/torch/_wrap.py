@@ -38,7 +38,7 @@ import weakref
 
 import torch
 
-from . import _C, _deferred, _layout, _state
+from . import _C, _compile, _deferred, _layout, _state
 
 # The runtime's StateKind values, generated from the C++ enum by the binding (#26).
 PARAM, GRAD, MASTER, STATE0, STATE1 = _C.PARAM, _C.GRAD, _C.MASTER, _C.STATE0, _C.STATE1
@@ -624,11 +624,13 @@ class Wrapped:
 
     def _install_hooks(self):
         root = self.model
-        self._handles.append(root.register_forward_pre_hook(self._root_pre_forward))
+        eager = _compile.eager  # Note [torch.compile] in _compile.py: dynamo never traces strata's hooks
+        pre, post = eager(self._pre_forward), eager(self._post_forward)
+        self._handles.append(root.register_forward_pre_hook(eager(self._root_pre_forward)))
         for module in self._module_pids:
-            self._handles.append(module.register_forward_pre_hook(self._pre_forward))
-            self._handles.append(module.register_forward_hook(self._post_forward))
-        self._handles.append(root.register_forward_hook(self._root_post_forward))
+            self._handles.append(module.register_forward_pre_hook(pre))
+            self._handles.append(module.register_forward_hook(post))
+        self._handles.append(root.register_forward_hook(eager(self._root_post_forward)))
         for pid, p in enumerate(self.params):
             if p.requires_grad:
                 self._install_grad_hook(pid, p)
@@ -678,9 +680,10 @@ class Wrapped:
                 "Use parameters only inside the module that owns them, read them with model.state_dict(), or, "
                 "for a module that reads its children's parameters, name its class in the wrap config's "
                 "\"bind_subtree\" list (Note [Modules that read their children's parameters])." +
-                self._state.poison_context())
+                self._state.poison_context() + _compile.poison_hint())
 
     def _root_pre_forward(self, module, inputs):
+        _compile.check_forward()  # compiled autograd (Note [torch.compile])
         self._set_lazy(False)
         self._check_unchanged()
         self._ensure_engine()
@@ -738,6 +741,8 @@ class Wrapped:
 
     def _make_output_hook(self, call):
         def hook(grad):
+            if _compile.compiling():  # compiled autograd traces backward (Note [torch.compile])
+                _compile.refuse_traced_backward()
             self._hook_calls += 1
             if not call.bound:
                 self._on_backward_begins()
@@ -779,6 +784,8 @@ class Wrapped:
 
     def _make_grad_hook(self, pid, p):
         def hook(*unused):
+            if _compile.compiling():  # compiled autograd traces backward (Note [torch.compile])
+                _compile.refuse_traced_backward()
             self._hook_calls += 1
             g = p.grad
             if g is None or self.engine is None:

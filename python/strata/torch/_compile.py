@@ -1,0 +1,120 @@
+"""strata.torch under torch.compile (issue #27).
+
+Note [torch.compile]
+strata's work happens in hooks: module forward pre-/post-hooks bind and unbind parameters
+(Note [Hooks] in _wrap.py), tensor hooks rebind them when backward reaches a module, and the
+gradient hooks hand each gradient over. TorchDynamo inlines module hooks into the graph it
+traces. Left alone it traces them too: their Python side effects are replayed after the graph
+runs instead of when the module runs, so a parameter is read while it points at its poison
+region (the poison check then fails, naming parameters that were never misused) and dynamo's
+own bookkeeping can fail on strata's state. So every hook strata installs is marked with
+dynamo's disable (eager() below): dynamo never traces it, and where compiled code calls one,
+the graph breaks there and the hook runs eagerly, at the point in the forward where torch alone
+runs it. A compiled model thus runs as one graph per stretch of code between strata's hooks
+(a module's own computation, the code between two modules), each reading its parameters while
+they are bound, and its backward runs each graph's backward between the hooks that bind and
+unbind, as in eager mode. What this gives and what is refused is in docs/torch.md
+("torch.compile"); tests/torch/test_compile.py checks every case against torch alone.
+
+Compiled autograd (torch._dynamo.config.compiled_autograd) traces backward itself, tensor
+and gradient hooks included; strata refuses it at the start of backward (check_backward()).
+
+torch 1.x has no torch.compile: eager() returns the function itself and nothing changes.
+"""
+
+import torch
+
+_HAS_COMPILE = hasattr(torch, "compile")
+
+
+def eager(fn):
+    """fn, never traced by TorchDynamo: a graph break where compiled code calls it (torch >= 2)."""
+    if not _HAS_COMPILE:
+        return fn
+    import torch._dynamo  # noqa: PLC0415 - only where torch.compile exists (torch.optim imports it anyway)
+
+    if not _REFUSE:
+        _REFUSE.append(torch._dynamo.disable(_refuse))
+    try:
+        return torch._dynamo.disable(fn, reason=_REASON)  # shown by fullgraph=True's error
+    except TypeError:  # torch < 2.6: no reason=
+        return torch._dynamo.disable(fn)
+
+
+_REASON = ("strata.torch's hooks run eagerly, between torch.compile's graphs (Note [torch.compile] in "
+           "strata/torch/_compile.py), so a wrapped model cannot compile to one graph: drop fullgraph=True, or "
+           "compile with fullgraph=True only submodules that hold no strata parameter")
+
+
+_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+
+
+def compiling():
+    """Whether TorchDynamo is tracing the caller (a strata hook it should never trace); False on torch 1.x."""
+    return _compiling()
+
+
+def _compiled_autograd_message(where):
+    from ._C import StrataError  # noqa: PLC0415 - the extension is loaded by then
+
+    return StrataError(
+        f"strata.torch: compiled autograd is on ({where}); it traces backward into a graph, strata's gradient "
+        "and backward hooks included, which must run eagerly when backward reaches each module (Note "
+        "[torch.compile] in strata/torch/_compile.py). strata got no gradient of this backward. Turn it off "
+        "(torch._dynamo.config.compiled_autograd = False, no torch._dynamo.compiled_autograd._enable(...) "
+        "around backward), zero the gradients and run forward and backward again; torch.compile of the model "
+        "itself works with it off (docs/torch.md, \"torch.compile\")")
+
+
+def check_forward():
+    """At the root module's forward (eager): refuses compiled autograd when it is already switched on."""
+    import sys  # noqa: PLC0415
+
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is None:  # never imported: nothing can compile
+        return
+    ca = sys.modules.get("torch._dynamo.compiled_autograd")
+    if dynamo.config.compiled_autograd:
+        raise _compiled_autograd_message("torch._dynamo.config.compiled_autograd = True")
+    if ca is not None and ca.compiled_autograd_enabled:
+        raise _compiled_autograd_message("torch._dynamo.compiled_autograd._enable(...) is active")
+
+
+def _refuse():
+    raise _compiled_autograd_message("it traced a strata backward hook")
+
+
+_REFUSE = []  # [eager(_refuse)], made by the first eager() call (wrap): importing dynamo takes seconds
+
+
+def refuse_traced_backward():
+    """Called by a backward hook that TorchDynamo traces: the graph breaks here and the refusal runs eagerly."""
+    _REFUSE[0]()
+
+
+def poison_hint():
+    """For the poison error (a parameter read while unbound): what torch.compile has to do with it."""
+    import sys  # noqa: PLC0415
+
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None or not utils.counters["stats"]["unique_graphs"]:
+        return ""
+    return (" torch.compile has compiled code in this process: compiled code reads a parameter directly, not "
+            "through the attribute access that lets strata bind one used outside the module that owns it (Note "
+            "[Parameters read by another module] in strata/torch/_state.py). Compile only submodules that use "
+            "their own parameters, or run this model without torch.compile (docs/torch.md, \"torch.compile\").")
+
+
+def skip_frames(*fns):
+    """Dynamo compiles no frame of these functions (called from eager code, strata's attribute-access path would
+    otherwise be compiled as frames of its own: a recompile per parameter, then dynamo's recompile limit); unlike
+    eager(), no wrapper, so eager mode pays nothing. Nothing on torch 1.x or a torch without skip_code."""
+    if not _HAS_COMPILE:
+        return
+    import torch._dynamo  # noqa: PLC0415
+
+    skip = getattr(getattr(torch._dynamo, "eval_frame", None), "skip_code", None)
+    if skip is None:
+        return
+    for fn in fns:
+        skip(fn.__code__)
