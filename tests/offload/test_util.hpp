@@ -13,35 +13,64 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <span>
 #include <string>
 
 namespace strata::offload::testing {
 
-//! A fresh directory, removed with its contents on destruction.
+//! True in a "threadsafe" death test's child: a new process that re-runs the test,
+//! its fixture's SetUp included, and then dies without running destructors.
+inline bool in_death_test_child() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  const std::string args((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return args.find("--gtest_internal_run_death_test") != std::string::npos;
+}
+
+//! A fresh directory, removed with its contents on destruction. A death test's
+//! child makes its directory at a name its parent knows (the parent's pid), and
+//! the parent's TempDir removes it too: the child dies before its destructor runs.
 class TempDir {
  public:
   explicit TempDir(const std::string& base = "") {
-    std::string root = base;
-    if (root.empty()) {
+    root_ = base;
+    if (root_.empty()) {
       const char* env = std::getenv("TMPDIR");
-      root = env != nullptr && *env != '\0' ? env : "/tmp";
+      root_ = env != nullptr && *env != '\0' ? env : "/tmp";
     }
-    std::string pattern = root + "/strata-offload-test-XXXXXX";
+    if (in_death_test_child()) {
+      static int made = 0;  // a fixture may hold several
+      path_ = std::filesystem::path(root_) / (child_prefix(::getppid()) + std::to_string(made++));
+      std::error_code ec;
+      std::filesystem::create_directories(path_, ec);
+      if (ec) ADD_FAILURE() << "mkdir " << path_ << ": " << ec.message();
+      return;
+    }
+    std::string pattern = root_ + "/strata-offload-test-XXXXXX";
     char* made = ::mkdtemp(pattern.data());
-    if (made == nullptr) ADD_FAILURE() << "mkdtemp in " << root << " failed";
+    if (made == nullptr) ADD_FAILURE() << "mkdtemp in " << root_ << " failed";
     path_ = pattern;
   }
   ~TempDir() {
     std::error_code ignored;
     std::filesystem::remove_all(path_, ignored);
+    // What a death test's child of this process made (it died before its destructor ran).
+    const std::string mine = child_prefix(::getpid());
+    for (const auto& e : std::filesystem::directory_iterator(root_, ignored)) {
+      if (e.path().filename().string().rfind(mine, 0) == 0) std::filesystem::remove_all(e.path(), ignored);
+    }
   }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
   const std::filesystem::path& path() const { return path_; }
 
  private:
+  static std::string child_prefix(pid_t parent) {
+    return "strata-offload-test-death-child-of-" + std::to_string(parent) + "-";
+  }
+  std::string root_;
   std::filesystem::path path_;
 };
 

@@ -187,6 +187,12 @@ TEST(DataParallelMpiCheckpoint, SavedByTheRanksLoadsOnOneRankAndOnTheRanksAndRes
   auto all = c->all_reduce(done, comm::ReduceOp::kMax);
   ASSERT_TRUE(all.ok()) << all.status();
   ASSERT_TRUE(all->wait().ok());
+  // (A ScratchDir removes only an empty directory; this one holds the checkpoint.)
+  if (own) {
+    std::error_code ec;
+    std::filesystem::remove_all(own->path(), ec);
+    EXPECT_FALSE(std::filesystem::exists(own->path())) << own->path() << " left behind";
+  }
 }
 
 // #14 follow-up: LAMB with W > 1 on the mpi backend (the per-tensor norms
