@@ -39,6 +39,18 @@ namespace strata::runtime {
 // [Write-back after step]): a family still writing back is captured once its
 // write-back ends (until then its slots hold the states before that step).
 
+CheckpointSave::~CheckpointSave() {
+  for (auto& [bytes, p] : spares) allocated.erase(p);
+  for (auto& [bytes, p] : spares) std::free(p);
+  if (!allocated.empty()) {
+    STRATA_LOG_WARN(
+        "checkpoint: {} buffer(s) of the save were lost track of and are freed at its end (a "
+        "known bug, runtime/checkpoint/checkpoint.hpp)",
+        allocated.size());
+  }
+  for (std::byte* p : allocated) std::free(p);
+}
+
 namespace checkpoint_detail {
 
 //! A buffer of the save (Note [Overlapped save]): ordinary memory, 4096-aligned as
@@ -58,8 +70,11 @@ std::byte* save_allocate(CheckpointSave& s, std::uint64_t bytes, bool force) {
       break;
     }
   }
-  if (p == nullptr) p = static_cast<std::byte*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
-  if (p == nullptr) return nullptr;
+  if (p == nullptr) {
+    p = static_cast<std::byte*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
+    if (p == nullptr) return nullptr;
+    s.allocated.insert(p);
+  }
   s.held_bytes += bytes;
   s.high_water = std::max(s.high_water, s.held_bytes);
   return p;
@@ -72,6 +87,7 @@ void save_free(CheckpointSave& s, std::byte* p, std::uint64_t bytes) {
     s.held_bytes += bytes;  // a spare counts in the room
     return;
   }
+  s.allocated.erase(p);
   std::free(p);
 }
 

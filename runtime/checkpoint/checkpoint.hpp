@@ -35,6 +35,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "../src/runtime_impl.hpp"
@@ -340,9 +341,13 @@ struct CheckpointSave {
   //! (borrowed), and families are captured ahead only for the read-ahead (Note
   //! [Save read-ahead]).
   bool blocking = false;
-  ~CheckpointSave() {
-    for (auto& [bytes, p] : spares) std::free(p);
-  }
+  //! Every buffer save_allocate made and save_free has not freed, spares included.
+  //! The destructor frees what is left: one buffer of an overlapped save begun while
+  //! write-backs run is lost track of in about one run in three (the asan build's
+  //! leak check found it in Checkpoint.AnOverlappedSaveBegunWhileWriteBacksRun...;
+  //! an open bug, its cause not yet found). Such a buffer is held until the save ends.
+  std::unordered_set<std::byte*> allocated;
+  ~CheckpointSave();
   std::size_t held_count = 0;
   std::size_t uncaptured = 0;
   //! Data parallelism (Note [Sharded checkpoint]): this rank writes families f mod W =
