@@ -13,7 +13,7 @@ if not hasattr(torch, "compile"):
     pytest.skip("torch.compile needs torch >= 2 (this is torch " + torch.__version__ + ")", allow_module_level=True)
 
 import strata.torch as st  # noqa: E402
-from harness import config  # noqa: E402
+from harness import config, train_steps  # noqa: E402
 from models import inputs, loss_of, make  # noqa: E402
 
 STEPS = 3
@@ -56,14 +56,7 @@ def _train(how, backend, strata, name="mlp", breaks=False):
         elif how == "submodule_method":
             getattr(model, _child(model)).compile(backend=backend)
     opt = (st.SGD if strata else torch.optim.SGD)(params, lr=0.125)
-    losses = []
-    for step in range(STEPS):
-        x, y = inputs(model, kind, step)
-        loss = loss_of(run, x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.detach().clone())
+    losses = train_steps(run, opt, kind, range(STEPS))  # (inputs() finds a compiled module's Linear too)
     if not strata:
         return losses, [p.detach().clone() for p in params], None
     assert wrapped.strata.last_stats["bytes_h2d"] > 0, "nothing was evicted: the test would not test offload"
