@@ -56,6 +56,7 @@
 #include <string>
 #include <vector>
 
+#include "grad_pieces.hpp"
 #include "poison.hpp"
 #include "strata/common/log.hpp"
 #include "strata/common/thread_pool.hpp"
@@ -142,6 +143,7 @@ struct Param {
   at::Storage home;
   std::vector<std::int64_t> shape;  //!< the registered shape and dtype (a replacement must keep them)
   at::ScalarType dtype = at::kFloat;
+  bool frozen = false;  //!< registered without a gradient
 };
 
 class Engine {
@@ -159,6 +161,7 @@ class Engine {
   //! Frees the runtime (and its swap files). Bound params go back to poison first.
   void close() {
     if (rt_ == nullptr) return;
+    pieces_.drop();
     for (Param& p : params_) unbind_now(p);
     params_.clear();
     closed_totals_ = rt_->stats();
@@ -180,6 +183,7 @@ class Engine {
     p.numel = static_cast<std::uint64_t>(param.numel());
     p.shape.assign(param.sizes().begin(), param.sizes().end());
     p.dtype = param.scalar_type();
+    p.frozen = frozen;
     params_.push_back(std::move(p));
     return id;
   }
@@ -337,7 +341,8 @@ class Engine {
   int binds(std::uint32_t id) { return param(id).binds; }
 
   //! Hands a parameter's gradient to its grad chunk: overwrite (first
-  //! micro-batch of a step) or add (later micro-batches).
+  //! micro-batch of a step) or add (later micro-batches); or keeps it until its
+  //! family's other gradients arrive (Note [Gradients in pieces] in grad_pieces.hpp).
   void hand_grad(std::uint32_t id, const at::Tensor& grad, bool accumulate) {
     ++crossings_;
     Param& p = param(id);
@@ -346,6 +351,33 @@ class Engine {
     if (grad.numel() != static_cast<std::int64_t>(p.numel))
       throw py::value_error(
           fmt::format("parameter \"{}\": gradient of {} elements for {}", p.name, grad.numel(), p.numel));
+    if (!pieces_.has_families()) pieces_.set_families(families(), trainable());
+    if (pieces_.needs_limit()) pieces_.set_limit(rt_->core().incomplete_gradients_max());
+    pieces_.offer({id, grad, accumulate}, hand_);
+  }
+
+  //! Hands every gradient kept back (Note [Gradients in pieces]): backward has ended.
+  void hand_kept() { pieces_.hand_kept(hand_); }
+
+ private:
+  const GradPieces::Hand hand_ = [this](const GradPieces::Piece& piece) {
+    hand_now(param(piece.param), piece.grad, piece.accumulate);
+  };
+
+  std::vector<std::uint32_t> families() {
+    const runtime::ChunkLayout& l = rt_->core().layout();
+    std::vector<std::uint32_t> out(params_.size());
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      out[i] = static_cast<std::uint32_t>(l.slots.at(params_[i].id).family);
+    return out;
+  }
+  std::vector<bool> trainable() const {
+    std::vector<bool> out(params_.size());
+    for (std::size_t i = 0; i < params_.size(); ++i) out[i] = !params_[i].frozen;
+    return out;
+  }
+
+  void hand_now(Param& p, const at::Tensor& grad, bool accumulate) {
     auto lease = rt_->acquire(p.id, StateKind::kGrad, accumulate ? Access::kAccumulate : Access::kWrite);
     if (!lease.ok()) throw_if(lease.status().with_context(fmt::format("gradient of \"{}\"", p.name)));
     throw_if(rt_->wait(*lease));
@@ -359,6 +391,7 @@ class Engine {
     }
   }
 
+ public:
   //! The names of parameters touched while unbound since the last call (their
   //! regions fault again afterwards). Empty, cheaply, when none.
   std::vector<std::string> poison_hits() {
@@ -376,6 +409,8 @@ class Engine {
 
   void begin_micro_batch(bool last) {
     sync_views();
+    pieces_.hand_kept(hand_);  // (backward's end handed them; a backward that never ended did not)
+    pieces_.begin_micro_batch();
     throw_if(rt_->begin_micro_batch(last));
   }
   void set_grad_scale(float scale) { rt_->set_grad_scale(scale); }
@@ -419,6 +454,7 @@ class Engine {
   py::dict step() {
     check_open();
     drop_views();
+    pieces_.hand_kept(hand_);
     std::optional<Result<StepStats>> result;
     {
       py::gil_scoped_release release;
@@ -446,6 +482,7 @@ class Engine {
   //! steps]): after an exception in forward or backward.
   void abort_step() {
     check_open();
+    pieces_.drop();
     for (Param& p : params_) {
       p.binds = 0;
       if (!p.lease.has_value()) continue;
@@ -555,6 +592,8 @@ class Engine {
     py::dict d;
     d["crossings"] = crossings_;
     d["param_leases"] = param_leases_;
+    d["kept_gradients"] = pieces_.kept_total();  // Note [Gradients in pieces]
+    d["kept_bytes_peak"] = pieces_.kept_bytes_peak();
     return d;
   }
 
@@ -698,6 +737,7 @@ class Engine {
   std::vector<Param> params_;
   std::uint64_t crossings_ = 0;
   std::uint64_t param_leases_ = 0;
+  GradPieces pieces_;    //!< Note [Gradients in pieces]
   Stats closed_totals_;  //!< rt_->stats() when close() freed the runtime
 };
 
@@ -854,6 +894,7 @@ PYBIND11_MODULE(_C, m) {
       .def("unbind_all", &Engine::unbind_all)
       .def("binds", &Engine::binds)
       .def("hand_grad", &Engine::hand_grad)
+      .def("hand_kept", &Engine::hand_kept)
       .def("poison_hits", &Engine::poison_hits)
       .def("begin_micro_batch", &Engine::begin_micro_batch)
       .def("set_grad_scale", &Engine::set_grad_scale)

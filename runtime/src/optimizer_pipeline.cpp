@@ -66,6 +66,13 @@ bool OptimizerPipeline::gradients_complete(FamilyId f) const {
          grad.writers == 0 && param.readers == 0;
 }
 
+std::size_t OptimizerPipeline::incomplete_families() const {
+  std::size_t n = 0;
+  for (FamilyId f = 0; f < grads_written_.size(); ++f)
+    n += grads_written_[f] > 0 && grads_written_[f] < trainable[f];
+  return n;
+}
+
 void OptimizerPipeline::begin_micro_batch(bool last) {
   last_micro_batch = last;
   std::fill(grads_written_.begin(), grads_written_.end(), 0);

@@ -187,6 +187,9 @@ class OptimizerPipeline {
   void note_grad_written(FamilyId f) { ++grads_written_[f]; }
   //! Every trainable tensor of `f` handed its gradient over in the last micro-batch.
   bool gradients_complete(FamilyId f) const;
+  //! Families some of whose trainable tensors handed their gradient over in this
+  //! micro-batch, not all (Runtime::incomplete_gradients_max() bounds them).
+  std::size_t incomplete_families() const;
   //! Starts a micro-batch (last: its gradients complete the step).
   void begin_micro_batch(bool last);
 

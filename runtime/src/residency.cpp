@@ -204,6 +204,18 @@ Status Residency::ensure_on_device(std::unique_lock<std::mutex>& lock, Chunk& c,
   }
 }
 
+std::size_t Residency::incomplete_gradients_max() const {
+  const std::size_t families = core_.layout.families.size();
+  std::uint64_t grad_max = 0;
+  for (const Chunk& c : core_.chunks)
+    grad_max = c.kind == StateKind::kGrad ? std::max(grad_max, c.bytes) : grad_max;
+  // write_back_fits lets an eviction write a gradient back while the host copies
+  // stay within plan.grad_host_bytes; a family complete on host leaves by itself.
+  if (families == 0 || core_.plan.gpu_cache_slots == 0 || grad_max == 0) return families;
+  return static_cast<std::size_t>(
+      std::clamp<std::uint64_t>(core_.plan.grad_host_bytes / grad_max, 1, families));
+}
+
 Status Residency::no_slot_error(bool room_full) const {
   std::size_t leased = 0, claimed = 0;
   for (std::size_t i = 0; i < cache_slots_; ++i) {
@@ -219,6 +231,20 @@ Status Residency::no_slot_error(bool room_full) const {
     for (FamilyId f = 0; f < core_.layout.families.size(); ++f) {
       const Chunk& g = core_.chunks[static_cast<std::size_t>(core_.chunk_index(f, StateKind::kGrad))];
       if (g.host != nullptr) in_use += g.bytes;
+    }
+    const std::size_t incomplete = pipeline_.incomplete_families(), most = incomplete_gradients_max();
+    if (incomplete > most) {
+      return out_of_budget(
+          "host room for gradients written back from the GPU is full ({} of the plan's {}): {} families' "
+          "gradients are incomplete at once (some of their tensors' gradients handed over in this "
+          "micro-batch, "
+          "not all), and the plan's room holds {} (Runtime::incomplete_gradients_max()). The gradients come "
+          "in "
+          "another order than the warm-up step's: hand a family's gradients together, keeping back one that "
+          "would open more families (strata.torch does: Note [Gradients in pieces] in "
+          "python/src/grad_pieces.hpp), or raise host_budget by {} per gradient",
+          format_bytes(in_use), format_bytes(core_.plan.grad_host_bytes), incomplete, most,
+          format_bytes(slot_bytes));
     }
     return out_of_budget(
         "host room for gradients written back from the GPU is full ({} of the plan's {}; {} of the {} "

@@ -111,6 +111,9 @@ class Residency {
   //! The staging pool's bounds and counts (Note [NVMe-homed params]).
   void check_staging_invariants() const;
 
+  //! Runtime::incomplete_gradients_max(): the incomplete gradients the host room holds.
+  std::size_t incomplete_gradients_max() const;
+
  private:
   //! Frees slot `s` (writing back a dirty occupant).
   Status evict_slot(std::size_t s);

@@ -289,6 +289,10 @@ std::uint64_t Runtime::state_bytes() const {
 const Plan& Runtime::plan() const {
   return impl_->core.plan;
 }
+std::size_t Runtime::incomplete_gradients_max() const {
+  std::lock_guard lock(impl_->core.mu);
+  return impl_->residency.incomplete_gradients_max();
+}
 const StepTrace& Runtime::last_trace() const {
   return impl_->tracker.plan_trace();
 }

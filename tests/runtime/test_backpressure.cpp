@@ -162,11 +162,11 @@ TEST(Backpressure, ShortHostStoreWaitsOrNamesAPlannerBug) {
 
 // Registers 2 * kTensors tensors of half a chunk (two per family) and trains
 // `steps` steps of one micro-batch. The first step writes the gradients in
-// reverse (each family's two pieces one after the other); later steps write one
-// piece of every family first and the other pieces after them, as torch does
-// under autocast when the casts of the weights are cached across steps (#27):
-// every family's gradient is incomplete at once.
-Status train_in_pieces(Runtime& r, int steps, StepStats* last) {
+// reverse (each family's two pieces one after the other). Later steps write one
+// piece of `opened_first` families first and the other pieces after them, as torch
+// does under autocast when the casts of the weights are cached across steps (#24):
+// with opened_first = kTensors every family's gradient is incomplete at once.
+Status train_in_pieces(Runtime& r, int steps, std::size_t opened_first, StepStats* last) {
   std::vector<TensorId> ids;
   for (int t = 0; t < 2 * kTensors; ++t) {
     STRATA_ASSIGN_OR_RETURN(TensorId id, r.register_tensor({fmt::format("t{}", t), {kElems / 2}}));
@@ -179,7 +179,10 @@ Status train_in_pieces(Runtime& r, int steps, StepStats* last) {
     for (TensorId id : ids) STRATA_RETURN_IF_ERROR(r.acquire(id, StateKind::kParam, Access::kRead).status());
     std::vector<TensorId> order(ids.rbegin(), ids.rend());
     if (step > 0) {
-      std::stable_partition(order.begin(), order.end(), [](TensorId id) { return id % 2 == 1; });
+      // One piece of each of the first `opened_first` families (in backward order), then the rest.
+      std::stable_partition(order.begin(), order.end(), [&](TensorId id) {
+        return id % 2 == 1 && ids.size() - 1 - id < 2 * opened_first;
+      });
     }
     for (TensorId id : order) {
       STRATA_ASSIGN_OR_RETURN(Lease g, r.acquire(id, StateKind::kGrad, Access::kWrite));
@@ -193,25 +196,50 @@ Status train_in_pieces(Runtime& r, int steps, StepStats* last) {
   return r.flush();
 }
 
+// SGD at three streaming slots and a host budget far above the plan's.
+RuntimeOptions sgd_options(const fs::path& dir) {
+  RuntimeOptions o = options(dir, 8 * kMiB, 1);
+  o.hyper.optimizer = kernels::Optimizer::kSgd;
+  return o;
+}
+
 // Gradients written in pieces, every family incomplete at once, with three
-// streaming slots: the plan must count host room for every gradient that can
-// wait incomplete (Note [Host room]). It counts one gradient per slot, and the
-// second step fails with "host room for gradients ... is full ...: a planner
-// bug" (#27). Disabled until the fix lands (branch s3-bf16-fix counts them,
-// FamilyBytes::grad_pieces, at the price of higher host minimums).
-TEST(Backpressure, DISABLED_GradientsWrittenInPiecesFitThePlan) {
+// streaming slots: more incomplete gradients than the plan's host room holds
+// (Runtime::incomplete_gradients_max()). The run cannot go on within the plan;
+// it must stop cleanly, before exceeding it, saying that the order is the cause
+// and what to do (Note [Gradients in pieces] in python/src/grad_pieces.hpp is
+// what strata.torch does), and leave the runtime usable.
+TEST(Backpressure, MoreIncompleteGradientsThanTheRoomHoldsFailNamingTheOrder) {
   TempDir dir;
   auto device = sim_device();
-  RuntimeOptions o = options(dir.path, 8 * kMiB, 1);
-  o.hyper.optimizer = kernels::Optimizer::kSgd;
-  auto rt = Runtime::create(*device, o);
+  auto rt = Runtime::create(*device, sgd_options(dir.path));
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  StepStats last;
+  Status st;
+  within(std::chrono::seconds(60), [&] { st = train_in_pieces(**rt, 3, kTensors, &last); });
+  ASSERT_EQ(st.code(), StatusCode::kOutOfBudget) << st;
+  EXPECT_NE(st.message().find("incomplete at once"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("Gradients in pieces"), std::string::npos) << st;
+  EXPECT_EQ((*rt)->incomplete_gradients_max(), 3u);  // one per streaming slot
+  // Usable after the error: the failed step is discarded, state reads back.
+  EXPECT_TRUE((*rt)->abort_step().ok());
+  std::vector<float> value(kElems / 2);
+  EXPECT_TRUE((*rt)->read_tensor(0, StateKind::kParam, value).ok());
+}
+
+// The same order with at most incomplete_gradients_max() families opened in
+// pieces (what strata.torch's binding keeps to): trains, within the plan.
+TEST(Backpressure, IncompleteGradientsWithinTheRoomFitThePlan) {
+  TempDir dir;
+  auto device = sim_device();
+  auto rt = Runtime::create(*device, sgd_options(dir.path));
   ASSERT_TRUE(rt.ok()) << rt.status();
   StepStats last;
   within(std::chrono::seconds(60), [&] {
-    Status st = train_in_pieces(**rt, 3, &last);
+    Status st = train_in_pieces(**rt, 4, 3, &last);
     ASSERT_TRUE(st.ok()) << st;
   });
-  EXPECT_EQ((*rt)->plan().grad_host_bytes, kTensors * kElems * 4);
+  EXPECT_EQ((*rt)->incomplete_gradients_max(), 3u);
   EXPECT_LE(last.host_high_water_bytes, (*rt)->plan().host_bytes);
 }
 

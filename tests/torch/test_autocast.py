@@ -2,9 +2,10 @@
 forward, backward and step() of 4 steps caches each weight's bf16 cast from the first step, and
 from the second step on the weights' gradients come at the end of backward, after the layer norms'.
 With a layer norm and a linear layer packed into the same chunk families, every family's gradient is
-written in pieces that wait on host incomplete, all at once. The plan must count host room for that
-(Note [Host room] in runtime/src/planner.cpp); until it does the run stops in the second step with
-"host room for gradients ... is full ...: a planner bug" (strict xfail). Runs under torch 1.13 and 2.x."""
+written in pieces that would wait on host incomplete, all at once, beyond the plan's host room (Note
+[Host room] in runtime/src/planner.cpp): the run stopped in the second step with "host room for gradients ... is
+full ...: a planner bug" (#24). strata.torch keeps a gradient that would open more families than the room holds
+until its family completes (Note [Gradients in pieces] in python/src/grad_pieces.hpp). Runs under torch 1.13 and 2.x."""
 
 import copy
 
@@ -65,9 +66,6 @@ def train(model, opt, steps, order=None):
     return losses
 
 
-@pytest.mark.xfail(strict=True, raises=st.StrataError,
-                   reason="#27: the plan counts one gradient per GPU slot, not every gradient written in pieces "
-                          "(the fix is on branch s3-bf16-fix; it raises host minimums)")
 def test_autocast_over_steps_writes_gradients_in_pieces_and_trains_bit_identical(tmp_path):
     ref = make()
     model = st.wrap(copy.deepcopy(ref), config(tmp_path))
@@ -92,4 +90,21 @@ def test_autocast_over_steps_writes_gradients_in_pieces_and_trains_bit_identical
         assert torch.equal(sa[k], sb[k]), k
     param_bytes = sum(p.numel() * p.element_size() for p in model.strata.params)
     assert param_bytes > config(tmp_path)["budgets"]["gpu"], "the model fits the GPU budget: nothing is evicted"
+    counters = model.strata.engine.counters()
+    assert counters["kept_gradients"] > 0, "no gradient was kept back: the test no longer covers the case"
+    assert 0 < counters["kept_bytes_peak"] < param_bytes
+    model.strata.close()
+
+
+def test_without_autocast_the_order_fits_the_plan_and_nothing_is_kept(tmp_path):
+    """The same model and budgets in fp32: gradients come in the warm-up step's order every step, so no gradient is
+    kept back (Note [Gradients in pieces]: keeping is for orders the plan did not see)."""
+    ref = make()
+    model = st.wrap(copy.deepcopy(ref), config(tmp_path))
+    opt = st.SGD(model.parameters(), lr=0.125, momentum=0.5)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.125, momentum=0.5)
+    expected, got = train(ref, ref_opt, 4), train(model, opt, 4)
+    for i, (a, b) in enumerate(zip(expected, got)):
+        assert torch.equal(a, b), f"step {i}: loss {a.item()!r} vs {b.item()!r}"
+    assert model.strata.engine.counters()["kept_gradients"] == 0
     model.strata.close()

@@ -771,6 +771,7 @@ class Wrapped:
 
     def _on_backward_ends(self):
         self.engine.unbind_all()
+        self.engine.hand_kept()  # Note [Gradients in pieces] in python/src/grad_pieces.hpp
         self._calls.clear()
         self._phase = "idle"
         self._micro_in_step += 1

@@ -369,6 +369,16 @@ class Runtime {
   //! 0 before the layout exists (the first acquire/init/step).
   std::uint64_t state_bytes() const;
   const Plan& plan() const;
+  //! How many families' gradients the plan lets be incomplete at once (some of
+  //! their trainable tensors' gradients written in this micro-batch, not all: Note
+  //! [Gradient completion]): the host room for gradient copies holds that many
+  //! (Note [Host room] in runtime/src/planner.cpp). A caller that may hand
+  //! gradients in another order than its warm-up step keeps a gradient that would
+  //! open one more family until its family's other gradients arrive (strata.torch
+  //! does: Note [Gradients in pieces] in python/src/grad_pieces.hpp). Every family
+  //! when nothing is evicted or every gradient has room (micro-batches, loss
+  //! scaling, clipping, data parallelism); 0 before the layout exists.
+  std::size_t incomplete_gradients_max() const;
   //! The cost model's prediction for the current plan with `rates`.
   StepCost predict(const Rates& rates) const;
   const StepTrace& last_trace() const;
