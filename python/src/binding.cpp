@@ -49,18 +49,20 @@
 //     model.strata.read_param and model.state_dict() (not served yet).
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cctype>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "grad_pieces.hpp"
 #include "poison.hpp"
 #include "strata/common/log.hpp"
 #include "strata/common/thread_pool.hpp"
 #include "strata/kernels/optim.hpp"
+#include "strata/runtime/gradient_order.hpp"
 #include "strata/strata.hpp"
 
 namespace py = pybind11;
@@ -161,7 +163,7 @@ class Engine {
   //! Frees the runtime (and its swap files). Bound params go back to poison first.
   void close() {
     if (rt_ == nullptr) return;
-    pieces_.drop();
+    drop_kept();
     for (Param& p : params_) unbind_now(p);
     params_.clear();
     closed_totals_ = rt_->stats();
@@ -342,7 +344,7 @@ class Engine {
 
   //! Hands a parameter's gradient to its grad chunk: overwrite (first
   //! micro-batch of a step) or add (later micro-batches); or keeps it until its
-  //! family's other gradients arrive (Note [Gradients in pieces] in grad_pieces.hpp).
+  //! family's other gradients arrive (Note [Gradients in pieces] in strata/runtime/gradient_order.hpp).
   void hand_grad(std::uint32_t id, const at::Tensor& grad, bool accumulate) {
     ++crossings_;
     Param& p = param(id);
@@ -351,18 +353,51 @@ class Engine {
     if (grad.numel() != static_cast<std::int64_t>(p.numel))
       throw py::value_error(
           fmt::format("parameter \"{}\": gradient of {} elements for {}", p.name, grad.numel(), p.numel));
-    if (!pieces_.has_families()) pieces_.set_families(families(), trainable());
-    if (pieces_.needs_limit()) pieces_.set_limit(rt_->core().incomplete_gradients_max());
-    pieces_.offer({id, grad, accumulate}, hand_);
+    if (!order_.has_families()) {
+      order_.set_families(families(), trainable());
+      kept_.assign(params_.size(), {});
+    }
+    hand_list_.clear();
+    order_.offer(id, static_cast<std::uint64_t>(grad.nbytes()), &hand_list_);
+    if (std::find(hand_list_.begin(), hand_list_.end(), id) == hand_list_.end()) {
+      kept_[id] = {grad, accumulate};
+      log_kept_once();
+    }
+    hand_listed(id, grad, accumulate);
   }
 
   //! Hands every gradient kept back (Note [Gradients in pieces]): backward has ended.
-  void hand_kept() { pieces_.hand_kept(hand_); }
+  void hand_kept() {
+    hand_list_.clear();
+    order_.take_kept(&hand_list_);
+    hand_listed(UINT32_MAX, {}, false);
+  }
 
  private:
-  const GradPieces::Hand hand_ = [this](const GradPieces::Piece& piece) {
-    hand_now(param(piece.param), piece.grad, piece.accumulate);
-  };
+  //! Hands the tensors GradientOrder listed (hand_list_): `id`'s gradient is `grad`, the others were kept.
+  void hand_listed(std::uint32_t id, const at::Tensor& grad, bool accumulate) {
+    for (std::uint32_t t : hand_list_) {
+      if (t == id) {
+        hand_now(param(t), grad, accumulate);
+        continue;
+      }
+      Kept k = std::exchange(kept_[t], {});
+      hand_now(param(t), k.grad, k.accumulate);
+    }
+  }
+  void drop_kept() {
+    order_.drop();
+    for (Kept& k : kept_) k = {};
+  }
+  void log_kept_once() {
+    if (std::exchange(kept_logged_, true)) return;
+    STRATA_LOG_INFO(
+        "strata.torch: gradients arrive in another order than the plan's (e.g. one torch.autocast region "
+        "around several steps): {} families are incomplete at once, as many as the plan's host room holds; a "
+        "gradient that would open more stays a torch tensor until its family completes (Note [Gradients in "
+        "pieces] in strata/runtime/gradient_order.hpp; the bytes kept: engine.counters()['kept_bytes_peak'])",
+        order_.open());
+  }
 
   std::vector<std::uint32_t> families() {
     const runtime::ChunkLayout& l = rt_->core().layout();
@@ -409,8 +444,8 @@ class Engine {
 
   void begin_micro_batch(bool last) {
     sync_views();
-    pieces_.hand_kept(hand_);  // (backward's end handed them; a backward that never ended did not)
-    pieces_.begin_micro_batch();
+    hand_kept();  // (backward's end handed them; a backward that never ended did not)
+    order_.begin_micro_batch(rt_->core().incomplete_gradients_max());
     throw_if(rt_->begin_micro_batch(last));
   }
   void set_grad_scale(float scale) { rt_->set_grad_scale(scale); }
@@ -454,7 +489,7 @@ class Engine {
   py::dict step() {
     check_open();
     drop_views();
-    pieces_.hand_kept(hand_);
+    hand_kept();
     std::optional<Result<StepStats>> result;
     {
       py::gil_scoped_release release;
@@ -482,7 +517,7 @@ class Engine {
   //! steps]): after an exception in forward or backward.
   void abort_step() {
     check_open();
-    pieces_.drop();
+    drop_kept();
     for (Param& p : params_) {
       p.binds = 0;
       if (!p.lease.has_value()) continue;
@@ -592,8 +627,8 @@ class Engine {
     py::dict d;
     d["crossings"] = crossings_;
     d["param_leases"] = param_leases_;
-    d["kept_gradients"] = pieces_.kept_total();  // Note [Gradients in pieces]
-    d["kept_bytes_peak"] = pieces_.kept_bytes_peak();
+    d["kept_gradients"] = order_.kept_total();  // Note [Gradients in pieces]
+    d["kept_bytes_peak"] = order_.kept_bytes_peak();
     return d;
   }
 
@@ -737,7 +772,15 @@ class Engine {
   std::vector<Param> params_;
   std::uint64_t crossings_ = 0;
   std::uint64_t param_leases_ = 0;
-  GradPieces pieces_;    //!< Note [Gradients in pieces]
+  //! Which gradients to hand now, and those kept back, by parameter index (Note [Gradients in pieces]).
+  struct Kept {
+    at::Tensor grad;
+    bool accumulate = false;
+  };
+  runtime::GradientOrder order_;
+  std::vector<Kept> kept_;
+  std::vector<std::uint32_t> hand_list_;
+  bool kept_logged_ = false;
   Stats closed_totals_;  //!< rt_->stats() when close() freed the runtime
 };
 

@@ -242,7 +242,7 @@ Status Residency::no_slot_error(bool room_full) const {
           "in "
           "another order than the warm-up step's: hand a family's gradients together, keeping back one that "
           "would open more families (strata.torch does: Note [Gradients in pieces] in "
-          "python/src/grad_pieces.hpp), or raise host_budget by {} per gradient",
+          "runtime/include/strata/runtime/gradient_order.hpp), or raise host_budget by {} per gradient",
           format_bytes(in_use), format_bytes(core_.plan.grad_host_bytes), incomplete, most,
           format_bytes(slot_bytes));
     }

@@ -135,6 +135,10 @@ std::uint64_t between(double lo, double hi, double pos) {
 
 }  // namespace
 
+bool ModelDraw::any_late() const {
+  return std::any_of(tensors.begin(), tensors.end(), [](const TensorDraw& t) { return t.late; });
+}
+
 Draw draw_run(std::uint64_t seed, bool uring, int steps) {
   Draw d;
   d.seed = seed;
@@ -143,6 +147,10 @@ Draw draw_run(std::uint64_t seed, bool uring, int steps) {
   draw_tensors(r, d.model);
   draw_training(r, d.model);
   draw_config(r, d.config, uring);
+  // Drawn last, so the draws before it stay as the regression seeds recorded them.
+  if (r.chance(0.35)) {
+    for (TensorDraw& t : d.model.tensors) t.late = r.chance(0.5);
+  }
   return d;
 }
 
@@ -181,7 +189,8 @@ nlohmann::json to_json(const Draw& d) {
                        {"frozen", t.frozen},
                        {"tied", t.tied},
                        {"unused_period", t.unused_period},
-                       {"unused_phase", t.unused_phase}});
+                       {"unused_phase", t.unused_phase},
+                       {"late", t.late}});
   }
   const ModelDraw& m = d.model;
   const ConfigDraw& c = d.config;

@@ -50,6 +50,10 @@ struct TensorDraw {
   bool tied = false;      //!< used at two points of forward (and so two gradient writes)
   int unused_period = 0;  //!< 0: used in every micro-batch; else unused when (4*step+mb) % period == phase
   int unused_phase = 0;
+  //! From the second step on its gradient is handed after every other tensor's, as
+  //! torch hands the weights' under one autocast region over several steps (Note
+  //! [Gradients in pieces]): the families it shares wait incomplete.
+  bool late = false;
 };
 
 //! The model and its training: everything the all-resident reference shares.
@@ -72,6 +76,9 @@ struct ModelDraw {
   int inf_tensor = -1;
   bool used(int tensor, int step, int micro) const;
   bool trainable(int tensor) const { return !tensors[static_cast<std::size_t>(tensor)].frozen; }
+  //! Some tensor's gradient comes late: every gradient goes through runtime::GradientOrder.
+  bool any_late() const;
+  bool late(int tensor, int step) const { return step > 0 && tensors[static_cast<std::size_t>(tensor)].late; }
 };
 
 //! The configuration under test. Budgets are drawn as positions in [0, 1] and

@@ -352,8 +352,14 @@ void Campaign::record(const Job& job, const nlohmann::json& r) {
   } else {
     ++counts_["accepted"];
     // Trained and compared with the reference: the runs whose every check had a chance to fail.
-    if (!r.value("budget_overrun", false) && !r.value("above_plan", false) && !r.value("inexact", false))
+    if (!r.value("budget_overrun", false) && !r.value("above_plan", false) && !r.value("inexact", false)) {
       ++counts_["passed"];
+      // Passed with gradients kept back (late ones, Note [Gradients in pieces]): the order was tested.
+      const nlohmann::json run = r.contains("details") ? r["details"].value("run", nlohmann::json::object())
+                                                       : nlohmann::json::object();
+      if (run.value("kept_gradients", std::uint64_t{0}) > 0) ++counts_["passed_keeping_gradients"];
+      if (run.value("late", false)) ++counts_["passed_late"];
+    }
     if (r.value("budget_overrun", false)) fail(job, "budget_overruns", r.value("overrun_reason", ""), "");
     if (r.value("above_plan", false)) fail(job, "above_plan", r.value("above_plan_reason", ""), "");
     if (r.value("inexact", false)) fail(job, "inexact", r.value("inexact_reason", ""), "");
@@ -385,6 +391,8 @@ nlohmann::json Campaign::summary(double seconds) const {
                       {"refused", count("refused")},
                       {"refused_by", refused_by_},
                       {"passed", count("passed")},
+                      {"passed_late", count("passed_late")},
+                      {"passed_keeping_gradients", count("passed_keeping_gradients")},
                       {"failed_after_accept", count("failed_after_accept")},
                       {"hangs", count("hangs")},
                       {"budget_overruns", count("budget_overruns")},

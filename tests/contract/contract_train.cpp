@@ -12,6 +12,7 @@
 
 #include "strata/common/bytes.hpp"
 #include "strata/common/half.hpp"
+#include "strata/runtime/gradient_order.hpp"
 #include "strata/strata.hpp"
 
 namespace strata::contract {
@@ -79,6 +80,8 @@ struct Trained {
   std::uint64_t gpu_hw = 0, host_hw = 0, nvme_max = 0;
   std::uint64_t plan_gpu = 0, plan_host = 0, plan_nvme = 0;
   std::uint64_t chunk_elems = 0;
+  bool late = false;                 //!< some gradients came late (TensorDraw::late)
+  std::uint64_t kept_gradients = 0;  //!< kept back by runtime::GradientOrder (late gradients)
   bool all_gpu = false;
   std::string plan_summary;
 };
@@ -172,7 +175,10 @@ bool accepted(Runtime* rt) {
 //! for the stream between micro-batches.
 struct Scratch {
   std::vector<double> loss;
-  std::vector<std::vector<float>> pending;  //!< per tensor: its tied uses' gradients, summed
+  //! Per tensor: its tied uses' gradients, summed (every tensor's whole gradient when
+  //! some come late: Note [Gradients in pieces]).
+  std::vector<std::vector<float>> pending;
+  runtime::GradientOrder order;  //!< when some gradients come late
   double& at(const ModelDraw& m, int step, int mb) {
     return loss[static_cast<std::size_t>(step * m.micro_batches + mb)];
   }
@@ -204,18 +210,14 @@ inline float contribution(float x, float u, int step, int mb, int k, float l, fl
           0.05f * std::sin(0.9f * static_cast<float>(step) + 0.5f * static_cast<float>(mb) + u) + 0.01f * l);
 }
 
-// Backward in reverse forward order. A tied tensor's uses are summed by the caller
-// (in Scratch::pending) and its gradient handed over once per micro-batch, at its
-// last use (Note [Gradient completion] in runtime/src/runtime_impl.hpp: a second
-// write lease in one micro-batch is refused, as torch accumulates tied uses first).
-Status backward(Runtime& rt, const Draw& d, const std::vector<TensorId>& ids, int step, int mb,
-                Scratch& scratch, std::vector<bool>& written) {
-  const ModelDraw& m = d.model;
-  const DType dt = dtype_of(m.compute);
-  const float scale = m.loss_scaling ? m.loss_scale : 1.0f;
+// Calls use(t, k, last, p) for each use of a trainable tensor in backward, in
+// reverse forward order: k counts its earlier uses in this micro-batch, last says
+// it is its last, p is its param lease. (A frozen tensor's param is read too.)
+template <class Use>
+Status each_backward_use(Runtime& rt, const ModelDraw& m, const std::vector<TensorId>& ids, int step, int mb,
+                         Use&& use) {
   std::vector<int> left(m.tensors.size(), 0), seen(m.tensors.size(), 0);
   for (int t : m.forward_order) left[static_cast<std::size_t>(t)] += m.used(t, step, mb) ? 1 : 0;
-  const double* loss = &scratch.at(m, step, mb);
   for (auto it = m.forward_order.rbegin(); it != m.forward_order.rend(); ++it) {
     const int t = *it;
     const auto ti = static_cast<std::size_t>(t);
@@ -224,26 +226,46 @@ Status backward(Runtime& rt, const Draw& d, const std::vector<TensorId>& ids, in
     if (!m.trainable(t)) continue;  // frozen: read in backward too, no gradient
     const int k = seen[ti]++;
     const bool last = --left[ti] == 0;
+    STRATA_RETURN_IF_ERROR(use(t, k, last, p));
+  }
+  return Status::Ok();
+}
+
+Status backward_ordered(Runtime& rt, const Draw& d, const std::vector<TensorId>& ids, int step, int mb,
+                        Scratch& scratch, std::vector<bool>& written);
+
+// Backward in reverse forward order. A tied tensor's uses are summed by the caller
+// (in Scratch::pending) and its gradient handed over once per micro-batch, at its
+// last use (Note [Gradient completion] in runtime/src/runtime_impl.hpp: a second
+// write lease in one micro-batch is refused, as torch accumulates tied uses first).
+Status backward(Runtime& rt, const Draw& d, const std::vector<TensorId>& ids, int step, int mb,
+                Scratch& scratch, std::vector<bool>& written) {
+  if (d.model.any_late()) return backward_ordered(rt, d, ids, step, mb, scratch, written);
+  const ModelDraw& m = d.model;
+  const DType dt = dtype_of(m.compute);
+  const float scale = m.loss_scaling ? m.loss_scale : 1.0f;
+  const double* loss = &scratch.at(m, step, mb);
+  return each_backward_use(rt, m, ids, step, mb, [&](int t, int k, bool last, const Lease& p) -> Status {
+    const auto ti = static_cast<std::size_t>(t);
     float* pending = scratch.pending[ti].data();
     const void* pd = p.data();
     const std::uint64_t n = p.numel();
     if (!last) {  // a tied use before the last: summed by the caller
-      STRATA_RETURN_IF_ERROR(rt.launch([loss, pd, pending, n, dt, t, step, mb, k, scale] {
+      return rt.launch([loss, pd, pending, n, dt, t, step, mb, k, scale] {
         const float l = static_cast<float>(std::tanh(*loss));
         for (std::uint64_t i = 0; i < n; ++i) {
           const float c =
               contribution(load(pd, i, dt), mix(static_cast<std::uint64_t>(t), i), step, mb, k, l, scale);
           pending[i] = k == 0 ? c : pending[i] + c;
         }
-      }));
-      continue;
+      });
     }
     const bool accumulate = written[ti];
     STRATA_ASSIGN_OR_RETURN(Lease g, rt.grad(ids[ti], accumulate ? Access::kAccumulate : Access::kWrite));
     written[ti] = true;
     const bool inf = m.inf_step == step && mb == 0 && m.inf_tensor == t;
     void* gd = g.data();
-    STRATA_RETURN_IF_ERROR(rt.launch([loss, pd, gd, pending, n, dt, t, step, mb, k, scale, accumulate, inf] {
+    return rt.launch([loss, pd, gd, pending, n, dt, t, step, mb, k, scale, accumulate, inf] {
       const float l = static_cast<float>(std::tanh(*loss));
       for (std::uint64_t i = 0; i < n; ++i) {
         float v = contribution(load(pd, i, dt), mix(static_cast<std::uint64_t>(t), i), step, mb, k, l, scale);
@@ -252,9 +274,83 @@ Status backward(Runtime& rt, const Draw& d, const std::vector<TensorId>& ids, in
         store(gd, i, dt, v);
       }
       if (inf) store(gd, 0, dt, INFINITY);
-    }));
+    });
+  });
+}
+
+// Hands tensor `ti`'s gradient from its pending buffer (backward_ordered).
+Status hand_pending(Runtime& rt, const Draw& d, TensorId id, std::size_t ti, int step, int mb,
+                    Scratch& scratch, std::vector<bool>& written) {
+  const DType dt = dtype_of(d.model.compute);
+  const bool accumulate = written[ti];
+  STRATA_ASSIGN_OR_RETURN(Lease g, rt.grad(id, accumulate ? Access::kAccumulate : Access::kWrite));
+  written[ti] = true;
+  const bool inf = d.model.inf_step == step && mb == 0 && d.model.inf_tensor == static_cast<int>(ti);
+  void* gd = g.data();
+  const float* pending = scratch.pending[ti].data();
+  const std::uint64_t n = g.numel();
+  return rt.launch([gd, pending, n, dt, accumulate, inf] {
+    for (std::uint64_t i = 0; i < n; ++i) {
+      float v = pending[i];
+      if (accumulate) v += load(gd, i, dt);  // (not v + 0.0f: -0.0 stays -0.0, as in backward)
+      store(gd, i, dt, v);
+    }
+    if (inf) store(gd, 0, dt, INFINITY);
+  });
+}
+
+// Backward when some gradients come late (TensorDraw::late; Note [Gradients in
+// pieces] in strata/runtime/gradient_order.hpp): each use adds its contribution to
+// the tensor's pending buffer (the same sums, in the same order, as backward's), and
+// at its last use the gradient is offered to runtime::GradientOrder, which hands it
+// or keeps it back; the late ones are offered after every other, as torch hands the
+// cached autocast casts' gradients. What is still kept is handed at the end.
+Status backward_ordered(Runtime& rt, const Draw& d, const std::vector<TensorId>& ids, int step, int mb,
+                        Scratch& scratch, std::vector<bool>& written) {
+  const ModelDraw& m = d.model;
+  const DType dt = dtype_of(m.compute);
+  const float scale = m.loss_scaling ? m.loss_scale : 1.0f;
+  runtime::GradientOrder& order = scratch.order;
+  if (!order.has_families()) {
+    std::vector<std::uint32_t> family(ids.size());
+    std::vector<bool> trainable(ids.size());
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      family[i] = static_cast<std::uint32_t>(rt.core().layout().slots.at(ids[i]).family);
+      trainable[i] = m.trainable(static_cast<int>(i));
+    }
+    order.set_families(std::move(family), trainable);
   }
-  return Status::Ok();
+  order.begin_micro_batch(rt.core().incomplete_gradients_max());
+  std::vector<std::uint32_t> hand, late;
+  const auto offer = [&](std::uint32_t t) -> Status {
+    if (t != UINT32_MAX) order.offer(t, scratch.pending[t].size() * sizeof(float), &hand);
+    if (t == UINT32_MAX) order.take_kept(&hand);
+    for (std::uint32_t h : hand)
+      STRATA_RETURN_IF_ERROR(hand_pending(rt, d, ids[h], h, step, mb, scratch, written));
+    hand.clear();
+    return Status::Ok();
+  };
+  const double* loss = &scratch.at(m, step, mb);
+  STRATA_RETURN_IF_ERROR(
+      each_backward_use(rt, m, ids, step, mb, [&](int t, int k, bool last, const Lease& p) -> Status {
+        float* pending = scratch.pending[static_cast<std::size_t>(t)].data();
+        const void* pd = p.data();
+        const std::uint64_t n = p.numel();
+        STRATA_RETURN_IF_ERROR(rt.launch([loss, pd, pending, n, dt, t, step, mb, k, scale] {
+          const float l = static_cast<float>(std::tanh(*loss));
+          for (std::uint64_t i = 0; i < n; ++i) {
+            const float c =
+                contribution(load(pd, i, dt), mix(static_cast<std::uint64_t>(t), i), step, mb, k, l, scale);
+            pending[i] = k == 0 ? c : c + pending[i];
+          }
+        }));
+        if (!last) return Status::Ok();
+        if (!m.late(t, step)) return offer(static_cast<std::uint32_t>(t));
+        late.push_back(static_cast<std::uint32_t>(t));
+        return Status::Ok();
+      }));
+  for (std::uint32_t t : late) STRATA_RETURN_IF_ERROR(offer(t));
+  return offer(UINT32_MAX);  // what is still kept
 }
 
 void sample(Runtime& rt, Trained& out) {
@@ -315,6 +411,8 @@ Status train_steps(Runtime& rt, const Draw& d, const std::vector<TensorId>& ids,
     out.applied.push_back(st.applied);
     sample(rt, out);
   }
+  out.late = m.any_late();
+  out.kept_gradients = scratch.order.kept_total();
   enter(who + ": flush");
   STRATA_RETURN_IF_ERROR(rt.flush());
   enter(who + ": read_tensor");
@@ -325,7 +423,8 @@ Attempt train(const Draw& d, Config cfg, const PhaseFn& phase, const std::string
   Attempt a;
   auto scratch = std::make_unique<Scratch>();  // outlives the runtime (its stream's launches use it)
   scratch->loss.assign(static_cast<std::size_t>(d.model.steps * d.model.micro_batches), 0.0);
-  for (const TensorDraw& t : d.model.tensors) scratch->pending.emplace_back(t.tied ? t.numel : 0);
+  for (const TensorDraw& t : d.model.tensors)
+    scratch->pending.emplace_back(t.tied || d.model.any_late() ? t.numel : 0);
   std::unique_ptr<Runtime> rt;
   std::vector<TensorId> ids;
   a.status = create_model(d, std::move(cfg), rt, ids, phase, who);
@@ -518,9 +617,17 @@ void check_tiers(const Trained& t, const Budgets3& b, RunReport& r) {
 }
 
 nlohmann::json trained_json(const Trained& t) {
-  return {{"chunk_elems", t.chunk_elems}, {"gpu_high_water", t.gpu_hw}, {"host_high_water", t.host_hw},
-          {"nvme_bytes_max", t.nvme_max}, {"plan_gpu_max", t.plan_gpu}, {"plan_host_max", t.plan_host},
-          {"plan_nvme_max", t.plan_nvme}, {"all_gpu", t.all_gpu},       {"plan", t.plan_summary}};
+  return {{"chunk_elems", t.chunk_elems},
+          {"gpu_high_water", t.gpu_hw},
+          {"host_high_water", t.host_hw},
+          {"nvme_bytes_max", t.nvme_max},
+          {"plan_gpu_max", t.plan_gpu},
+          {"plan_host_max", t.plan_host},
+          {"plan_nvme_max", t.plan_nvme},
+          {"all_gpu", t.all_gpu},
+          {"plan", t.plan_summary},
+          {"late", t.late},
+          {"kept_gradients", t.kept_gradients}};
 }
 
 void compare_with_reference(const Draw& d, const Trained& run, const ModelSizes& sizes, const PhaseFn& phase,

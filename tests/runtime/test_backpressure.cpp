@@ -12,6 +12,7 @@
 
 #include "runtime_fixtures.hpp"
 #include "strata/common/bytes.hpp"
+#include "strata/runtime/gradient_order.hpp"
 #include "strata/runtime/runtime.hpp"
 
 namespace strata::runtime::testing {
@@ -166,7 +167,8 @@ TEST(Backpressure, ShortHostStoreWaitsOrNamesAPlannerBug) {
 // piece of `opened_first` families first and the other pieces after them, as torch
 // does under autocast when the casts of the weights are cached across steps (#24):
 // with opened_first = kTensors every family's gradient is incomplete at once.
-Status train_in_pieces(Runtime& r, int steps, std::size_t opened_first, StepStats* last) {
+Status train_in_pieces(Runtime& r, int steps, std::size_t opened_first, StepStats* last,
+                       GradientOrder* keep = nullptr) {
   std::vector<TensorId> ids;
   for (int t = 0; t < 2 * kTensors; ++t) {
     STRATA_ASSIGN_OR_RETURN(TensorId id, r.register_tensor({fmt::format("t{}", t), {kElems / 2}}));
@@ -184,12 +186,27 @@ Status train_in_pieces(Runtime& r, int steps, std::size_t opened_first, StepStat
         return id % 2 == 1 && ids.size() - 1 - id < 2 * opened_first;
       });
     }
-    for (TensorId id : order) {
-      STRATA_ASSIGN_OR_RETURN(Lease g, r.acquire(id, StateKind::kGrad, Access::kWrite));
-      float* gp = g.as<float>();
-      STRATA_RETURN_IF_ERROR(r.launch([gp] {
-        for (std::size_t i = 0; i < kElems / 2; ++i) gp[i] = 1e-3f;
-      }));
+    // With `keep`, each gradient goes through GradientOrder, as strata.torch's do (Note [Gradients in
+    // pieces]).
+    std::vector<std::uint32_t> hand;
+    if (keep != nullptr && !keep->has_families()) {
+      std::vector<std::uint32_t> family;
+      for (TensorId id : ids) family.push_back(static_cast<std::uint32_t>(r.layout().slots[id].family));
+      keep->set_families(std::move(family), std::vector<bool>(ids.size(), true));
+    }
+    if (keep != nullptr) keep->begin_micro_batch(r.incomplete_gradients_max());
+    for (std::size_t i = 0; i <= order.size(); ++i) {
+      hand.clear();
+      if (keep == nullptr && i < order.size()) hand.push_back(order[i]);
+      if (keep != nullptr && i < order.size()) keep->offer(order[i], kElems / 2 * 4, &hand);
+      if (keep != nullptr && i == order.size()) keep->take_kept(&hand);
+      for (std::uint32_t id : hand) {
+        STRATA_ASSIGN_OR_RETURN(Lease g, r.acquire(id, StateKind::kGrad, Access::kWrite));
+        float* gp = g.as<float>();
+        STRATA_RETURN_IF_ERROR(r.launch([gp] {
+          for (std::size_t e = 0; e < kElems / 2; ++e) gp[e] = 1e-3f;
+        }));
+      }
     }
     STRATA_ASSIGN_OR_RETURN(*last, r.step());
   }
@@ -207,7 +224,7 @@ RuntimeOptions sgd_options(const fs::path& dir) {
 // streaming slots: more incomplete gradients than the plan's host room holds
 // (Runtime::incomplete_gradients_max()). The run cannot go on within the plan;
 // it must stop cleanly, before exceeding it, saying that the order is the cause
-// and what to do (Note [Gradients in pieces] in python/src/grad_pieces.hpp is
+// and what to do (Note [Gradients in pieces] in runtime/include/strata/runtime/gradient_order.hpp is
 // what strata.torch does), and leave the runtime usable.
 TEST(Backpressure, MoreIncompleteGradientsThanTheRoomHoldsFailNamingTheOrder) {
   TempDir dir;
@@ -227,19 +244,23 @@ TEST(Backpressure, MoreIncompleteGradientsThanTheRoomHoldsFailNamingTheOrder) {
   EXPECT_TRUE((*rt)->read_tensor(0, StateKind::kParam, value).ok());
 }
 
-// The same order with at most incomplete_gradients_max() families opened in
-// pieces (what strata.torch's binding keeps to): trains, within the plan.
-TEST(Backpressure, IncompleteGradientsWithinTheRoomFitThePlan) {
+// The same order, every family opened by one piece, with each gradient offered to
+// GradientOrder first (what strata.torch does): what would open more families than
+// the room holds is kept back and handed with its family's last piece, so the run
+// trains within the plan. (The test above is the same run without it.)
+TEST(Backpressure, GradientsKeptBackByGradientOrderFitThePlan) {
   TempDir dir;
   auto device = sim_device();
   auto rt = Runtime::create(*device, sgd_options(dir.path));
   ASSERT_TRUE(rt.ok()) << rt.status();
   StepStats last;
+  GradientOrder keep;
   within(std::chrono::seconds(60), [&] {
-    Status st = train_in_pieces(**rt, 4, 3, &last);
+    Status st = train_in_pieces(**rt, 4, kTensors, &last, &keep);
     ASSERT_TRUE(st.ok()) << st;
   });
   EXPECT_EQ((*rt)->incomplete_gradients_max(), 3u);
+  EXPECT_GT(keep.kept_total(), 0u);  // (else the order under test did not happen)
   EXPECT_LE(last.host_high_water_bytes, (*rt)->plan().host_bytes);
 }
 

@@ -5,7 +5,7 @@ With a layer norm and a linear layer packed into the same chunk families, every 
 written in pieces that would wait on host incomplete, all at once, beyond the plan's host room (Note
 [Host room] in runtime/src/planner.cpp): the run stopped in the second step with "host room for gradients ... is
 full ...: a planner bug" (#24). strata.torch keeps a gradient that would open more families than the room holds
-until its family completes (Note [Gradients in pieces] in python/src/grad_pieces.hpp). Runs under torch 1.13 and 2.x."""
+until its family completes (Note [Gradients in pieces] in runtime/include/strata/runtime/gradient_order.hpp). Runs under torch 1.13 and 2.x."""
 
 import copy
 

@@ -108,7 +108,7 @@ def test_bf16_autocast_bit_identical(slots, tmp_path):
     of backward, after the layer norms' and embeddings' of the same chunk families: those families' gradients
     would wait incomplete, all at once, beyond the plan's host room (#24). strata.torch keeps a gradient that would
     open more families than the room holds until its family completes (Note [Gradients in pieces] in
-    python/src/grad_pieces.hpp): at 3 GPU slots some are kept, at 4 the order fits."""
+    runtime/include/strata/runtime/gradient_order.hpp): at 3 GPU slots some are kept, at 4 the order fits."""
     name = "gpt2"
     make_opt = lambda p: st.SGD(p, lr=0.125, momentum=0.5)  # noqa: E731
     cfg = states_on_nvme_config(name, tmp_path, make_opt, gpu_slots=slots)

@@ -771,7 +771,7 @@ class Wrapped:
 
     def _on_backward_ends(self):
         self.engine.unbind_all()
-        self.engine.hand_kept()  # Note [Gradients in pieces] in python/src/grad_pieces.hpp
+        self.engine.hand_kept()  # Note [Gradients in pieces] in runtime/include/strata/runtime/gradient_order.hpp
         self._calls.clear()
         self._phase = "idle"
         self._micro_in_step += 1

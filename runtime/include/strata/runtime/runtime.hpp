@@ -375,7 +375,7 @@ class Runtime {
   //! (Note [Host room] in runtime/src/planner.cpp). A caller that may hand
   //! gradients in another order than its warm-up step keeps a gradient that would
   //! open one more family until its family's other gradients arrive (strata.torch
-  //! does: Note [Gradients in pieces] in python/src/grad_pieces.hpp). Every family
+  //! does: Note [Gradients in pieces] in runtime/include/strata/runtime/gradient_order.hpp). Every family
   //! when nothing is evicted or every gradient has room (micro-batches, loss
   //! scaling, clipping, data parallelism); 0 before the layout exists.
   std::size_t incomplete_gradients_max() const;
