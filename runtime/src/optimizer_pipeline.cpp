@@ -203,7 +203,7 @@ void OptimizerPipeline::pump() {
   if (host_work_in_flight()) return;
   no_room.with_context(
       "no optimizer work in flight can free host room: a planner bug (Note [Host room] in "
-      "runtime/src/planner.cpp); raise host_budget and report it");
+      "runtime/plan/planner.cpp); raise host_budget and report it");
   core_.fail(std::move(no_room));
   pump();  // ends the families still waiting
   core_.cv.notify_all();

@@ -223,8 +223,8 @@ Status Residency::no_slot_error(bool room_full) const {
     return out_of_budget(
         "host room for gradients written back from the GPU is full ({} of the plan's {}; {} of the {} "
         "chunk slots leased, the others hold gradients no optimizer can take yet) and no optimizer work in "
-        "flight can free any: a planner bug (Note [Host room] in runtime/src/planner.cpp). Raise host_budget "
-        "(by {} per gradient) or gpu_budget, and report it",
+        "flight can free any: a planner bug (Note [Host room] in runtime/plan/planner.cpp). Raise "
+        "host_budget (by {} per gradient) or gpu_budget, and report it",
         format_bytes(in_use), format_bytes(core_.plan.grad_host_bytes), leased, cache_slots_,
         format_bytes(slot_bytes));
   }

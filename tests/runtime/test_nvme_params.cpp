@@ -29,7 +29,7 @@ constexpr std::size_t kWidth = 128;
 constexpr std::uint64_t kChunkElems = 20480;
 constexpr std::uint64_t kChunkBytes = kChunkElems * 4;
 // Host bytes the plan needs before any home when params spill (Note [Host room] in
-// runtime/src/planner.cpp): one grad landing slot, host copies of one gradient per
+// runtime/plan/planner.cpp): one grad landing slot, host copies of one gradient per
 // streaming slot (6: 2 + 2 x prefetch depth 2), one NVMe chunk's temporary copy
 // (counted as a family's states: 2 chunks), 4 param staging buffers (prefetch
 // depth 2 + 2) and one NVMe family in flight (two fp32 Adam states and the param).

@@ -3,7 +3,7 @@ forward, backward and step() of 4 steps caches each weight's bf16 cast from the 
 from the second step on the weights' gradients come at the end of backward, after the layer norms'.
 With a layer norm and a linear layer packed into the same chunk families, every family's gradient is
 written in pieces that wait on host incomplete, all at once. The plan must count host room for that
-(Note [Host room] in runtime/src/planner.cpp); until it does the run stops in the second step with
+(Note [Host room] in runtime/plan/planner.cpp); until it does the run stops in the second step with
 "host room for gradients ... is full ...: a planner bug" (strict xfail). Runs under torch 1.13 and 2.x."""
 
 import copy

@@ -115,7 +115,7 @@ def test_bf16_autocast_bit_identical(slots, tmp_path):
     weights' bf16 casts from the first step, so from the second step on the weights' gradients arrive at the end
     of backward, after the layer norms' and embeddings' of the same chunk families: those families' gradients
     wait incomplete, all at once. The plan must count host room for that (Note [Host room] in
-    runtime/src/planner.cpp, once it does: see the xfail's reason) or the run fails at 3 slots with "host room
+    runtime/plan/planner.cpp, once it does: see the xfail's reason) or the run fails at 3 slots with "host room
     for gradients ... is full ...: a planner bug"."""
     name = "gpt2"
     make_opt = lambda p: st.SGD(p, lr=0.125, momentum=0.5)  # noqa: E731
