@@ -1,4 +1,4 @@
-// NVMe-homed params (Note [NVMe-homed params] in runtime/src/residency.hpp): the
+// NVMe-homed params (Note [NVMe-homed params] in runtime/src/residency/residency.hpp): the
 // planner puts params on NVMe when the host budget cannot hold them; training is
 // bit-identical to an all-on-host run on both I/O engines with writes that outlive
 // step(); EIO on read and write, a full disk and a corrupted slot end in a clear
@@ -388,7 +388,7 @@ TEST(NvmeParamsFaults, CorruptedSlotIsCaughtByItsChecksumAndNamed) {
   fault_run(Fault::kCorruptSlot);
 }
 
-// --- prefetch faults (Note [Prefetch errors] in runtime/src/eviction.cpp) ---
+// --- prefetch faults (Note [Prefetch errors] in runtime/src/residency/eviction.cpp) ---
 
 struct PrefetchFaultRun {
   State state;

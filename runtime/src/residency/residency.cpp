@@ -1,12 +1,12 @@
 // Residency: device slots and the moves between host and device
 // (residency.hpp; Note [Chunk state machine] in chunk.hpp). Victims and prefetch
 // are in eviction.cpp.
-#include "residency.hpp"
+#include "residency/residency.hpp"
 
 #include <algorithm>
 #include <cstring>
 
-#include "optimizer_pipeline.hpp"
+#include "pipeline/optimizer_pipeline.hpp"
 #include "strata/common/assert.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/common/log.hpp"

@@ -16,12 +16,12 @@
 // place takes one from a read-ahead family that is not launched yet, so an
 // out-of-order step cannot wait on a read-ahead that waits on it.
 //
-#include "optimizer_pipeline.hpp"
+#include "pipeline/optimizer_pipeline.hpp"
 
 #include <algorithm>
 #include <limits>
 
-#include "residency.hpp"
+#include "residency/residency.hpp"
 #include "strata/common/assert.hpp"
 #include "strata/common/log.hpp"
 
