@@ -15,10 +15,10 @@
 // cannot honestly exceed it by more than noise.
 //
 // Note [Runtime path]
-// runtime_path_mparams_per_s times the calls runtime/src/optimizer_run.cpp's
+// runtime_path_mparams_per_s times the calls runtime/src/pipeline/optimizer_run.cpp's
 // run_kernels makes on the host for a host family whose gradient came down from
 // the device: the gradient was checked on the device before its d2h copy
-// (runtime/src/grad_check.cpp, Note [Gradient check on the device]), so the CPU
+// (runtime/src/pipeline/grad_check.cpp, Note [Gradient check on the device]), so the CPU
 // runs kernels::step() with GradCheck::kCallerChecked and the device's
 // GradStats (here: taken once, untimed, by grad_stats over the same buffers).
 // With clip_max_norm > 0 or loss scaling (runtime/src/step.cpp,

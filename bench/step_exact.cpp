@@ -35,7 +35,7 @@ using runtime::StateKind;
 using runtime::TensorId;
 
 constexpr int kExactSteps = 4;  // step 1 traces, step 2 adopts the plan, 3 and 4 are steady
-// The host room of the smallest NVMe pipeline (Note [Host room] in runtime/src/planner.cpp):
+// The host room of the smallest NVMe pipeline (Note [Host room] in runtime/plan/planner.cpp):
 // a grad landing slot, a gradient copy per streaming slot (4), an NVMe chunk's temporary copy
 // (2), 3 param staging buffers and one NVMe family in flight (3), + one param.
 constexpr std::uint64_t kStagingChunks = 14;

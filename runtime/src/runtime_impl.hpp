@@ -1,19 +1,22 @@
 #pragma once
 // Runtime::Impl: the runtime's parts and what crosses them. Not a public header.
 //
-//   Core               core.*            shared context: lock, stores (stores.cpp), streams, thread pool,
-//                                        timeline, tensors, chunks (chunk.hpp), plan, the first error
+//   Core               core/             shared context: lock, stores (stores.cpp), streams, thread pool,
+//                                        timeline (timeline.cpp), tensors, chunks (chunk.hpp), plan,
+//                                        the first error; chunk events (chunk_events.hpp)
 //   StepTracker        step_tracker.*    this step's trace, position in the adopted trace, step counters
-//   Residency          residency.*,      device slots, host <-> device moves, eviction victims and
-//                      eviction.cpp,     prefetch, NVMe-homed params' staging buffers
-//                      param_staging.cpp
-//   OptimizerPipeline  optimizer_*.*,    families' optimizer runs, gradient completion, the Inf/NaN
-//                      grad_check.cpp,   check, staging, NVMe read-ahead and write-back
-//                      nvme_pipeline.cpp
+//   Residency          residency/        device slots, host <-> device moves (residency.*), eviction
+//                                        victims and prefetch (eviction.cpp), NVMe-homed params'
+//                                        staging buffers (param_staging.cpp)
+//   OptimizerPipeline  pipeline/         families' optimizer runs, gradient completion, the Inf/NaN
+//                                        check (grad_check.cpp), staging, NVMe read-ahead and
+//                                        write-back (nvme_pipeline.cpp)
 //   DataParallel       dp/               data parallelism (Note [Sharded step]): gradient
 //                                        reduce-scatters, param all-gathers, the initial
 //                                        broadcast, agreements between ranks; a no-op for one rank
 //
+// Each folder's README.md says what it owns, what it may call and what calls it;
+// private headers are included by their path from runtime/src ("core/core.hpp").
 // Impl owns them and does what needs several: registration and finalising the
 // layout (runtime.cpp), leases (leases.cpp), starting background work
 // (scheduler.cpp), plan adoption and moving states between homes
@@ -21,8 +24,9 @@
 // tensor_state.cpp), step() (step.cpp), a failed step's discard (step_abort.cpp),
 // checkpoints (the checkpoint_* members: runtime/checkpoint/,
 // its README.md) and the invariants checked after each public call
-// (invariants.cpp). Planner, cost model, layout, trace, timeline, options and
-// tensor names have public headers (strata/runtime/) and do not include this one.
+// (invariants.cpp), all in the top level of runtime/src. Planner, cost model,
+// layout, trace and tensor shapes are strata_plan (runtime/plan/); they, the
+// timeline and options have public headers (strata/runtime/) and do not include this one.
 //
 // Note [Gradient completion]
 // A family's gradients are complete when every trainable tensor in it has had
@@ -41,11 +45,11 @@
 #include <mutex>
 #include <optional>
 
-#include "chunk_events.hpp"
-#include "core.hpp"
+#include "core/chunk_events.hpp"
+#include "core/core.hpp"
 #include "dp/data_parallel.hpp"
-#include "optimizer_pipeline.hpp"
-#include "residency.hpp"
+#include "pipeline/optimizer_pipeline.hpp"
+#include "residency/residency.hpp"
 #include "step_tracker.hpp"
 #include "strata/common/assert.hpp"
 

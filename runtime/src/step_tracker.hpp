@@ -10,7 +10,7 @@
 #include <mutex>
 #include <vector>
 
-#include "core.hpp"
+#include "core/core.hpp"
 #include "strata/runtime/trace.hpp"
 
 namespace strata::runtime {

@@ -251,7 +251,7 @@ TEST(ProbeDataParallel, PerRankStateBytesAndSharedHost) {
   const Estimate shared = estimate(spec, Placement::kParamsOptimHost, each, rates);
   ASSERT_TRUE(alone.feasible && spread.feasible && shared.feasible) << alone.why << spread.why << shared.why;
   // Each rank holds 1/4 of the states but a host copy of every gradient (a data-parallel
-  // step is deferred: Note [Host room] in runtime/src/planner.cpp), so 4 ranks train less
+  // step is deferred: Note [Host room] in runtime/plan/planner.cpp), so 4 ranks train less
   // than twice one rank's model (1.998x here), yet clearly more.
   EXPECT_GT(spread.max_params, alone.max_params * 3 / 2);
   EXPECT_LT(shared.max_params, spread.max_params);

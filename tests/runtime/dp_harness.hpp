@@ -61,7 +61,7 @@ inline RuntimeOptions dp_options(Tier tier, const std::string& nvme_dir, int ran
   if (tier != Tier::kGpu) o.budgets.gpu_bytes = 8 * 3 * kDpChunkElems * 4;  // 8 slots of the oversized chunk
   if (tier == Tier::kNvme) {
     // The plan counts every gradient's host copy itself (micro-batches, data
-    // parallelism: Note [Host room] in runtime/src/planner.cpp); no reserve is needed.
+    // parallelism: Note [Host room] in runtime/plan/planner.cpp); no reserve is needed.
     o.budgets.host_bytes = (ranks > 1 ? 40 : 60) * kDpChunkElems * 4;
     o.budgets.nvme_bytes = 64 * kMiB;
     o.nvme_dirs = {nvme_dir};

@@ -24,7 +24,7 @@ struct Mlp {
   std::vector<std::vector<float>> grads;  // d loss / d activation
   float loss = 0.0f;
   //! When set, a call that returns a failed prefetch's error (which did nothing:
-  //! Note [Prefetch errors] in runtime/src/eviction.cpp) is kept here and made again.
+  //! Note [Prefetch errors] in runtime/src/residency/eviction.cpp) is kept here and made again.
   std::vector<Status>* prefetch_errors = nullptr;
 
   static bool is_prefetch_error(const Status& s) {

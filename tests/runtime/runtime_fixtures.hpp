@@ -94,7 +94,7 @@ class FaultyNvme final : public NvmeStore {
     return inner_->read(s, d, std::move(done));
   }
   //! The fault-injection point of prefetches (Note [Prefetch errors] in
-  //! runtime/src/eviction.cpp): the next `fail_read_aheads_` reads ahead of use
+  //! runtime/src/residency/eviction.cpp): the next `fail_read_aheads_` reads ahead of use
   //! fail with the engine's EIO (naming the file and offset) through `faults_`
   //! (the inner store's engine filter; one directory). With `persistent_` their
   //! slots fail every later read too (a bad sector), else only that read.

@@ -1,6 +1,6 @@
 // A plan the runtime accepts is a promise kept (issue #24): Note [Host room] in
-// runtime/src/planner.cpp (what the plan counts) and Note [Backpressure] in
-// runtime/src/residency.cpp (how the runtime waits instead of failing).
+// runtime/plan/planner.cpp (what the plan counts) and Note [Backpressure] in
+// runtime/src/residency/residency.cpp (how the runtime waits instead of failing).
 #include <gtest/gtest.h>
 
 #include <algorithm>

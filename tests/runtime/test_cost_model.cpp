@@ -1,6 +1,6 @@
 // The cost model against the runtime: a step that follows the plan moves exactly
 // the bytes predict_step says (Note [Cost model follows the runtime] in
-// runtime/src/cost_model.cpp), on every link and the disk.
+// runtime/plan/cost_model.cpp), on every link and the disk.
 #include <gtest/gtest.h>
 #include <unistd.h>
 

@@ -48,7 +48,7 @@ RuntimeOptions nvme_options(const fs::path& dir, std::shared_ptr<NvmeStore> stor
   RuntimeOptions o = base_options();
   // One grad landing slot, a host copy of one gradient per streaming slot (4), one NVMe
   // chunk's temporary copy (2), 4 param staging buffers and one NVMe family in flight (3):
-  // Note [Host room] in runtime/src/planner.cpp, as test_nvme_params.cpp counts it.
+  // Note [Host room] in runtime/plan/planner.cpp, as test_nvme_params.cpp counts it.
   o.budgets = {.gpu_bytes = 4 * kChunkBytes,
                .host_bytes = (1 + 4 + 2 + 4 + 3) * kChunkBytes + kChunkBytes / 2,
                .nvme_bytes = 32 * kMiB};

@@ -1,5 +1,5 @@
 // The runtime's gradient check (Note [Gradient check on the device] in
-// runtime/src/grad_check.cpp): no extra host pass over the gradients, the same
+// runtime/src/pipeline/grad_check.cpp): no extra host pass over the gradients, the same
 // clipping norm as a check over all of them, and nothing written when a
 // gradient is non-finite, even when the only NaN is the last element of the
 // last kernel piece.

@@ -1,4 +1,4 @@
-// NVMe-homed params (Note [NVMe-homed params] in runtime/src/residency.hpp): the
+// NVMe-homed params (Note [NVMe-homed params] in runtime/src/residency/residency.hpp): the
 // planner puts params on NVMe when the host budget cannot hold them; training is
 // bit-identical to an all-on-host run on both I/O engines with writes that outlive
 // step(); EIO on read and write, a full disk and a corrupted slot end in a clear
@@ -29,7 +29,7 @@ constexpr std::size_t kWidth = 128;
 constexpr std::uint64_t kChunkElems = 20480;
 constexpr std::uint64_t kChunkBytes = kChunkElems * 4;
 // Host bytes the plan needs before any home when params spill (Note [Host room] in
-// runtime/src/planner.cpp): one grad landing slot, host copies of one gradient per
+// runtime/plan/planner.cpp): one grad landing slot, host copies of one gradient per
 // streaming slot (6: 2 + 2 x prefetch depth 2), one NVMe chunk's temporary copy
 // (counted as a family's states: 2 chunks), 4 param staging buffers (prefetch
 // depth 2 + 2) and one NVMe family in flight (two fp32 Adam states and the param).
@@ -388,7 +388,7 @@ TEST(NvmeParamsFaults, CorruptedSlotIsCaughtByItsChecksumAndNamed) {
   fault_run(Fault::kCorruptSlot);
 }
 
-// --- prefetch faults (Note [Prefetch errors] in runtime/src/eviction.cpp) ---
+// --- prefetch faults (Note [Prefetch errors] in runtime/src/residency/eviction.cpp) ---
 
 struct PrefetchFaultRun {
   State state;

@@ -110,10 +110,13 @@ set -m
 mount_disk 64m  # afresh: step 4's space may still be on its way back
 mounted_free=$(free_bytes)
 for sig in KILL TERM INT; do
+  # The job truncates out when it starts, after the fork: the loop below must not
+  # read the previous signal's steps before that (it did, under load).
+  rm -f "$root/out"
   "$lm" --nvme "$disk" --steps 100000 >"$root/out" 2>&1 &
   pid=$!
   for _ in $(seq 1 300); do  # until it trains (steps print), at most 30 s
-    grep -q "^step    2" "$root/out" && break
+    grep -qs "^step    2" "$root/out" && break
     sleep 0.1
   done
   grep -q "^step    2" "$root/out" || fail "example-lm did not reach step 2 before SIG$sig: $(tail -3 "$root/out")"

@@ -3,7 +3,7 @@ forward, backward and step() of 4 steps caches each weight's bf16 cast from the 
 from the second step on the weights' gradients come at the end of backward, after the layer norms'.
 With a layer norm and a linear layer packed into the same chunk families, every family's gradient is
 written in pieces that would wait on host incomplete, all at once, beyond the plan's host room (Note
-[Host room] in runtime/src/planner.cpp): the run stopped in the second step with "host room for gradients ... is
+[Host room] in runtime/plan/planner.cpp): the run stopped in the second step with "host room for gradients ... is
 full ...: a planner bug" (#24). strata.torch keeps a gradient that would open more families than the room holds
 until its family completes (Note [Gradients in pieces] in runtime/include/strata/runtime/gradient_order.hpp). Runs under torch 1.13 and 2.x."""
 

@@ -1,6 +1,6 @@
 """A plan strata accepts is a promise kept (issue #24): budgets that wrap accepts train without
 OutOfBudget or a hang, and a refusal's suggested minimum is a budget that trains (Note [Host room]
-in runtime/src/planner.cpp, Note [Backpressure] in runtime/src/residency.cpp)."""
+in runtime/plan/planner.cpp, Note [Backpressure] in runtime/src/residency/residency.cpp)."""
 
 import os
 import re

@@ -3,7 +3,7 @@
 Note [Chunk search bounds]
 With layout.chunk_elems 0 (the default) the runtime searches, between
 layout.chunk_elems_min and layout.chunk_elems_max, for the chunk size with the least
-padding (runtime/src/layout.cpp). Its default bounds (2^20 .. 2^26 elements) suit
+padding (runtime/plan/layout.cpp). Its default bounds (2^20 .. 2^26 elements) suit
 large models on a GPU; a small model or a small device budget needs others: a chunk
 must leave 3 slots within budgets.gpu, and a minimum above the model's size leaves
 one chunk, mostly padding. So unless the config sets them, strata.torch passes

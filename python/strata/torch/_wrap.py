@@ -471,7 +471,7 @@ class Wrapped:
         _layout.search_bounds(cfg, want)  # Note [Chunk search bounds] in _layout.py
         plan = dict(cfg.get("plan", {})) if isinstance(cfg.get("plan"), dict) else cfg.get("plan", {})
         if isinstance(plan, dict):
-            # Gradients wait on host between micro-batches (Note [Host room] in runtime/src/planner.cpp).
+            # Gradients wait on host between micro-batches (Note [Host room] in runtime/plan/planner.cpp).
             plan.setdefault("micro_batches", self.accumulation_steps)
             cfg["plan"] = plan
         if settings is not None:

@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "../chunk.hpp"
+#include "core/chunk.hpp"
 
 namespace strata::runtime {
 

@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "../device_access.hpp"
 #include "data_parallel.hpp"
+#include "residency/device_access.hpp"
 #include "strata/common/log.hpp"
 
 namespace strata::runtime {

@@ -31,6 +31,15 @@ struct LayoutOptions {
   std::uint64_t chunk_align_elems = 4096;      //!< chunk size alignment (power of two)
 };
 
+//! Largest chunk, in elements (8 GiB of fp32): a chunk is one device slot, one
+//! host allocation and one NVMe slot; a larger one fits no real budget.
+inline constexpr std::uint64_t kChunkElemsLimit = std::uint64_t{1} << 31;
+
+//! LayoutOptions: chunk_elems 0 (search) or a multiple of chunk_align_elems up to
+//! kChunkElemsLimit; chunk_elems_min and chunk_elems_max powers of two with
+//! chunk_align_elems <= min <= max <= kChunkElemsLimit; alignments powers of two.
+Status validate_layout_options(const LayoutOptions& options);
+
 //! Where a tensor lives: family and element offset within each of its chunks.
 struct TensorSlot {
   FamilyId family = 0;

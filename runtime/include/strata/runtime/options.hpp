@@ -23,9 +23,6 @@
 
 namespace strata::runtime {
 
-//! Largest chunk, in elements (8 GiB of fp32): a chunk is one device slot, one
-//! host allocation and one NVMe slot; a larger one fits no real budget.
-inline constexpr std::uint64_t kChunkElemsLimit = std::uint64_t{1} << 31;
 //! Bound on prefetch depth, NVMe families in flight and grad staging slots.
 inline constexpr std::uint32_t kPlanCountMax = 64;
 //! Bound on CPU workers.
@@ -44,11 +41,6 @@ inline constexpr std::size_t kTimelineEventsMax = std::size_t{1} << 24;
 //! Fails with InvalidArgument (or NotFound / PermissionDenied / NoSpace for directories) naming the setting,
 //! its value and what is allowed.
 Status validate_options(const RuntimeOptions& options);
-
-//! LayoutOptions: chunk_elems 0 (search) or a multiple of chunk_align_elems up to
-//! kChunkElemsLimit; chunk_elems_min and chunk_elems_max powers of two with
-//! chunk_align_elems <= min <= max <= kChunkElemsLimit; alignments powers of two.
-Status validate_layout_options(const LayoutOptions& options);
 
 //! `dir` can hold swap files: it exists (NotFound otherwise; never created), is a
 //! directory, is writable and searchable by this process, is not on a read-only

@@ -171,14 +171,14 @@ struct StepStats {
   std::uint64_t nvme_bytes = 0;
   //! Gradient bytes the CPU read only to check them for Inf/NaN (and the clipping
   //! norm): 0 when every check ran on the device before the gradient's copy to
-  //! host (Note [Gradient check on the device] in runtime/src/grad_check.cpp).
+  //! host (Note [Gradient check on the device] in runtime/src/pipeline/grad_check.cpp).
   std::uint64_t grad_check_host_bytes = 0;
   std::uint64_t bytes_comm = 0;  //!< sent to other ranks (data parallelism; 0 for one rank)
   double comm_s = 0.0;           //!< blocked in collectives (data parallelism)
   //! Prefetches (reads of a param ahead of its use) that failed since the last
   //! step(), and the first one's error. Not fatal: the use read the param itself;
   //! the next public call returned the error once (Note [Prefetch errors] in
-  //! runtime/src/eviction.cpp).
+  //! runtime/src/residency/eviction.cpp).
   std::uint64_t prefetch_errors = 0;
   std::string first_prefetch_error;
 };
@@ -356,7 +356,7 @@ class Runtime {
 
   //! Waits until every state the last step updated is on its home tier: NVMe
   //! write-backs go on after step() returns, overlapping the next forward (Note
-  //! [Write-back after step] in runtime/src/nvme_pipeline.cpp). Returns the first background error
+  //! [Write-back after step] in runtime/src/pipeline/nvme_pipeline.cpp). Returns the first background error
   //! (a failed write-back keeps that step's states in host memory; read_tensor
   //! reads them). Also waits until the files of checkpoints older than the last one
   //! saved are removed (a save leaves that to a thread of its own once it has
@@ -372,7 +372,7 @@ class Runtime {
   //! How many families' gradients the plan lets be incomplete at once (some of
   //! their trainable tensors' gradients written in this micro-batch, not all: Note
   //! [Gradient completion]): the host room for gradient copies holds that many
-  //! (Note [Host room] in runtime/src/planner.cpp). A caller that may hand
+  //! (Note [Host room] in runtime/plan/planner.cpp). A caller that may hand
   //! gradients in another order than its warm-up step keeps a gradient that would
   //! open one more family until its family's other gradients arrive (strata.torch
   //! does: Note [Gradients in pieces] in runtime/include/strata/runtime/gradient_order.hpp). Every family

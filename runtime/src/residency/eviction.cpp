@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <limits>
 
-#include "optimizer_pipeline.hpp"
-#include "residency.hpp"
+#include "pipeline/optimizer_pipeline.hpp"
+#include "residency/residency.hpp"
 #include "step_tracker.hpp"
 #include "strata/common/log.hpp"
 

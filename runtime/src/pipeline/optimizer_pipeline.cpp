@@ -16,12 +16,12 @@
 // place takes one from a read-ahead family that is not launched yet, so an
 // out-of-order step cannot wait on a read-ahead that waits on it.
 //
-#include "optimizer_pipeline.hpp"
+#include "pipeline/optimizer_pipeline.hpp"
 
 #include <algorithm>
 #include <limits>
 
-#include "residency.hpp"
+#include "residency/residency.hpp"
 #include "strata/common/assert.hpp"
 #include "strata/common/log.hpp"
 
@@ -210,7 +210,7 @@ void OptimizerPipeline::pump() {
   if (host_work_in_flight()) return;
   no_room.with_context(
       "no optimizer work in flight can free host room: a planner bug (Note [Host room] in "
-      "runtime/src/planner.cpp); raise host_budget and report it");
+      "runtime/plan/planner.cpp); raise host_budget and report it");
   core_.fail(std::move(no_room));
   pump();  // ends the families still waiting
   core_.cv.notify_all();

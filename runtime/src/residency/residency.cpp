@@ -1,12 +1,12 @@
 // Residency: device slots and the moves between host and device
 // (residency.hpp; Note [Chunk state machine] in chunk.hpp). Victims and prefetch
 // are in eviction.cpp.
-#include "residency.hpp"
+#include "residency/residency.hpp"
 
 #include <algorithm>
 #include <cstring>
 
-#include "optimizer_pipeline.hpp"
+#include "pipeline/optimizer_pipeline.hpp"
 #include "strata/common/assert.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/common/log.hpp"
@@ -249,8 +249,8 @@ Status Residency::no_slot_error(bool room_full) const {
     return out_of_budget(
         "host room for gradients written back from the GPU is full ({} of the plan's {}; {} of the {} "
         "chunk slots leased, the others hold gradients no optimizer can take yet) and no optimizer work in "
-        "flight can free any: a planner bug (Note [Host room] in runtime/src/planner.cpp). Raise host_budget "
-        "(by {} per gradient) or gpu_budget, and report it",
+        "flight can free any: a planner bug (Note [Host room] in runtime/plan/planner.cpp). Raise "
+        "host_budget (by {} per gradient) or gpu_budget, and report it",
         format_bytes(in_use), format_bytes(core_.plan.grad_host_bytes), leased, cache_slots_,
         format_bytes(slot_bytes));
   }

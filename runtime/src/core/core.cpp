@@ -1,5 +1,5 @@
 // Core: the shared context of the runtime's parts (core.hpp).
-#include "core.hpp"
+#include "core/core.hpp"
 
 #include <algorithm>
 #include <cerrno>

@@ -27,8 +27,8 @@
 
 #include <cstring>
 
-#include "optimizer_pipeline.hpp"
-#include "residency.hpp"
+#include "pipeline/optimizer_pipeline.hpp"
+#include "residency/residency.hpp"
 #include "strata/common/assert.hpp"
 #include "strata/common/log.hpp"
 

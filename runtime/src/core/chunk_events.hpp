@@ -19,7 +19,7 @@
 
 #include <mutex>
 
-#include "chunk.hpp"
+#include "core/chunk.hpp"
 
 namespace strata::runtime {
 

@@ -5,7 +5,6 @@
 
 #include "strata/common/assert.hpp"
 #include "strata/common/bytes.hpp"
-#include "strata/runtime/options.hpp"
 
 namespace strata::runtime {
 namespace {
@@ -84,6 +83,38 @@ std::uint64_t layout_padding(std::span<const std::uint64_t> numels, std::span<co
   pack(numels, order, chunk_elems, offset_align_elems, chunk_align_elems,
        [&](std::size_t, std::size_t, std::uint64_t cap, std::uint64_t, bool) { capacity += cap; });
   return capacity - numel;
+}
+
+Status validate_layout_options(const LayoutOptions& o) {
+  if (!is_pow2(o.offset_align_elems)) {
+    return invalid_argument("layout offset_align_elems = {} must be a power of two", o.offset_align_elems);
+  }
+  if (!is_pow2(o.chunk_align_elems) || o.chunk_align_elems < o.offset_align_elems) {
+    return invalid_argument(
+        "layout chunk_align_elems = {} must be a power of two and >= offset_align_elems = {}",
+        o.chunk_align_elems, o.offset_align_elems);
+  }
+  if (o.chunk_elems != 0 && (o.chunk_elems % o.chunk_align_elems != 0 || o.chunk_elems > kChunkElemsLimit)) {
+    return invalid_argument(
+        "layout.chunk_elems = {}: use 0 (search for the size) or a multiple of {} up to {} (2^31)",
+        o.chunk_elems, o.chunk_align_elems, kChunkElemsLimit);
+  }
+  for (const auto& [name, value] :
+       {std::pair<const char*, std::uint64_t>{"chunk_elems_min", o.chunk_elems_min},
+        {"chunk_elems_max", o.chunk_elems_max}}) {
+    if (!is_pow2(value) || value < o.chunk_align_elems || value > kChunkElemsLimit) {
+      return invalid_argument("layout.{} = {}: use a power of two from {} to {} (2^31)", name, value,
+                              o.chunk_align_elems, kChunkElemsLimit);
+    }
+  }
+  if (o.chunk_elems_min > o.chunk_elems_max) {
+    return invalid_argument(
+        "layout.chunk_elems_min = {} is greater than layout.chunk_elems_max = {}: the search range is empty; "
+        "set min <= max",
+        o.chunk_elems_min, o.chunk_elems_max);
+  }
+  if (o.search_candidates_max == 0) return invalid_argument("layout search_candidates_max must be > 0");
+  return Status::Ok();
 }
 
 Result<ChunkLayout> build_layout(std::span<const std::uint64_t> numels, std::span<const TensorId> order,

@@ -15,8 +15,8 @@
 #include <cstring>
 #include <optional>
 
-#include "optimizer_pipeline.hpp"
-#include "residency.hpp"
+#include "pipeline/optimizer_pipeline.hpp"
+#include "residency/residency.hpp"
 #include "strata/common/assert.hpp"
 #include "strata/common/log.hpp"
 #include "strata/kernels/cuda.hpp"

@@ -34,7 +34,7 @@
 #include <mutex>
 #include <vector>
 
-#include "core.hpp"
+#include "core/core.hpp"
 #include "dp/chunk_flags.hpp"
 
 namespace strata::runtime {

@@ -14,7 +14,7 @@
 #include <mutex>
 #include <vector>
 
-#include "core.hpp"
+#include "core/core.hpp"
 #include "strata/common/assert.hpp"
 #include "strata/kernels/cuda.hpp"
 #include "strata/kernels/optim.hpp"

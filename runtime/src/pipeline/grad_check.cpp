@@ -23,8 +23,8 @@
 // kernel's own kSeparatePass. StepStats::grad_check_host_bytes counts the
 // bytes those fallbacks read, so a test can see that a step needed none.
 
-#include "device_access.hpp"
-#include "optimizer_pipeline.hpp"
+#include "pipeline/optimizer_pipeline.hpp"
+#include "residency/device_access.hpp"
 #include "strata/common/assert.hpp"
 
 namespace strata::runtime {

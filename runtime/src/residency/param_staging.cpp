@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "optimizer_pipeline.hpp"
-#include "residency.hpp"
+#include "pipeline/optimizer_pipeline.hpp"
+#include "residency/residency.hpp"
 #include "step_tracker.hpp"
 #include "strata/common/assert.hpp"
 #include "strata/common/bytes.hpp"

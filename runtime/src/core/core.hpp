@@ -30,9 +30,9 @@
 #include <utility>
 #include <vector>
 
-#include "chunk.hpp"
-#include "file_remover.hpp"
-#include "record_pool.hpp"
+#include "core/chunk.hpp"
+#include "core/file_remover.hpp"
+#include "core/record_pool.hpp"
 #include "strata/common/thread_pool.hpp"
 #include "strata/kernels/hyper.hpp"
 #include "strata/runtime/options.hpp"
