@@ -78,8 +78,8 @@ Result<NvmeInfo> measure_nvme(const std::string& dir, std::uint64_t bytes_max, d
 Result<double> measure_host_memory(std::uint64_t bytes, std::size_t threads, const Progress& progress);
 //! fp32 AdamW over `params` elements (about 16 bytes each) on exactly `threads`
 //! threads (a pool of that many, the step started on one of them, as the
-//! runtime's optimizer tasks run), median of 3 timed steps after a warm-up:
-//! parameters per second.
+//! runtime's optimizer tasks run), the median of 3 to 15 timed steps after a
+//! warm-up, as many as run 0.3 s (Note [Probe optimizer samples]): parameters per second.
 Result<double> measure_cpu_optimizer(std::uint64_t params, std::size_t threads, const Progress& progress);
 
 }  // namespace strata::probe
