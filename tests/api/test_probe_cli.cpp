@@ -297,18 +297,20 @@ double nvme_median_ratio(const std::string& args, int runs) {
 }
 
 // At optim-nvme the budgets hold, the NVMe bytes are the predicted ones, and the
-// median ratio of three runs is within 0.75-1.6: what holds under `make test`'s
-// load on a shared 2-core machine (1.01-1.33 at load 10 on 2026-12-05). One run's
-// ratio once failed a fresh-clone CI run at 0.58 (issue #28): the probe's disk
-// pass then timed one sweep of 64 MiB (~50 ms) and its rate swung 2x between
-// identical runs, and the step time was one sample. The pass now runs at least
-// 0.5 s (Note [Probe disk pipeline pass] in tools/probe/measure.cpp) and this
-// takes the median of three. A prediction 2x off either way fails it (ratio
-// about 0.55 or 2.3). The ±25 % itself is VerifyOnNvmePredictsWithin25Percent.
+// median ratio of three runs is within 0.75-2.0: what holds under `make test`'s
+// load on a shared 2-core machine (medians 1.15-1.3 at load 5-7 on 2026-12-05,
+// 1.91 once while two compilers ran beside it). One run's ratio once failed a
+// fresh-clone CI run at 0.58 (issue #28): the probe's disk pass then timed one
+// sweep of 64 MiB (~50 ms), its CPU optimizer rate three ~10 ms steps, and both
+// swung 2x between identical runs; the step time was one sample. The passes now
+// run longer (Note [Probe disk pipeline pass], Note [Probe optimizer samples] in
+// tools/probe/measure.cpp) and this takes the median of three. A prediction 2x
+// too slow fails it (0.61 with STRATA_PROBE_TEST_PREDICTION_SCALE=2), and 2x too
+// fast (2.74 with 0.5). The ±25 % itself is VerifyOnNvmePredictsWithin25Percent.
 TEST_F(ProbeCli, VerifyOnNvmeHoldsBudgets) {
   const double ratio = nvme_median_ratio(small(), 3);
   EXPECT_GT(ratio, 0.75);
-  EXPECT_LT(ratio, 1.6);
+  EXPECT_LT(ratio, 2.0);
   EXPECT_TRUE(dir_empty());
 }
 
