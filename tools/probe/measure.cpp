@@ -281,9 +281,9 @@ Result<std::pair<std::uint32_t, double>> timed_pass(const NvmeBench& b, const Nv
 // 64 MiB file took ~50 ms, so its rate swung 2x between identical runs. So this
 // pass keeps the pipeline's shape and repeats its sweep for kPipelineMinSeconds
 // (or --nvme-seconds, when shorter). With it and Note [NVMe pipeline window] in
-// cost_model.cpp, optim-nvme at 24M params went from ratio
-// 1.2-2.1 to 0.93-1.11 (five runs each, load average 10 on 2 cores); the figures
-// are in docs/probe.md.
+// cost_model.cpp, optim-nvme at 24M params went from a median ratio of 1.91
+// (1.16-2.17) to 1.15 (0.96-1.42), five runs each at load average 5-7 on 2 cores
+// (scripts/probe-accuracy; docs/probe.md has every configuration).
 constexpr std::size_t kPipelinePlaces = 2;  // PlanOptions::nvme_families_in_flight's default
 constexpr std::size_t kPipelinePieces = 2;  // AdamW's two states
 constexpr double kPipelineMinSeconds = 0.5;
