@@ -235,6 +235,37 @@ double tail_seconds(const PlanInput& in, const Plan& plan, const Rates& rates, l
   return tail_s;
 }
 
+// Note [NVMe pipeline window]
+// The optimizer pipeline's NVMe I/O does not spread over the whole step. A
+// family's states are written back only after its gradient exists (backward),
+// and during forward only `nvme_families_in_flight` places read ahead (Note
+// [Pipeline places] in optimizer_pipeline.cpp): the forward gives the disk those
+// families' reads and the last step's write-backs of as many, nothing more. A
+// trace of strata-probe --verify at optim-nvme (24M params, 17 families, 2
+// places) showed it: the disk busy for the first half of forward, then idle
+// until backward. So when the disk bounds the step, it takes the forward's
+// compute plus the states' bytes past the places' share at the disk's rate, not
+// all bytes at that rate. The share is by family count (the families of a
+// placement are of one size where this matters); params on NVMe are read in
+// forward too and are not counted here.
+double nvme_window_seconds(const PlanInput& in, const Plan& plan, const Rates& rates) {
+  std::uint64_t families = 0, state_bytes = 0;
+  for (std::size_t i = 0; i < in.families.size(); ++i) {
+    if (in.families[i].numel == 0 || plan.families[i].optim_home != Tier::kNvme) continue;
+    ++families;
+    state_bytes += 2 * in.families[i].optim_bytes;  // read and written
+  }
+  const std::uint64_t places = in.options.nvme_families_in_flight;
+  const double rate = rates.disk_mixed_bytes_per_s;
+  if (families <= places || rate <= 0) return 0.0;
+  double forward_s = 0.0;
+  for (const FamilyUse& use : in.trace.uses) {
+    if (use.phase == Phase::kForward) forward_s += use.compute_s;
+  }
+  const double share = static_cast<double>(families - places) / static_cast<double>(families);
+  return forward_s + share * static_cast<double>(state_bytes) / rate;
+}
+
 }  // namespace
 
 StepCost predict_step(const PlanInput& in, const Plan& plan, const Rates& rates) {
@@ -258,6 +289,7 @@ StepCost predict_step(const PlanInput& in, const Plan& plan, const Rates& rates)
   c.disk_s = rates.disk_mixed_bytes_per_s > 0
                  ? static_cast<double>(c.bytes_disk_read + c.bytes_disk_write) / rates.disk_mixed_bytes_per_s
                  : 0.0;
+  c.disk_s = std::max(c.disk_s, nvme_window_seconds(in, plan, rates));  // Note [NVMe pipeline window]
   c.host_memory_s = rates.host_memory_bytes_per_s > 0
                         ? static_cast<double>(c.bytes_host_memory) / rates.host_memory_bytes_per_s
                         : 0.0;

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "strata/common/bytes.hpp"
 
@@ -260,37 +262,69 @@ TEST_F(ProbeCli, VerifyPredictsWithin25Percent) {
   EXPECT_TRUE(dir_empty());
 }
 
-// At optim-nvme (the default with --nvme) the budgets hold and the NVMe bytes are
-// the predicted ones, but the step time is not checked against ±25 % here: on this
-// sandbox's virtio disk the runtime's NVMe pipeline (two families in flight, 4.7 MiB
-// states) gets less of the disk than the probe's deep-queue mixed pass measures, and
-// the ratio is 1.2-1.65 (docs/probe.md, "Known limits"). The check
-// still runs and its exit code must agree; a prediction that is too slow (ratio
-// under 0.75) fails, as the model never over-predicts this disk.
-TEST_F(ProbeCli, VerifyOnNvmeHoldsBudgets) {
-  const nlohmann::json v = verify_once(small());
-  ASSERT_FALSE(v.is_null());
-  std::fprintf(stderr, "optim-nvme verify: ratio %.2f (passed %d)\n", v["ratio"].get<double>(),
-               v["passed"].get<bool>() ? 1 : 0);
-  EXPECT_GT(v["ratio"].get<double>(), 0.75) << v.dump(2);
-  // The NVMe budget the runtime ran with, once: the least the planner accepts
-  // (5 % slack), so the high-water mark is within it and more than half of it.
-  const auto nvme_budget = v["nvme_budget_bytes"].get<std::uint64_t>();
-  const auto nvme_used = v["nvme_bytes"].get<std::uint64_t>();
-  EXPECT_LE(nvme_used, nvme_budget) << v.dump(2);
-  EXPECT_GT(2 * nvme_used, nvme_budget) << v.dump(2);
-  for (const auto& t : v["terms"]) {
-    // A family's write-back (or read-ahead) can land in the next step's window (or the
-    // last one's in this): within one family's bytes of the prediction (the plan's
-    // first word is the family count; every family moves the same bytes).
-    if (t["name"] == "disk_read" || t["name"] == "disk_write") {
-      const auto predicted = t["predicted_bytes"].get<std::int64_t>();
-      const auto families = std::stoll(v["plan"].get<std::string>());
-      ASSERT_GT(families, 0) << v.dump(2);
-      EXPECT_LE(std::llabs(t["measured_bytes"].get<std::int64_t>() - predicted), predicted / families)
-          << t.dump();
+// The median ratio of `runs` verify runs at optim-nvme (the default with --nvme),
+// each checked as verify_once does, plus the NVMe budget and bytes below.
+double nvme_median_ratio(const std::string& args, int runs) {
+  std::vector<double> ratios;
+  for (int i = 0; i < runs; ++i) {
+    const nlohmann::json v = verify_once(args);
+    if (v.is_null()) return 0.0;
+    ratios.push_back(v["ratio"].get<double>());
+    std::fprintf(stderr, "optim-nvme verify %d: ratio %.2f (measured %.3f s / predicted %.3f s)\n", i + 1,
+                 ratios.back(), v["measured_step_s"].get<double>(), v["predicted_step_s"].get<double>());
+    // The NVMe budget the runtime ran with, once: the least the planner accepts
+    // (5 % slack), so the high-water mark is within it and more than half of it.
+    const auto nvme_budget = v["nvme_budget_bytes"].get<std::uint64_t>();
+    const auto nvme_used = v["nvme_bytes"].get<std::uint64_t>();
+    EXPECT_LE(nvme_used, nvme_budget) << v.dump(2);
+    EXPECT_GT(2 * nvme_used, nvme_budget) << v.dump(2);
+    for (const auto& t : v["terms"]) {
+      // A family's write-back (or read-ahead) can land in the next step's window (or the
+      // last one's in this): within one family's bytes of the prediction (the plan's
+      // first word is the family count; every family moves the same bytes).
+      if (t["name"] == "disk_read" || t["name"] == "disk_write") {
+        const auto predicted = t["predicted_bytes"].get<std::int64_t>();
+        const auto families = std::stoll(v["plan"].get<std::string>());
+        EXPECT_GT(families, 0) << v.dump(2);
+        if (families <= 0) continue;
+        EXPECT_LE(std::llabs(t["measured_bytes"].get<std::int64_t>() - predicted), predicted / families)
+            << t.dump();
+      }
     }
   }
+  std::sort(ratios.begin(), ratios.end());
+  return ratios[ratios.size() / 2];
+}
+
+// At optim-nvme the budgets hold, the NVMe bytes are the predicted ones, and the
+// median ratio of three runs is within 0.75-2.0: what holds under `make test`'s
+// load on a shared 2-core machine (medians 1.15-1.3 at load 5-7 on 2026-12-05,
+// 1.91 once while two compilers ran beside it). One run's ratio once failed a
+// fresh-clone CI run at 0.58 (issue #28): the probe's disk pass then timed one
+// sweep of 64 MiB (~50 ms), its CPU optimizer rate three ~10 ms steps, and both
+// swung 2x between identical runs; the step time was one sample. The passes now
+// run longer (Note [Probe disk pipeline pass], Note [Probe optimizer samples] in
+// tools/probe/measure.cpp) and this takes the median of three. A prediction 2x
+// too slow fails it (0.61 with STRATA_PROBE_TEST_PREDICTION_SCALE=2), and 2x too
+// fast (2.74 with 0.5). The ±25 % itself is VerifyOnNvmePredictsWithin25Percent.
+TEST_F(ProbeCli, VerifyOnNvmeHoldsBudgets) {
+  const double ratio = nvme_median_ratio(small(), 3);
+  EXPECT_GT(ratio, 0.75);
+  EXPECT_LT(ratio, 2.0);
+  EXPECT_TRUE(dir_empty());
+}
+
+// Issue #28 item 6 at optim-nvme: the median of three verify runs within ±25 %.
+// Timing on a quiet machine only, like VerifyPredictsWithin25Percent.
+TEST_F(ProbeCli, VerifyOnNvmePredictsWithin25Percent) {
+  const char* quiet = std::getenv("STRATA_QUIET_MACHINE");
+  if (quiet == nullptr || std::string_view(quiet) != "1") {
+    GTEST_SKIP()
+        << "a timing check for a quiet machine: set STRATA_QUIET_MACHINE=1 to run it (issue #28 item 6)";
+  }
+  const double ratio = nvme_median_ratio(small(), 3);
+  EXPECT_GT(ratio, 1 - 0.25);
+  EXPECT_LT(ratio, 1 + 0.25);
   EXPECT_TRUE(dir_empty());
 }
 

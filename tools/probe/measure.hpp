@@ -39,8 +39,8 @@ struct NvmeInfo {
   std::uint64_t bytes_tested = 0;
   double read_bytes_per_s = 0;
   double write_bytes_per_s = 0;
-  //! Reads and writes in flight together (the optimizer pipeline reads one
-  //! family's states while it writes another's): bytes of both a second.
+  //! Reads and writes as the optimizer pipeline does them (Note [Probe disk
+  //! pipeline pass] in measure.cpp): bytes of both a second.
   double mixed_bytes_per_s = 0;
 };
 
@@ -65,19 +65,21 @@ Result<DeviceInfo> measure_device(memory::DeviceOptions options, std::uint64_t c
 
 //! Writes (a warm-up pass, then a timed one), then reads up to `bytes_max` (at most
 //! `seconds_max` per pass) in 16 MiB
-//! slots through a SwapStore on `dir`; the swap file is removed before returning.
+//! slots through a SwapStore on `dir`, then runs the pipeline pass (Note [Probe
+//! disk pipeline pass] in measure.cpp; its optimizer kernels on a pool of
+//! `optimizer_threads`, none when 0); the swap file is removed before returning.
 //! Fails: NotFound (missing dir), PermissionDenied / IoError (read-only), NoSpace
 //! (less than 64 MiB free), with the path in the message.
 Result<NvmeInfo> measure_nvme(const std::string& dir, std::uint64_t bytes_max, double seconds_max,
-                              const Progress& progress);
+                              std::size_t optimizer_threads, const Progress& progress);
 
 //! Host memory traffic (read + write bytes a second) of a parallel copy of
 //! `bytes` over exactly `threads` threads, median of 3 (Note [Host memory as a resource]).
 Result<double> measure_host_memory(std::uint64_t bytes, std::size_t threads, const Progress& progress);
 //! fp32 AdamW over `params` elements (about 16 bytes each) on exactly `threads`
 //! threads (a pool of that many, the step started on one of them, as the
-//! runtime's optimizer tasks run), median of 3 timed steps after a warm-up:
-//! parameters per second.
+//! runtime's optimizer tasks run), the median of 3 to 15 timed steps after a
+//! warm-up, as many as run 0.3 s (Note [Probe optimizer samples]): parameters per second.
 Result<double> measure_cpu_optimizer(std::uint64_t params, std::size_t threads, const Progress& progress);
 
 }  // namespace strata::probe

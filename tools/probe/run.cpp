@@ -48,7 +48,8 @@ Result<Machine> measure_machine(const Settings& s, const Flags& flags, const Pro
   }
   STRATA_ASSIGN_OR_RETURN(m.host, measure_host());
   if (!s.nvme.empty()) {
-    STRATA_ASSIGN_OR_RETURN(m.nvme, measure_nvme(s.nvme, flags.nvme_bytes, flags.nvme_seconds, progress));
+    STRATA_ASSIGN_OR_RETURN(
+        m.nvme, measure_nvme(s.nvme, flags.nvme_bytes, flags.nvme_seconds, m.host.cores, progress));
   }
   memory::DeviceOptions dopt;
   STRATA_RETURN_IF_ERROR(dopt.set("kind", s.device));
