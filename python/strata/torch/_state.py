@@ -119,11 +119,11 @@ class ModelState:
             self._set_copy_attrs(m)
         framed = [m for m in model.modules() if m in w._module_pids or
                   any(p is not None and id(p) in w._pid for p in m.parameters())]
-        push, pop = _compile.eager(self._push), _compile.eager(self._pop)  # Note [torch.compile]
+        push, pop = self._push, self._pop  # plain until a compile is seen (Note [torch.compile])
         _compile.skip_frames(ModelState.touched, _Use.forward, _Use.backward)
         for m in framed:  # the root, owners and every module above one: those that can read a parameter
-            w._handles.append(m.register_forward_pre_hook(push))
-            w._handles.append(m.register_forward_hook(pop))
+            w._handles.append(_compile.forward_pre_hook(m, push))
+            w._handles.append(_compile.forward_hook(m, pop))
         ours = {h.id for h in w._handles}
         for m in framed:
             hooks = m._forward_pre_hooks
