@@ -188,7 +188,7 @@ class ModelState:
         alias = self._aliases.get((id(call), pid))
         if alias is not None:
             return alias
-        if engine.binds(pid) > 0:
+        if engine.binds(pid) > 0 and (not w._hold or self._bound_by_active(pid)):
             return p
         engine.bind(pid)
         call.pids = list(call.pids) + [pid]  # this call's own list: unbound and rebound with it
@@ -197,6 +197,11 @@ class ModelState:
         alias = _Use.apply(p, self, call, pid)
         self._aliases[(id(call), pid)] = alias
         return alias
+
+    def _bound_by_active(self, pid):
+        """Bound by a call whose forward is running (unbound only after this read's backward), not only held by a
+        finished one (Note [Holding parameters where everything fits] in _wrap.py): such a read binds for itself."""
+        return any(c is not None and pid in c.pids for _, c in reversed(self.active))
 
     def poison_context(self):
         """Where a missed read happened, for the poison error: the module whose own forward code ran it

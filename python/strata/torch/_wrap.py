@@ -637,6 +637,9 @@ class Wrapped:
     #   - the sweep at backward's end and lazy parameters between steps (Note [Lazy parameters]):
     #     state_dict, p.data and reads between steps are served as before;
     #   - forward without grad (or a module whose outputs need no gradient): unbound at once, as before.
+    # A parameter read through attribute access by another module while it is held only by a finished
+    # call binds for that read as if it were unbound (ModelState.touched in _state.py): the owner's
+    # backward may end before the reader's.
     # What changes, only where everything fits: a parameter read through a reference kept outside
     # attribute access after its module's forward and before its backward (Sneaky in
     # tests/torch/test_features.py reads one never bound, which still raises) reads its value instead of
