@@ -10,7 +10,13 @@ Three figures, each the median of --trials trials of --calls calls:
   strata_forward_us   one forward of a small GPT wrapped by strata (sim device, everything fits),
                       with strata's hooks as wrap() installs them; strata_hooks says whether they
                       are plain functions or dynamo-disabled ones (Note [torch.compile] in
-                      strata/torch/_compile.py), hook_calls_per_forward how many ran.
+                      strata/torch/_compile.py), hook_calls_per_forward how many ran;
+                      strata_forward_disabled_hooks_us (torch >= 2) the same forward after the hooks
+                      were swapped for dynamo-disabled ones, as every hook was before #29;
+  fit_step_ms_held / fit_step_ms_not_held / held_over_not_held
+                      a training step of that model with parameters held from forward to backward
+                      (Note [Holding parameters where everything fits] in _wrap.py) and without,
+                      alternating trial by trial, and the median of the per-trial ratios.
 The first two isolate the wrapper; the third is what a user's forward pays. Run it on each torch
 (/usr/bin/python3 for 1.13, the torch2 venv's python for 2.x) and on two builds to compare.
 """
@@ -63,6 +69,34 @@ def _is_disabled(fn):
     return getattr(fn, "_torchdynamo_disable", False) or type(fn).__name__ != "method"
 
 
+def _time_steps(model, opt, x, steps):
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return (time.perf_counter() - t0) / steps * 1e3
+
+
+def hold_ab(model, opt, x, trials, steps):
+    """Training steps (ms) with parameters held from forward to backward and without (Note [Holding
+    parameters where everything fits] in strata/torch/_wrap.py), alternating trial by trial."""
+    w = model.strata
+    held, plain = [], []
+    for _ in range(trials):
+        for on, out in ((True, held), (False, plain)):
+            os.environ["STRATA_TORCH_BENCH_NO_HOLD"] = "0" if on else "1"
+            w._update_hold()
+            out.append(_time_steps(model, opt, x, steps))
+    os.environ.pop("STRATA_TORCH_BENCH_NO_HOLD")
+    w._update_hold()
+    ratios = sorted(h / p for h, p in zip(held, plain))
+    return {"fit_step_ms_held": round(statistics.median(held), 3),
+            "fit_step_ms_not_held": round(statistics.median(plain), 3),
+            "held_over_not_held": round(statistics.median(ratios), 3),
+            "held_over_not_held_iqr": [round(ratios[len(ratios) // 4], 3), round(ratios[(3 * len(ratios)) // 4], 3)]}
+
+
 def strata_forward(trials, steps):
     import strata.torch as st  # noqa: PLC0415
     from torch_gpt import Gpt  # noqa: PLC0415
@@ -87,10 +121,25 @@ def strata_forward(trials, steps):
                 model(x)
             times.append((time.perf_counter() - t0) / steps * 1e6)
     per_forward = (model.strata.counters()["hook_calls"] - calls_before) / (trials * steps)
+    out = {"strata_forward_us": round(statistics.median(times), 2),
+           "strata_hooks": "disabled" if disabled == len(hooks) else "plain" if disabled == 0 else "mixed",
+           "forward_pre_hooks": len(hooks), "hook_calls_per_forward": per_forward}
+    out.update(hold_ab(model, opt, x, trials, max(1, steps // 5)))
+    from strata.torch import _compile  # noqa: PLC0415
+
+    if hasattr(torch, "compile") and not _compile.hooks_swapped():
+        # The same model with the hooks every compile gets (as before #29, always): the wrapper's cost in place.
+        _compile._on_compile_start()
+        with torch.no_grad():
+            times = []
+            for _ in range(trials):
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    model(x)
+                times.append((time.perf_counter() - t0) / steps * 1e6)
+        out["strata_forward_disabled_hooks_us"] = round(statistics.median(times), 2)
     model.strata.close()
-    return {"strata_forward_us": round(statistics.median(times), 2),
-            "strata_hooks": "disabled" if disabled == len(hooks) else "plain" if disabled == 0 else "mixed",
-            "forward_pre_hooks": len(hooks), "hook_calls_per_forward": per_forward}
+    return out
 
 
 def main():
