@@ -646,7 +646,7 @@ class Wrapped:
     # raising the poison error; the same code raises once the plan streams. The value read is the right
     # one (the lease holds it; the optimizer cannot run under it), so never a silent wrong answer. The plan
     # is read at the build and after each step (step() may re-plan); STRATA_TORCH_BENCH_NO_HOLD=1 turns
-    # this off (bench/torch_gpt.py's A/B).
+    # this off (bench/torch_hook_cost.py's A/B).
     _RESIDENT = re.compile(r"plan: (\d+) families;.*\((\d+) resident on GPU\)")
 
     def _update_hold(self):
