@@ -23,8 +23,14 @@ dynamo runs its start callbacks (torch._dynamo.callback_handler) before it trace
 strata's callback swaps every noted hook, in place in its module's hook dict (same key, same
 order), for its eager() version, and every hook registered later is eager() at once. So the
 first trace already sees the disabled hooks, as if they had been disabled from wrap() on, and a
-process that never compiles never pays for the wrapper. A torch without the callback (older
-than 2.5) gets eager() hooks from the start, as before. The swap is one-way: dynamo's compiled
+process that never compiles never pays for the wrapper. A trace is not the only way in: compiled
+code that calls a module whose _call_impl dynamo does not trace (torch.compile(model) enters the
+root's hooks from eager frames with dynamo's frame callback on) would compile the plain hook as a
+frame of its own, before any callback of ours could run. So each plain hook's code is also marked
+to be skipped by dynamo with everything it calls (set_code_exec_strategy(SKIP, SKIP), the C-level
+flag that costs nothing where nothing compiles): entered that way, it runs eagerly as a disabled
+one would. A torch without the callback or the flag (older than 2.6) gets eager() hooks from the
+start, as before. The swap is one-way: dynamo's compiled
 code guards on the hooks it saw, which never change again.
 
 Compiled autograd (torch._dynamo.config.compiled_autograd) traces backward itself, tensor
@@ -150,15 +156,32 @@ def _watch_compiles():
 
     if not _REFUSE:  # made here, eagerly: refuse_traced_backward() runs inside a trace
         _REFUSE.append(torch._dynamo.disable(_refuse))
+    global _skip_recursively  # noqa: PLW0603 - once per process
+    _skip_recursively = _skip_recursive_setter()
     _WATCHING.append(True)
     if _SWAPPED[0]:
         return
 
     handler = getattr(torch._dynamo, "callback_handler", None)
-    if handler is None or not hasattr(handler, "register_start_callback"):
+    if handler is None or not hasattr(handler, "register_start_callback") or _skip_recursively is None:
         _on_compile_start()  # no way to see a compile coming: eager() hooks from the start
         return
     handler.register_start_callback(_on_compile_start)
+
+
+def _skip_recursive_setter():
+    """set_code_exec_strategy(code, SKIP this frame and every frame it calls), or None (torch < 2.6)."""
+    if not _HAS_COMPILE:
+        return None
+    try:
+        from torch._C._dynamo.eval_frame import set_code_exec_strategy  # noqa: PLC0415
+        from torch._dynamo.types import FrameAction, FrameExecStrategy  # noqa: PLC0415
+    except ImportError:
+        return None
+    return lambda code: set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+
+
+_skip_recursively = None  # set by _watch_compiles (importing dynamo takes seconds)
 
 
 _WATCHING = []
@@ -168,6 +191,7 @@ def _register(register, fn):
     _watch_compiles()
     if _SWAPPED[0]:
         return register(eager(fn))  # eager() is fn itself on torch 1.x
+    _skip_recursively(getattr(fn, "__func__", fn).__code__)  # entered from compiled code: eager, and its callees
     handle = register(fn)
     if len(_PLAIN) > 64 and len(_PLAIN) & (len(_PLAIN) - 1) == 0:  # now and then: drop the closed ones
         _PLAIN[:] = [(h, f) for h, f in _PLAIN if h.hooks_dict_ref() is not None and h.id in h.hooks_dict_ref()]
