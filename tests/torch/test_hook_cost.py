@@ -40,7 +40,16 @@ SCRIPT = textwrap.dedent("""
     hooks = strata_hooks(model)
     assert len(hooks) >= 6, hooks  # root pre/post, each Linear's pre/post, ModelState's push/pop
     assert not any(disabled(h) for h in hooks), "a hook was dynamo-disabled before any compile"
+    import gc, weakref
+    gone = make()
+    gone(x)
+    ref = weakref.ref(gone.strata)
+    del gone
+    gc.collect()
+    # The registry of plain hooks holds them weakly (an unclosed wrapped model is freed with its modules).
+    assert all(isinstance(f, weakref.ref) for _, f in _compile._PLAIN), _compile._PLAIN
     if not hasattr(torch, "compile"):
+        assert ref() is None, "a wrapped model nobody closed outlived its last reference"
         print("plain-only"); raise SystemExit(0)
     with torch.no_grad():
         eager_out = model(x).clone()

@@ -39,6 +39,8 @@ and gradient hooks included; strata refuses it at the start of backward (check_b
 torch 1.x has no torch.compile: eager() returns the function itself and nothing changes.
 """
 
+import weakref
+
 import torch
 
 _HAS_COMPILE = hasattr(torch, "compile")
@@ -123,7 +125,8 @@ def poison_hint():
 
 
 _SWAPPED = [not _HAS_COMPILE]  # [True] once hooks are eager(); torch 1.x: nothing to swap
-_PLAIN = []  # (handle, plain hook) registered before the swap
+_PLAIN = []  # (handle, weak reference to the plain hook) registered before the swap: weak, so that a wrapped
+# model nobody closed is freed with its modules, as before
 _EAGER = {}  # plain hook -> its eager() version (one wrapper per hook, shared by modules)
 
 
@@ -140,9 +143,9 @@ def _on_compile_start(*unused):
     if _SWAPPED[0]:
         return
     _SWAPPED[0] = True
-    for handle, fn in _PLAIN:
-        hooks = handle.hooks_dict_ref()
-        if hooks is not None and hooks.get(handle.id) is fn:
+    for handle, ref in _PLAIN:
+        fn, hooks = ref(), handle.hooks_dict_ref()
+        if fn is not None and hooks is not None and hooks.get(handle.id) == fn:  # == : a bound method anew
             hooks[handle.id] = _eager_of(fn)
     _PLAIN.clear()
     _EAGER.clear()
@@ -194,8 +197,9 @@ def _register(register, fn):
     _skip_recursively(getattr(fn, "__func__", fn).__code__)  # entered from compiled code: eager, and its callees
     handle = register(fn)
     if len(_PLAIN) > 64 and len(_PLAIN) & (len(_PLAIN) - 1) == 0:  # now and then: drop the closed ones
-        _PLAIN[:] = [(h, f) for h, f in _PLAIN if h.hooks_dict_ref() is not None and h.id in h.hooks_dict_ref()]
-    _PLAIN.append((handle, fn))
+        _PLAIN[:] = [(h, f) for h, f in _PLAIN
+                     if f() is not None and h.hooks_dict_ref() is not None and h.id in h.hooks_dict_ref()]
+    _PLAIN.append((handle, weakref.WeakMethod(fn) if hasattr(fn, "__func__") else weakref.ref(fn)))
     return handle
 
 
