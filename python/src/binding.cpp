@@ -51,17 +51,15 @@
 
 #include <algorithm>
 #include <cctype>
-#include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "errors.hpp"
+#include "functional.hpp"
 #include "poison.hpp"
 #include "strata/common/log.hpp"
-#include "strata/common/thread_pool.hpp"
-#include "strata/kernels/optim.hpp"
 #include "strata/runtime/gradient_order.hpp"
 #include "strata/strata.hpp"
 
@@ -69,24 +67,6 @@ namespace py = pybind11;
 
 namespace strata::torch_binding {
 namespace {
-
-//! Thrown for every failed strata call; Python sees strata.torch.StrataError
-//! (a RuntimeError), or ValueError for InvalidArgument.
-struct StrataError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-void throw_if(const Status& status) {
-  if (status.ok()) return;
-  if (status.code() == StatusCode::kInvalidArgument) throw py::value_error(status.to_string());
-  throw StrataError(status.to_string());
-}
-
-template <typename T>
-T value_or_throw(Result<T> result) {
-  throw_if(result.status());
-  return std::move(result).value();
-}
 
 at::ScalarType torch_dtype(DType dtype) {
   switch (dtype) {
@@ -251,7 +231,8 @@ class Engine {
 
   //! The chunk layout the runtime chose (fixed by the first init, acquire or step): chunk_elems,
   //! families, numel, capacity_elems, padding_fraction (layout.chunk_elems 0 = its own search),
-  //! and the plan's bytes per tier (plan_gpu_bytes, plan_host_bytes, plan_nvme_bytes).
+  //! the plan's bytes per tier (plan_gpu_bytes, plan_host_bytes, plan_nvme_bytes) and whether it keeps
+  //! every family's params on the device for the whole step (plan_params_resident).
   py::dict layout() {
     check_open();
     const runtime::ChunkLayout& l = rt_->core().layout();
@@ -265,6 +246,12 @@ class Engine {
     d["plan_gpu_bytes"] = plan.gpu_bytes;  // the plan in effect (its bytes per tier)
     d["plan_host_bytes"] = plan.host_bytes;
     d["plan_nvme_bytes"] = plan.nvme_bytes;
+    // Whether every family's params stay on the device for the whole step (Note [Holding
+    // parameters where everything fits] in _wrap.py); false before the first plan.
+    d["plan_params_resident"] =
+        !plan.families.empty() &&
+        std::all_of(plan.families.begin(), plan.families.end(),
+                    [](const runtime::FamilyPlan& f) { return f.param_resident_gpu; });
     return d;
   }
 
@@ -784,130 +771,6 @@ class Engine {
   Stats closed_totals_;  //!< rt_->stats() when close() freed the runtime
 };
 
-//! kernels::Hyper for `optimizer` from a dict of torch-style names (strata.torch.functional).
-kernels::Hyper parse_hyper(const std::string& optimizer, const py::dict& hyper) {
-  kernels::Hyper h;
-  bool found = false;
-  for (kernels::Optimizer o : {kernels::Optimizer::kAdam, kernels::Optimizer::kAdamW,
-                               kernels::Optimizer::kLamb, kernels::Optimizer::kLars, kernels::Optimizer::kSgd,
-                               kernels::Optimizer::kLion, kernels::Optimizer::kAdagrad}) {
-    if (kernels::optimizer_name(o) == optimizer) {
-      h.optimizer = o;
-      found = true;
-    }
-  }
-  if (!found) throw py::value_error(fmt::format("fused_step: unknown optimizer \"{}\"", optimizer));
-  for (auto item : hyper) {
-    const std::string key = py::str(item.first);
-    if (key == "lr")
-      h.lr = item.second.cast<float>();
-    else if (key == "beta1")
-      h.beta1 = item.second.cast<float>();
-    else if (key == "beta2")
-      h.beta2 = item.second.cast<float>();
-    else if (key == "eps")
-      h.eps = item.second.cast<float>();
-    else if (key == "weight_decay")
-      h.weight_decay = item.second.cast<float>();
-    else if (key == "momentum")
-      h.momentum = item.second.cast<float>();
-    else if (key == "dampening")
-      h.dampening = item.second.cast<float>();
-    else if (key == "nesterov")
-      h.nesterov = item.second.cast<bool>();
-    else if (key == "bias_correction")
-      h.bias_correction = item.second.cast<bool>();
-    else if (key == "trust_coefficient")
-      h.trust_coefficient = item.second.cast<float>();
-    else if (key == "lars_clip")
-      h.lars_clip = item.second.cast<bool>();
-    else if (key == "lr_decay")
-      h.lr_decay = item.second.cast<float>();
-    else
-      throw py::value_error(fmt::format("fused_step: unknown hyperparameter \"{}\"", key));
-  }
-  return h;
-}
-
-kernels::DType kernel_dtype(const at::Tensor& t) {
-  return t.scalar_type() == at::kBFloat16 ? kernels::DType::kBF16
-         : t.scalar_type() == at::kHalf   ? kernels::DType::kF16
-                                          : kernels::DType::kF32;
-}
-
-//! A pool of `threads` workers for fused_step, kept for the process (one per count asked for).
-ThreadPool* fused_step_pool(std::int64_t threads) {
-  static std::mutex mu;
-  static std::map<std::int64_t, std::unique_ptr<ThreadPool>> pools;
-  if (threads <= 1) return nullptr;
-  std::lock_guard lock(mu);
-  auto& pool = pools[threads];
-  if (!pool) {
-    auto made = ThreadPool::create({.threads = static_cast<std::size_t>(threads)});
-    throw_if(made.status());
-    pool = std::move(made).value();
-  }
-  return pool.get();
-}
-
-//! strata's fused optimizer kernel over torch tensors (strata.torch.functional):
-//! one step for one tensor, in place. fp32 master (param), any-dtype grad, fp32
-//! or bf16 states (bf16: Adam, AdamW, LAMB), an optional bf16/fp16 param copy
-//! written in the same pass, on `threads` threads (1: the calling thread).
-//! grad_checked: the caller vouches the gradients are finite (the runtime's path
-//! when the device checked them; kernels/optim.hpp's Note [Inf/NaN and untouched
-//! states]: the fused pass still fails on a non-finite one, after writing).
-void fused_step(const std::string& optimizer, at::Tensor param, const at::Tensor& grad,
-                std::vector<at::Tensor> states, std::int64_t step, py::dict hyper, float grad_scale,
-                std::optional<at::Tensor> param_copy, std::int64_t threads, bool grad_checked) {
-  if (param.scalar_type() != at::kFloat || !param.is_contiguous() || !grad.is_contiguous())
-    throw py::value_error("fused_step: param must be contiguous fp32, grad contiguous");
-  if (grad.numel() != param.numel()) throw py::value_error("fused_step: grad must have the param's size");
-  kernels::Span s;
-  s.n = static_cast<std::uint64_t>(param.numel());
-  s.master = param.data_ptr<float>();
-  s.param_dtype = kernels::DType::kNone;
-  if (param_copy.has_value()) {
-    const at::Tensor& c = *param_copy;
-    if (c.scalar_type() == at::kFloat || !c.is_contiguous() || c.numel() != param.numel())
-      throw py::value_error(
-          "fused_step: param_copy must be a contiguous bf16 or fp16 tensor of the param's size");
-    s.param = c.data_ptr();
-    s.param_dtype = kernel_dtype(c);
-  }
-  s.grad = static_cast<const std::byte*>(grad.data_ptr());
-  s.grad_dtype = kernel_dtype(grad);
-  if (states.size() > s.state.size()) throw py::value_error("fused_step: too many states");
-  const auto state_type = states.empty() ? at::kFloat : states[0].scalar_type();
-  for (std::size_t i = 0; i < states.size(); ++i) {
-    if ((state_type != at::kFloat && state_type != at::kBFloat16) || states[i].scalar_type() != state_type ||
-        states[i].numel() != param.numel() || !states[i].is_contiguous())
-      throw py::value_error(
-          "fused_step: states must be contiguous tensors of the param's size, all fp32 or all bf16");
-    s.state[i] = static_cast<std::byte*>(states[i].data_ptr());
-  }
-  s.state_dtype = state_type == at::kBFloat16 ? kernels::DType::kBF16 : kernels::DType::kF32;
-  if (threads < 1) throw py::value_error("fused_step: threads must be >= 1");
-  const kernels::GradStats checked{.sum_squares = 0.0, .finite = true};
-  kernels::StepArgs args{.hyper = parse_hyper(optimizer, hyper),
-                         .step = step,
-                         .grad_scale = grad_scale,
-                         .spans = std::span(&s, 1),
-                         .pool = fused_step_pool(threads)};
-  if (grad_checked) {
-    args.check = kernels::GradCheck::kCallerChecked;
-    args.checked = &checked;
-  }
-  kernels::StepReport report;
-  {
-    py::gil_scoped_release release;
-    auto r = kernels::step(args);
-    throw_if(r.status());
-    report = r.value();
-  }
-  if (!report.applied) throw StrataError("fused_step: a gradient was Inf/NaN; nothing was updated");
-}
-
 //! Parses config text as Runtime creation will (unknown keys, types, values), without creating anything.
 void validate_config(const std::string& config_json) {
   throw_if(Config::from_json_text(config_json).status());
@@ -970,7 +833,5 @@ PYBIND11_MODULE(_C, m) {
         [] { return strata::torch_binding::totals_dict(strata::Stats{}); });  // before an engine
   strata::torch_binding::export_state_kinds(m);  // #26: PARAM..STATE1 from the C++ enum
   m.def("validate_config", &strata::torch_binding::validate_config, py::arg("config_json"));
-  m.def("fused_step", &strata::torch_binding::fused_step, py::arg("optimizer"), py::arg("param"),
-        py::arg("grad"), py::arg("states"), py::arg("step"), py::arg("hyper"), py::arg("grad_scale") = 1.0f,
-        py::arg("param_copy") = std::nullopt, py::arg("threads") = 1, py::arg("grad_checked") = false);
+  strata::torch_binding::register_functional(m);  // fused_step (functional.cpp, #26)
 }

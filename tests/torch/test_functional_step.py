@@ -63,3 +63,29 @@ def test_bad_arguments_name_the_fix():
                             param_copy=torch.zeros(10))
     with pytest.raises(ValueError, match="threads"):
         st.functional.step_("adamw", m, torch.zeros(10), [torch.zeros(10), torch.zeros(10)], 1, threads=0)
+
+
+def test_omitted_hyperparameters_are_the_optimizers_defaults():
+    """#26: fused_step starts from kernels::optimizer_defaults (the runtime config's defaults), so a key left out
+    means the same as in strata.torch's optimizers: AdamW's weight decay 0.01, Lion's lr 1e-4 and beta2 0.99."""
+    def run(name, nstates, **hyper):
+        g = torch.Generator().manual_seed(1)
+        m = torch.randn(257, generator=g)
+        states = [torch.zeros(257) for _ in range(nstates)]
+        for t in (1, 2):
+            st.functional.step_(name, m, torch.randn(257, generator=g), states, t, **hyper)
+        return m
+    assert torch.equal(run("adamw", 2), run("adamw", 2, weight_decay=0.01))
+    assert not torch.equal(run("adamw", 2), run("adamw", 2, weight_decay=0.0))
+    assert torch.equal(run("lion", 1), run("lion", 1, lr=1e-4, beta2=0.99))
+    assert not torch.equal(run("lion", 1), run("lion", 1, lr=1e-3, beta2=0.999))
+
+
+def test_unknown_names_are_refused_with_the_choices():
+    m = torch.zeros(10)
+    with pytest.raises(ValueError, match="fused_step: unknown optimizer \"adamx\": use adamw"):
+        st.functional.step_("adamx", m, torch.zeros(10), [], 1)
+    with pytest.raises(ValueError, match="fused_step: came keeps factored"):
+        st.functional.step_("came", m, torch.zeros(10), [torch.zeros(10), torch.zeros(10)], 1)
+    with pytest.raises(ValueError, match="unknown hyperparameter \"betas\""):
+        st.functional.step_("adamw", m, torch.zeros(10), [torch.zeros(10), torch.zeros(10)], 1, betas=(0.9, 0.99))

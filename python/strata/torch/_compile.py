@@ -16,11 +16,30 @@ they are bound, and its backward runs each graph's backward between the hooks th
 unbind, as in eager mode. What this gives and what is refused is in docs/torch.md
 ("torch.compile"); tests/torch/test_compile.py checks every case against torch alone.
 
+Hooks cost nothing until something compiles (#29). dynamo's disable wrapper costs about 7.5 µs
+per hook call on torch 2.11 even where nothing is compiled, so module hooks are registered
+through forward_pre_hook()/forward_hook() below: plain functions at first, each handle noted.
+dynamo runs its start callbacks (torch._dynamo.callback_handler) before it traces any frame;
+strata's callback swaps every noted hook, in place in its module's hook dict (same key, same
+order), for its eager() version, and every hook registered later is eager() at once. So the
+first trace already sees the disabled hooks, as if they had been disabled from wrap() on, and a
+process that never compiles never pays for the wrapper. A trace is not the only way in: compiled
+code that calls a module whose _call_impl dynamo does not trace (torch.compile(model) enters the
+root's hooks from eager frames with dynamo's frame callback on) would compile the plain hook as a
+frame of its own, before any callback of ours could run. So each plain hook's code is also marked
+to be skipped by dynamo with everything it calls (set_code_exec_strategy(SKIP, SKIP), the C-level
+flag that costs nothing where nothing compiles): entered that way, it runs eagerly as a disabled
+one would. A torch without the callback or the flag (older than 2.6) gets eager() hooks from the
+start, as before. The swap is one-way: dynamo's compiled
+code guards on the hooks it saw, which never change again.
+
 Compiled autograd (torch._dynamo.config.compiled_autograd) traces backward itself, tensor
 and gradient hooks included; strata refuses it at the start of backward (check_backward()).
 
 torch 1.x has no torch.compile: eager() returns the function itself and nothing changes.
 """
+
+import weakref
 
 import torch
 
@@ -84,7 +103,7 @@ def _refuse():
     raise _compiled_autograd_message("it traced a strata backward hook")
 
 
-_REFUSE = []  # [eager(_refuse)], made by the first eager() call (wrap): importing dynamo takes seconds
+_REFUSE = []  # [eager(_refuse)], made at the first hook registration (wrap): importing dynamo takes seconds
 
 
 def refuse_traced_backward():
@@ -103,6 +122,101 @@ def poison_hint():
             "through the attribute access that lets strata bind one used outside the module that owns it (Note "
             "[Parameters read by another module] in strata/torch/_state.py). Compile only submodules that use "
             "their own parameters, or run this model without torch.compile (docs/torch.md, \"torch.compile\").")
+
+
+_SWAPPED = [not _HAS_COMPILE]  # [True] once hooks are eager(); torch 1.x: nothing to swap
+_PLAIN = []  # (handle, weak reference to the plain hook) registered before the swap: weak, so that a wrapped
+# model nobody closed is freed with its modules, as before
+_EAGER = {}  # plain hook -> its eager() version (one wrapper per hook, shared by modules)
+
+
+def _eager_of(fn):
+    e = _EAGER.get(fn)
+    if e is None:
+        e = _EAGER[fn] = eager(fn)
+    return e
+
+
+def _on_compile_start(*unused):
+    """dynamo's start callback (Note [torch.compile]): before the first trace, every plain hook
+    becomes its eager() version, in place."""
+    if _SWAPPED[0]:
+        return
+    _SWAPPED[0] = True
+    for handle, ref in _PLAIN:
+        fn, hooks = ref(), handle.hooks_dict_ref()
+        if fn is not None and hooks is not None and hooks.get(handle.id) == fn:  # == : a bound method anew
+            hooks[handle.id] = _eager_of(fn)
+    _PLAIN.clear()
+    _EAGER.clear()
+
+
+def _watch_compiles():
+    """Registers _on_compile_start once (the first wrap); without dynamo's callbacks, swaps at once."""
+    if not _HAS_COMPILE or _WATCHING:
+        return
+    import torch._dynamo  # noqa: PLC0415 - importing dynamo takes seconds: only once something is wrapped
+
+    if not _REFUSE:  # made here, eagerly: refuse_traced_backward() runs inside a trace
+        _REFUSE.append(torch._dynamo.disable(_refuse))
+    global _skip_recursively  # noqa: PLW0603 - once per process
+    _skip_recursively = _skip_recursive_setter()
+    _WATCHING.append(True)
+    if _SWAPPED[0]:
+        return
+
+    handler = getattr(torch._dynamo, "callback_handler", None)
+    if handler is None or not hasattr(handler, "register_start_callback") or _skip_recursively is None:
+        _on_compile_start()  # no way to see a compile coming: eager() hooks from the start
+        return
+    handler.register_start_callback(_on_compile_start)
+
+
+def _skip_recursive_setter():
+    """set_code_exec_strategy(code, SKIP this frame and every frame it calls), or None (torch < 2.6)."""
+    if not _HAS_COMPILE:
+        return None
+    try:
+        from torch._C._dynamo.eval_frame import set_code_exec_strategy  # noqa: PLC0415
+        from torch._dynamo.types import FrameAction, FrameExecStrategy  # noqa: PLC0415
+    except ImportError:
+        return None
+    return lambda code: set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+
+
+_skip_recursively = None  # set by _watch_compiles (importing dynamo takes seconds)
+
+
+_WATCHING = []
+
+
+def _register(register, fn):
+    _watch_compiles()
+    if _SWAPPED[0]:
+        return register(eager(fn))  # eager() is fn itself on torch 1.x
+    _skip_recursively(getattr(fn, "__func__", fn).__code__)  # entered from compiled code: eager, and its callees
+    handle = register(fn)
+    if len(_PLAIN) > 64 and len(_PLAIN) & (len(_PLAIN) - 1) == 0:  # now and then: drop the closed ones
+        _PLAIN[:] = [(h, f) for h, f in _PLAIN
+                     if f() is not None and h.hooks_dict_ref() is not None and h.id in h.hooks_dict_ref()]
+    _PLAIN.append((handle, weakref.WeakMethod(fn) if hasattr(fn, "__func__") else weakref.ref(fn)))
+    return handle
+
+
+def forward_pre_hook(module, fn):
+    """module.register_forward_pre_hook(fn): plain until torch.compile is first seen, then eager(fn)
+    (Note [torch.compile]). Returns the handle."""
+    return _register(module.register_forward_pre_hook, fn)
+
+
+def forward_hook(module, fn):
+    """module.register_forward_hook(fn), as forward_pre_hook()."""
+    return _register(module.register_forward_hook, fn)
+
+
+def hooks_swapped():
+    """Whether strata's module hooks are eager() now (a compile was seen, or no callback to see one)."""
+    return _SWAPPED[0]
 
 
 def skip_frames(*fns):

@@ -119,11 +119,11 @@ class ModelState:
             self._set_copy_attrs(m)
         framed = [m for m in model.modules() if m in w._module_pids or
                   any(p is not None and id(p) in w._pid for p in m.parameters())]
-        push, pop = _compile.eager(self._push), _compile.eager(self._pop)  # Note [torch.compile]
+        push, pop = self._push, self._pop  # plain until a compile is seen (Note [torch.compile])
         _compile.skip_frames(ModelState.touched, _Use.forward, _Use.backward)
         for m in framed:  # the root, owners and every module above one: those that can read a parameter
-            w._handles.append(m.register_forward_pre_hook(push))
-            w._handles.append(m.register_forward_hook(pop))
+            w._handles.append(_compile.forward_pre_hook(m, push))
+            w._handles.append(_compile.forward_hook(m, pop))
         ours = {h.id for h in w._handles}
         for m in framed:
             hooks = m._forward_pre_hooks
@@ -188,7 +188,7 @@ class ModelState:
         alias = self._aliases.get((id(call), pid))
         if alias is not None:
             return alias
-        if engine.binds(pid) > 0:
+        if engine.binds(pid) > 0 and (not w._hold or self._bound_by_active(pid)):
             return p
         engine.bind(pid)
         call.pids = list(call.pids) + [pid]  # this call's own list: unbound and rebound with it
@@ -197,6 +197,11 @@ class ModelState:
         alias = _Use.apply(p, self, call, pid)
         self._aliases[(id(call), pid)] = alias
         return alias
+
+    def _bound_by_active(self, pid):
+        """Bound by a call whose forward is running (unbound only after this read's backward), not only held by a
+        finished one (Note [Holding parameters where everything fits] in _wrap.py): such a read binds for itself."""
+        return any(c is not None and pid in c.pids for _, c in reversed(self.active))
 
     def poison_context(self):
         """Where a missed read happened, for the poison error: the module whose own forward code ran it

@@ -32,7 +32,6 @@ import atexit
 import functools
 import json
 import os
-import re
 import warnings
 import weakref
 
@@ -340,6 +339,7 @@ class Wrapped:
         self.last_stats = None
         self._last_engine = None  # the newest engine, closed or not: it keeps the totals
         self._hook_calls = 0  # Python hook calls (Note [Step counters])
+        self._hold = False  # Note [Holding parameters where everything fits]
         self._deferred = self._deferred_init(init, init_order)
         self._collect()
         self._check_devices_early()
@@ -529,6 +529,7 @@ class Wrapped:
         _live_engines.add(engine)
         self._pushed_groups = None
         self._keep_grads = self._next_keep_grads()
+        self._update_hold()
         self._set_lazy(True)
 
     def _ensure_engine(self):
@@ -620,17 +621,47 @@ class Wrapped:
         if self._phase == "backward":
             self._abort_pass("the last backward raised before it ended")
 
+    # Note [Holding parameters where everything fits]
+    # Where the plan keeps every family's params on the device for the whole step (the engine's
+    # layout()["plan_params_resident"]: all_gpu, or params resident with optimizer states
+    # elsewhere), a module's forward post-hook keeps its parameters bound instead of unbinding them,
+    # and its backward finds them bound instead of binding them again: one bind (forward) and one
+    # unbind (the module's backward, or the sweep at backward's end) per call instead of two each.
+    # The forward unbind released a lease that the runtime records (its release wakes its threads:
+    # ~0.3 ms a module on a loaded 2-core machine, the largest of the binding's costs in a profile of
+    # a fit step, #29). What stays:
+    #   - backward's unbind per module: the family's optimizer starts only when no lease reads its
+    #     params (gradients_complete() in runtime/src/optimizer_pipeline.cpp), so it is what lets the
+    #     optimizer overlap the rest of backward;
+    #   - the sweep at backward's end and lazy parameters between steps (Note [Lazy parameters]):
+    #     state_dict, p.data and reads between steps are served as before;
+    #   - forward without grad (or a module whose outputs need no gradient): unbound at once, as before.
+    # A parameter read through attribute access by another module while it is held only by a finished
+    # call binds for that read as if it were unbound (ModelState.touched in _state.py): the owner's
+    # backward may end before the reader's.
+    # What changes, only where everything fits: a parameter read through a reference kept outside
+    # attribute access after its module's forward and before its backward (Sneaky in
+    # tests/torch/test_features.py reads one never bound, which still raises) reads its value instead of
+    # raising the poison error; the same code raises once the plan streams. The value read is the right
+    # one (the lease holds it; the optimizer cannot run under it), so never a silent wrong answer. The plan
+    # is read at the build and after each step (step() may re-plan); STRATA_TORCH_BENCH_NO_HOLD=1 turns
+    # this off (bench/torch_hook_cost.py's A/B).
+    def _update_hold(self):
+        self._hold = (self.engine is not None and self.engine.layout()["plan_params_resident"] and
+                      os.environ.get("STRATA_TORCH_BENCH_NO_HOLD") != "1")  # no plan yet: False
+
     # --- hooks (Note [Hooks]) ------------------------------------------------------------
 
     def _install_hooks(self):
         root = self.model
-        eager = _compile.eager  # Note [torch.compile] in _compile.py: dynamo never traces strata's hooks
-        pre, post = eager(self._pre_forward), eager(self._post_forward)
-        self._handles.append(root.register_forward_pre_hook(eager(self._root_pre_forward)))
+        # Note [torch.compile] in _compile.py: plain hooks, dynamo-disabled once a compile is seen.
+        pre_hook, hook = _compile.forward_pre_hook, _compile.forward_hook
+        pre, post = self._pre_forward, self._post_forward
+        self._handles.append(pre_hook(root, self._root_pre_forward))
         for module in self._module_pids:
-            self._handles.append(module.register_forward_pre_hook(pre))
-            self._handles.append(module.register_forward_hook(post))
-        self._handles.append(root.register_forward_hook(eager(self._root_post_forward)))
+            self._handles.append(pre_hook(module, pre))
+            self._handles.append(hook(module, post))
+        self._handles.append(hook(root, self._root_post_forward))
         for pid, p in enumerate(self.params):
             if p.requires_grad:
                 self._install_grad_hook(pid, p)
@@ -731,12 +762,13 @@ class Wrapped:
     def _post_forward(self, module, inputs, output):
         self._hook_calls += 1
         call = self._calls[id(module)].pop()
-        if call.pids and self.engine.unbind_many(call.pids):  # a poisoned region was touched
+        waiting = [t for t in _tensors_in(output, []) if t.requires_grad] if torch.is_grad_enabled() else []
+        if call.pids and waiting and self._hold:
+            call.bound = True  # held until its backward (Note [Holding parameters where everything fits])
+        elif call.pids and self.engine.unbind_many(call.pids):  # a poisoned region was touched
             self._check_poison()
-        if torch.is_grad_enabled():
-            for t in _tensors_in(output, []):
-                if t.requires_grad:
-                    t.register_hook(self._make_output_hook(call))
+        for t in waiting:
+            t.register_hook(self._make_output_hook(call))
         return None
 
     def _make_output_hook(self, call):
@@ -744,8 +776,8 @@ class Wrapped:
             if _compile.compiling():  # compiled autograd traces backward (Note [torch.compile])
                 _compile.refuse_traced_backward()
             self._hook_calls += 1
+            self._on_backward_begins()  # returns at once after the first (a held call is bound already)
             if not call.bound:
-                self._on_backward_begins()
                 call.bound = True
                 if call.pids:
                     self.engine.bind_many(call.pids)
@@ -949,6 +981,7 @@ class Wrapped:
             self._phase = "idle"
             raise
         self._steps += 1
+        self._update_hold()  # step() may have re-planned
         self._set_lazy(True)
         self._micro_in_step = 0
         self._grads_handed = 0

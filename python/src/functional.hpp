@@ -1,0 +1,12 @@
+#pragma once
+// strata.torch.functional's kernels (functional.cpp): strata's fused optimizer step over
+// plain torch tensors, apart from the Engine binding (binding.cpp), issue #26.
+
+#include <pybind11/pybind11.h>
+
+namespace strata::torch_binding {
+
+//! Defines _C.fused_step on the extension module (called from its init).
+void register_functional(pybind11::module_& m);
+
+}  // namespace strata::torch_binding
