@@ -74,3 +74,46 @@ def test_hooks_are_plain_until_a_compile_then_disabled():
     import torch  # noqa: PLC0415
 
     assert r.stdout.strip().endswith("swapped" if hasattr(torch, "compile") else "plain-only"), r.stdout
+
+
+RESET_SCRIPT = textwrap.dedent("""
+    import torch, strata.torch as st
+    from strata.torch import _compile
+
+    def make(seed):
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+
+    def cfg():
+        return {"device": {"kind": "sim", "budget": "64MiB"}, "budgets": {"gpu": "16MiB"}}
+
+    x = torch.randn(5, 8)
+    first = st.wrap(make(0), cfg())  # watches for compiles
+    first(x).sum().backward()
+    torch._dynamo.reset()  # drops dynamo's callbacks, strata's among them
+    # A compiled module wrapped after the reset: its hooks must not be traced (dynamo inlines the
+    # compiled module's _call_impl, hooks included) and it must train as torch alone does.
+    plain, wrapped = make(1), st.wrap(torch.compile(make(1), backend="eager"), cfg())
+    opt_p, opt_w = torch.optim.SGD(plain.parameters(), lr=0.125), st.SGD(wrapped.parameters(), lr=0.125)
+    for _ in range(3):
+        for m, o in ((plain, opt_p), (wrapped, opt_w)):
+            o.zero_grad()
+            m(x).square().sum().backward()
+            o.step()
+    assert _compile.hooks_swapped(), "the compile after torch._dynamo.reset() was not seen"
+    assert torch.equal(plain(x), wrapped(x)), "a compiled module wrapped after a reset trained otherwise"
+    print("reset-seen")
+""")
+
+
+def test_a_compile_after_dynamo_reset_is_still_seen():
+    import torch  # noqa: PLC0415
+    import pytest  # noqa: PLC0415
+
+    if not hasattr(torch, "compile"):
+        pytest.skip("torch 1.x: no torch.compile")
+    env = dict(os.environ, STRATA_LOG_LEVEL="warn")
+    r = subprocess.run([sys.executable, "-c", RESET_SCRIPT], capture_output=True, text=True, env=env, timeout=300,
+                       cwd=HERE)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip().endswith("reset-seen"), r.stdout

@@ -21,7 +21,9 @@ per hook call on torch 2.11 even where nothing is compiled, so module hooks are 
 through forward_pre_hook()/forward_hook() below: plain functions at first, each handle noted.
 dynamo runs its start callbacks (torch._dynamo.callback_handler) before it traces any frame;
 strata's callback swaps every noted hook, in place in its module's hook dict (same key, same
-order), for its eager() version, and every hook registered later is eager() at once. So the
+order), for its eager() version, and every hook registered later is eager() at once
+(torch._dynamo.reset() drops dynamo's callbacks: each wrap and each root forward registers it again
+where it is missing, _rewatch()). So the
 first trace already sees the disabled hooks, as if they had been disabled from wrap() on, and a
 process that never compiles never pays for the wrapper. A trace is not the only way in: compiled
 code that calls a module whose _call_impl dynamo does not trace (torch.compile(model) enters the
@@ -92,6 +94,7 @@ def check_forward():
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is None:  # never imported: nothing can compile
         return
+    _rewatch()  # torch._dynamo.reset() since the wrap
     ca = sys.modules.get("torch._dynamo.compiled_autograd")
     if dynamo.config.compiled_autograd:
         raise _compiled_autograd_message("torch._dynamo.config.compiled_autograd = True")
@@ -166,10 +169,26 @@ def _watch_compiles():
         return
 
     handler = getattr(torch._dynamo, "callback_handler", None)
-    if handler is None or not hasattr(handler, "register_start_callback") or _skip_recursively is None:
+    if (handler is None or not hasattr(handler, "register_start_callback") or
+            not isinstance(getattr(handler, "start_callbacks", None), list) or _skip_recursively is None):
         _on_compile_start()  # no way to see a compile coming: eager() hooks from the start
         return
-    handler.register_start_callback(_on_compile_start)
+    _HANDLER.append(handler)
+    _rewatch()
+
+
+_HANDLER = []  # [dynamo's callback_handler] once watching
+
+
+def _rewatch():
+    """(Re-)registers _on_compile_start where it is missing: torch._dynamo.reset() clears dynamo's callbacks,
+    so a process that resets dynamo after a wrap (tests, notebooks) would never see its next compile and its
+    plain hooks would be traced. Called at each hook registration (wrap) and each root forward
+    (check_forward()): a list lookup."""
+    if _SWAPPED[0] or not _HANDLER:
+        return
+    if _on_compile_start not in _HANDLER[0].start_callbacks:
+        _HANDLER[0].register_start_callback(_on_compile_start)
 
 
 def _skip_recursive_setter():
@@ -192,6 +211,7 @@ _WATCHING = []
 
 def _register(register, fn):
     _watch_compiles()
+    _rewatch()
     if _SWAPPED[0]:
         return register(eager(fn))  # eager() is fn itself on torch 1.x
     _skip_recursively(getattr(fn, "__func__", fn).__code__)  # entered from compiled code: eager, and its callees
