@@ -19,6 +19,7 @@ an lr changed between backward and optimizer.step() applies from the next step,
 and strata warns once when it sees that.
 """
 
+import inspect
 import math
 import os
 import warnings
@@ -28,6 +29,11 @@ import torch
 from . import _wrap
 
 # The names torch.optim gives each state, in strata's state order (state0, state1).
+# torch.optim.Optimizer.zero_grad's default: False up to torch 1.13, True from torch 2.0. A strata optimizer
+# zeroes as the torch it runs under does, or training diverges from torch's silently (momentum applied on
+# steps where torch skips a parameter).
+_TORCH_SET_TO_NONE = inspect.signature(torch.optim.Optimizer.zero_grad).parameters["set_to_none"].default
+
 _STATE_NAMES = {
     "adamw": ("exp_avg", "exp_avg_sq"),
     "adam": ("exp_avg", "exp_avg_sq"),
@@ -168,10 +174,13 @@ class _StrataOptimizer(torch.optim.Optimizer):
         self.last_step_applied = stats["applied"]
         return loss
 
-    def zero_grad(self, set_to_none=False):
-        """torch.optim's zero_grad (torch 1.13's default set_to_none=False): a parameter that got a gradient
-        keeps a zero one, so the next step updates it even without a new gradient (Note [Zero gradients]
-        in strata/torch/_wrap.py)."""
+    def zero_grad(self, set_to_none=None):
+        """torch.optim's zero_grad, with the running torch's default (torch 1.x: set_to_none=False, a parameter
+        that got a gradient keeps a zero one, so the next step updates it even without a new gradient; torch
+        2.x: True, its gradient is dropped and a step without a new one skips it; Note [Zero gradients] in
+        strata/torch/_wrap.py)."""
+        if set_to_none is None:
+            set_to_none = _TORCH_SET_TO_NONE
         self._wrapped.zero_grad([p for g in self.param_groups for p in g["params"]], set_to_none)
 
     def state_dict(self):
