@@ -84,6 +84,10 @@ Status Runtime::begin_micro_batch(bool last) {
   return core_->begin_micro_batch(last);
 }
 
+Status Runtime::no_gradient(TensorId tensor) {
+  return core_->no_gradient(tensor);
+}
+
 Status Runtime::write_tensor(TensorId tensor, StateKind kind, std::span<const float> values) {
   return core_->write_tensor(tensor, kind, values);
 }

@@ -360,6 +360,35 @@ class Engine {
     hand_listed(UINT32_MAX, {}, false);
   }
 
+  //! Whether end_backward has work: a family some of whose gradients came this micro-batch, not all.
+  bool gradients_pending() const { return order_.pending(); }
+
+  //! Backward ended (Note [Gradients in pieces]): hands every gradient kept back and
+  //! completes every family some of whose gradients came. A tensor of one that got no
+  //! gradient is declared gradient-less (Runtime::no_gradient), or, where torch's p.grad
+  //! would be a zero tensor (`zero_if_missing[pid]`: Note [Zero gradients] in _wrap.py),
+  //! handed a zero gradient. Returns the pids handed zeros.
+  std::vector<std::uint32_t> end_backward(const std::vector<bool>& zero_if_missing) {
+    ++crossings_;
+    std::vector<std::uint32_t> zeroed;
+    if (!order_.pending()) return zeroed;
+    handings_.clear();
+    order_.end_backward(&handings_);
+    for (const runtime::GradientOrder::Handing& h : handings_) {
+      Param& p = param(h.tensor);
+      if (h.gradient) {
+        Kept k = std::exchange(kept_[h.tensor], {});
+        hand_now(p, k.grad, k.accumulate);
+      } else if (h.tensor < zero_if_missing.size() && zero_if_missing[h.tensor]) {
+        hand_now(p, at::zeros({static_cast<std::int64_t>(p.numel)}, p.tensor.options()), false);
+        zeroed.push_back(h.tensor);
+      } else {
+        throw_if(rt_->no_gradient(p.id).with_context(fmt::format("parameter \"{}\" (no gradient)", p.name)));
+      }
+    }
+    return zeroed;
+  }
+
  private:
   //! Hands the tensors GradientOrder listed (hand_list_): `id`'s gradient is `grad`, the others were kept.
   void hand_listed(std::uint32_t id, const at::Tensor& grad, bool accumulate) {
@@ -767,6 +796,7 @@ class Engine {
   runtime::GradientOrder order_;
   std::vector<Kept> kept_;
   std::vector<std::uint32_t> hand_list_;
+  std::vector<runtime::GradientOrder::Handing> handings_;
   bool kept_logged_ = false;
   Stats closed_totals_;  //!< rt_->stats() when close() freed the runtime
 };
@@ -801,6 +831,8 @@ PYBIND11_MODULE(_C, m) {
       .def("binds", &Engine::binds)
       .def("hand_grad", &Engine::hand_grad)
       .def("hand_kept", &Engine::hand_kept)
+      .def("gradients_pending", &Engine::gradients_pending)
+      .def("end_backward", &Engine::end_backward)
       .def("poison_hits", &Engine::poison_hits)
       .def("begin_micro_batch", &Engine::begin_micro_batch)
       .def("set_grad_scale", &Engine::set_grad_scale)

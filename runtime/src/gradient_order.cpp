@@ -11,7 +11,13 @@ void GradientOrder::set_families(std::vector<std::uint32_t> family_of, const std
   std::uint32_t families = 0;
   for (std::uint32_t f : family_of_) families = std::max(families, f + 1);
   expected_.assign(families, 0);
-  for (std::size_t i = 0; i < family_of_.size(); ++i) expected_[family_of_[i]] += trainable[i] ? 1 : 0;
+  members_.assign(families, {});
+  for (std::size_t i = 0; i < family_of_.size(); ++i) {
+    if (!trainable[i]) continue;
+    ++expected_[family_of_[i]];
+    members_[family_of_[i]].push_back(static_cast<std::uint32_t>(i));
+  }
+  seen_.assign(family_of_.size(), 0);
   handed_.assign(families, 0);
   kept_.assign(families, {});
   bytes_.assign(family_of_.size(), 0);
@@ -23,6 +29,7 @@ void GradientOrder::set_families(std::vector<std::uint32_t> family_of, const std
 void GradientOrder::begin_micro_batch(std::size_t limit) {
   drop();
   std::fill(handed_.begin(), handed_.end(), 0);
+  std::fill(seen_.begin(), seen_.end(), 0);
   open_ = 0;
   limit_ = limit;
 }
@@ -50,6 +57,7 @@ void GradientOrder::offer(std::uint32_t t, std::uint64_t bytes, std::vector<std:
     return;
   }
   const std::uint32_t f = family_of_[t];
+  seen_[t] = 1;
   const bool open = handed_[f] > 0 && handed_[f] < expected_[f];
   const bool completes = handed_[f] + kept_[f].size() + 1 >= expected_[f];
   if (open || completes || open_ < limit_ || limit_ == 0) {
@@ -70,6 +78,31 @@ void GradientOrder::offer(std::uint32_t t, std::uint64_t bytes, std::vector<std:
 
 void GradientOrder::take_kept(std::vector<std::uint32_t>* hand) {
   while (!kept_order_.empty()) take_family(kept_order_.front(), hand);
+}
+
+void GradientOrder::append_missing(std::uint32_t family, std::vector<Handing>* out) {
+  std::size_t missing = 0;
+  for (std::uint32_t t : members_[family]) {
+    if (seen_[t] != 0) continue;
+    seen_[t] = 1;
+    out->push_back({t, false});
+    ++missing;
+  }
+  note_handed(family, missing);
+}
+
+void GradientOrder::end_backward(std::vector<Handing>* out) {
+  for (std::uint32_t f = 0; f < handed_.size(); ++f) {
+    if (handed_[f] > 0 && handed_[f] < expected_[f] && kept_[f].empty()) append_missing(f, out);
+  }
+  std::vector<std::uint32_t> hand;
+  while (!kept_order_.empty()) {
+    const std::uint32_t f = kept_order_.front();
+    hand.clear();
+    take_family(f, &hand);
+    for (std::uint32_t t : hand) out->push_back({t, true});
+    append_missing(f, out);
+  }
 }
 
 void GradientOrder::drop() {

@@ -311,6 +311,42 @@ void Runtime::set_grad_scale(float scale) {
   if (!impl_->core.deferred()) p.step_scale = scale;
 }
 
+Status Runtime::no_gradient(TensorId tensor) {
+  Impl& m = *impl_;
+  std::unique_lock lock(m.core.mu);
+  InvariantCheck check(m, &lock);
+  if (!m.core.background_error.ok()) return m.core.background_error;
+  if (tensor >= m.core.tensors.size()) {
+    return invalid_argument("no_gradient: tensor id {} is not registered ({} tensors)", tensor,
+                            m.core.tensors.size());
+  }
+  STRATA_RETURN_IF_ERROR(m.finalize(lock));
+  TensorInfo& info = m.core.tensors[tensor];
+  if (info.spec.frozen) {
+    return failed_precondition("no_gradient(\"{}\"): the tensor is frozen and has no gradient",
+                               info.spec.name);
+  }
+  if (info.written_in_micro_batch) {
+    return failed_precondition(
+        "no_gradient(\"{}\"): its gradient was already handed over (or declared absent) in this micro-batch",
+        info.spec.name);
+  }
+  if (m.core.dp_ranks() > 1) {
+    return failed_precondition(
+        "no_gradient(\"{}\"): with {} data-parallel ranks every rank hands over every trainable tensor's "
+        "gradient each step; write zeros for an unused one",
+        info.spec.name, m.core.dp_ranks());
+  }
+  info.written_in_micro_batch = true;
+  const FamilyId family = m.core.layout.slots[tensor].family;
+  m.pipeline.note_no_gradient(family);
+  if (!m.core.deferred() && m.pipeline.gradients_complete(family))
+    m.checkpoint_capture_for_update(lock, family)
+        .ignore();  // (as release: a failed capture, the save holds it)
+  m.schedule(SchedulerEvent::kGradientsHandedOver, family).ignore();  // (fails only with data parallelism)
+  return Status::Ok();
+}
+
 Status Runtime::begin_micro_batch(bool last) {
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);

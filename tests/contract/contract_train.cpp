@@ -80,8 +80,9 @@ struct Trained {
   std::uint64_t gpu_hw = 0, host_hw = 0, nvme_max = 0;
   std::uint64_t plan_gpu = 0, plan_host = 0, plan_nvme = 0;
   std::uint64_t chunk_elems = 0;
-  bool late = false;                 //!< some gradients came late (TensorDraw::late)
-  std::uint64_t kept_gradients = 0;  //!< kept back by runtime::GradientOrder (late gradients)
+  bool late = false;                       //!< some gradients came late (TensorDraw::late)
+  std::uint64_t kept_gradients = 0;        //!< kept back by runtime::GradientOrder (late gradients)
+  std::uint64_t declared_no_gradient = 0;  //!< unused tensors declared at backward's end
   bool all_gpu = false;
   std::string plan_summary;
 };
@@ -179,6 +180,7 @@ struct Scratch {
   //! some come late: Note [Gradients in pieces]).
   std::vector<std::vector<float>> pending;
   runtime::GradientOrder order;  //!< when some gradients come late
+  std::uint64_t declared = 0;    //!< tensors declared gradient-less (Runtime::no_gradient)
   double& at(const ModelDraw& m, int step, int mb) {
     return loss[static_cast<std::size_t>(step * m.micro_batches + mb)];
   }
@@ -304,7 +306,8 @@ Status hand_pending(Runtime& rt, const Draw& d, TensorId id, std::size_t ti, int
 // the tensor's pending buffer (the same sums, in the same order, as backward's), and
 // at its last use the gradient is offered to runtime::GradientOrder, which hands it
 // or keeps it back; the late ones are offered after every other, as torch hands the
-// cached autocast casts' gradients. What is still kept is handed at the end.
+// cached autocast casts' gradients. What is still kept is handed at the end, and the
+// tensors unused in this micro-batch are declared (GradientOrder::end_backward).
 Status backward_ordered(Runtime& rt, const Draw& d, const std::vector<TensorId>& ids, int step, int mb,
                         Scratch& scratch, std::vector<bool>& written) {
   const ModelDraw& m = d.model;
@@ -323,11 +326,25 @@ Status backward_ordered(Runtime& rt, const Draw& d, const std::vector<TensorId>&
   order.begin_micro_batch(rt.core().incomplete_gradients_max());
   std::vector<std::uint32_t> hand, late;
   const auto offer = [&](std::uint32_t t) -> Status {
-    if (t != UINT32_MAX) order.offer(t, scratch.pending[t].size() * sizeof(float), &hand);
-    if (t == UINT32_MAX) order.take_kept(&hand);
+    order.offer(t, scratch.pending[t].size() * sizeof(float), &hand);
     for (std::uint32_t h : hand)
       STRATA_RETURN_IF_ERROR(hand_pending(rt, d, ids[h], h, step, mb, scratch, written));
     hand.clear();
+    return Status::Ok();
+  };
+  // Backward's end: what is still kept, and the tensors unused in this micro-batch of
+  // every family some of whose gradients came, declared gradient-less (Runtime::no_gradient).
+  const auto end = [&]() -> Status {
+    std::vector<runtime::GradientOrder::Handing> handings;
+    order.end_backward(&handings);
+    for (const runtime::GradientOrder::Handing& h : handings) {
+      if (h.gradient) {
+        STRATA_RETURN_IF_ERROR(hand_pending(rt, d, ids[h.tensor], h.tensor, step, mb, scratch, written));
+      } else {
+        STRATA_RETURN_IF_ERROR(rt.no_gradient(ids[h.tensor]));
+        ++scratch.declared;
+      }
+    }
     return Status::Ok();
   };
   const double* loss = &scratch.at(m, step, mb);
@@ -350,7 +367,7 @@ Status backward_ordered(Runtime& rt, const Draw& d, const std::vector<TensorId>&
         return Status::Ok();
       }));
   for (std::uint32_t t : late) STRATA_RETURN_IF_ERROR(offer(t));
-  return offer(UINT32_MAX);  // what is still kept
+  return end();
 }
 
 void sample(Runtime& rt, Trained& out) {
@@ -413,6 +430,7 @@ Status train_steps(Runtime& rt, const Draw& d, const std::vector<TensorId>& ids,
   }
   out.late = m.any_late();
   out.kept_gradients = scratch.order.kept_total();
+  out.declared_no_gradient = scratch.declared;
   enter(who + ": flush");
   STRATA_RETURN_IF_ERROR(rt.flush());
   enter(who + ": read_tensor");
@@ -627,7 +645,8 @@ nlohmann::json trained_json(const Trained& t) {
           {"all_gpu", t.all_gpu},
           {"plan", t.plan_summary},
           {"late", t.late},
-          {"kept_gradients", t.kept_gradients}};
+          {"kept_gradients", t.kept_gradients},
+          {"declared_no_gradient", t.declared_no_gradient}};
 }
 
 void compare_with_reference(const Draw& d, const Trained& run, const ModelSizes& sizes, const PhaseFn& phase,

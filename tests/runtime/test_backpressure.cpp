@@ -167,8 +167,12 @@ TEST(Backpressure, ShortHostStoreWaitsOrNamesAPlannerBug) {
 // piece of `opened_first` families first and the other pieces after them, as torch
 // does under autocast when the casts of the weights are cached across steps (#24):
 // with opened_first = kTensors every family's gradient is incomplete at once.
+// With `unused`, the first tensor of every family gets no gradient on odd steps (a branch
+// unused on those steps); with `declare`, backward's end goes through
+// GradientOrder::end_backward, declaring those tensors (Runtime::no_gradient), else
+// through take_kept (the kept ones only).
 Status train_in_pieces(Runtime& r, int steps, std::size_t opened_first, StepStats* last,
-                       GradientOrder* keep = nullptr) {
+                       GradientOrder* keep = nullptr, bool unused = false, bool declare = false) {
   std::vector<TensorId> ids;
   for (int t = 0; t < 2 * kTensors; ++t) {
     STRATA_ASSIGN_OR_RETURN(TensorId id, r.register_tensor({fmt::format("t{}", t), {kElems / 2}}));
@@ -186,6 +190,7 @@ Status train_in_pieces(Runtime& r, int steps, std::size_t opened_first, StepStat
         return id % 2 == 1 && ids.size() - 1 - id < 2 * opened_first;
       });
     }
+    if (unused && step % 2 == 1) std::erase_if(order, [](TensorId id) { return id % 2 == 0; });
     // With `keep`, each gradient goes through GradientOrder, as strata.torch's do (Note [Gradients in
     // pieces]).
     std::vector<std::uint32_t> hand;
@@ -199,7 +204,22 @@ Status train_in_pieces(Runtime& r, int steps, std::size_t opened_first, StepStat
       hand.clear();
       if (keep == nullptr && i < order.size()) hand.push_back(order[i]);
       if (keep != nullptr && i < order.size()) keep->offer(order[i], kElems / 2 * 4, &hand);
-      if (keep != nullptr && i == order.size()) keep->take_kept(&hand);
+      if (keep != nullptr && i == order.size() && !declare) keep->take_kept(&hand);
+      if (keep != nullptr && i == order.size() && declare) {
+        std::vector<GradientOrder::Handing> handings;
+        keep->end_backward(&handings);
+        for (const GradientOrder::Handing& h : handings) {  // in order: each family completes in turn
+          if (!h.gradient) {
+            STRATA_RETURN_IF_ERROR(r.no_gradient(h.tensor));
+            continue;
+          }
+          STRATA_ASSIGN_OR_RETURN(Lease g, r.acquire(h.tensor, StateKind::kGrad, Access::kWrite));
+          float* gp = g.as<float>();
+          STRATA_RETURN_IF_ERROR(r.launch([gp] {
+            for (std::size_t e = 0; e < kElems / 2; ++e) gp[e] = 1e-3f;
+          }));
+        }
+      }
       for (std::uint32_t id : hand) {
         STRATA_ASSIGN_OR_RETURN(Lease g, r.acquire(id, StateKind::kGrad, Access::kWrite));
         float* gp = g.as<float>();
@@ -262,6 +282,72 @@ TEST(Backpressure, GradientsKeptBackByGradientOrderFitThePlan) {
   EXPECT_EQ((*rt)->incomplete_gradients_max(), 3u);
   EXPECT_GT(keep.kept_total(), 0u);  // (else the order under test did not happen)
   EXPECT_LE(last.host_high_water_bytes, (*rt)->plan().host_bytes);
+}
+
+// A tensor per family unused on odd steps (each family's other gradient comes in
+// plan order): every family stays incomplete. Through GradientOrder, backward's end
+// hands the kept families and, without declaring the unused tensors, they all wait
+// for step() beyond the plan's room: OutOfBudget naming the order. Declaring them
+// (GradientOrder::end_backward, Runtime::no_gradient) completes each family in turn,
+// and the run trains within the plan.
+// Four steps of train_in_pieces with a tensor per family unused on odd steps; the
+// runtime usable after an error (abort_step). `plan_host`: the plan's host bytes.
+Status train_unused(bool declare, GradientOrder& keep, StepStats& last, std::uint64_t& plan_host) {
+  TempDir dir;
+  auto device = sim_device();
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Runtime> rt, Runtime::create(*device, sgd_options(dir.path)));
+  Status st;
+  within(std::chrono::seconds(60), [&] { st = train_in_pieces(*rt, 4, 0, &last, &keep, true, declare); });
+  plan_host = rt->plan().host_bytes;
+  if (!st.ok()) EXPECT_TRUE(rt->abort_step().ok());
+  return st;
+}
+
+TEST(Backpressure, TensorsWithoutAGradientDeclaredAtBackwardsEndKeepThePlan) {
+  GradientOrder keep, keep_declaring;
+  StepStats last;
+  std::uint64_t plan_host = 0;
+  const Status st = train_unused(false, keep, last, plan_host);
+  ASSERT_EQ(st.code(), StatusCode::kOutOfBudget) << st;
+  EXPECT_NE(st.message().find("no_gradient"), std::string::npos) << st;
+  const Status declared = train_unused(true, keep_declaring, last, plan_host);
+  ASSERT_TRUE(declared.ok()) << declared;
+  EXPECT_GT(keep_declaring.kept_total(), 0u);
+  EXPECT_LE(last.host_high_water_bytes, plan_host);
+}
+
+// Runtime::no_gradient refuses what it cannot mean: an unknown id, a frozen tensor, a
+// tensor whose gradient was handed over (or declared absent) in this micro-batch.
+TEST(Backpressure, NoGradientRefusesWhatItCannotMean) {
+  TempDir dir;
+  auto device = sim_device();
+  auto rt = Runtime::create(*device, sgd_options(dir.path));
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  Runtime& r = **rt;
+  auto a = r.register_tensor({"a", {64}});
+  auto b = r.register_tensor({"b", {64}});
+  TensorSpec frozen{"f", {64}};
+  frozen.frozen = true;
+  auto f = r.register_tensor(frozen);
+  ASSERT_TRUE(a.ok() && b.ok() && f.ok());
+  ASSERT_TRUE(r.begin_micro_batch(true).ok());
+  EXPECT_EQ(r.no_gradient(99).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.no_gradient(*f).code(), StatusCode::kFailedPrecondition);
+  {
+    auto g = r.acquire(*a, StateKind::kGrad, Access::kWrite);
+    ASSERT_TRUE(g.ok()) << g.status();
+  }
+  EXPECT_EQ(r.no_gradient(*a).code(), StatusCode::kFailedPrecondition);  // handed over
+  EXPECT_TRUE(r.no_gradient(*b).ok());
+  EXPECT_EQ(r.no_gradient(*b).code(), StatusCode::kFailedPrecondition);  // declared twice
+  auto late = r.acquire(*b, StateKind::kGrad, Access::kWrite);
+  EXPECT_EQ(late.status().code(), StatusCode::kFailedPrecondition);  // declared gradient-less
+  auto stats = r.step();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  auto steps_a = r.tensor_steps(*a), steps_b = r.tensor_steps(*b);
+  ASSERT_TRUE(steps_a.ok() && steps_b.ok());
+  EXPECT_EQ(*steps_a, 1);
+  EXPECT_EQ(*steps_b, 0);  // no gradient: not updated
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // which gradients a caller hands now and which it keeps back.
 #include <gtest/gtest.h>
 
+#include <utility>
 #include <vector>
 
 #include "strata/runtime/gradient_order.hpp"
@@ -77,6 +78,49 @@ TEST(GradientOrder, FrozenTensorsDoNotCountAndDropForgetsTheKept) {
   EXPECT_FALSE(o.keeps_any());
   EXPECT_EQ(offer(o, 3), List{3});
   EXPECT_EQ(o.open(), 0u);
+}
+
+using Handings = std::vector<std::pair<std::uint32_t, bool>>;
+
+Handings end_backward(GradientOrder& o) {
+  std::vector<GradientOrder::Handing> out;
+  o.end_backward(&out);
+  Handings h;
+  for (const GradientOrder::Handing& x : out) h.emplace_back(x.tensor, x.gradient);
+  return h;
+}
+
+TEST(GradientOrder, BackwardsEndCompletesOpenFamiliesFirstThenEachKeptOneWithItsUnusedTensors) {
+  // Tensors 0, 2 and 4 are unused in this micro-batch (a branch per family).
+  GradientOrder o = three_pairs(1);
+  EXPECT_EQ(offer(o, 1), List{1});  // family 0 opens
+  EXPECT_EQ(offer(o, 3), List{});   // kept
+  EXPECT_EQ(offer(o, 5), List{});   // kept
+  EXPECT_TRUE(o.pending());
+  // Family 0 completes (0 declared) before the kept ones are handed, each completed in turn.
+  EXPECT_EQ(end_backward(o), (Handings{{0, false}, {3, true}, {2, false}, {5, true}, {4, false}}));
+  EXPECT_EQ(o.open(), 0u);
+  EXPECT_FALSE(o.keeps_any());
+  EXPECT_FALSE(o.pending());
+}
+
+TEST(GradientOrder, BackwardsEndDeclaresNothingForFamiliesNoGradientReached) {
+  GradientOrder o = three_pairs(0);
+  EXPECT_EQ(offer(o, 1), List{1});
+  EXPECT_EQ(offer(o, 0), List{0});  // family 0 complete; families 1 and 2 got nothing
+  EXPECT_FALSE(o.pending());
+  EXPECT_EQ(end_backward(o), Handings{});
+  o.begin_micro_batch(0);
+  EXPECT_EQ(offer(o, 2), List{2});  // a new micro-batch: nothing seen yet
+  EXPECT_EQ(end_backward(o), (Handings{{3, false}}));
+}
+
+TEST(GradientOrder, BackwardsEndNeverDeclaresAFrozenTensor) {
+  GradientOrder o;
+  o.set_families({0, 0, 0}, {true, false, true});
+  o.begin_micro_batch(0);
+  EXPECT_EQ(offer(o, 0), List{0});
+  EXPECT_EQ(end_backward(o), (Handings{{2, false}}));
 }
 
 }  // namespace

@@ -141,3 +141,54 @@ def test_gru_lean_plan_trains_or_is_refused(tmp_path):
     least = minimum_host_budget(gru, cfg)
     stats = train(gru(), cfg(least), steps=6, data=gru_tokens)
     assert stats["host_high_water_bytes"] <= least
+
+
+class _SideBlock(nn.Module):
+    """A residual block with a side branch used on even steps only."""
+
+    def __init__(self, d=60):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+        self.side = nn.Linear(d, 4)
+        self.use_side = True
+
+    def forward(self, x):
+        h = x + torch.tanh(self.fc(x))
+        if self.use_side:
+            h = h + self.side(h).sum(-1, keepdim=True)
+        return h
+
+
+@pytest.mark.parametrize("set_to_none", [False, True])
+def test_branches_unused_on_odd_steps_keep_the_plan(tmp_path, set_to_none):
+    # 12 blocks whose side branch gets no gradient on odd steps, 3 GPU chunk slots: every family
+    # with a side branch stayed incomplete until step() and they outgrew the plan's host room
+    # (OutOfBudget in the second step, #24). Backward's end now completes them (Note [Gradients in
+    # pieces] in strata/runtime/gradient_order.hpp): zeros where torch's p.grad would be a zero
+    # tensor, Runtime::no_gradient where it would be None. Bit-identical to torch either way.
+    d, chunk = 60, 4096
+    torch.manual_seed(0)
+    ref = nn.Sequential(*[_SideBlock(d) for _ in range(12)])
+    torch.manual_seed(0)
+    model = st.wrap(nn.Sequential(*[_SideBlock(d) for _ in range(12)]), {
+        "device": {"kind": "sim", "budget": "256MiB"},
+        "budgets": {"gpu": 3 * chunk * 4, "host": "64MiB", "nvme": "64MiB"},
+        "nvme": {"dirs": [str(tmp_path)], "engine": "posix"},
+        "layout": {"chunk_elems": chunk}, "threads": 2})
+    hyper = {"lr": 2 ** -7, "momentum": 0.5}
+    ref_opt, opt = torch.optim.SGD(ref.parameters(), **hyper), st.SGD(model.parameters(), **hyper)
+    for step in range(6):
+        for b in list(ref) + list(model):
+            b.use_side = step % 2 == 0
+        x = torch.randn(4, d, generator=torch.Generator().manual_seed(step))
+        for m, o in ((ref, ref_opt), (model, opt)):
+            o.zero_grad(set_to_none=set_to_none)
+            loss = m(x).tanh().mean()
+            loss.backward()
+            o.step()
+        with torch.no_grad():
+            assert torch.equal(ref(x), model(x)), step
+    assert model.strata.engine.counters()["kept_gradients"] > 0, "the order never kept a gradient back"
+    for (n, a), (_, b) in zip(ref.named_parameters(), model.named_parameters()):
+        assert torch.equal(a.detach(), b.detach().clone()), n
+    model.strata.close()

@@ -360,3 +360,27 @@ def test_zero_grad_defaults_as_the_running_torchs(tmp_path):
         assert (a.grad is None) == (b.grad is None), (n, a.grad, b.grad)
         if a.grad is not None:
             assert torch.equal(a.grad, b.grad.clone()), n
+
+
+@pytest.mark.parametrize("between", ["no_grad_forward", "grad_forward_twice"])
+def test_zero_gradients_survive_forwards_between_steps(tmp_path, between):
+    # zero_grad(set_to_none=False) leaves torch a zero gradient; a branch unused in the next step is
+    # then still stepped (momentum). A forward between steps (an eval under no_grad, or a grad-enabled
+    # forward whose output is dropped before the real one) took strata's placeholder out of p.grad, and the
+    # next forward read the None as "set to None": the branch was skipped, silently (before this fix).
+    hyper = {"lr": 0.125, "momentum": 0.5}
+    ref, ref_opt, model, opt, kind = pair("frozen_unused", tmp_path, opt=("sgd", hyper), grad_reads=False)
+    for step in range(6):
+        ref.use_branch = model.use_branch = step % 2 == 0
+        x, y = inputs(ref, kind, step)
+        if between == "no_grad_forward":
+            with torch.no_grad():
+                assert torch.equal(ref(x), model(x)), step
+        else:
+            model(x)
+            ref(x)
+        for m, o in ((ref, ref_opt), (model, opt)):
+            o.zero_grad(set_to_none=False)
+            loss_of(m, x, y).backward()
+            o.step()
+    assert_same_params(ref, model)

@@ -181,6 +181,9 @@ class Runtime {
   //! kept for the next micro-batch to accumulate into (Access::kAccumulate).
   //! FailedPrecondition while leases are held.
   Status begin_micro_batch(bool last);
+  //! The tensor gets no gradient in this micro-batch (an unused branch): its family
+  //! may complete before step() (runtime::Runtime::no_gradient).
+  Status no_gradient(TensorId tensor);
 
   //! Overwrites one state of a tensor from fp32 values (param, master, state0/1;
   //! runtime::Runtime::write_tensor, same argument order). Between steps. Blocks.

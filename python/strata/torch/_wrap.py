@@ -313,6 +313,7 @@ class Wrapped:
         self._grads_used = False  # a torch call used a gradient ("auto")
         self._grad_live = []  # pid -> torch's p.grad would not be None (Note [Zero gradients])
         self._placeholders = {}  # pid -> _StrataGrad currently in p.grad
+        self._cleared = set()  # pids whose placeholder _clear_placeholders took out of p.grad
         self._classes = []  # pid -> the parameter's own class
         self._lazy_classes = []  # pid -> its lazy subclass (Note [Lazy parameters])
         self._lazy = False
@@ -803,7 +804,15 @@ class Wrapped:
 
     def _on_backward_ends(self):
         self.engine.unbind_all()
-        self.engine.hand_kept()  # Note [Gradients in pieces] in runtime/include/strata/runtime/gradient_order.hpp
+        if self.engine.gradients_pending():  # Note [Gradients in pieces] in strata/runtime/gradient_order.hpp
+            # Families some of whose params got no gradient complete now, not at step(): a param whose
+            # torch p.grad would be a zero tensor gets zeros (Note [Zero gradients]), the others none.
+            zero = [live and not written and not frozen
+                    for live, written, frozen in zip(self._grad_live, self._grad_written, self._frozen)]
+            for pid in self.engine.end_backward(zero):
+                self._grad_written[pid] = True
+                if self._access and self.params[pid].grad is None:
+                    self.params[pid].grad = self._placeholder(pid)  # torch's zero gradient stays in p.grad
         self._calls.clear()
         self._phase = "idle"
         self._micro_in_step += 1
@@ -838,6 +847,8 @@ class Wrapped:
         return hook
 
     def _placeholder(self, pid):
+        """The placeholder to put in p.grad (the caller puts it there)."""
+        self._cleared.discard(pid)
         ph = self._placeholders.get(pid)
         if ph is None:
             p = self.params[pid]
@@ -854,8 +865,13 @@ class Wrapped:
             p = self.params[pid]
             if p.grad is ph:
                 p.grad = None
-            elif p.grad is None:
+                self._cleared.add(pid)
+            elif p.grad is None and pid not in self._cleared:
                 self._grad_live[pid] = False
+            # (None where this took the placeholder out at an earlier forward with no backward since, a
+            # no-grad one included: still torch's zero gradient. torch code that sets that None to None,
+            # e.g. a submodule's own zero_grad(set_to_none=True), is not seen then; a strata optimizer's
+            # zero_grad(set_to_none=True) is)
 
     # --- parameters between steps (Note [Lazy parameters]) --------------------------------
 
@@ -907,6 +923,8 @@ class Wrapped:
             pid = self._pid.get(id(p))
             g = p.grad
             if g is None:
+                if set_to_none and pid is not None:
+                    self._grad_live[pid] = False  # torch's zero gradient (placeholder taken out) is None now
                 continue
             if set_to_none:
                 p.grad = None

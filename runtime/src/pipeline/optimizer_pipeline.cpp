@@ -32,6 +32,7 @@ void OptimizerPipeline::init(std::size_t family_count) {
   writebacks_.assign(family_count, WriteBack{});
   trainable.assign(family_count, 0);
   grads_written_.assign(family_count, 0);
+  grads_none_.assign(family_count, 0);
   grad_queue_.clear();
   grad_queue_.reserve(family_count);  // a steady step allocates nothing
   launch_fifo_.clear();
@@ -62,20 +63,21 @@ void OptimizerPipeline::adopt(const StepTrace& trace) {
 bool OptimizerPipeline::gradients_complete(FamilyId f) const {
   const Chunk& grad = core_.chunks[static_cast<std::size_t>(core_.chunk_index(f, StateKind::kGrad))];
   const Chunk& param = core_.chunks[static_cast<std::size_t>(core_.chunk_index(f, StateKind::kParam))];
-  return last_micro_batch && grads_written_[f] > 0 && grads_written_[f] == trainable[f] &&
+  return last_micro_batch && grads_written_[f] > 0 && grads_written_[f] + grads_none_[f] == trainable[f] &&
          grad.writers == 0 && param.readers == 0;
 }
 
 std::size_t OptimizerPipeline::incomplete_families() const {
   std::size_t n = 0;
   for (FamilyId f = 0; f < grads_written_.size(); ++f)
-    n += grads_written_[f] > 0 && grads_written_[f] < trainable[f];
+    n += grads_written_[f] > 0 && grads_written_[f] + grads_none_[f] < trainable[f];
   return n;
 }
 
 void OptimizerPipeline::begin_micro_batch(bool last) {
   last_micro_batch = last;
   std::fill(grads_written_.begin(), grads_written_.end(), 0);
+  std::fill(grads_none_.begin(), grads_none_.end(), 0);
 }
 
 void OptimizerPipeline::start_read_ahead() {
@@ -101,6 +103,7 @@ void OptimizerPipeline::drop_read_ahead(FamilyId f) {
 
 void OptimizerPipeline::end_step() {
   std::fill(grads_written_.begin(), grads_written_.end(), 0);
+  std::fill(grads_none_.begin(), grads_none_.end(), 0);
   launch_fifo_.clear();
   grad_queue_.clear();
   read_ahead_cursor_ = 0;

@@ -185,7 +185,10 @@ class OptimizerPipeline {
   // --- gradient completion (Note [Gradient completion]) ---
   //! A tensor of family `f` handed its gradient over for the first time in this micro-batch.
   void note_grad_written(FamilyId f) { ++grads_written_[f]; }
-  //! Every trainable tensor of `f` handed its gradient over in the last micro-batch.
+  //! A tensor of family `f` gets no gradient in this micro-batch (Runtime::no_gradient).
+  void note_no_gradient(FamilyId f) { ++grads_none_[f]; }
+  //! Every trainable tensor of `f` handed its gradient over in the last micro-batch
+  //! (or was declared gradient-less, with at least one gradient written).
   bool gradients_complete(FamilyId f) const;
   //! Families some of whose trainable tensors handed their gradient over in this
   //! micro-batch, not all (Runtime::incomplete_gradients_max() bounds them).
@@ -317,6 +320,7 @@ class OptimizerPipeline {
   Residency& residency_;
   std::vector<FamilyRun> runs_;
   std::vector<std::uint32_t> grads_written_;  //!< per family: trainable tensors written this micro-batch
+  std::vector<std::uint32_t> grads_none_;     //!< per family: declared gradient-less this micro-batch
   int tasks_in_flight_ = 0;
   std::uint64_t launches_ = 0;
   std::vector<FamilyId>

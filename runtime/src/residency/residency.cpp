@@ -241,8 +241,10 @@ Status Residency::no_slot_error(bool room_full) const {
           "not all), and the plan's room holds {} (Runtime::incomplete_gradients_max()). The gradients come "
           "in "
           "another order than the warm-up step's: hand a family's gradients together, keeping back one that "
-          "would open more families (strata.torch does: Note [Gradients in pieces] in "
-          "runtime/include/strata/runtime/gradient_order.hpp), or raise host_budget by {} per gradient",
+          "would open more families and declaring those that get none (Runtime::no_gradient; strata.torch "
+          "does both: Note [Gradients in pieces] in runtime/include/strata/runtime/gradient_order.hpp), or "
+          "raise "
+          "host_budget by {} per gradient",
           format_bytes(in_use), format_bytes(core_.plan.grad_host_bytes), incomplete, most,
           format_bytes(slot_bytes));
     }

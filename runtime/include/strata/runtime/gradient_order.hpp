@@ -22,10 +22,18 @@
 // torch alone holds every gradient) and handed with its family's last one when it
 // arrives (the family then completes at once and never waits), or when a family
 // completes and frees a place (the oldest kept family opens), or when backward ends
-// (every family kept is handed; one whose other gradients never came waits for
-// step() as before). Handing order within a family changes no value: each tensor's
-// gradient has its own place. In the warm-up step's order nothing is kept unless
-// that order itself opens more families than the room holds.
+// (end_backward: every family kept is handed). Handing order within a family
+// changes no value: each tensor's gradient has its own place. In the warm-up step's
+// order nothing is kept unless that order itself opens more families than the room
+// holds.
+// A tensor that gets no gradient in a micro-batch (a branch unused on this step)
+// leaves its family incomplete until step(); many such families at once outgrew the
+// room in the same way (a model with a branch per block unused on odd steps, 3 GPU
+// slots: OutOfBudget in the second step, #24). So end_backward also lists, for every
+// family some of whose gradients came, the tensors that got none, and the caller
+// declares them (Runtime::no_gradient): open families complete first (their
+// optimizer runs and frees the room), then each kept family is handed and completed
+// in turn, so no more families are incomplete at once than before backward ended.
 
 #include <cstddef>
 #include <cstdint>
@@ -48,6 +56,19 @@ class GradientOrder {
   void offer(std::uint32_t t, std::uint64_t bytes, std::vector<std::uint32_t>* hand);
   //! Appends every tensor kept back, family by family (backward ended).
   void take_kept(std::vector<std::uint32_t>* hand);
+  //! What to do with one tensor when backward ends: hand its kept gradient, or
+  //! declare that it got none in this micro-batch (Runtime::no_gradient).
+  struct Handing {
+    std::uint32_t tensor = 0;
+    bool gradient = true;  //!< false: no gradient (declare it)
+  };
+  //! Backward ended: appends, in order, what completes every family some of whose
+  //! gradients came: first the tensors of open families that got none, then family
+  //! by family (oldest first) each kept family's kept tensors and its tensors that
+  //! got none. Afterwards no family is open and nothing is kept.
+  void end_backward(std::vector<Handing>* out);
+  //! Whether end_backward has anything to do (a family open or kept).
+  bool pending() const { return open_ > 0 || !kept_order_.empty(); }
   //! Forgets every tensor kept back (the step is discarded).
   void drop();
 
@@ -62,12 +83,16 @@ class GradientOrder {
   void take_family(std::uint32_t family, std::vector<std::uint32_t>* hand);
   void note_handed(std::uint32_t family, std::size_t tensors);
 
-  std::vector<std::uint32_t> family_of_;          //!< per tensor
-  std::vector<std::uint64_t> bytes_;              //!< per tensor kept back
-  std::vector<std::uint32_t> expected_;           //!< trainable tensors per family
-  std::vector<std::uint32_t> handed_;             //!< per family, this micro-batch
-  std::vector<std::vector<std::uint32_t>> kept_;  //!< per family
-  std::vector<std::uint32_t> kept_order_;         //!< families with tensors kept back, oldest first
+  void append_missing(std::uint32_t family, std::vector<Handing>* out);
+
+  std::vector<std::uint32_t> family_of_;             //!< per tensor
+  std::vector<std::vector<std::uint32_t>> members_;  //!< per family: its trainable tensors
+  std::vector<std::uint8_t> seen_;                   //!< per tensor: offered in this micro-batch
+  std::vector<std::uint64_t> bytes_;                 //!< per tensor kept back
+  std::vector<std::uint32_t> expected_;              //!< trainable tensors per family
+  std::vector<std::uint32_t> handed_;                //!< per family, this micro-batch
+  std::vector<std::vector<std::uint32_t>> kept_;     //!< per family
+  std::vector<std::uint32_t> kept_order_;            //!< families with tensors kept back, oldest first
   std::size_t open_ = 0;
   std::size_t limit_ = 0;  //!< 0: no limit known (nothing is kept)
   std::uint64_t kept_bytes_ = 0, kept_bytes_peak_ = 0, kept_total_ = 0;

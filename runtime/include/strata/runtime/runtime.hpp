@@ -335,6 +335,17 @@ class Runtime {
   //! Starts a micro-batch: with last = false its gradients are kept (accumulated
   //! by the next micro-batch with Access::kAccumulate) and no optimizer runs.
   Status begin_micro_batch(bool last);
+  //! Tensor `tensor` gets no gradient in this micro-batch: the caller's backward
+  //! ended without one (a branch unused on this step). Its family's gradients may
+  //! then complete before step() (Note [Gradient completion]) and free the host room
+  //! an incomplete family holds; without it such a family waits for step(), and many
+  //! of them at once can outgrow the plan's room. step() updates the tensor as any
+  //! unused one (from an earlier micro-batch's gradient, if it has one). A later
+  //! write of its gradient in this micro-batch is refused. Fails: InvalidArgument
+  //! (unknown id), FailedPrecondition (frozen; its gradient already handed over or
+  //! declared absent in this micro-batch; data parallelism, where every rank hands
+  //! every gradient: write zeros instead).
+  Status no_gradient(TensorId tensor);
 
   //! Ends the step: waits for (or runs) every family's optimizer step (not for
   //! the NVMe write-backs of updated states: see flush()), checks
