@@ -52,6 +52,7 @@ import gc
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -120,12 +121,34 @@ class Variant:
             if kind.endswith("_no_access"):
                 os.environ["STRATA_TORCH_BENCH_NO_ACCESS"] = "1"  # read once, by wrap()
             try:
-                model = st.wrap(model, cfg)
+                model = self._wrap(model, cfg, d, layers, args, offload=base == "strata_offload")
             finally:
                 os.environ.pop("STRATA_TORCH_BENCH_NO_ACCESS", None)
+            self.info["host_budget"] = cfg["budgets"]["host"]
             self.opt = st.AdamW(model.parameters(), lr=1e-3)
         self.model = model
         self.counters = None  # strata's work over the measured steps
+
+    @staticmethod
+    def _wrap(model, cfg, d, layers, args, offload):
+        """st.wrap, with the plan made at once. The offload variant's host budget (0.55 x the model
+        state) is below what the planner accepts at some sizes (it counts every host buffer, #24):
+        it then takes the smallest host budget that plans, which the refusal names."""
+        wrapped = st.wrap(model, cfg)
+        try:
+            wrapped.strata._ensure_engine()
+            return wrapped
+        except st.StrataError as e:
+            m = re.search(r"raise host_budget to at least [^(]*\((\d+) bytes\)", str(e))
+            if not offload or m is None:
+                raise
+            wrapped.strata.close()
+        cfg["budgets"]["host"] = int(m.group(1))
+        torch.manual_seed(0)
+        model = Gpt(d=d, layers=layers, seq=args.seq)
+        wrapped = st.wrap(model, cfg)
+        wrapped.strata._ensure_engine()
+        return wrapped
 
     def step(self, x, y, timed):
         t0 = time.perf_counter()
