@@ -39,6 +39,8 @@ Per size (--sizes: 0.8M, 25M, 100M or DxL, the GPT's width and depth), as {media
                         during backward already) / torch.optim.AdamW;
   access_cost_fit / access_cost_offload (--access-ab): step time with torch's contract
                         between steps / without it (> 1: the contract costs that factor).
+host_budget (per strata variant): the host budget it ran with; the offload variant's is 0.55x the
+model state, or the smallest that plans where the planner refuses that (it says so on stderr).
 fit_counters / offload_counters: strata's extra work per measured step (bytes moved between
 tiers, Python hook calls, parameter leases taken); where everything fits the bytes are 0.
 bit_identical_sgd trains a smaller copy with SGD (power-of-two lr) both ways in this process
@@ -143,6 +145,9 @@ class Variant:
             if not offload or m is None:
                 raise
             wrapped.strata.close()
+        print(f"bench torch_gpt: d={d} layers={layers}: the offload variant's host budget "
+              f"{cfg['budgets']['host']} B is refused; it takes the smallest that plans, {m.group(1)} B "
+              "(reported as host_budget)", file=sys.stderr)
         cfg["budgets"]["host"] = int(m.group(1))
         torch.manual_seed(0)
         model = Gpt(d=d, layers=layers, seq=args.seq)
@@ -276,6 +281,7 @@ def measure(size, args, data, nvme_dir):
         "fwd_bwd_s": {v.kind: round(statistics.median(t[1] for t in v.times), 5) for v in variants},
         "optimizer_s": {v.kind: round(statistics.median(t[2] for t in v.times), 5) for v in variants},
         "state_over_device_budget": round(off.info["state_over_device_budget"], 2),
+        "host_budget": {v.kind: v.info["host_budget"] for v in variants if "host_budget" in v.info},
         "fit_counters": {k: round(v, 1) for k, v in fit_c.items()},
         "offload_counters": {k: round(v, 1) for k, v in off_c.items()},
         "offload_stall_s_per_step": round(off.info["stall_s_per_step"], 4),

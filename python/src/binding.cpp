@@ -830,7 +830,6 @@ PYBIND11_MODULE(_C, m) {
       .def("unbind_all", &Engine::unbind_all)
       .def("binds", &Engine::binds)
       .def("hand_grad", &Engine::hand_grad)
-      .def("hand_kept", &Engine::hand_kept)
       .def("gradients_pending", &Engine::gradients_pending)
       .def("end_backward", &Engine::end_backward)
       .def("poison_hits", &Engine::poison_hits)

@@ -38,7 +38,11 @@
 // first, as torch's post-accumulate-grad hook does); a second write lease in the
 // same micro-batch is refused. Its optimizer step then starts at once (unless
 // clipping or loss scaling defer every step to step()). A family with a tensor
-// that got no gradient this step (unused) completes at step().
+// that got no gradient this step (unused) completes at step(), or at once when the
+// caller declares that tensor gradient-less for the micro-batch
+// (Runtime::no_gradient; strata.torch does at backward's end: Note [Gradients in
+// pieces] in strata/runtime/gradient_order.hpp). A family nothing was written to
+// never completes by declarations alone.
 
 #include <functional>
 #include <memory>
