@@ -4,7 +4,7 @@
 //   Core               core/             shared context: lock, stores (stores.cpp), streams, thread pool,
 //                                        timeline (timeline.cpp), tensors, chunks (chunk.hpp), plan,
 //                                        the first error; chunk events (chunk_events.hpp)
-//   StepTracker        step_tracker.*    this step's trace, position in the adopted trace, step counters
+//   StepTracker        core/step_tracker.* this step's trace, position in the adopted trace, step counters
 //   Residency          residency/        device slots, host <-> device moves (residency.*), eviction
 //                                        victims and prefetch (eviction.cpp), NVMe-homed params'
 //                                        staging buffers (param_staging.cpp)
@@ -51,10 +51,10 @@
 
 #include "core/chunk_events.hpp"
 #include "core/core.hpp"
+#include "core/step_tracker.hpp"
 #include "dp/data_parallel.hpp"
 #include "pipeline/optimizer_pipeline.hpp"
 #include "residency/residency.hpp"
-#include "step_tracker.hpp"
 #include "strata/common/assert.hpp"
 
 namespace strata::runtime {
@@ -68,12 +68,13 @@ struct Runtime::Impl {
   Impl(memory::Device& dev, RuntimeOptions options)
       : core(dev, std::move(options)),
         tracker(core),
-        residency(core, tracker, pipeline),
+        residency(core, tracker),
         pipeline(core, residency),
         dp(core, tracker, residency, pipeline,
            [this](std::unique_lock<std::mutex>& lock, Chunk& c, bool write,
                   const std::function<void(std::byte*)>& fn,
                   bool whole) { return with_host_copy(lock, c, write, fn, whole); }) {
+    residency.read_progress(pipeline);
     residency.read_dp_flags(dp.flags());
     if (core.dp_ranks() > 1) events = &dp;
   }

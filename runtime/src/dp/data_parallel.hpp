@@ -25,12 +25,12 @@
 #include <string_view>
 #include <vector>
 
-#include "chunk_flags.hpp"
 #include "core/chunk_events.hpp"
+#include "core/chunk_flags.hpp"
 #include "core/core.hpp"
+#include "core/step_tracker.hpp"
 #include "pipeline/optimizer_pipeline.hpp"
 #include "residency/residency.hpp"
-#include "step_tracker.hpp"
 
 namespace strata::runtime {
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/core.hpp"
+#include "residency/pipeline_progress.hpp"
 #include "strata/common/assert.hpp"
 #include "strata/kernels/cuda.hpp"
 #include "strata/kernels/optim.hpp"
@@ -172,7 +173,7 @@ struct WriteBack {
   }
 };
 
-class OptimizerPipeline {
+class OptimizerPipeline final : public PipelineProgress {
  public:
   OptimizerPipeline(Core& core, Residency& residency) : core_(core), residency_(residency) {}
 
@@ -192,7 +193,7 @@ class OptimizerPipeline {
   bool gradients_complete(FamilyId f) const;
   //! Families some of whose trainable tensors handed their gradient over in this
   //! micro-batch, not all (Runtime::incomplete_gradients_max() bounds them).
-  std::size_t incomplete_families() const;
+  std::size_t incomplete_families() const override;
   //! Starts a micro-batch (last: its gradients complete the step).
   void begin_micro_batch(bool last);
 
@@ -221,13 +222,13 @@ class OptimizerPipeline {
 
   // --- queries ---
   //! Family f's optimizer has been requested this step: its gradient is the pipeline's.
-  bool claims_gradient(FamilyId f) const { return runs_[f].launched(); }
+  bool claims_gradient(FamilyId f) const override { return runs_[f].launched(); }
   //! Family f's optimizer step is requested and not finished.
-  bool updating(FamilyId f) const { return runs_[f].running(); }
+  bool updating(FamilyId f) const override { return runs_[f].running(); }
   //! Optimizer steps started so far (launch_optimizer calls that launched one).
   std::uint64_t launches() const { return launches_; }
   //! Some optimizer step is in flight (it will free slots and notify Core::cv).
-  bool busy() const { return tasks_in_flight_ > 0; }
+  bool busy() const override { return tasks_in_flight_ > 0; }
   //! Family f's updated NVMe states are still on their way to fresh slots (Note
   //! [Write-back after step]): its chunks' slots hold the value before the step
   //! until the write-back ends (and notifies Core::cv).

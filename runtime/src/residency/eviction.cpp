@@ -3,9 +3,8 @@
 #include <algorithm>
 #include <limits>
 
-#include "pipeline/optimizer_pipeline.hpp"
+#include "core/step_tracker.hpp"
 #include "residency/residency.hpp"
-#include "step_tracker.hpp"
 #include "strata/common/log.hpp"
 
 namespace strata::runtime {
@@ -44,7 +43,7 @@ bool Residency::movable(const DeviceSlot& slot) const {
   // A complete gradient waiting for the optimizer pipeline leaves by itself;
   // writing it back to host would spend host memory the plan did not give it.
   // Waiting for the pipeline is the back-pressure (ensure_on_device).
-  return !(c.kind == StateKind::kGrad && pipeline_.claims_gradient(c.family));
+  return !(c.kind == StateKind::kGrad && pipeline_->claims_gradient(c.family));
 }
 
 bool Residency::write_back_fits(const Chunk& c, std::uint64_t* in_use) const {
@@ -134,7 +133,7 @@ Status Residency::prefetch() {
     Chunk& c = core_.chunk(f, StateKind::kParam);
     if (c.device_copy || c.bytes == 0 || dp_flags_->awaiting_gather(c)) continue;  // (Note [Sharded step])
     if (needs_staging(c) ? !staged(c) : c.value != ChunkValue::kHost) continue;    // (not read yet)
-    if (pipeline_.updating(f)) continue;
+    if (pipeline_->updating(f)) continue;
     if (c.device_slot >= 0 && device_slots_[static_cast<std::size_t>(c.device_slot)].dedicated) {
       STRATA_RETURN_IF_ERROR(failed(core_, load_to_slot(c, slot_of(c))));
       c.device_copy = true;

@@ -3,9 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "pipeline/optimizer_pipeline.hpp"
+#include "core/step_tracker.hpp"
 #include "residency/residency.hpp"
-#include "step_tracker.hpp"
 #include "strata/common/assert.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/common/log.hpp"
@@ -200,7 +199,7 @@ Status Residency::read_params_ahead() {
   const std::size_t start = tracker_.next_position();
   for (std::size_t q = start; q < uses.size() && q < start + staging_max_; ++q) {
     Chunk& c = core_.chunk(uses[q].family, StateKind::kParam);
-    if (c.device_copy || !needs_staging(c) || pipeline_.updating(c.family)) continue;
+    if (c.device_copy || !needs_staging(c) || pipeline_->updating(c.family)) continue;
     bool started = false;
     STRATA_RETURN_IF_ERROR(start_staging(c, staging_max_, /*ahead=*/true, &started));
     if (!started) break;  // no buffer free: the next placed use tries again

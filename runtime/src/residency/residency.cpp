@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "pipeline/optimizer_pipeline.hpp"
 #include "strata/common/assert.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/common/log.hpp"
@@ -196,7 +195,7 @@ Status Residency::ensure_on_device(std::unique_lock<std::mutex>& lock, Chunk& c,
     }
     // Every slot is leased, holds a gradient on its way to the optimizer, or holds
     // a gradient the host room cannot take now (Note [Backpressure]).
-    if (!pipeline_.busy()) return no_slot_error(room_full);
+    if (!pipeline_->busy()) return no_slot_error(room_full);
     const double t0 = core_.timeline.now_us();
     core_.cv.wait(lock);
     core_.timeline.add_stall((core_.timeline.now_us() - t0) * 1e-6);
@@ -223,7 +222,7 @@ Status Residency::no_slot_error(bool room_full) const {
     if (slot.chunk < 0) continue;
     const Chunk& o = core_.chunks[static_cast<std::size_t>(slot.chunk)];
     leased += (o.readers > 0 || o.writers > 0 || dp_flags_->in_collective(o)) ? 1 : 0;
-    claimed += (o.kind == StateKind::kGrad && pipeline_.claims_gradient(o.family)) ? 1 : 0;
+    claimed += (o.kind == StateKind::kGrad && pipeline_->claims_gradient(o.family)) ? 1 : 0;
   }
   const std::uint64_t slot_bytes = device_slots_.empty() ? 0 : device_slots_[0].bytes;
   if (room_full) {
@@ -232,7 +231,7 @@ Status Residency::no_slot_error(bool room_full) const {
       const Chunk& g = core_.chunks[static_cast<std::size_t>(core_.chunk_index(f, StateKind::kGrad))];
       if (g.host != nullptr) in_use += g.bytes;
     }
-    const std::size_t incomplete = pipeline_.incomplete_families(), most = incomplete_gradients_max();
+    const std::size_t incomplete = pipeline_->incomplete_families(), most = incomplete_gradients_max();
     if (incomplete > most) {
       return out_of_budget(
           "host room for gradients written back from the GPU is full ({} of the plan's {}): {} families' "

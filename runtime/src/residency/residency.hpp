@@ -3,15 +3,14 @@
 // memory they are carved from), moves chunks between host and device (loads,
 // write-backs), picks eviction victims and prefetches params along the adopted
 // trace (Note [Chunk state machine] in chunk.hpp). It may call Core (stores,
-// streams, timeline) and reads StepTracker's position and OptimizerPipeline's
-// per-family progress (a gradient the pipeline has claimed is not evicted, a
-// family being updated is not prefetched) and DataParallel's chunk flags
-// (dp/chunk_flags.hpp: a slot a collective holds is not reused, a gradient
-// awaiting its reduction is evicted last, a param awaiting its gather is not
-// prefetched). NVMe copies of optimizer states are
-// the pipeline's and Runtime::Impl's business; this part reads NVMe-homed params
-// into its staging buffers (Note [NVMe-homed params]). Every function expects
-// Core::mu held (Note [Lock discipline]).
+// streams, timeline) and reads StepTracker's position, the optimizer pipeline's
+// per-family progress through PipelineProgress (pipeline_progress.hpp: a gradient
+// the pipeline has claimed is not evicted, a family being updated is not
+// prefetched) and DataParallel's chunk flags (core/chunk_flags.hpp: a slot a collective holds is not reused,
+// a gradient awaiting its reduction is evicted last, a param awaiting its gather is not prefetched). NVMe
+// copies of optimizer states are the pipeline's and Runtime::Impl's business; this part reads NVMe-homed
+// params into its staging buffers (Note [NVMe-homed params]). Every function expects Core::mu held (Note
+// [Lock discipline]).
 //
 // Note [NVMe-homed params]
 // A param whose plan puts its home on NVMe (Note [Placement policy] 4) has its
@@ -34,18 +33,20 @@
 #include <mutex>
 #include <vector>
 
+#include "core/chunk_flags.hpp"
 #include "core/core.hpp"
-#include "dp/chunk_flags.hpp"
+#include "residency/pipeline_progress.hpp"
 
 namespace strata::runtime {
 
-class OptimizerPipeline;
 class StepTracker;
 
 class Residency {
  public:
-  Residency(Core& core, const StepTracker& tracker, const OptimizerPipeline& pipeline)
-      : core_(core), tracker_(tracker), pipeline_(pipeline) {}
+  Residency(Core& core, const StepTracker& tracker) : core_(core), tracker_(tracker) {}
+  //! The optimizer pipeline's progress, which eviction and prefetch respect (set
+  //! once, by Runtime::Impl's constructor, before any use).
+  void read_progress(const PipelineProgress& pipeline) { pipeline_ = &pipeline; }
   //! Data parallelism's chunk flags, which eviction and prefetch respect (set once,
   //! by Runtime::Impl's constructor, before any use).
   void read_dp_flags(const DpChunkFlags& flags) { dp_flags_ = &flags; }
@@ -170,8 +171,8 @@ class Residency {
 
   Core& core_;
   const StepTracker& tracker_;
-  const OptimizerPipeline& pipeline_;
-  //! Data parallelism's chunk flags (dp/chunk_flags.hpp): read, never written here.
+  const PipelineProgress* pipeline_ = nullptr;  //!< the optimizer pipeline's progress: read only
+  //! Data parallelism's chunk flags (core/chunk_flags.hpp): read, never written here.
   const DpChunkFlags* dp_flags_ = nullptr;
   std::vector<memory::DeviceAllocation> device_memory_;
   std::vector<DeviceSlot> device_slots_;

@@ -1,6 +1,6 @@
 // StepTracker: following the adopted trace, compute time per use, step counters
 // (step_tracker.hpp).
-#include "step_tracker.hpp"
+#include "core/step_tracker.hpp"
 
 #include <algorithm>
 
