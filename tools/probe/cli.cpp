@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "measure.hpp"
+#include "runtime_spec.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/common/duration.hpp"
 #include "strata/common/log.hpp"

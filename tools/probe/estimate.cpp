@@ -10,7 +10,6 @@
 #include "model.hpp"
 #include "strata/common/assert.hpp"
 #include "strata/common/bytes.hpp"
-#include "strata/runtime/options.hpp"
 
 namespace strata::probe {
 

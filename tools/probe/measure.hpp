@@ -40,7 +40,7 @@ struct NvmeInfo {
   double read_bytes_per_s = 0;
   double write_bytes_per_s = 0;
   //! Reads and writes as the optimizer pipeline does them (Note [Probe disk
-  //! pipeline pass] in measure.cpp): bytes of both a second.
+  //! pipeline pass] in measure_nvme.cpp): bytes of both a second.
   double mixed_bytes_per_s = 0;
 };
 
@@ -66,7 +66,7 @@ Result<DeviceInfo> measure_device(memory::DeviceOptions options, std::uint64_t c
 //! Writes (a warm-up pass, then a timed one), then reads up to `bytes_max` (at most
 //! `seconds_max` per pass) in 16 MiB
 //! slots through a SwapStore on `dir`, then runs the pipeline pass (Note [Probe
-//! disk pipeline pass] in measure.cpp; its optimizer kernels on a pool of
+//! disk pipeline pass] in measure_nvme.cpp; its optimizer kernels on a pool of
 //! `optimizer_threads`, none when 0); the swap file is removed before returning.
 //! Fails: NotFound (missing dir), PermissionDenied / IoError (read-only), NoSpace
 //! (less than 64 MiB free), with the path in the message.

@@ -10,7 +10,6 @@
 
 #include "strata/common/assert.hpp"
 #include "strata/common/bytes.hpp"
-#include "strata/runtime/options.hpp"
 
 namespace strata::probe {
 namespace {
@@ -197,26 +196,6 @@ Result<ModelShape> shape_for_verify(std::uint64_t params, std::uint64_t seq, std
   ModelShape m{.layers = kLayers, .hidden = hidden, .seq = seq, .batch = batch, .vocab = 12 * hidden};
   STRATA_RETURN_IF_ERROR(shape_params(m).status());
   return m;
-}
-
-runtime::RuntimeOptions runtime_options(const TrainSpec& spec) {
-  runtime::RuntimeOptions ro;
-  ro.compute_dtype = spec.compute_dtype;
-  ro.hyper.optimizer = spec.optimizer;
-  if (spec.optimizer == kernels::Optimizer::kSgd) ro.hyper.momentum = 0.9f;
-  ro.state_dtype = spec.state_dtype;
-  ro.budgets = {.gpu_bytes = kGiB, .host_bytes = kGiB, .nvme_bytes = 0};
-  return ro;
-}
-
-Status check_supported(const TrainSpec& spec) {
-  Status s = runtime::validate_options(runtime_options(spec));
-  if (!s.ok()) {
-    return invalid_argument("--optimizer {} --precision {} --state-dtype {}: the runtime refuses it: {}",
-                            kernels::optimizer_name(spec.optimizer), runtime::dtype_name(spec.compute_dtype),
-                            runtime::dtype_name(spec.state_dtype), s.message());
-  }
-  return Status::Ok();
 }
 
 std::uint64_t state_bytes_per_param(const TrainSpec& spec) {

@@ -34,10 +34,11 @@
 #include <vector>
 
 #include "strata/common/status.hpp"
+#include "strata/kernels/dtype.hpp"
 #include "strata/kernels/hyper.hpp"
 #include "strata/runtime/cost_model.hpp"
+#include "strata/runtime/layout.hpp"
 #include "strata/runtime/planner.hpp"
-#include "strata/runtime/runtime.hpp"
 #include "strata/runtime/tensor.hpp"
 
 namespace strata::probe {
@@ -92,16 +93,6 @@ struct TrainSpec {
   //! whole on every rank).
   std::uint32_t ranks = 1;
 };
-
-//! The runtime settings a run of `spec` gets: compute and state dtypes, the
-//! optimizer with its defaults (SGD with momentum 0.9, as --verify trains it).
-//! Budgets are nominal (1 GiB each) and there is no NVMe tier: the caller sets them.
-runtime::RuntimeOptions runtime_options(const TrainSpec& spec);
-
-//! What Runtime::create would say about `spec`'s combination of optimizer and
-//! dtypes (runtime::validate_options), naming the flags: the probe never plans
-//! what the runtime refuses (SGD with bf16 states, fp16 states, ...).
-Status check_supported(const TrainSpec& spec);
 
 //! Bytes of model state per parameter for `spec` (param + grad + master when the
 //! compute dtype is not fp32 + optimizer states).

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "runtime_spec.hpp"
 #include "strata/common/assert.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/common/log.hpp"

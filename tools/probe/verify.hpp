@@ -41,6 +41,7 @@
 #include "model.hpp"
 #include "strata/common/status.hpp"
 #include "strata/runtime/cost_model.hpp"
+#include "strata/runtime/runtime.hpp"
 
 namespace strata::probe {
 
