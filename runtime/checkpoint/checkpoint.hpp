@@ -41,6 +41,7 @@
 #include "../src/runtime_impl.hpp"
 #include "strata/common/log.hpp"
 #include "strata/offload/crc32c.hpp"
+#include "strata/offload/file_io.hpp"
 
 namespace strata::runtime {
 
@@ -50,7 +51,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 constexpr int kFormatVersion = 1;
-constexpr std::uint64_t kStripeBytes = 1u << 20;
 //! Data files written before they are fsynced together (bounds open descriptors).
 constexpr std::size_t kWritersOpenMax = 256;
 //! Threads that fsync a save's files, or verify a load's, at once.
@@ -58,10 +58,6 @@ constexpr std::size_t kIoThreads = 8;
 //! The save's buffers (outside the host store) hold at most host budget / this, or one
 //! family when that is larger (Note [Overlapped save]).
 constexpr std::uint64_t kSaveRoomDivisor = 4;
-//! ioprio_set(2) for an overlapped save's threads: class idle (Note [Save I/O priority]).
-constexpr int kIoprioWhoProcess = 1;  // IOPRIO_WHO_PROCESS: a thread id
-constexpr int kIoprioClassIdle = 3;   // IOPRIO_CLASS_IDLE
-constexpr int kIoprioClassShift = 13;
 //! Families of an overlapped save whose NVMe pieces may wait while host copies are
 //! written first (each holds an open file and a part-filled stripe).
 constexpr std::size_t kDeferredMax = 64;
@@ -70,6 +66,8 @@ constexpr std::size_t kSaveSpares = 4;
 //! NVMe reads a save keeps in flight ahead of its writer (Note [Save read-ahead]).
 constexpr std::uint64_t kSaveReadAheadBytes = std::uint64_t{32} << 20;
 constexpr const char* kManifestName = "manifest.json";
+//! What a save that cannot create its files says to do.
+constexpr std::string_view kWritableHint = "the checkpoint directory must be writable by this process";
 constexpr const char* kFormatName = "strata-checkpoint";
 
 //! The kinds a checkpoint stores, in file order.
@@ -79,212 +77,24 @@ constexpr StateKind kSavedKinds[] = {StateKind::kParam, StateKind::kMaster, Stat
 //! The saved kind called `name` ("param", "master", "state0", "state1").
 std::optional<StateKind> kind_from_name(std::string_view name);
 
-//! A file descriptor closed on scope exit.
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
-  Fd& operator=(Fd&& o) noexcept {
-    std::swap(fd_, o.fd_);
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  //! Closes now and reports close's error (a delayed write error surfaces here).
-  Status close(const fs::path& path) {
-    const int fd = fd_;
-    fd_ = -1;
-    if (fd >= 0 && ::close(fd) != 0) return errno_status(errno, fmt::format("closing {}", path.string()));
-    return Status::Ok();
-  }
-
- private:
-  int fd_;
-};
-
-//! Reads n bytes at offset; a file that ends first is corrupt.
-Status read_all(int fd, std::byte* p, std::size_t n, std::uint64_t offset, const fs::path& path);
-//! fsyncs the directory (a rename in it is durable once this returns).
-Status fsync_dir(const fs::path& dir);
-//! Writes n bytes at offset, retrying short writes.
-Status pwrite_all(int fd, const std::byte* p, std::size_t n, std::uint64_t offset, const std::string& path);
-
-//! Writes stripes on a thread of its own, so a save's NVMe reads and copies overlap
-//! its file writes. Holds kSinkBuffers stripe buffers; take() blocks while all are in
-//! flight, so a save holds at most that much memory beyond the chunk it copies.
-class StripeSink {
- public:
-  //! `start_writeback`: each stripe's writeback starts as soon as it is written (a
-  //! blocking save, whose fsync then waits for little); else the stripes stay in the
-  //! page cache until the save's fsyncs (Note [Save I/O priority]).
-  explicit StripeSink(bool start_writeback = true)
-      : start_writeback_(start_writeback), thread_([this] { run(); }) {
-    for (std::size_t i = 0; i < kSinkBuffers; ++i) free_.emplace_back(kStripeBytes);
-  }
-  ~StripeSink() {
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  StripeSink(const StripeSink&) = delete;
-  StripeSink& operator=(const StripeSink&) = delete;
-
-  //! A stripe buffer; waits while kSinkBuffers stripes are being written. Buffers a
-  //! writer holds part-filled (an overlapped save's deferred files) do not count.
-  std::vector<std::byte> take() {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return jobs_.size() + static_cast<std::size_t>(busy_) < kSinkBuffers; });
-    if (free_.empty()) return std::vector<std::byte>(kStripeBytes);
-    std::vector<std::byte> b = std::move(free_.back());
-    free_.pop_back();
-    return b;
-  }
-  //! Writes buf[0, n) at `offset` of *fd (kept open until the write is done).
-  void submit(std::shared_ptr<Fd> fd, std::uint64_t offset, std::vector<std::byte> buf, std::size_t n,
-              const fs::path& path) {
-    {
-      std::lock_guard lock(mu_);
-      jobs_.push_back(Job{std::move(fd), offset, std::move(buf), n, path.string()});
-    }
-    cv_.notify_all();
-  }
-  //! Waits until every submitted stripe is written; the first write error.
-  Status drain() {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return jobs_.empty() && busy_ == 0; });
-    return error_;
-  }
-
- private:
-  static constexpr std::size_t kSinkBuffers = 4;
-  struct Job {
-    std::shared_ptr<Fd> fd;
-    std::uint64_t offset;
-    std::vector<std::byte> buf;
-    std::size_t n;
-    std::string path;
-  };
-  void run() {
-    std::unique_lock lock(mu_);
-    while (true) {
-      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-      if (jobs_.empty()) return;
-      Job job = std::move(jobs_.front());
-      jobs_.pop_front();
-      ++busy_;
-      const bool failed = !error_.ok();
-      lock.unlock();
-      Status st = Status::Ok();
-      if (!failed) {
-        st = pwrite_all(job.fd->get(), job.buf.data(), job.n, job.offset, job.path);
-        // Starts the stripe's writeback now (a hint: errors show at fsync), so the
-        // final fsync waits for little.
-        if (start_writeback_)
-          ::sync_file_range(job.fd->get(), static_cast<off_t>(job.offset), static_cast<off_t>(job.n),
-                            SYNC_FILE_RANGE_WRITE);
-      }
-      lock.lock();
-      if (!st.ok() && error_.ok()) error_ = st;
-      if (free_.size() < kSinkBuffers) free_.push_back(std::move(job.buf));
-      job.buf = {};
-      job.fd.reset();
-      --busy_;
-      cv_.notify_all();
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> jobs_;
-  std::vector<std::vector<std::byte>> free_;
-  int busy_ = 0;
-  bool stop_ = false;
-  Status error_ = Status::Ok();
-  const bool start_writeback_;
-  std::thread thread_;  // last: started once the rest is constructed
-};
-
-//! Writes a file under a temporary name in stripes through a StripeSink, with a
-//! CRC32C per stripe; sync() (after the sink is drained) fsyncs it and rename() renames
-//! it to its final name.
-class StripedWriter {
- public:
-  static Result<StripedWriter> open(fs::path final_path, StripeSink& sink) {
-    STRATA_ASSIGN_OR_RETURN(Fd fd, create_tmp(final_path));
-    return adopt(std::move(final_path), std::move(fd), sink);
-  }
-  //! Creates (or truncates) `<final_path>.tmp` for writing.
-  static Result<Fd> create_tmp(const fs::path& final_path);
-  //! A writer of `fd`, which create_tmp(final_path) made.
-  static StripedWriter adopt(fs::path final_path, Fd fd, StripeSink& sink) {
-    StripedWriter w;
-    w.sink_ = &sink;
-    w.fd_ = std::make_shared<Fd>(std::move(fd));
-    w.tmp_ = final_path;
-    w.tmp_ += ".tmp";
-    w.final_ = std::move(final_path);
-    return w;
-  }
-
-  void append(const std::byte* p, std::size_t n) {
-    while (n > 0) {
-      if (buf_.empty()) buf_ = sink_->take();
-      const std::size_t take = std::min<std::size_t>(n, kStripeBytes - fill_);
-      std::memcpy(buf_.data() + fill_, p, take);
-      fill_ += take;
-      p += take;
-      n -= take;
-      if (fill_ == kStripeBytes) flush_stripe();
-    }
-  }
-
-  //! Hands the last stripe to the sink.
-  void finish() {
-    if (fill_ > 0) flush_stripe();
-  }
-
-  //! fsyncs and closes the file. The sink must be drained.
-  Status sync() {
-    if (::fsync(fd_->get()) != 0) return errno_status(errno, fmt::format("fsync of {}", tmp_.string()));
-    return fd_->close(tmp_);
-  }
-  //! Renames the synced file to its final name.
-  Status rename() {
-    if (::rename(tmp_.c_str(), final_.c_str()) != 0) {
-      return errno_status(errno, fmt::format("renaming {} to {}", tmp_.string(), final_.string()));
-    }
-    return Status::Ok();
-  }
-
-  //! Bytes appended so far (the next append's offset).
-  std::uint64_t size() const { return bytes_ + fill_; }
-  const std::vector<std::uint32_t>& crcs() const { return crcs_; }
-
- private:
-  StripedWriter() = default;
-  void flush_stripe() {
-    crcs_.push_back(offload::crc32c(std::span<const std::byte>(buf_.data(), fill_)));
-    sink_->submit(fd_, bytes_, std::move(buf_), fill_, tmp_);
-    buf_ = {};
-    bytes_ += fill_;
-    fill_ = 0;
-  }
-
-  StripeSink* sink_ = nullptr;
-  std::shared_ptr<Fd> fd_;  //!< shared with the sink's writes in flight
-  fs::path final_, tmp_;
-  std::vector<std::byte> buf_;
-  std::size_t fill_ = 0;
-  std::uint64_t bytes_ = 0;
-  std::vector<std::uint32_t> crcs_;
-};
+using offload::Fd;
+using offload::fsync_dir;
+using offload::kStripeBytes;
+using offload::StripedWriter;
+using offload::StripeSink;
+//! Reads n bytes at offset of a checkpoint file; a file that ends first is Corrupt
+//! (the data the manifest describes is not all there).
+inline Status read_all(int fd, std::byte* p, std::size_t n, std::uint64_t offset, const fs::path& path) {
+  Status s = offload::read_exact(fd, p, n, offset, path);
+  if (s.code() == StatusCode::kCorrupt)
+    s.with_context("reading the data the checkpoint's manifest describes");
+  return s;
+}
+//! Creates (or truncates) StripedWriter::tmp_path(final_path) for writing (the test
+//! hook checkpoint_testing::before_create may fail it first).
+Result<Fd> create_tmp(const fs::path& final_path);
+//! A StripedWriter of a new create_tmp(final_path).
+Result<StripedWriter> open_writer(fs::path final_path, StripeSink& sink);
 
 //! Runs fn(i, thread) for i in [0, n) on up to kIoThreads threads.
 void parallel_for(std::size_t n, const std::function<void(std::size_t, std::size_t)>& fn);

@@ -79,18 +79,17 @@ namespace strata::runtime {
 
 namespace checkpoint_detail {
 
-Result<Fd> StripedWriter::create_tmp(const fs::path& final_path) {
-  fs::path tmp = final_path;
-  tmp += ".tmp";
+Result<Fd> create_tmp(const fs::path& final_path) {
+  const fs::path tmp = StripedWriter::tmp_path(final_path);
   if (checkpoint_testing::before_create)
     STRATA_RETURN_IF_ERROR(checkpoint_testing::before_create(tmp.string()));
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) {
-    return errno_status(errno, fmt::format("save_checkpoint: creating {} (the checkpoint directory must be "
-                                           "writable by this process)",
-                                           tmp.string()));
-  }
-  return fd;
+  return offload::open_file(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644, "save_checkpoint: creating",
+                            kWritableHint);
+}
+
+Result<StripedWriter> open_writer(fs::path final_path, StripeSink& sink) {
+  STRATA_ASSIGN_OR_RETURN(Fd fd, create_tmp(final_path));
+  return StripedWriter::adopt(std::move(final_path), std::move(fd), sink);
 }
 
 std::optional<StateKind> kind_from_name(std::string_view name) {
@@ -98,43 +97,6 @@ std::optional<StateKind> kind_from_name(std::string_view name) {
     if (state_kind_name(k) == name) return k;
   }
   return std::nullopt;
-}
-
-Status read_all(int fd, std::byte* p, std::size_t n, std::uint64_t offset, const fs::path& path) {
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return errno_status(errno, fmt::format("reading {}", path.string()));
-    }
-    if (r == 0)
-      return corrupt("{}: ends at byte {}, before the data the manifest describes", path.string(), offset);
-    p += r;
-    offset += static_cast<std::uint64_t>(r);
-    n -= static_cast<std::size_t>(r);
-  }
-  return Status::Ok();
-}
-
-Status fsync_dir(const fs::path& dir) {
-  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0) return errno_status(errno, fmt::format("opening directory {} to fsync it", dir.string()));
-  if (::fsync(fd.get()) != 0) return errno_status(errno, fmt::format("fsync of directory {}", dir.string()));
-  return fd.close(dir);
-}
-
-Status pwrite_all(int fd, const std::byte* p, std::size_t n, std::uint64_t offset, const std::string& path) {
-  while (n > 0) {
-    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(offset));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return errno_status(errno, fmt::format("writing {}", path));
-    }
-    p += w;
-    offset += static_cast<std::uint64_t>(w);
-    n -= static_cast<std::size_t>(w);
-  }
-  return Status::Ok();
 }
 
 //! Runs fn(i, thread) for i in [0, n) on up to kIoThreads threads.
@@ -187,14 +149,15 @@ Result<fs::path> checkpoint_dir(const Core& core, const std::string& dir, std::s
 //! The published manifest of `dir`, parsed and checked for format and version.
 Result<json> read_manifest(const fs::path& dir) {
   const fs::path path = dir / kManifestName;
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
-    if (errno == ENOENT) {
+  Result<Fd> opened = offload::open_file(path, O_RDONLY, 0, "load_checkpoint: opening");
+  if (!opened.ok()) {
+    if (opened.status().code() == StatusCode::kNotFound) {
       return not_found("load_checkpoint: {} does not exist: {} holds no published checkpoint", path.string(),
                        dir.string());
     }
-    return errno_status(errno, fmt::format("load_checkpoint: opening {}", path.string()));
+    return opened.status();
   }
+  Fd fd = std::move(*opened);
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return errno_status(errno, fmt::format("stat of {}", path.string()));
   std::string text(static_cast<std::size_t>(st.st_size), '\0');
@@ -222,11 +185,9 @@ Result<json> read_manifest(const fs::path& dir) {
 Status open_file(const fs::path& dir, const json& f, Fd* opened, struct stat* as_opened) {
   const fs::path path = dir / f.at("name").get<std::string>();
   const auto want = f.at("bytes").get<std::uint64_t>();
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
-    return errno_status(errno, fmt::format("load_checkpoint: opening {} (named by {})", path.string(),
-                                           (dir / kManifestName).string()));
-  }
+  STRATA_ASSIGN_OR_RETURN(Fd fd,
+                          offload::open_file(path, O_RDONLY, 0, "load_checkpoint: opening",
+                                             fmt::format("named by {}", (dir / kManifestName).string())));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return errno_status(errno, fmt::format("stat of {}", path.string()));
   *as_opened = st;
@@ -346,7 +307,7 @@ Status publish_manifest(Core& core, CheckpointSave& s, json files, json tensors,
   STRATA_RETURN_IF_ERROR(fsync_dir(s.root));
   {
     const std::string text = manifest.dump(1);
-    STRATA_ASSIGN_OR_RETURN(StripedWriter w, StripedWriter::open(s.root / kManifestName, sink));
+    STRATA_ASSIGN_OR_RETURN(StripedWriter w, open_writer(s.root / kManifestName, sink));
     w.append(reinterpret_cast<const std::byte*>(text.data()), text.size());
     w.finish();
     std::vector<StripedWriter> one;

@@ -53,13 +53,9 @@ Status prepare_save(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Checkp
   s.generation = next_generation(root);
   // A file that cannot be created fails here, at once (a read-only directory).
   const fs::path probe = root / fmt::format("family-{}.g{}.bin.tmp", m.core.dp_rank(), s.generation);
-  Fd fd(::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) {
-    return errno_status(errno, fmt::format("save_checkpoint: creating {} (the checkpoint directory must be "
-                                           "writable by this process)",
-                                           probe.string()));
-  }
-  return Status::Ok();
+  return offload::open_file(probe, O_WRONLY | O_CREAT | O_TRUNC, 0644, "save_checkpoint: creating",
+                            kWritableHint)
+      .status();
 }
 
 //! Takes the save's metadata as of the call (step counters, groups, the step index)

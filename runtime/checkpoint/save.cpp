@@ -4,8 +4,6 @@
 // checkpoint.hpp, Core, and Runtime::Impl (finalize, wait_all, the data-parallel
 // agreements).
 
-#include <sys/syscall.h>
-
 #include "../src/dp/data_parallel.hpp"
 #include "checkpoint.hpp"
 
@@ -74,9 +72,11 @@ static Status begin_save(Runtime::Impl& m, const std::string& dir, bool backgrou
   s->thread = std::thread([&m, s = s.get(), background] {
     // Its disk writes (the fsyncs that write its page cache out) go after training's
     // (Note [Save I/O priority]); its writer and fsync threads inherit this.
-    if (background &&
-        ::syscall(SYS_ioprio_set, kIoprioWhoProcess, ::gettid(), kIoprioClassIdle << kIoprioClassShift) != 0)
-      STRATA_LOG_DEBUG("checkpoint: ioprio_set of the save thread: {}", std::strerror(errno));
+    if (background) {
+      Status idle = offload::set_thread_io_priority_idle();
+      if (!idle.ok())
+        STRATA_LOG_DEBUG("checkpoint: the save thread keeps its I/O priority: {}", idle.to_string());
+    }
     Status st = run_save(m, *s);
     if (!st.ok()) remove_temporaries(m.core, *s);
     std::lock_guard guard(m.core.mu);

@@ -187,7 +187,7 @@ class FileCreator {
     if (state_[f] == State::kUnclaimed) {
       state_[f] = State::kTaken;
       lock.unlock();
-      return StripedWriter::create_tmp(paths_[f]);
+      return create_tmp(paths_[f]);
     }
     cv_.wait(lock, [&] { return state_[f] == State::kMade; });
     state_[f] = State::kTaken;
@@ -207,7 +207,7 @@ class FileCreator {
         if (paths_[f].empty() || state_[f] != State::kUnclaimed) continue;
         state_[f] = State::kCreating;
       }
-      Result<Fd> fd = StripedWriter::create_tmp(paths_[f]);
+      Result<Fd> fd = create_tmp(paths_[f]);
       std::lock_guard lock(mu_);
       made_[f].emplace(std::move(fd));
       state_[f] = State::kMade;
