@@ -1,6 +1,8 @@
 // strata.torch._C: the torch extension under strata.torch. An Engine owns one
 // strata::Runtime and the torch parameters handed to it; Python's hooks call
-// bind/unbind/hand_grad (python/strata/torch/_wrap.py).
+// bind/unbind/hand_grad (python/strata/torch/_wrap.py). What the Engine does with a
+// parameter's storage between steps is param_views.cpp (param.hpp), how it hands
+// gradients over is grad_handoff.cpp, the functional kernels functional.cpp.
 //
 // Note [Rebinding storage]
 // A parameter keeps its torch.nn.Parameter object and its StorageImpl for its
@@ -9,44 +11,6 @@
 // parameters]). Views autograd saved share the StorageImpl, so they follow. A
 // parameter bound by several modules at once (tied weights, a layer called twice)
 // keeps one lease and a count of binds.
-//
-// Note [Parameters between steps]
-// Between steps an unbound parameter's storage points at its poison region. torch
-// code that reads or writes it there (p.data, print(p), p.norm(), ema.copy_(p),
-// nn.init.*, p.mul_ under no_grad) must see and change strata's value:
-//   - Reads materialise on demand. Between steps (after step(), after wrap, after a
-//     no_grad forward) _wrap.py switches each parameter's Python class to a
-//     subclass with __torch_function__ (Note [Lazy parameters] in _wrap.py); the
-//     first torch call on it calls materialise(): open_view() maps fresh pages over
-//     the region, read_tensor copies the current value in (from whichever tier holds
-//     it: host, the sim device, NVMe) and seal_view() makes it read-only. The
-//     storage pointer does not change. Cost: nothing for a parameter no one reads
-//     (two class assignments per step); one copy of the parameter (an NVMe read for an
-//     NVMe-homed one) for one that is read.
-//   - Why a copy and not the chunk's own host memory: a pointer into the runtime's
-//     memory is valid only until the runtime's next call or background move (the
-//     next step's re-plan, an NVMe write-back freeing a staging buffer, an evicted
-//     device slot), and the runtime would not see writes to it. A binding-owned copy
-//     can never dangle and costs only what is read.
-//   - Writes are caught by page protection: the first write to a sealed view faults,
-//     the handler marks it dirty and makes it writable (poison.hpp), so writes through
-//     any alias (p.data, numpy, a raw pointer) are seen. `p.data = t` gives the tensor
-//     another storage, which sync_views() sees by comparing with the one adopt() found.
-//   - sync_views() runs before every runtime call that reads or writes state
-//     (begin_micro_batch, read, write, flush, checkpoints): it hands each written
-//     parameter to the runtime with init_tensor (param and fp32 master, every stale
-//     copy dropped) and seals its view again (it holds the value handed). A replaced
-//     storage is swapped back after its values are taken (a wrong shape or dtype is
-//     dropped and raises, naming the parameter). Views end where the runtime's value
-//     changes or a lease takes over: bind() (the next forward) and step() hand what was
-//     written and put the region back to poison (_wrap.py makes the parameters lazy
-//     again after step()); write() and load_checkpoint() read an existing view again.
-//   - The read window: between step() and the next forward, and after a no_grad
-//     forward. Between the last backward of a step and step() strata's optimizer may
-//     already have updated a parameter (it overlaps backward) while torch would show
-//     the old value, so a read there raises, naming the parameter (_wrap.py).
-//   - CUDA: the region is host memory, so a read raises at the read naming
-//     model.strata.read_param and model.state_dict() (not served yet).
 #include <torch/extension.h>
 
 #include <algorithm>
@@ -58,9 +22,10 @@
 
 #include "errors.hpp"
 #include "functional.hpp"
+#include "grad_handoff.hpp"
+#include "param.hpp"
 #include "poison.hpp"
 #include "strata/common/log.hpp"
-#include "strata/runtime/gradient_order.hpp"
 #include "strata/strata.hpp"
 
 namespace py = pybind11;
@@ -111,23 +76,6 @@ void export_state_kinds(py::module_& m) {
   m.attr("STATE_KINDS") = py::tuple(names);
 }
 
-//! One parameter handed to the runtime.
-struct Param {
-  std::string name;
-  at::Tensor tensor;  //!< the torch.nn.Parameter (its StorageImpl is rebound)
-  TensorId id = 0;
-  std::uint64_t numel = 0;
-  PoisonRegion poison;
-  std::optional<Lease> lease;
-  int binds = 0;
-  //! The StorageImpl adopt() found: the one strata rebinds. `p.data = t` gives the
-  //! tensor another one (Note [Parameters between steps]).
-  at::Storage home;
-  std::vector<std::int64_t> shape;  //!< the registered shape and dtype (a replacement must keep them)
-  at::ScalarType dtype = at::kFloat;
-  bool frozen = false;  //!< registered without a gradient
-};
-
 class Engine {
  public:
   //! A runtime from JSON config text (the facade's keys). Throws on a bad config.
@@ -137,13 +85,14 @@ class Engine {
     device_ =
         rt_->device().kind() == memory::DeviceKind::kCuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
     install_poison_handler();
+    grads_.attach(rt_.get(), &params_, device_);
   }
   ~Engine() { close(); }
 
   //! Frees the runtime (and its swap files). Bound params go back to poison first.
   void close() {
     if (rt_ == nullptr) return;
-    drop_kept();
+    grads_.drop();
     for (Param& p : params_) unbind_now(p);
     params_.clear();
     closed_totals_ = rt_->stats();
@@ -329,120 +278,22 @@ class Engine {
 
   int binds(std::uint32_t id) { return param(id).binds; }
 
-  //! Hands a parameter's gradient to its grad chunk: overwrite (first
-  //! micro-batch of a step) or add (later micro-batches); or keeps it until its
-  //! family's other gradients arrive (Note [Gradients in pieces] in strata/runtime/gradient_order.hpp).
+  // --- Gradients (Note [Gradients in pieces]; GradientHandoff, grad_handoff.hpp) ---
+  //! Hands a parameter's gradient over: its grad chunk, or kept until its family's other gradients arrive.
   void hand_grad(std::uint32_t id, const at::Tensor& grad, bool accumulate) {
     ++crossings_;
-    Param& p = param(id);
-    if (grad.is_sparse())
-      throw py::value_error(fmt::format("parameter \"{}\": sparse gradients are not supported", p.name));
-    if (grad.numel() != static_cast<std::int64_t>(p.numel))
-      throw py::value_error(
-          fmt::format("parameter \"{}\": gradient of {} elements for {}", p.name, grad.numel(), p.numel));
-    if (!order_.has_families()) {
-      order_.set_families(families(), trainable());
-      kept_.assign(params_.size(), {});
-    }
-    hand_list_.clear();
-    order_.offer(id, static_cast<std::uint64_t>(grad.nbytes()), &hand_list_);
-    if (std::find(hand_list_.begin(), hand_list_.end(), id) == hand_list_.end()) {
-      kept_[id] = {grad, accumulate};
-      log_kept_once();
-    }
-    hand_listed(id, grad, accumulate);
+    param(id);  // checks the engine is open and the id
+    grads_.hand_grad(id, grad, accumulate);
   }
-
-  //! Hands every gradient kept back (Note [Gradients in pieces]): backward has ended.
-  void hand_kept() {
-    hand_list_.clear();
-    order_.take_kept(&hand_list_);
-    hand_listed(UINT32_MAX, {}, false);
-  }
-
-  //! Whether end_backward has work: a family some of whose gradients came this micro-batch, not all.
-  bool gradients_pending() const { return order_.pending(); }
-
-  //! Backward ended (Note [Gradients in pieces]): hands every gradient kept back and
-  //! completes every family some of whose gradients came. A tensor of one that got no
-  //! gradient is declared gradient-less (Runtime::no_gradient), or, where torch's p.grad
-  //! would be a zero tensor (`zero_if_missing[pid]`: Note [Zero gradients] in _wrap.py),
-  //! handed a zero gradient. Returns the pids handed zeros.
+  //! Whether end_backward has work.
+  bool gradients_pending() const { return grads_.pending(); }
+  //! Backward ended: completes every family some of whose gradients came (GradientHandoff::end_backward).
   std::vector<std::uint32_t> end_backward(const std::vector<bool>& zero_if_missing) {
     ++crossings_;
-    std::vector<std::uint32_t> zeroed;
-    if (!order_.pending()) return zeroed;
-    handings_.clear();
-    order_.end_backward(&handings_);
-    for (const runtime::GradientOrder::Handing& h : handings_) {
-      Param& p = param(h.tensor);
-      if (h.gradient) {
-        Kept k = std::exchange(kept_[h.tensor], {});
-        hand_now(p, k.grad, k.accumulate);
-      } else if (h.tensor < zero_if_missing.size() && zero_if_missing[h.tensor]) {
-        hand_now(p, at::zeros({static_cast<std::int64_t>(p.numel)}, p.tensor.options()), false);
-        zeroed.push_back(h.tensor);
-      } else {
-        throw_if(rt_->no_gradient(p.id).with_context(fmt::format("parameter \"{}\" (no gradient)", p.name)));
-      }
-    }
-    return zeroed;
+    check_open();
+    return grads_.end_backward(zero_if_missing);
   }
 
- private:
-  //! Hands the tensors GradientOrder listed (hand_list_): `id`'s gradient is `grad`, the others were kept.
-  void hand_listed(std::uint32_t id, const at::Tensor& grad, bool accumulate) {
-    for (std::uint32_t t : hand_list_) {
-      if (t == id) {
-        hand_now(param(t), grad, accumulate);
-        continue;
-      }
-      Kept k = std::exchange(kept_[t], {});
-      hand_now(param(t), k.grad, k.accumulate);
-    }
-  }
-  void drop_kept() {
-    order_.drop();
-    for (Kept& k : kept_) k = {};
-  }
-  void log_kept_once() {
-    if (std::exchange(kept_logged_, true)) return;
-    STRATA_LOG_INFO(
-        "strata.torch: gradients arrive in another order than the plan's (e.g. one torch.autocast region "
-        "around several steps): {} families are incomplete at once, as many as the plan's host room holds; a "
-        "gradient that would open more stays a torch tensor until its family completes (Note [Gradients in "
-        "pieces] in strata/runtime/gradient_order.hpp; the bytes kept: engine.counters()['kept_bytes_peak'])",
-        order_.open());
-  }
-
-  std::vector<std::uint32_t> families() {
-    const runtime::ChunkLayout& l = rt_->core().layout();
-    std::vector<std::uint32_t> out(params_.size());
-    for (std::size_t i = 0; i < params_.size(); ++i)
-      out[i] = static_cast<std::uint32_t>(l.slots.at(params_[i].id).family);
-    return out;
-  }
-  std::vector<bool> trainable() const {
-    std::vector<bool> out(params_.size());
-    for (std::size_t i = 0; i < params_.size(); ++i) out[i] = !params_[i].frozen;
-    return out;
-  }
-
-  void hand_now(Param& p, const at::Tensor& grad, bool accumulate) {
-    auto lease = rt_->acquire(p.id, StateKind::kGrad, accumulate ? Access::kAccumulate : Access::kWrite);
-    if (!lease.ok()) throw_if(lease.status().with_context(fmt::format("gradient of \"{}\"", p.name)));
-    throw_if(rt_->wait(*lease));
-    at::Tensor dst = at::from_blob(lease->data(), {static_cast<std::int64_t>(p.numel)},
-                                   at::TensorOptions().dtype(p.tensor.scalar_type()).device(device_));
-    at::Tensor src = grad.reshape({-1});
-    if (accumulate) {
-      dst.add_(src);
-    } else {
-      dst.copy_(src);
-    }
-  }
-
- public:
   //! The names of parameters touched while unbound since the last call (their
   //! regions fault again afterwards). Empty, cheaply, when none.
   std::vector<std::string> poison_hits() {
@@ -460,8 +311,7 @@ class Engine {
 
   void begin_micro_batch(bool last) {
     sync_views();
-    hand_kept();  // (backward's end handed them; a backward that never ended did not)
-    order_.begin_micro_batch(rt_->core().incomplete_gradients_max());
+    grads_.begin_micro_batch();
     throw_if(rt_->begin_micro_batch(last));
   }
   void set_grad_scale(float scale) { rt_->set_grad_scale(scale); }
@@ -505,7 +355,7 @@ class Engine {
   py::dict step() {
     check_open();
     drop_views();
-    hand_kept();
+    grads_.hand_kept();
     std::optional<Result<StepStats>> result;
     {
       py::gil_scoped_release release;
@@ -533,7 +383,7 @@ class Engine {
   //! steps]): after an exception in forward or backward.
   void abort_step() {
     check_open();
-    drop_kept();
+    grads_.drop();
     for (Param& p : params_) {
       p.binds = 0;
       if (!p.lease.has_value()) continue;
@@ -612,7 +462,7 @@ class Engine {
           "only; read it with model.strata.read_param(\"{}\") or model.state_dict()",
           p.name, p.name));
     }
-    fill_view(p);
+    fill_view(*rt_, p);
   }
 
   //! Hands every parameter written between steps (through a view, or replaced by
@@ -623,7 +473,7 @@ class Engine {
     if (rt_ == nullptr) return written;
     for (Param& p : params_) {
       if (p.binds > 0 || !(p.poison.in_view() || replaced(p))) continue;
-      if (push_written(p)) written.push_back(p.name);
+      if (push_written(*rt_, p)) written.push_back(p.name);
     }
     return written;
   }
@@ -643,8 +493,8 @@ class Engine {
     py::dict d;
     d["crossings"] = crossings_;
     d["param_leases"] = param_leases_;
-    d["kept_gradients"] = order_.kept_total();  // Note [Gradients in pieces]
-    d["kept_bytes_peak"] = order_.kept_bytes_peak();
+    d["kept_gradients"] = grads_.kept_total();  // Note [Gradients in pieces]
+    d["kept_bytes_peak"] = grads_.kept_bytes_peak();
     return d;
   }
 
@@ -663,101 +513,19 @@ class Engine {
     if (id >= params_.size()) throw py::value_error(fmt::format("no parameter with id {}", id));
     return params_[id];
   }
-  //! The storage strata rebinds (the tensor's own until adopt(), then the one adopt() found).
-  static c10::StorageImpl* storage(Param& p) {
-    return p.home.unsafeGetStorageImpl() != nullptr ? p.home.unsafeGetStorageImpl()
-                                                    : p.tensor.storage().unsafeGetStorageImpl();
-  }
   static StateKind to_kind(int kind) {
     if (kind < 0 || kind > static_cast<int>(StateKind::kState1))
       throw py::value_error(fmt::format("bad state kind {}", kind));
     return static_cast<StateKind>(kind);
   }
-  //! `p.data = t` (or set_) gave the parameter another storage than the one strata rebinds.
-  static bool replaced(Param& p) {
-    return p.home.unsafeGetStorageImpl() != nullptr &&
-           p.tensor.storage().unsafeGetStorageImpl() != p.home.unsafeGetStorageImpl();
-  }
-  //! Reads the runtime's current value into the parameter's region and seals it
-  //! read-only (Note [Parameters between steps]). Blocks; throws on a failed read.
-  void fill_view(Param& p) {
-    throw_if(p.poison.open_view());
-    Status st = Status::Ok();
-    {
-      py::gil_scoped_release release;
-      if (p.dtype == at::kFloat) {
-        st = rt_->read_tensor(p.id, std::span<float>(static_cast<float*>(p.poison.data()), p.numel));
-      } else {
-        std::vector<float> values(p.numel);
-        st = rt_->read_tensor(p.id, values);
-        if (st.ok()) view_of(p).copy_(at::from_blob(values.data(), {static_cast<std::int64_t>(p.numel)}));
-      }
-    }
-    if (!st.ok()) {
-      p.poison.rearm();
-      throw_if(st.with_context(fmt::format("reading parameter \"{}\" between steps", p.name)));
-    }
-    p.poison.seal_view();
-  }
-  //! The region as a flat tensor of the parameter's dtype (open views only).
-  static at::Tensor view_of(Param& p) {
-    return at::from_blob(p.poison.data(), {static_cast<std::int64_t>(p.numel)},
-                         at::TensorOptions().dtype(p.dtype));
-  }
   //! Values of parameters whose view the runtime changed (write, load_checkpoint) are read again.
   void refresh_view(Param& p) {
-    if (p.binds == 0 && p.poison.in_view() && !replaced(p)) fill_view(p);
+    if (p.binds == 0 && p.poison.in_view() && !replaced(p)) fill_view(*rt_, p);
   }
   //! push_written(), then the region back to poison.
   void drop_view(Param& p) {
-    push_written(p);
+    push_written(*rt_, p);
     restore_home(p);
-  }
-  //! Hands a parameter written between steps (a dirty view, or `p.data = t`) to the
-  //! runtime; afterwards its region is a sealed view holding the value handed. True
-  //! when it was written. A replacement of another shape or dtype is dropped and raises.
-  bool push_written(Param& p) {
-    const bool swapped = replaced(p);
-    const bool dirty = swapped || p.poison.view_dirty();
-    if (dirty) {
-      if (p.tensor.sizes() != at::IntArrayRef(p.shape) || p.tensor.scalar_type() != p.dtype) {
-        const std::string message = fmt::format(
-            "strata.torch: parameter \"{}\" was given a tensor of shape [{}] and dtype {} between steps; "
-            "strata "
-            "keeps it as shape [{}] and dtype {}, so the assignment was dropped: assign values of that shape "
-            "and dtype (p.data.copy_(t)), or build the model with the new shape before wrapping",
-            p.name, fmt::join(p.tensor.sizes(), ", "), std::string(c10::toString(p.tensor.scalar_type())),
-            fmt::join(p.shape, ", "), std::string(c10::toString(p.dtype)));
-        restore_home(p);
-        throw py::value_error(message);
-      }
-      at::Tensor values = p.tensor.detach().to(at::kCPU).to(at::kFloat).contiguous().reshape({-1});
-      Status st;
-      {
-        py::gil_scoped_release release;
-        st = rt_->init_tensor(p.id, std::span<const float>(values.data_ptr<float>(), p.numel));
-      }
-      throw_if(st.with_context(fmt::format("parameter \"{}\" written between steps", p.name)));
-      if (swapped) {
-        restore_home(p);
-        throw_if(p.poison.open_view());
-        view_of(p).copy_(values);
-      }
-      p.poison.seal_view();
-    }
-    return dirty;
-  }
-  //! Points the tensor at the storage strata rebinds again (after `p.data = t`) and the region at poison.
-  static void restore_home(Param& p) {
-    if (replaced(p)) {
-      // set_data, as `p.data = t` does: set_ would give the parameter a new gradient
-      // accumulator, and the binding's gradient hook is on the old one.
-      at::NoGradGuard no_grad;
-      at::Tensor home = at::empty({0}, p.tensor.options().requires_grad(false));
-      home.set_(p.home, 0, at::IntArrayRef(p.shape));
-      p.tensor.set_data(home);
-    }
-    p.poison.rearm();
   }
   //! The lease of a parameter whose count just went 0 -> 1; undoes the count on failure.
   //! Runs without the GIL (touches no Python object).
@@ -788,17 +556,8 @@ class Engine {
   std::vector<Param> params_;
   std::uint64_t crossings_ = 0;
   std::uint64_t param_leases_ = 0;
-  //! Which gradients to hand now, and those kept back, by parameter index (Note [Gradients in pieces]).
-  struct Kept {
-    at::Tensor grad;
-    bool accumulate = false;
-  };
-  runtime::GradientOrder order_;
-  std::vector<Kept> kept_;
-  std::vector<std::uint32_t> hand_list_;
-  std::vector<runtime::GradientOrder::Handing> handings_;
-  bool kept_logged_ = false;
-  Stats closed_totals_;  //!< rt_->stats() when close() freed the runtime
+  GradientHandoff grads_;  //!< Note [Gradients in pieces]: the order gradients reach the runtime
+  Stats closed_totals_;    //!< rt_->stats() when close() freed the runtime
 };
 
 //! Parses config text as Runtime creation will (unknown keys, types, values), without creating anything.

@@ -15,7 +15,7 @@
 // handler reads it without locks.
 //
 // A region can also serve as a *view* between steps (Note [Parameters between
-// steps] in binding.cpp): open_view() maps fresh read-write pages over it, the
+// steps] in param_views.cpp): open_view() maps fresh read-write pages over it, the
 // binding copies the parameter's current value in, and seal_view() makes it
 // read-only. The first write then faults; the handler marks the region dirty and
 // makes it writable, so a write through any alias (p.data, numpy, a raw pointer)

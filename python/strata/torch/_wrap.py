@@ -62,7 +62,7 @@ _WRAPPED_REGISTRY = weakref.WeakSet()
 
 # Note [Lazy parameters]
 # Between steps a parameter's storage points at its poison region (Note [Parameters
-# between steps] in python/src/binding.cpp). To serve torch code that reads or writes
+# between steps] in python/src/param_views.cpp). To serve torch code that reads or writes
 # it there, each parameter's Python class is switched, between steps only, to a
 # subclass whose __torch_function__ asks the engine to fill the region with the
 # current value (Engine.materialise) and switches the class back; the op then runs
@@ -905,7 +905,7 @@ class Wrapped:
                     "step and optimizer.step(): strata's optimizer runs during backward and may already have "
                     "updated it, while torch would show the old value. Use parameters after optimizer.step() "
                     "(or before the forward), or wrap with \"grad_reads\": true, which defers the optimizer to "
-                    "step() (Note [Parameters between steps] in python/src/binding.cpp)")
+                    "step() (Note [Parameters between steps] in python/src/param_views.cpp)")
 
     # Note [Zero gradients]
     # torch.optim skips a parameter whose p.grad is None and steps one whose p.grad is
