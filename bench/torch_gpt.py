@@ -23,6 +23,15 @@ it, at least --min-pairs and at most --max-pairs or --max-seconds per size; the 
 each median's ci95, how many pairs ran and what stopped them ("ci", "max_seconds", "pairs").
 Two invocations whose CIs are +-1 % can then agree within about +-2 %, unless the machine
 itself changed between them (load_avg_1m is reported for that).
+Note [OpenMP waits in the bench]
+Most of that scatter was torch's OpenMP threads spin-waiting between parallel regions
+(libgomp's default). On this project's 2-vCPU machines a spinning worker slows the thread that
+has work: torch alone, the 0.8 M GPT's step took 0.22 s (IQR 0.17-0.26 s) by default and
+0.070 s (0.068-0.071 s) with OMP_WAIT_POLICY=PASSIVE, in the same process code (#29). The
+bench therefore sets OMP_WAIT_POLICY=PASSIVE before torch loads, for every variant alike,
+unless the environment already sets it (the policy in effect is reported as
+omp_wait_policy). It is a property of the machine, not of strata: strata's own workers are
+its ThreadPool's and do not spin.
 Variants:
   plain           torch only, everything in memory, torch.optim.AdamW (its fastest, foreach);
   strata_fit      strata.torch with budgets where everything fits (all chunks on the device);
@@ -61,7 +70,10 @@ import sys
 import tempfile
 import time
 
-import torch
+# Note [OpenMP waits in the bench]: before torch (and its OpenMP runtime) loads.
+OMP_WAIT_POLICY = os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
@@ -359,6 +371,7 @@ def main():
         shutil.rmtree(nvme_dir, ignore_errors=True)
     out = {"device": "sim", "threads": args.threads, "batch": args.batch, "seq": args.seq,
            "warmup": args.warmup, "load_avg_1m": round(os.getloadavg()[0], 2),
+           "omp_wait_policy": OMP_WAIT_POLICY,
            "sizes": results, "bit_identical_sgd": identical}
     met = identical and all(r["fit_overhead"]["median"] <= 1.10 and r["state_over_device_budget"] >= 4 and
                             r["fit_counters"]["bytes_moved"] == 0 for r in results.values())
