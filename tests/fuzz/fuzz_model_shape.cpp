@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "probe/model.hpp"
+#include "probe/runtime_spec.hpp"
 #include "strata/common/bytes.hpp"
 
 namespace {
