@@ -6,7 +6,7 @@
 cProfile of 30 strata.torch steps (fit, 0.8 M GPT, OMP_WAIT_POLICY=PASSIVE),
 for whichever strata.torch build PYTHONPATH names. Prints per step: wall time, the time inside
 strata.torch's Python (tottime of functions in strata/torch/*.py) and in the engine's C++ calls
-(_C methods), hook calls, and the top functions by own time."""
+(_C methods), and the top functions by own time with their calls per step."""
 import cProfile
 import json
 import os
@@ -49,9 +49,9 @@ for _ in range(N):
 pr.disable()
 wall = (time.perf_counter() - t) / N
 stats = pstats.Stats(pr)
-py_s, c_s, calls = 0.0, 0.0, 0
+py_s, c_s = 0.0, 0.0
 rows = []
-for (file, line, fn), (cc, nc, tt, ct, callers) in stats.stats.items():
+for (file, _, fn), (_, nc, tt, _, _) in stats.stats.items():
     if "strata/torch/" in file:
         py_s += tt
         rows.append((tt, nc, f"{os.path.basename(file)}:{fn}"))

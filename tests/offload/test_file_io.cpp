@@ -99,7 +99,7 @@ TEST(FileIo, StripedWriterChecksumsEachStripeAndPublishes) {
 
 // A write the disk refuses (here: a descriptor open read-only) is the sink's error,
 // returned by drain, naming the file.
-TEST(FileIo, AFailedStripeWriteIsDrainsError) {
+TEST(FileIo, AFailedStripeWriteIsTheErrorDrainReturns) {
   TempDir dir;
   const auto final_path = dir.path() / "ro.bin";
   std::ofstream(StripedWriter::tmp_path(final_path)) << "";
