@@ -1,4 +1,4 @@
-// The C ABI (strata.h) over the C++ facade. Every entry point catches whatever
+// The C ABI (strata.h) over strata::Runtime (strata.hpp). Every entry point catches whatever
 // might escape (std::bad_alloc, a CLI/JSON library exception) and turns it into
 // a status, so no exception crosses the ABI.
 #include <algorithm>

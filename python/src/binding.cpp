@@ -47,7 +47,7 @@ at::ScalarType torch_dtype(DType dtype) {
   throw StrataError(fmt::format("strata.torch: dtype {} has no torch type", dtype_name(dtype)));
 }
 
-//! model.strata.totals: the facade's running totals (strata::Runtime::stats(), the
+//! model.strata.totals: the runtime's running totals (runtime::Runtime::stats(), the
 //! one place they are kept, #26), under the keys _wrap.py always had.
 py::dict totals_dict(const Stats& s) {
   py::dict d;
@@ -173,7 +173,7 @@ class Engine {
 
   //! The chunk family of a parameter (-1 before the layout is fixed).
   std::int64_t family_of(std::uint32_t id) {
-    const runtime::ChunkLayout& l = rt_->core().layout();
+    const runtime::ChunkLayout& l = rt_->layout();
     const TensorId t = param(id).id;
     return t < l.slots.size() ? static_cast<std::int64_t>(l.slots[t].family) : -1;
   }
@@ -184,14 +184,14 @@ class Engine {
   //! every family's params on the device for the whole step (plan_params_resident).
   py::dict layout() {
     check_open();
-    const runtime::ChunkLayout& l = rt_->core().layout();
+    const runtime::ChunkLayout& l = rt_->layout();
     py::dict d;
     d["chunk_elems"] = l.chunk_elems;
     d["families"] = l.families.size();
     d["numel"] = l.numel_total;
     d["capacity_elems"] = l.capacity_total_elems;
     d["padding_fraction"] = l.padding_fraction();
-    const runtime::Plan& plan = rt_->core().plan();
+    const runtime::Plan& plan = rt_->plan();
     d["plan_gpu_bytes"] = plan.gpu_bytes;  // the plan in effect (its bytes per tier)
     d["plan_host_bytes"] = plan.host_bytes;
     d["plan_nvme_bytes"] = plan.nvme_bytes;

@@ -59,7 +59,7 @@ std::vector<std::uint32_t> GradientHandoff::end_backward(const std::vector<bool>
 
 void GradientHandoff::begin_micro_batch() {
   hand_kept();  // (backward's end handed them; a backward that never ended did not)
-  order_.begin_micro_batch(rt_->core().incomplete_gradients_max());
+  order_.begin_micro_batch(rt_->incomplete_gradients_max());
 }
 
 void GradientHandoff::drop() {
@@ -103,7 +103,7 @@ void GradientHandoff::log_kept_once() {
 }
 
 std::vector<std::uint32_t> GradientHandoff::families() const {
-  const runtime::ChunkLayout& l = rt_->core().layout();
+  const runtime::ChunkLayout& l = rt_->layout();
   std::vector<std::uint32_t> out(params_->size());
   for (std::size_t i = 0; i < params_->size(); ++i)
     out[i] = static_cast<std::uint32_t>(l.slots.at((*params_)[i].id).family);

@@ -17,7 +17,7 @@ namespace strata::runtime {
 // (Runtime::Impl::checkpoint_allows_update, asked by the scheduler before every
 // launch). Capturing f takes, under the lock:
 //   - a chunk whose value is on NVMe: its slots, pinned (Note [Pinned NVMe slots]
-//     in core.hpp). The copy-on-write write-back of f's update goes to fresh
+//     in nvme_tier.hpp). The copy-on-write write-back of f's update goes to fresh
 //     slots and the old ones are released only when the save has read them, so
 //     NVMe states stream from their slots and never pass through the device;
 //   - any other chunk: a copy into a host buffer of the host store (the budget).
@@ -94,7 +94,7 @@ void save_free(CheckpointSave& s, std::byte* p, std::uint64_t bytes) {
 void release_pieces(Core& core, std::vector<CheckpointSave::Piece>& pieces, CheckpointSave& s) {
   for (CheckpointSave::Piece& p : pieces) {
     if (p.buf != nullptr && !p.borrowed) save_free(s, p.buf, p.bytes);
-    for (std::uint32_t slot : p.slots) core.unpin_nvme_slot(slot);
+    for (std::uint32_t slot : p.slots) core.nvme.unpin_slot(slot);
   }
   pieces.clear();
 }
@@ -119,7 +119,7 @@ Result<bool> capture_family(Runtime::Impl& m, CheckpointSave& s, FamilyId f, boo
     CheckpointSave::Piece p{.kind = k, .bytes = c.bytes};
     if (c.value == ChunkValue::kNvme) {
       p.slots = c.nvme_slots;
-      for (std::uint32_t slot : p.slots) core.pin_nvme_slot(slot);
+      for (std::uint32_t slot : p.slots) core.nvme.pin_slot(slot);
       pieces.push_back(std::move(p));
       continue;
     }
@@ -219,7 +219,7 @@ Status Runtime::Impl::checkpoint_capture_for_update(std::unique_lock<std::mutex>
   std::shared_ptr<CheckpointSave> s = checkpoint;
   if (s == nullptr) return Status::Ok();
   bool updates = false;
-  for (TensorId t : core.layout.families[f].tensors)
+  for (TensorId t : core.layout().families[f].tensors)
     updates = updates || (core.tensors[t].grad_written && !core.tensors[t].spec.frozen);
   if (!updates) return Status::Ok();
   while (!s->done && s->stage[f] == CheckpointSave::Stage::kPending) {

@@ -41,21 +41,21 @@ namespace {
 Status check_tensor(Core& core, LoadPlan& p, const json& t) {
   const std::string& mpath = p.mpath;
   const auto name = t.at("name").get<std::string>();
-  auto it = core.by_name.find(name);
-  if (it == core.by_name.end()) {
+  const std::optional<TensorId> id = core.find_tensor(name);
+  if (!id) {
     return failed_precondition(
         "load_checkpoint: {} holds tensor \"{}\", which this runtime has not registered: it is another "
         "model's checkpoint",
         mpath, name);
   }
-  const TensorInfo& info = core.tensors[it->second];
+  const TensorInfo& info = core.tensors[*id];
   const auto shape = t.at("shape").get<std::vector<std::int64_t>>();
   if (shape != info.spec.shape) {
     return failed_precondition("load_checkpoint: {}: tensor \"{}\" has shape [{}] there, [{}] here", mpath,
                                name, fmt::join(shape, ", "), fmt::join(info.spec.shape, ", "));
   }
-  Source& s = p.src[it->second];
-  p.seen[it->second] = true;
+  Source& s = p.src[*id];
+  p.seen[*id] = true;
   s.file = t.at("file").get<std::uint32_t>();
   if (s.file >= p.file_paths.size())
     return corrupt("load_checkpoint: {}: tensor \"{}\" names file {} of {}", mpath, name, s.file,
@@ -96,10 +96,10 @@ Status check_complete(Core& core, const LoadPlan& p) {
                                  p.mpath, core.tensors[id].spec.name);
     }
   }
-  for (FamilyId f = 0; f < core.layout.families.size(); ++f) {
+  for (FamilyId f = 0; f < core.layout().families.size(); ++f) {
     for (StateKind k : family_kinds(core, f)) {
       if (k == StateKind::kParam || k == StateKind::kMaster) continue;
-      for (TensorId id : core.layout.families[f].tensors) {
+      for (TensorId id : core.layout().families[f].tensors) {
         if (!p.src[id].has[static_cast<std::size_t>(k)] && !core.tensors[id].spec.frozen) {
           return failed_precondition("load_checkpoint: {}: tensor \"{}\" has no {} there", p.mpath,
                                      core.tensors[id].spec.name, state_kind_name(k));
@@ -239,7 +239,7 @@ Status Runtime::load_checkpoint(const std::string& dir) {
     STRATA_RETURN_IF_ERROR(m.dp.all_ok(lock, prepare_load(m, lock, p, dir, nullptr), "load_checkpoint"));
   }
   std::vector<std::byte> staging;
-  for (FamilyId f = 0; f < m.core.layout.families.size(); ++f) {
+  for (FamilyId f = 0; f < m.core.layout().families.size(); ++f) {
     Status st = apply_family(m, lock, p, f, staging, one_rank);
     if (!st.ok()) drop_shadows(m.core, shadows);
     STRATA_RETURN_IF_ERROR(st);
@@ -260,8 +260,7 @@ Status Runtime::load_checkpoint(const std::string& dir) {
     m.core.tensors[id].group = p.src[id].group;
   }
   for (const auto& [group, h] : p.groups) {
-    if (m.core.groups.size() <= group) m.core.groups.resize(group + 1);
-    m.core.groups[group] = h;
+    m.core.set_group(group, h);
   }
   STRATA_LOG_DEBUG("load_checkpoint: {} generation {} loaded", p.root.string(),
                    p.manifest.value("generation", json()).dump());

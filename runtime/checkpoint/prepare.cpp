@@ -49,7 +49,7 @@ Status prepare_save(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Checkp
   // An overlapped save captures a family still writing back once it is done (Note
   // [Overlapped save]); no update runs between steps.
   if (wait_write_backs) STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
-  STRATA_RETURN_IF_ERROR(m.core.background_error);
+  STRATA_RETURN_IF_ERROR(m.core.errors.background());
   s.generation = next_generation(root);
   // A file that cannot be created fails here, at once (a read-only directory).
   const fs::path probe = root / fmt::format("family-{}.g{}.bin.tmp", m.core.dp_rank(), s.generation);
@@ -61,8 +61,8 @@ Status prepare_save(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Checkp
 //! Takes the save's metadata as of the call (step counters, groups, the step index)
 //! and sets up its per-family progress: another rank's families are done already.
 void describe_save(Runtime::Impl& m, CheckpointSave& s) {
-  const std::size_t families = m.core.layout.families.size();
-  s.nvme = m.core.nvme;
+  const std::size_t families = m.core.layout().families.size();
+  s.nvme = m.core.nvme.shared();
   s.stage.assign(families, CheckpointSave::Stage::kPending);
   s.held.assign(families, false);
   s.deferred.assign(families, false);
@@ -79,7 +79,7 @@ void describe_save(Runtime::Impl& m, CheckpointSave& s) {
   s.tensors_meta = json::array();
   std::vector<FamilyId> family_of(m.core.tensors.size(), 0);
   for (FamilyId f = 0; f < families; ++f) {
-    for (TensorId id : m.core.layout.families[f].tensors) family_of[id] = f;
+    for (TensorId id : m.core.layout().families[f].tensors) family_of[id] = f;
   }
   for (TensorId id = 0; id < m.core.tensors.size(); ++id) {
     const TensorInfo& info = m.core.tensors[id];
@@ -90,10 +90,10 @@ void describe_save(Runtime::Impl& m, CheckpointSave& s) {
                               {"group", info.group},
                               {"file", family_of[id]}});
   }
-  for (std::size_t g = 0; g < m.core.groups.size(); ++g) {
-    if (m.core.groups[g].set) {
+  for (std::size_t g = 0; g < m.core.groups().size(); ++g) {
+    if (m.core.groups()[g].set) {
       s.groups.push_back(
-          {{"group", g}, {"lr", m.core.groups[g].lr}, {"weight_decay", m.core.groups[g].weight_decay}});
+          {{"group", g}, {"lr", m.core.groups()[g].lr}, {"weight_decay", m.core.groups()[g].weight_decay}});
     }
   }
   s.step_index = static_cast<std::int64_t>(m.tracker.step_index());

@@ -129,7 +129,7 @@ Status Runtime::save_checkpoint(const std::string& dir) {
   STRATA_ASSIGN_OR_RETURN(const std::vector<std::string> all, m.dp.exchange_text(lock, mine.dump()));
   Status published = Status::Ok();
   if (m.core.dp_rank() == 0) {
-    const std::size_t families = m.core.layout.families.size();
+    const std::size_t families = m.core.layout().families.size();
     json files = json::array();
     std::vector<json> by_family(families);
     std::vector<json> tensor_entries(m.core.tensors.size());
@@ -158,7 +158,7 @@ Status Runtime::save_checkpoint(const std::string& dir) {
       files.push_back(std::move(by_family[f]));
     }
     json tensors = json::array();
-    for (const FamilyLayout& fam : m.core.layout.families) {
+    for (const FamilyLayout& fam : m.core.layout().families) {
       for (TensorId id : fam.tensors) tensors.push_back(std::move(tensor_entries[id]));
     }
     if (published.ok()) published = publish_manifest(m.core, *s, std::move(files), std::move(tensors), total);

@@ -239,7 +239,7 @@ struct FamilyFile {
 static Result<bool> write_family(Runtime::Impl& m, CheckpointSave& s, FamilyId f, FamilyFile& file,
                                  bool host_only, ReadAhead& ahead) {
   Core& core = m.core;
-  const FamilyLayout& fam = core.layout.families[f];
+  const FamilyLayout& fam = core.layout().families[f];
   std::vector<CheckpointSave::Piece>& pieces = s.pieces[f];
   for (; file.next < pieces.size(); ++file.next) {
     CheckpointSave::Piece& p = pieces[file.next];
@@ -254,7 +254,7 @@ static Result<bool> write_family(Runtime::Impl& m, CheckpointSave& s, FamilyId f
       base = read_buf;
     }
     for (std::size_t i = 0; i < fam.tensors.size(); ++i) {
-      const TensorSlot& ts = core.layout.slots[fam.tensors[i]];
+      const TensorSlot& ts = core.layout().slots[fam.tensors[i]];
       file.entries[i]["states"][std::string(state_kind_name(p.kind))] = {
           {"dtype", std::string(runtime::dtype_name(dtype))}, {"offset", file.w->size()}};
       file.w->append(base + ts.offset_elems * esize, ts.numel * esize);
@@ -265,7 +265,7 @@ static Result<bool> write_family(Runtime::Impl& m, CheckpointSave& s, FamilyId f
     if (p.buf != nullptr && !p.borrowed) save_free(s, p.buf, p.bytes);
     p.buf = nullptr;
     p.borrowed = false;
-    for (std::uint32_t slot : p.slots) core.unpin_nvme_slot(slot);
+    for (std::uint32_t slot : p.slots) core.nvme.unpin_slot(slot);
     p.slots.clear();
     core.cv.notify_all();
   }
@@ -345,7 +345,7 @@ static Status leave_shard_entries(Core& core, CheckpointSave& s, std::vector<jso
     json e = std::move(files_by_family[f]);
     e["family"] = f;
     s.shard_files.push_back(std::move(e));
-    for (TensorId id : core.layout.families[f].tensors)
+    for (TensorId id : core.layout().families[f].tensors)
       s.shard_tensors.push_back({{"id", id}, {"entry", std::move(tensor_entries[id])}});
   }
   return fsync_dir(s.root);
@@ -373,7 +373,7 @@ Status checkpoint_detail::run_save(Runtime::Impl& m, CheckpointSave& s) {
     STRATA_RETURN_IF_ERROR(capture_ahead(m, s));
     STRATA_ASSIGN_OR_RETURN(const FamilyId f, next_family(m, s));
     const std::string name = family_file(s, f);
-    const FamilyLayout& fam = core.layout.families[f];
+    const FamilyLayout& fam = core.layout().families[f];
     FamilyFile& file = open[f];
     if (!file.w) {
       STRATA_ASSIGN_OR_RETURN(Fd fd, creator.take(f));
@@ -416,7 +416,7 @@ Status checkpoint_detail::run_save(Runtime::Impl& m, CheckpointSave& s) {
   for (json& f : files_by_family) files.push_back(std::move(f));
   json tensors = json::array();
   // In family order, as a blocking save wrote them (the manifest is the same whatever the capture order).
-  for (const FamilyLayout& fam : core.layout.families) {
+  for (const FamilyLayout& fam : core.layout().families) {
     for (TensorId id : fam.tensors) tensors.push_back(std::move(tensor_entries[id]));
   }
   return publish_manifest(core, s, std::move(files), std::move(tensors), total);

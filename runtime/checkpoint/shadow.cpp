@@ -22,7 +22,7 @@ class ShadowWriter {
     if (in_flight_bytes_ + c.bytes > kShadowWindow) STRATA_RETURN_IF_ERROR(wait());
     // Within the plan's host bytes (Note [Host room] in planner.cpp counts one chunk's
     // temporary copy): finish the writes in flight first when a buffer more would pass them.
-    if (!bufs_.empty() && core_.host->used_bytes() + c.bytes > core_.plan.host_bytes)
+    if (!bufs_.empty() && core_.host->used_bytes() + c.bytes > core_.plan().host_bytes)
       STRATA_RETURN_IF_ERROR(wait());
     auto buf = core_.host->allocate(c.bytes);
     if (!buf.ok() && !bufs_.empty()) {  // the host budget is full: finish the writes in flight first
@@ -35,11 +35,11 @@ class ShadowWriter {
     std::memset(*buf, 0, c.bytes);
     STRATA_RETURN_IF_ERROR(fill_chunk(core_, p, f, k, *buf, staging_));
     Shadow sh{.family = f, .kind = k};
-    const std::uint64_t piece = core_.nvme->slot_bytes();
+    const std::uint64_t piece = core_.nvme.store().slot_bytes();
     for (std::uint64_t begin = 0; begin < c.bytes; begin += piece) {
-      auto slot = core_.nvme->allocate_slot();
+      auto slot = core_.nvme.store().allocate_slot();
       if (!slot.ok()) {
-        for (std::uint32_t s : sh.slots) core_.nvme->free_slot(s);
+        for (std::uint32_t s : sh.slots) core_.nvme.store().free_slot(s);
         return slot.status();
       }
       sh.slots.push_back(*slot);
@@ -56,7 +56,7 @@ class ShadowWriter {
         if (!st.ok() && status_.ok()) status_ = std::move(st);
         if (--pending_ == 0) cv_.notify_all();
       };
-      Status st = core_.nvme->write(sh.slots[i], part, done);
+      Status st = core_.nvme.store().write(sh.slots[i], part, done);
       if (!st.ok()) done(st);
     }
     out_.push_back(std::move(sh));
@@ -100,11 +100,11 @@ class ShadowWriter {
 //! (a frozen tensor's) is zeros. Padding is not written.
 Status fill_chunk(Core& core, const LoadPlan& p, FamilyId f, StateKind k, std::byte* base,
                   std::vector<std::byte>& staging) {
-  const FamilyLayout& fam = core.layout.families[f];
+  const FamilyLayout& fam = core.layout().families[f];
   const DType dtype = core.kind_dtype(k);
   const std::uint64_t esize = dtype_bytes(dtype);
   for (const TensorId id : fam.tensors) {
-    const TensorSlot& ts = core.layout.slots[id];
+    const TensorSlot& ts = core.layout().slots[id];
     const Source& s = p.src[id];
     // A master the checkpoint lacks (saved with fp32 compute) is its param.
     auto sk = static_cast<std::size_t>(k);
@@ -141,7 +141,7 @@ bool shadowed(Core& core, FamilyId f, StateKind k) {
 //! Frees the fresh slots of shadows not committed.
 void drop_shadows(Core& core, std::vector<Shadow>& shadows) {
   for (Shadow& sh : shadows) {
-    for (std::uint32_t slot : sh.slots) core.nvme->free_slot(slot);
+    for (std::uint32_t slot : sh.slots) core.nvme.store().free_slot(slot);
   }
   shadows.clear();
 }
@@ -150,11 +150,11 @@ void drop_shadows(Core& core, std::vector<Shadow>& shadows) {
 Status write_shadows(Core& core, std::unique_lock<std::mutex>& lock, const LoadPlan& p,
                      std::vector<Shadow>& shadows) {
   bool any = false;
-  for (FamilyId f = 0; f < core.layout.families.size() && !any; ++f) any = core.on_nvme(f);
+  for (FamilyId f = 0; f < core.layout().families.size() && !any; ++f) any = core.on_nvme(f);
   if (!any) return Status::Ok();
   STRATA_RETURN_IF_ERROR(core.ensure_nvme_store());
   ShadowWriter w(core, lock, shadows);
-  for (FamilyId f = 0; f < core.layout.families.size(); ++f) {
+  for (FamilyId f = 0; f < core.layout().families.size(); ++f) {
     for (StateKind k : family_kinds(core, f)) {
       if (shadowed(core, f, k)) STRATA_RETURN_IF_ERROR(w.add(p, f, k));
     }
@@ -167,7 +167,7 @@ void commit_shadows(Runtime::Impl& m, std::vector<Shadow>& shadows) {
   for (Shadow& sh : shadows) {
     Chunk& c = m.core.chunk(sh.family, sh.kind);
     m.pipeline.drop_read_ahead(sh.family);
-    for (std::uint32_t old : c.nvme_slots) m.core.free_nvme_slot(old);
+    for (std::uint32_t old : c.nvme_slots) m.core.nvme.free_slot(old);
     c.nvme_slots = std::move(sh.slots);
     c.move_value(ChunkValue::kNvme);
   }

@@ -40,7 +40,7 @@ void Residency::check_staging_invariants() const {
   int reading = 0;
   for (FamilyId f : staged_) {
     STRATA_CHECK(staging_[f].state != Staging::kNone);
-    STRATA_CHECK(core_.plan.families[f].param_home == Tier::kNvme);
+    STRATA_CHECK(core_.plan().families[f].param_home == Tier::kNvme);
     reading += staging_[f].state == Staging::kReading ? 1 : 0;
   }
   STRATA_CHECK(reading == staging_reads_);
@@ -76,7 +76,7 @@ void OptimizerPipeline::check_invariants() const {
 }
 
 void Runtime::Impl::check_invariants() const {
-  if (!core.finalized) return;
+  if (!core.finalized()) return;
   int leased = 0;
   for (const Chunk& c : core.chunks) {
     STRATA_CHECK(c.readers >= 0);

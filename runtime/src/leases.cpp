@@ -15,7 +15,7 @@
 //     GradCheckResult, both reused across steps; the CUDA device's
 //     launch_host carries the function in a pooled record too;
 //   - NVMe I/O: each piece's completion is a pooled NvmeIoRecord
-//     (Core::submit_nvme_pieces); the piece lists (FamilyRun::pieces,
+//     (NvmeTier::submit_pieces); the piece lists (FamilyRun::pieces,
 //     WriteBack::writes, ParamStaging::pieces) and new-slot lists are reused
 //     and chunks swap slot lists with the write-back; offload::SwapStore takes
 //     its slot operations from a pool, builds a slot's requests on the stack,
@@ -81,11 +81,11 @@ Status check_acquire(const Core& core, const TensorInfo& info, const TensorSlot&
         info.spec.name, state_kind_name(kind), core.dp_ranks());
   }
   if (kind != StateKind::kGrad && kind != StateKind::kParam && where == Where::kDevice &&
-      core.plan.families[ts.family].optim_home != Tier::kGpu) {
+      core.plan().families[ts.family].optim_home != Tier::kGpu) {
     return failed_precondition(
         "acquire(\"{}\", {}) on the device: optimizer states of this family live on {}; "
         "lease them on Where::kHost between steps",
-        info.spec.name, state_kind_name(kind), tier_name(core.plan.families[ts.family].optim_home));
+        info.spec.name, state_kind_name(kind), tier_name(core.plan().families[ts.family].optim_home));
   }
   if (kind == StateKind::kParam && access != Access::kRead && where == Where::kDevice) {
     return failed_precondition(
@@ -95,13 +95,13 @@ Status check_acquire(const Core& core, const TensorInfo& info, const TensorSlot&
   }
 
   if (kind == StateKind::kParam && where == Where::kHost &&
-      core.plan.families[ts.family].param_home == Tier::kNvme) {
+      core.plan().families[ts.family].param_home == Tier::kNvme) {
     return failed_precondition(
         "acquire(\"{}\", param) on host: the family's param lives on NVMe (the host budget holds only "
         "staging for it); use read_tensor / init_tensor, or raise host_budget so params stay on host",
         info.spec.name);
   }
-  if (where == Where::kHost && core.plan.families[ts.family].optim_home == Tier::kNvme &&
+  if (where == Where::kHost && core.plan().families[ts.family].optim_home == Tier::kNvme &&
       kind != StateKind::kParam && kind != StateKind::kGrad) {
     return failed_precondition(
         "acquire(\"{}\", {}) on host: the family's states live on NVMe; use read_tensor", info.spec.name,
@@ -150,7 +150,7 @@ Result<std::byte*> place(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, C
     const double t0 = m.core.timeline.now_us();
     m.core.cv.wait(lock, [&] { return !m.pipeline.updating(c.family); });
     m.core.timeline.add_stall((m.core.timeline.now_us() - t0) * 1e-6);
-    if (!m.core.background_error.ok()) return m.core.background_error;
+    if (!m.core.errors.background().ok()) return m.core.errors.background();
   }
   return pin(m, lock, c, info, access, where);
 }
@@ -159,7 +159,7 @@ Result<std::byte*> place(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, C
 void unpin(Runtime::Impl& m, Chunk& c, Where where, Access access, TensorId tensor) {
   if (where == Where::kDevice && c.device_slot >= 0) {
     Status st = m.core.device.record(m.residency.slot_of(c).fence, m.core.compute);
-    if (!st.ok()) m.core.fail(st);
+    if (!st.ok()) m.core.errors.fail(st);
   }
   if (access != Access::kRead) {
     STRATA_CHECK(c.writers > 0);
@@ -178,16 +178,16 @@ Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, W
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);
   InvariantCheck check(m, &lock);
-  if (!m.core.background_error.ok()) return m.poison_step(lock, m.core.background_error);
+  if (!m.core.errors.background().ok()) return m.poison_step(lock, m.core.errors.background());
   // (A failed prefetch: once; nothing done; the step goes on.)
-  if (Status st = m.core.take_prefetch_error(); !st.ok()) return m.poison_step(lock, st, false);
+  if (Status st = m.core.errors.take_prefetch(); !st.ok()) return m.poison_step(lock, st, false);
   if (tensor >= m.core.tensors.size()) {
     return invalid_argument("acquire: tensor id {} is not registered ({} tensors)", tensor,
                             m.core.tensors.size());
   }
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
   TensorInfo& info = m.core.tensors[tensor];
-  const TensorSlot& ts = m.core.layout.slots[tensor];
+  const TensorSlot& ts = m.core.layout().slots[tensor];
   Chunk& c = m.core.chunk(ts.family, kind);
   STRATA_RETURN_IF_ERROR(check_acquire(m.core, info, ts, c, kind, access, where));
 
@@ -204,7 +204,7 @@ Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, W
   ++m.leases_out;
   // The gathers of the params the prefetch is about to load end first (Note [Chunk events]).
   if (m.events != nullptr) {
-    if (Status st = m.events->on_placed(lock); !st.ok()) m.core.fail(st);
+    if (Status st = m.events->on_placed(lock); !st.ok()) m.core.errors.fail(st);
   }
   // A failed prefetch is the next call's error (Note [Prefetch errors]); a failed
   // load of a prefetched param the background error.
@@ -275,10 +275,10 @@ Status Runtime::launch(std::function<void()> fn) {
     std::lock_guard lock(m.core.mu);
     InvariantCheck check(m);
     use = m.tracker.current_use();
-    ++m.core.launches_this_step;
+    m.core.count_launch();
   }
   // Note [Completion records]: the host function captures only its record.
-  LaunchRecord* r = m.core.launch_records.take();
+  LaunchRecord* r = m.core.take_launch_record();
   *r =
       LaunchRecord{.core = &m.core, .fn = std::move(fn), .use = use, .enqueued_us = m.core.timeline.now_us()};
   Status st = m.core.device.launch_host(m.core.compute, [&m, r] {
@@ -287,14 +287,14 @@ Status Runtime::launch(std::function<void()> fn) {
     r->fn();
     const double t1 = core.timeline.now_us();
     core.timeline.add(Track::kCompute, SpanName{"compute"}, t0, t1, 0);
-    core.track_end_us[static_cast<std::size_t>(Track::kCompute)].store(t1);
+    core.compute_ended(t1);
     m.tracker.add_compute(r->use, (t1 - t0) * 1e-6);
     r->fn = nullptr;  // the caller's captures end with the compute, as before
-    core.launch_records.give_back(r);
+    core.give_back_launch_record(r);
   });
   if (!st.ok()) {  // never enqueued
     r->fn = nullptr;
-    m.core.launch_records.give_back(r);
+    m.core.give_back_launch_record(r);
     std::unique_lock lock(m.core.mu);
     return m.poison_step(lock, st);  // Note [Failed steps]
   }
@@ -315,7 +315,7 @@ Status Runtime::no_gradient(TensorId tensor) {
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);
   InvariantCheck check(m, &lock);
-  if (!m.core.background_error.ok()) return m.core.background_error;
+  if (!m.core.errors.background().ok()) return m.core.errors.background();
   if (tensor >= m.core.tensors.size()) {
     return invalid_argument("no_gradient: tensor id {} is not registered ({} tensors)", tensor,
                             m.core.tensors.size());
@@ -338,7 +338,7 @@ Status Runtime::no_gradient(TensorId tensor) {
         info.spec.name, m.core.dp_ranks());
   }
   info.written_in_micro_batch = true;
-  const FamilyId family = m.core.layout.slots[tensor].family;
+  const FamilyId family = m.core.layout().slots[tensor].family;
   m.pipeline.note_no_gradient(family);
   if (!m.core.deferred() && m.pipeline.gradients_complete(family))
     m.checkpoint_capture_for_update(lock, family)
@@ -355,14 +355,14 @@ Status Runtime::begin_micro_batch(bool last) {
     return failed_precondition("begin_micro_batch: {} leases are still held; release them first",
                                m.leases_out);
   }
-  STRATA_RETURN_IF_ERROR(m.core.take_prefetch_error());  // (once; nothing done)
+  STRATA_RETURN_IF_ERROR(m.core.errors.take_prefetch());  // (once; nothing done)
   if (!last && !m.core.accumulation_seen) {
     // Gradients will wait between micro-batches: a plan that counted no room for
     // them is made again now, before any is written (Note [Host room]).
     m.core.accumulation_seen = true;
     bool written = false;
     for (const TensorInfo& t : m.core.tensors) written = written || t.grad_written;
-    if (m.core.finalized && !m.core.accumulation_planned && !written)
+    if (m.core.finalized() && !m.core.accumulation_planned() && !written)
       STRATA_RETURN_IF_ERROR(m.adopt_plan(lock, m.tracker.plan_trace()));
   }
   m.pipeline.begin_micro_batch(last);

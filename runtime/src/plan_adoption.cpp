@@ -33,7 +33,7 @@ Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace t
                .trace = trace,
                .budgets = core.opt.budgets,
                .options = core.opt.plan,
-               .slot_bytes = core.layout.chunk_elems * dtype_bytes(core.opt.compute_dtype)};
+               .slot_bytes = core.layout().chunk_elems * dtype_bytes(core.opt.compute_dtype)};
   // Note [Chunk budget]
   // The runtime's budgets.gpu_bytes is a budget for chunks alone: the device slots
   // (streaming and resident params, gradients, optimizer states on the GPU). The
@@ -49,34 +49,30 @@ Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace t
   if (!gpu_optimizer_supported(core.device.kind(), o) && in.options.allow_gpu_optimizer) {
     // kernels::cuda_step_enqueue runs without the host; lamb, lars and came need it between phases.
     in.options.allow_gpu_optimizer = false;
-    if (!core.finalized) {
+    if (!core.finalized()) {
       STRATA_LOG_INFO(
           "runtime: {} steps run on the CPU: on a CUDA device only optimizers without a host "
           "phase (not lamb, lars, came) run on the GPU",
           kernels::optimizer_name(o));
     }
   }
-  const bool first = !core.finalized;
+  const bool first = !core.finalized();
   STRATA_ASSIGN_OR_RETURN(Plan p, make_plan(in));
   if (p.nvme_bytes > 0) STRATA_RETURN_IF_ERROR(core.ensure_nvme_store(p.nvme_bytes));
   if (first) {
     // Homes start where the plan puts them: nothing to migrate.
   } else {
-    STRATA_CHECK(p.all_gpu == core.plan.all_gpu);     // sizes do not change between plans
+    STRATA_CHECK(p.all_gpu == core.plan().all_gpu);   // sizes do not change between plans
     STRATA_RETURN_IF_ERROR(pipeline.wait_all(lock));  // write-backs end before homes move
     STRATA_RETURN_IF_ERROR(migrate_homes(lock, p));
   }
   if (first || !p.all_gpu) STRATA_RETURN_IF_ERROR(residency.build_slots(p));
   residency.adopt(p);
-  core.accumulation_planned = in.options.micro_batches > 1;
-  core.host_bytes_planned_max = std::max(core.host_bytes_planned_max, p.host_bytes);
-  core.gpu_bytes_planned_max = std::max(core.gpu_bytes_planned_max, p.gpu_bytes);
-  core.nvme_bytes_planned_max = std::max(core.nvme_bytes_planned_max, p.nvme_bytes);
-  core.plan = std::move(p);
+  core.adopt_plan(std::move(p), in.options.micro_batches > 1);
   pipeline.adopt(trace);
-  tracker.adopt(std::move(trace), core.layout.families.size());
+  tracker.adopt(std::move(trace), core.layout().families.size());
   STRATA_LOG_INFO("runtime: plan ({}): {}", first ? "from registration order" : "from the traced step",
-                  core.plan.summary());
+                  core.plan().summary());
   return Status::Ok();
 }
 
@@ -84,7 +80,7 @@ Status Runtime::Impl::migrate_homes(std::unique_lock<std::mutex>& lock, const Pl
   for (FamilyId f = 0; f < p.families.size(); ++f) {
     for (StateKind k : {StateKind::kParam, StateKind::kMaster, StateKind::kState0, StateKind::kState1}) {
       const bool param = k == StateKind::kParam;
-      const Tier from = param ? core.plan.families[f].param_home : core.plan.families[f].optim_home;
+      const Tier from = param ? core.plan().families[f].param_home : core.plan().families[f].optim_home;
       const Tier to = param ? p.families[f].param_home : p.families[f].optim_home;
       if (from == to || (to != Tier::kNvme && from != Tier::kNvme)) continue;
       Chunk& c = core.chunk(f, k);
@@ -106,7 +102,7 @@ Status Runtime::Impl::migrate_homes(std::unique_lock<std::mutex>& lock, const Pl
         if (c.value == ChunkValue::kNvme) {
           STRATA_ASSIGN_OR_RETURN(std::byte * buffer, core.host_buffer(c));
           STRATA_RETURN_IF_ERROR(core.nvme_transfer(lock, false, {buffer, c.bytes}, c.nvme_slots));
-          for (std::uint32_t s : c.nvme_slots) core.free_nvme_slot(s);
+          for (std::uint32_t s : c.nvme_slots) core.nvme.free_slot(s);
           c.nvme_slots.clear();
           c.move_value(ChunkValue::kHost);
         } else if (param && c.absent()) {

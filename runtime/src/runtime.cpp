@@ -83,9 +83,16 @@ Released Lease::release() {
 
 // --- Runtime -------------------------------------------------------------
 
-Runtime::Runtime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Runtime::Runtime() = default;
 
 Result<std::unique_ptr<Runtime>> Runtime::create(memory::Device& device, RuntimeOptions options) {
+  std::unique_ptr<Runtime> rt(new Runtime());
+  STRATA_RETURN_IF_ERROR(rt->start(device, std::move(options)));
+  return rt;
+}
+
+Status Runtime::start(memory::Device& device, RuntimeOptions options) {
+  STRATA_CHECK_MSG(impl_ == nullptr, "Runtime::start of a runtime already started");
   STRATA_RETURN_IF_ERROR(validate_options(options));
   if (options.comm != nullptr && comm::needs_cuda_memory(*options.comm) &&
       !memory::device_caps(device).cuda_memory) {
@@ -104,23 +111,22 @@ Result<std::unique_ptr<Runtime>> Runtime::create(memory::Device& device, Runtime
                             make_host_store(m.core.opt.budgets.host_bytes, &device));
     m.core.host = std::move(host);
   }
-  m.core.nvme = m.core.opt.nvme_store;
   STRATA_ASSIGN_OR_RETURN(m.core.compute, device.create_stream());
   STRATA_ASSIGN_OR_RETURN(m.core.h2d, device.create_stream());
   STRATA_ASSIGN_OR_RETURN(m.core.d2h, device.create_stream());
   STRATA_ASSIGN_OR_RETURN(m.core.opt_stream, device.create_stream());
   STRATA_RETURN_IF_ERROR(m.residency.init());
-  m.core.state_count = kernels::optimizer_state_count(m.core.opt.hyper);
-  m.core.separate_master = m.core.opt.compute_dtype != DType::kF32;
   STRATA_LOG_INFO(
       "runtime: device {}; host tier {}; gpu budget {}, host budget {}, nvme budget {}; {} workers",
       device.name(), m.core.host->describe(), format_bytes(m.core.opt.budgets.gpu_bytes),
       format_bytes(m.core.opt.budgets.host_bytes), format_bytes(m.core.opt.budgets.nvme_bytes),
       m.core.pool->size());
-  return std::unique_ptr<Runtime>(new Runtime(std::move(impl)));
+  impl_ = std::move(impl);
+  return Status::Ok();
 }
 
 Runtime::~Runtime() {
+  if (impl_ == nullptr) return;  // start() failed (strata::Runtime::create)
   Impl& m = *impl_;
   {
     std::unique_lock lock(m.core.mu);
@@ -132,8 +138,8 @@ Runtime::~Runtime() {
   m.residency.release_staging();
   for (Chunk& c : m.core.chunks) {
     if (c.host != nullptr) m.core.host->free(c.host, c.bytes);
-    if (m.core.nvme != nullptr) {
-      for (std::uint32_t s : c.nvme_slots) m.core.free_nvme_slot(s);
+    if (m.core.nvme.is_open()) {
+      for (std::uint32_t s : c.nvme_slots) m.core.nvme.free_slot(s);
     }
   }
   m.residency.clear();
@@ -143,7 +149,7 @@ Result<TensorId> Runtime::register_tensor(TensorSpec spec) {
   Impl& m = *impl_;
   std::lock_guard lock(m.core.mu);
   InvariantCheck check(m);
-  if (m.core.finalized) {
+  if (m.core.finalized()) {
     return failed_precondition(
         "register_tensor(\"{}\") after the first acquire/init/step: register every tensor before the first "
         "step",
@@ -156,19 +162,23 @@ Result<TensorId> Runtime::register_tensor(TensorSpec spec) {
         runtime::dtype_name(spec.dtype), runtime::dtype_name(m.core.opt.compute_dtype),
         runtime::dtype_name(m.core.opt.compute_dtype));
   }
-  if (m.core.by_name.contains(spec.name))
+  if (m.core.is_registered(spec.name))
     return invalid_argument("tensor \"{}\" is already registered", spec.name);
-  auto id = static_cast<TensorId>(m.core.tensors.size());
-  m.core.by_name.emplace(spec.name, id);
-  m.core.tensors.push_back(TensorInfo{.spec = std::move(spec), .numel = numel});
-  return id;
+  return m.core.add_tensor(std::move(spec), numel);
+}
+
+Result<TensorId> Runtime::register_tensor(std::string name, std::vector<std::int64_t> shape, bool frozen) {
+  return register_tensor({.name = std::move(name),
+                          .shape = std::move(shape),
+                          .dtype = impl_->core.opt.compute_dtype,
+                          .frozen = frozen});
 }
 
 Result<TensorId> Runtime::find_tensor(std::string_view name) const {
   std::lock_guard lock(impl_->core.mu);
-  auto it = impl_->core.by_name.find(std::string(name));
-  if (it == impl_->core.by_name.end()) return not_found("no tensor named \"{}\" is registered", name);
-  return it->second;
+  std::optional<TensorId> id = impl_->core.find_tensor(std::string(name));
+  if (!id) return not_found("no tensor named \"{}\" is registered", name);
+  return *id;
 }
 
 std::size_t Runtime::tensor_count() const {
@@ -197,7 +207,7 @@ void pad_to_shards(ChunkLayout& layout, int ranks) {
 //! whole slot, and the plan counts it so.
 void count_nvme_bytes(Core& core) {
   const std::uint64_t nvme_slot =
-      core.nvme != nullptr ? core.nvme->slot_bytes() : nvme_slot_bytes(core.largest_optim_chunk());
+      core.nvme.is_open() ? core.nvme.store().slot_bytes() : nvme_slot_bytes(core.largest_optim_chunk());
   for (FamilyId f = 0; f < core.family_bytes.size(); ++f) {
     for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1})
       core.family_bytes[f].optim_nvme_bytes += nvme_chunk_bytes(core.chunk(f, k).bytes, nvme_slot);
@@ -209,7 +219,7 @@ void count_nvme_bytes(Core& core) {
 }  // namespace
 
 Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
-  if (core.finalized) return Status::Ok();
+  if (core.finalized()) return Status::Ok();
   if (core.tensors.empty())
     return failed_precondition("no tensors are registered; register them before the first step");
   std::vector<std::uint64_t> numels;
@@ -218,18 +228,19 @@ Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
     numels.push_back(core.tensors[t].numel);
     order.push_back(t);
   }
-  STRATA_ASSIGN_OR_RETURN(core.layout, build_layout(numels, order, core.opt.layout));
-  if (core.dp_ranks() > 1) pad_to_shards(core.layout, core.dp_ranks());
+  STRATA_ASSIGN_OR_RETURN(ChunkLayout layout, build_layout(numels, order, core.opt.layout));
+  if (core.dp_ranks() > 1) pad_to_shards(layout, core.dp_ranks());
+  core.set_layout(std::move(layout));
   STRATA_RETURN_IF_ERROR(dp.check_config(lock));
   const std::uint64_t cb = dtype_bytes(core.opt.compute_dtype);
   const std::uint64_t sb = kernels::dtype_size(core.opt.state_dtype);
-  const std::size_t families = core.layout.families.size();
+  const std::size_t families = core.layout().families.size();
   core.chunks.clear();
   core.chunks.resize(families * kStateKindCount);
   core.family_bytes.assign(families, FamilyBytes{});
   pipeline.init(families);
   for (FamilyId f = 0; f < families; ++f) {
-    const FamilyLayout& fl = core.layout.families[f];
+    const FamilyLayout& fl = core.layout().families[f];
     std::uint64_t trainable_numel = 0;
     for (TensorId t : fl.tensors) {
       trainable_numel += core.tensors[t].spec.frozen ? 0 : core.tensors[t].numel;
@@ -261,8 +272,8 @@ Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
   }
   count_nvme_bytes(core);
   STRATA_LOG_INFO("runtime: {} tensors in {} chunk families of {} elements ({:.1f}% padding)",
-                  core.tensors.size(), families, core.layout.chunk_elems,
-                  100.0 * core.layout.padding_fraction());
+                  core.tensors.size(), families, core.layout().chunk_elems,
+                  100.0 * core.layout().padding_fraction());
   STRATA_RETURN_IF_ERROR(adopt_plan(lock, registration_trace(families)));
   // Every param the plan keeps off NVMe has a host home (zeros until init_tensor);
   // an NVMe-homed one starts absent (zeros too, Note [NVMe-homed params]).
@@ -273,12 +284,22 @@ Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
     std::memset(buffer, 0, p.bytes);
     p.move_value(ChunkValue::kHost);
   }
-  core.finalized = true;  // the warm-up step is traced, on demand + LRU (StepTracker starts not following)
+  core.finalize();  // the warm-up step is traced, on demand + LRU (StepTracker starts not following)
   return Status::Ok();
 }
 
+const RunStats& Runtime::stats() const {
+  return impl_->totals;
+}
+std::string Runtime::describe() const {
+  std::lock_guard lock(impl_->core.mu);
+  return fmt::format("device {}; plan: {}", impl_->core.device.name(), impl_->core.plan().summary());
+}
+Status Runtime::synchronize() {
+  return impl_->core.device.synchronize(impl_->core.compute);
+}
 const ChunkLayout& Runtime::layout() const {
-  return impl_->core.layout;
+  return impl_->core.layout();
 }
 std::uint64_t Runtime::state_bytes() const {
   std::lock_guard lock(impl_->core.mu);
@@ -287,7 +308,7 @@ std::uint64_t Runtime::state_bytes() const {
   return total;
 }
 const Plan& Runtime::plan() const {
-  return impl_->core.plan;
+  return impl_->core.plan();
 }
 std::size_t Runtime::incomplete_gradients_max() const {
   std::lock_guard lock(impl_->core.mu);
@@ -301,15 +322,15 @@ HotPathCounters Runtime::hot_path_counters() const {
   std::shared_ptr<NvmeStore> nvme;
   {
     std::lock_guard lock(impl_->core.mu);  // (the store is created on first use)
-    nvme = core.nvme;
+    nvme = core.nvme.shared();
   }
-  return {.copy_records = core.copy_records.created(),
-          .launch_records = core.launch_records.created(),
+  return {.copy_records = core.copy_records_created(),
+          .launch_records = core.launch_records_created(),
           .timeline_spans = core.timeline.recorded(),
           .timeline_spans_dropped = core.timeline.dropped(),
           .pool_handler_blocks = core.pool->handler_memory().blocks_created(),
           .pool_handlers_oversized = core.pool->handler_memory().oversized(),
-          .nvme_io_records = core.nvme_io_records.created(),
+          .nvme_io_records = core.nvme.records_created(),
           .nvme_slot_op_records = nvme != nullptr ? nvme->io_records() : 0};
 }
 
@@ -332,8 +353,8 @@ StepCost Runtime::predict(const Rates& rates) const {
                .trace = m.tracker.plan_trace(),
                .budgets = m.core.opt.budgets,
                .options = m.core.opt.plan,
-               .slot_bytes = m.core.layout.chunk_elems * dtype_bytes(m.core.opt.compute_dtype)};
-  return predict_step(in, m.core.plan, rates);
+               .slot_bytes = m.core.layout().chunk_elems * dtype_bytes(m.core.opt.compute_dtype)};
+  return predict_step(in, m.core.plan(), rates);
 }
 
 }  // namespace strata::runtime

@@ -111,6 +111,10 @@ struct Runtime::Impl {
   std::vector<FamilyId> prepass_checked, prepass_on_host;
   //! Drops every gradient of a step skipped for Inf/NaN.
   void discard_gradients();
+  //! Totals of every step() that returned its StepStats (Runtime::stats; the
+  //! training thread's, like the calls that read them).
+  RunStats totals;
+  void add_to_totals(const StepStats& st);
   // Note [Failed steps] (step_abort.cpp).
   //! The first error a public call met in the step in progress; step() discards the step then.
   Status step_error;

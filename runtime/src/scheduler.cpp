@@ -39,14 +39,14 @@ Status Runtime::Impl::schedule(SchedulerEvent event, FamilyId family) {
       if (events !=
           nullptr) {  // W > 1: the reduction starts now, the optimizer at step() (Note [Chunk events])
         Status st = events->on_gradients_handed_over();
-        if (!st.ok()) core.fail(st);
+        if (!st.ok()) core.errors.fail(st);
         return st;
       }
       if (!core.deferred() && pipeline.gradients_complete(family) && checkpoint_allows_update(family))
         pipeline.launch_optimizer(family);
       return Status::Ok();
     case SchedulerEvent::kStepEnds:
-      for (FamilyId f = 0; f < core.layout.families.size(); ++f) {
+      for (FamilyId f = 0; f < core.layout().families.size(); ++f) {
         if (checkpoint_allows_update(f)) pipeline.launch_optimizer(f);
       }
       pipeline.stop_read_ahead();

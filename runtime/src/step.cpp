@@ -22,11 +22,11 @@ Status Runtime::Impl::deferred_prepass(std::unique_lock<std::mutex>& lock, bool*
   checked.clear();
   on_host.clear();
   bool checks_unwaited = false;
-  for (FamilyId f = 0; f < core.layout.families.size(); ++f) {
+  for (FamilyId f = 0; f < core.layout().families.size(); ++f) {
     Chunk& g = core.chunk(f, StateKind::kGrad);
     if (g.bytes == 0 || g.absent()) continue;
     bool any = false;
-    for (TensorId t : core.layout.families[f].tensors) any = any || core.tensors[t].grad_written;
+    for (TensorId t : core.layout().families[f].tensors) any = any || core.tensors[t].grad_written;
     if (!any) continue;
     Status st = Status::Ok();
     if (g.dirty() && pipeline.checks_on_device()) {
@@ -41,7 +41,7 @@ Status Runtime::Impl::deferred_prepass(std::unique_lock<std::mutex>& lock, bool*
     // shard of it is the sum, and the device kernel reads it in place (Note
     // [Sharded step]); a dirty chunk is still written back if its slot is needed.
     const bool stays = core.dp_ranks() > 1 && g.dirty() && pipeline.checks_on_device() &&
-                       core.plan.families[f].optim_home == Tier::kGpu;
+                       core.plan().families[f].optim_home == Tier::kGpu;
     if (st.ok() && !stays) st = residency.ensure_on_host(g);
     checks_unwaited = checks_unwaited || stays;
     if (!st.ok()) {
@@ -85,7 +85,7 @@ Status Runtime::Impl::deferred_prepass(std::unique_lock<std::mutex>& lock, bool*
 }
 
 void Runtime::Impl::discard_gradients() {
-  for (FamilyId f = 0; f < core.layout.families.size(); ++f) {
+  for (FamilyId f = 0; f < core.layout().families.size(); ++f) {
     Chunk& g = core.chunk(f, StateKind::kGrad);
     if (g.host != nullptr) core.host->free(g.host, g.bytes);
     g.host = nullptr;
@@ -102,7 +102,7 @@ void Runtime::Impl::discard_gradients() {
 //! places the current one waits for: read-ahead stops.
 static Status run_families_in_order(Runtime::Impl& m, std::unique_lock<std::mutex>& lock) {
   m.pipeline.stop_read_ahead();
-  for (FamilyId f = 0; f < m.core.layout.families.size(); ++f) {
+  for (FamilyId f = 0; f < m.core.layout().families.size(); ++f) {
     if (!m.checkpoint_allows_update(f)) continue;
     m.pipeline.launch_optimizer(f);
     STRATA_RETURN_IF_ERROR(m.pipeline.wait_step_work(lock));
@@ -113,12 +113,12 @@ static Status run_families_in_order(Runtime::Impl& m, std::unique_lock<std::mute
 // A plan is a promise (Note [Host room] in planner.cpp): what the run reached stays
 // within what the plans adopted so far predicted. Checked builds only.
 static void check_plan_kept([[maybe_unused]] const Core& core, [[maybe_unused]] const StepStats& stats) {
-  STRATA_ASSERT_MSG(stats.host_high_water_bytes <= core.host_bytes_planned_max,
+  STRATA_ASSERT_MSG(stats.host_high_water_bytes <= core.planned_max().host_bytes,
                     "host high water above the plan's host_bytes (Note [Host room])");
-  STRATA_ASSERT_MSG(stats.gpu_high_water_bytes <= core.gpu_bytes_planned_max,
+  STRATA_ASSERT_MSG(stats.gpu_high_water_bytes <= core.planned_max().gpu_bytes,
                     "GPU high water above the plan's gpu_bytes");
   // (Slots pinned by a read_tensor in progress are freed when it ends: not the plan's.)
-  STRATA_ASSERT_MSG(stats.nvme_bytes <= core.nvme_bytes_planned_max || !core.nvme_pins.empty(),
+  STRATA_ASSERT_MSG(stats.nvme_bytes <= core.planned_max().nvme_bytes || core.nvme.any_pinned(),
                     "NVMe bytes above the plan's nvme_bytes (Note [Copy-on-write NVMe slots])");
 }
 
@@ -132,17 +132,34 @@ Result<StepStats> Runtime::step() {
   }
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
   // A failed prefetch: once; nothing done (Note [Prefetch errors]).
-  if (m.core.background_error.ok()) STRATA_RETURN_IF_ERROR(m.core.take_prefetch_error());
+  if (m.core.errors.background().ok()) STRATA_RETURN_IF_ERROR(m.core.errors.take_prefetch());
   // Note [Failed steps]: a step that failed, or fails here, is discarded.
   if (!m.step_error.ok()) return m.discard_step(lock, m.step_error);
   Result<StepStats> stats = m.run_step(lock);
   if (!stats.ok()) return m.discard_step(lock, stats.status());
+  m.add_to_totals(*stats);
   return stats;
+}
+
+void Runtime::Impl::add_to_totals(const StepStats& st) {
+  RunStats& t = totals;
+  ++t.steps;
+  t.steps_skipped += st.applied ? 0 : 1;
+  t.bytes_h2d += st.bytes_h2d;
+  t.bytes_d2h += st.bytes_d2h;
+  t.bytes_disk_read += st.bytes_disk_read;
+  t.bytes_disk_write += st.bytes_disk_write;
+  t.stall_s += st.stall_s;
+  t.step_s += st.step_s;
+  t.gpu_high_water_bytes = std::max(t.gpu_high_water_bytes, st.gpu_high_water_bytes);
+  t.host_high_water_bytes = std::max(t.host_high_water_bytes, st.host_high_water_bytes);
+  t.nvme_bytes = std::max(t.nvme_bytes, st.nvme_bytes);
+  t.prefetch_errors += st.prefetch_errors;
 }
 
 Result<StepStats> Runtime::Impl::run_step(std::unique_lock<std::mutex>& lock) {
   Impl& m = *this;
-  STRATA_RETURN_IF_ERROR(m.core.background_error);
+  STRATA_RETURN_IF_ERROR(m.core.errors.background());
   STRATA_RETURN_IF_ERROR(m.dp.broadcast_initial(lock));  // (a step without uses)
   // Last step's gathers of params this step did not use (Note [Sharded step]).
   STRATA_RETURN_IF_ERROR(m.dp.finish_all_gathers(lock));
@@ -150,12 +167,8 @@ Result<StepStats> Runtime::Impl::run_step(std::unique_lock<std::mutex>& lock) {
   STRATA_RETURN_IF_ERROR(m.core.device.synchronize(m.core.compute));
   lock.lock();
   // Every launch so far has run: the next step's in flight are at most one
-  // step's launches (Core::launches_per_step_max).
-  if (m.core.launches_this_step > m.core.launches_per_step_max) {
-    m.core.launches_per_step_max = m.core.launches_this_step;
-    m.core.launch_records.reserve(m.core.launches_per_step_max);
-  }
-  m.core.launches_this_step = 0;
+  // step's launches (Core::end_step_launches).
+  m.core.end_step_launches();
 
   StepStats stats;
   stats.followed_plan = m.tracker.following() && !m.tracker.deviated() && m.tracker.warm();
@@ -168,7 +181,7 @@ Result<StepStats> Runtime::Impl::run_step(std::unique_lock<std::mutex>& lock) {
         m.tracker.step_index() + 1);
     m.discard_gradients();  // nothing is launched: no gradient is left
   }
-  for (FamilyId f = 0; f < m.core.layout.families.size(); ++f) {
+  for (FamilyId f = 0; f < m.core.layout().families.size(); ++f) {
     STRATA_RETURN_IF_ERROR(m.checkpoint_capture_for_update(lock, f));  // Note [Overlapped save]
   }
   if (m.pipeline.exchanges_trust() && !skip) STRATA_RETURN_IF_ERROR(run_families_in_order(m, lock));
@@ -191,7 +204,7 @@ Result<StepStats> Runtime::Impl::run_step(std::unique_lock<std::mutex>& lock) {
   // warm-up step or it departed from the plan.
   StepTrace trace = m.tracker.take_trace();
   // A plan made before micro-batches were seen lacks their host room (Note [Host room]).
-  const bool uncounted = m.core.accumulation_seen && !m.core.accumulation_planned;
+  const bool uncounted = m.core.accumulation_seen && !m.core.accumulation_planned();
   if (!m.tracker.warm() || m.tracker.deviated() || uncounted) {
     if (!trace.uses.empty()) STRATA_RETURN_IF_ERROR(m.adopt_plan(lock, std::move(trace)));
     m.tracker.set_warm();
@@ -213,7 +226,7 @@ Status Runtime::flush() {
   std::unique_lock lock(m.core.mu);
   InvariantCheck check(m, &lock);
   STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
-  return m.core.take_prefetch_error();
+  return m.core.errors.take_prefetch();
 }
 
 }  // namespace strata::runtime

@@ -48,7 +48,7 @@ Status Runtime::Impl::poison_step(std::unique_lock<std::mutex>& lock, Status st,
 
 bool Runtime::Impl::rehome_kept_states(std::unique_lock<std::mutex>& lock) {
   states_kept = false;
-  if (core.nvme == nullptr) return true;
+  if (!core.nvme.is_open()) return true;
   for (Chunk& c : core.chunks) {
     const bool nvme_home = c.bytes > 0 && ((is_optim_kind(c.kind) && core.on_nvme(c.family)) ||
                                            (c.kind == StateKind::kParam && core.param_on_nvme(c.family)));
@@ -69,7 +69,7 @@ bool Runtime::Impl::rehome_kept_states(std::unique_lock<std::mutex>& lock) {
 }
 
 Status Runtime::Impl::discard_step(std::unique_lock<std::mutex>& lock, Status cause) {
-  if (!core.finalized) return cause;  // nothing ran yet: nothing to discard
+  if (!core.finalized()) return cause;  // nothing ran yet: nothing to discard
   const std::uint64_t step = tracker.step_index() + 1;
   pipeline.stop_read_ahead();
   pipeline.wait_all(lock).ignore();  // (Note [Failed work completes its waiters])
@@ -84,9 +84,8 @@ Status Runtime::Impl::discard_step(std::unique_lock<std::mutex>& lock, Status ca
   pipeline.abandon_step();
   tracker.abandon_step();
   for (TensorInfo& t : core.tensors) t.written_in_micro_batch = false;
-  core.launches_this_step = 0;
-  core.background_error = Status::Ok();
-  core.prefetch_error = Status::Ok();
+  core.forget_step_launches();
+  core.errors.clear();
   step_error = Status::Ok();
   rehome_kept_states(lock);
   if (!cause.ok()) {

@@ -60,8 +60,8 @@ Status Runtime::init_tensor(TensorId tensor, std::span<const float> values) {
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
   STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
   STRATA_RETURN_IF_ERROR(m.checkpoint_wait_captured(lock, true));  // a save in flight reads the old values
-  STRATA_RETURN_IF_ERROR(m.core.take_prefetch_error());            // (once; nothing written)
-  const TensorSlot& ts = m.core.layout.slots[tensor];
+  STRATA_RETURN_IF_ERROR(m.core.errors.take_prefetch());           // (once; nothing written)
+  const TensorSlot& ts = m.core.layout().slots[tensor];
   const DType cdt = m.core.opt.compute_dtype;
   auto write_param = [&](std::byte* base) {
     store_values(base + ts.offset_elems * dtype_bytes(cdt), cdt, values);
@@ -94,7 +94,7 @@ Status Runtime::read_tensor(TensorId tensor, StateKind kind, std::span<float> ou
   // After a failed step the last good state must stay readable (to checkpoint
   // it), so a background error does not stop a read.
   m.pipeline.wait_all(lock).ignore();
-  const TensorSlot& ts = m.core.layout.slots[tensor];
+  const TensorSlot& ts = m.core.layout().slots[tensor];
   if (kind == StateKind::kMaster && !m.core.separate_master)
     kind = StateKind::kParam;  // fp32: the param is the master
   Chunk& c = m.core.chunk(ts.family, kind);
@@ -138,7 +138,7 @@ Status Runtime::write_tensor(TensorId tensor, StateKind kind, std::span<const fl
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
   STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
   STRATA_RETURN_IF_ERROR(m.checkpoint_wait_captured(lock, true));  // a save in flight reads the old values
-  const TensorSlot& ts = m.core.layout.slots[tensor];
+  const TensorSlot& ts = m.core.layout().slots[tensor];
   if (kind == StateKind::kMaster && !m.core.separate_master) {
     // fp32 compute: the param is the master.
     lock.unlock();
@@ -163,7 +163,7 @@ Result<Runtime::StateRange> Runtime::state_range(TensorId tensor) const {
   std::lock_guard lock(m.core.mu);
   if (tensor >= m.core.tensors.size())
     return invalid_argument("state_range: tensor id {} is not registered", tensor);
-  if (!m.core.finalized) {
+  if (!m.core.finalized()) {
     return failed_precondition(
         "state_range(\"{}\"): the layout is fixed at the first acquire/init/step; call it after",
         m.core.tensors[tensor].spec.name);
@@ -232,8 +232,7 @@ Status Runtime::set_group_hyper(std::uint32_t group, float lr, float weight_deca
         "and backward (Note [Parameter groups])",
         group);
   }
-  if (m.core.groups.size() <= group) m.core.groups.resize(group + 1);
-  m.core.groups[group] = GroupHyper{.set = true, .lr = lr, .weight_decay = weight_decay};
+  m.core.set_group(group, GroupHyper{.set = true, .lr = lr, .weight_decay = weight_decay});
   return Status::Ok();
 }
 

@@ -168,7 +168,7 @@ Status create_model(const Draw& d, Config cfg, std::unique_ptr<Runtime>& rt, std
 
 //! Whether the runtime adopted a plan: past this point the run was accepted.
 bool accepted(Runtime* rt) {
-  return rt != nullptr && !rt->core().plan().families.empty();
+  return rt != nullptr && !rt->plan().families.empty();
 }
 
 //! Each micro-batch's "loss": written by its forward launches, read by its backward
@@ -318,12 +318,12 @@ Status backward_ordered(Runtime& rt, const Draw& d, const std::vector<TensorId>&
     std::vector<std::uint32_t> family(ids.size());
     std::vector<bool> trainable(ids.size());
     for (std::size_t i = 0; i < ids.size(); ++i) {
-      family[i] = static_cast<std::uint32_t>(rt.core().layout().slots.at(ids[i]).family);
+      family[i] = static_cast<std::uint32_t>(rt.layout().slots.at(ids[i]).family);
       trainable[i] = m.trainable(static_cast<int>(i));
     }
     order.set_families(std::move(family), trainable);
   }
-  order.begin_micro_batch(rt.core().incomplete_gradients_max());
+  order.begin_micro_batch(rt.incomplete_gradients_max());
   std::vector<std::uint32_t> hand, late;
   const auto offer = [&](std::uint32_t t) -> Status {
     order.offer(t, scratch.pending[t].size() * sizeof(float), &hand);
@@ -377,7 +377,7 @@ void sample(Runtime& rt, Trained& out) {
   out.gpu_hw = std::max({out.gpu_hw, s.gpu_high_water_bytes, rt.device().memory_info().high_water_bytes});
   out.host_hw = std::max(out.host_hw, s.host_high_water_bytes);
   out.nvme_max = std::max(out.nvme_max, s.nvme_bytes);
-  const runtime::Plan& plan = rt.core().plan();
+  const runtime::Plan& plan = rt.plan();
   out.plan_gpu = std::max(out.plan_gpu, plan.gpu_bytes);
   out.plan_host = std::max(out.plan_host, plan.host_bytes);
   out.plan_nvme = std::max(out.plan_nvme, plan.nvme_bytes);
@@ -453,7 +453,7 @@ Attempt train(const Draw& d, Config cfg, const PhaseFn& phase, const std::string
     rt.reset();
     return a;
   }
-  a.out.chunk_elems = rt->core().layout().chunk_elems;
+  a.out.chunk_elems = rt->layout().chunk_elems;
   sample(*rt, a.out);
   a.status = train_steps(*rt, d, ids, *scratch, a.out, phase, who, a.phase);
   if (!a.status.ok()) {
@@ -478,7 +478,7 @@ Result<ModelSizes> size_model(const Draw& d, const std::string& nvme_dir, const 
   std::unique_ptr<Runtime> rt;
   std::vector<TensorId> ids;
   STRATA_RETURN_IF_ERROR(create_model(d, std::move(cfg), rt, ids, phase, "sizing"));
-  const runtime::ChunkLayout& layout = rt->core().layout();
+  const runtime::ChunkLayout& layout = rt->layout();
   const runtime::RuntimeOptions& o = rt->config().runtime;
   const std::uint64_t cb = runtime::dtype_bytes(o.compute_dtype);
   const std::uint64_t sb = kernels::dtype_size(o.state_dtype);

@@ -299,7 +299,9 @@ Status train_unused(bool declare, GradientOrder& keep, StepStats& last, std::uin
   Status st;
   within(std::chrono::seconds(60), [&] { st = train_in_pieces(*rt, 4, 0, &last, &keep, true, declare); });
   plan_host = rt->plan().host_bytes;
-  if (!st.ok()) EXPECT_TRUE(rt->abort_step().ok());
+  if (!st.ok()) {
+    EXPECT_TRUE(rt->abort_step().ok());
+  }
   return st;
 }
 

@@ -94,9 +94,10 @@ void StepTracker::finish_stats(StepStats& stats, std::uint64_t gpu_high_water) {
   prev_stall_s_ = stall;
   stats.gpu_high_water_bytes = gpu_high_water;
   stats.host_high_water_bytes = core_.host->high_water_bytes();
-  stats.nvme_bytes = core_.nvme != nullptr ? core_.nvme->used_bytes() : 0;
-  stats.prefetch_errors = std::exchange(core_.prefetch_errors, 0);
-  stats.first_prefetch_error = std::exchange(core_.first_prefetch_error, {});
+  stats.nvme_bytes = core_.nvme.is_open() ? core_.nvme.store().used_bytes() : 0;
+  ErrorState::PrefetchCount prefetches = core_.errors.take_prefetch_count();
+  stats.prefetch_errors = prefetches.count;
+  stats.first_prefetch_error = std::move(prefetches.first);
 }
 
 }  // namespace strata::runtime

@@ -193,7 +193,7 @@ std::string describe_config(const Core& core) {
       "momentum {} nesterov {}\nclip_max_norm {}\nloss_scaling {}\nchunk_elems {}\nfamilies {}\ntensors {}\n",
       core.dp_ranks(), runtime::dtype_name(o.compute_dtype), kernels::dtype_name(o.state_dtype),
       kernels::optimizer_name(h.optimizer), h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.momentum,
-      h.nesterov, o.clip_max_norm, o.loss_scaling, core.layout.chunk_elems, core.layout.families.size(),
+      h.nesterov, o.clip_max_norm, o.loss_scaling, core.layout().chunk_elems, core.layout().families.size(),
       core.tensors.size());
   for (TensorId t = 0; t < core.tensors.size(); ++t) {
     const TensorSpec& spec = core.tensors[t].spec;
@@ -224,7 +224,7 @@ std::pair<std::string, std::string> first_difference(std::string_view a, std::st
 }  // namespace
 
 Status DataParallel::check_config(std::unique_lock<std::mutex>& lock) {
-  flags_.reset(core_.layout.families.size());
+  flags_.reset(core_.layout().families.size());
   if (core_.opt.comm == nullptr) return Status::Ok();
   comm::Communicator& c = *core_.opt.comm;
   const std::string mine = describe_config(core_);
@@ -259,7 +259,7 @@ Status DataParallel::check_config(std::unique_lock<std::mutex>& lock) {
   STRATA_LOG_INFO(
       "runtime: data parallel rank {} of {} ({} backend): shard {} of each of {} families ({} elements per "
       "chunk)",
-      c.rank(), c.size(), c.backend(), c.rank(), core_.layout.families.size(), core_.layout.chunk_elems);
+      c.rank(), c.size(), c.backend(), c.rank(), core_.layout().families.size(), core_.layout().chunk_elems);
   return Status::Ok();
 }
 
@@ -285,7 +285,7 @@ Status DataParallel::broadcast_initial(std::unique_lock<std::mutex>& lock) {
   comm::Communicator& c = *core_.opt.comm;
   std::vector<std::byte> buf, mine;
   std::size_t changed = 0;
-  for (FamilyId f = 0; f < core_.layout.families.size(); ++f) {
+  for (FamilyId f = 0; f < core_.layout().families.size(); ++f) {
     Chunk& p = core_.chunk(f, StateKind::kParam);
     if (p.bytes == 0) continue;
     buf.assign(p.bytes, std::byte{0});
@@ -370,7 +370,7 @@ Result<std::int64_t> DataParallel::max(std::unique_lock<std::mutex>& lock, std::
 void DataParallel::check_invariants() const {
   const auto w = static_cast<std::uint64_t>(core_.dp_ranks());
   const bool device_buffers = core_.opt.comm != nullptr && core_.opt.comm->device_buffers();
-  STRATA_CHECK(flags_.size() == core_.layout.families.size());
+  STRATA_CHECK(flags_.size() == core_.layout().families.size());
   std::size_t gathering = 0;
   for (FamilyId f = 0; f < flags_.size(); ++f) {
     const DpChunkFlags::Family& flag = flags_[f];
@@ -401,10 +401,10 @@ void DataParallel::check_invariants() const {
       STRATA_CHECK(g.all.size() == g.slice * w);
     }
   }
-  STRATA_CHECK(rounds_posted_ <= core_.layout.families.size());
-  for (FamilyId f = 0; f < core_.layout.families.size(); ++f) {
+  STRATA_CHECK(rounds_posted_ <= core_.layout().families.size());
+  for (FamilyId f = 0; f < core_.layout().families.size(); ++f) {
     // Shards are whole 64-element groups (Note [Exact norms] in kernels/exact_sum.hpp).
-    if (w > 1) STRATA_CHECK(core_.layout.families[f].capacity_elems % (w * kShardAlignElems) == 0);
+    if (w > 1) STRATA_CHECK(core_.layout().families[f].capacity_elems % (w * kShardAlignElems) == 0);
     // Masters and states hold (at least) this rank's shard.
     for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1}) {
       const Chunk& c = core_.chunks[f * kStateKindCount + static_cast<std::size_t>(k)];

@@ -45,7 +45,7 @@ struct Rounds {
   explicit Rounds(const Core& core)
       : w(static_cast<FamilyId>(core.dp_ranks())),
         me(static_cast<FamilyId>(core.dp_rank())),
-        families(core.layout.families.size()),
+        families(core.layout().families.size()),
         elem_bytes(dtype_bytes(core.opt.compute_dtype)),
         dtype(comm_dtype(core.opt.compute_dtype)) {}
   FamilyId w, me, families;

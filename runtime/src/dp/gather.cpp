@@ -167,7 +167,7 @@ Status DataParallel::gather_ahead(std::unique_lock<std::mutex>& lock) {
   if (gathers_.empty() || !tracker_.following() || !core_.opt.plan.prefetch) return Status::Ok();
   const auto& uses = tracker_.plan_trace().uses;
   const std::size_t start = tracker_.next_position();
-  for (std::size_t q = start; q < uses.size() && q < start + core_.plan.prefetch_depth; ++q) {
+  for (std::size_t q = start; q < uses.size() && q < start + core_.plan().prefetch_depth; ++q) {
     STRATA_RETURN_IF_ERROR(finish_gather(lock, uses[q].family));
   }
   return Status::Ok();

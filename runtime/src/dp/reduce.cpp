@@ -26,14 +26,14 @@ bool comm_reads_device(const Core& core) {
 
 //! Reductions per step: one per family (Note [Sharded step]).
 std::size_t round_count(const Core& core) {
-  return core.layout.families.size();
+  return core.layout().families.size();
 }
 
 //! The sum of family f's gradient shard is kept on the device: its optimizer
 //! runs there. Otherwise the gradient leaves the device once packed, and only
 //! this rank's shard of the sum lands in host memory at step().
 bool sum_on_device(const Core& core, FamilyId f) {
-  return core.plan.families[f].optim_home == Tier::kGpu;
+  return core.plan().families[f].optim_home == Tier::kGpu;
 }
 
 }  // namespace
@@ -46,7 +46,7 @@ Status DataParallel::post_round(bool at_step) {
   Chunk& g = core_.chunk(f, StateKind::kGrad);
   if (g.bytes == 0) return Status::Ok();
   flags_[f].awaiting_reduction = false;
-  for (TensorId t : core_.layout.families[f].tensors) {
+  for (TensorId t : core_.layout().families[f].tensors) {
     const TensorInfo& info = core_.tensors[t];
     if (at_step && !info.spec.frozen && !info.grad_written) {
       return failed_precondition(

@@ -76,7 +76,7 @@ void OptimizerPipeline::read_states(FamilyId f) {
   FamilyRun& run = runs_[f];
   run.staging.assign(kStateKindCount, nullptr);
   run.pieces.clear();  // keeps its capacity (Note [Allocation-free hot paths] in leases.cpp)
-  const std::uint64_t piece = core_.nvme->slot_bytes();
+  const std::uint64_t piece = core_.nvme.store().slot_bytes();
   for (std::size_t k = 0; k < kStateKindCount; ++k) {
     Chunk& c = core_.chunks[f * kStateKindCount + k];
     if (c.bytes == 0 || (!is_optim_kind(c.kind) && c.kind != StateKind::kParam)) continue;
@@ -123,10 +123,10 @@ void OptimizerPipeline::read_states(FamilyId f) {
   // Submitted from a pool thread, without the lock: a store may call back on the
   // submitting thread, and the caller may be iterating the pipeline's queues.
   // The task gets the pieces' address and count, not the vector: nothing
-  // changes them until the last piece completed (Core::submit_nvme_pieces).
+  // changes them until the last piece completed (NvmeTier::submit_pieces).
   const double enqueued = core_.timeline.now_us();
   core_.pool->post([this, f, enqueued, pieces = std::span<const NvmePiece>(run.pieces)] {
-    core_.submit_nvme_pieces(NvmeIo::kRead, pieces, &OptimizerPipeline::nvme_read_done, this, f, enqueued);
+    core_.nvme.submit_pieces(NvmeIo::kRead, pieces, &OptimizerPipeline::nvme_read_done, this, f, enqueued);
   });
 }
 
@@ -162,7 +162,7 @@ void OptimizerPipeline::io_done(FamilyId f, Status status, Track track, double e
     if (run.launched()) {
       finish_family(f, run.io_status);
     } else {
-      core_.fail(run.io_status);  // a read-ahead failed: the data is bad or the disk is
+      core_.errors.fail(run.io_status);  // a read-ahead failed: the data is bad or the disk is
       release_nvme_place(f);
       pump();  // ends the families waiting for a place (Note [Failed work completes its waiters])
       core_.cv.notify_all();
@@ -171,7 +171,7 @@ void OptimizerPipeline::io_done(FamilyId f, Status status, Track track, double e
   }
   // (An error may have ended the family, and released its place, meanwhile.)
   if (run.place == NvmePlace::kReading) run.move_place(NvmePlace::kReady);
-  if (!core_.background_error.ok()) {
+  if (!core_.errors.background().ok()) {
     // Another family failed while these reads were in flight: pump's error path
     // ends this family too if it still waits, e.g. for a grad staging buffer the
     // failure took out of the queue (Note [Failed work completes its waiters]).
@@ -192,15 +192,15 @@ void OptimizerPipeline::write_back(FamilyId f, std::unique_lock<std::mutex>& loc
   // family as it was. The slot and piece lists are the write-back's own, reused
   // step to step (Note [Allocation-free hot paths] in leases.cpp).
   wb.new_slots.resize(kStateKindCount);
-  const std::uint64_t piece = core_.nvme->slot_bytes();
+  const std::uint64_t piece = core_.nvme.store().slot_bytes();
   for (std::size_t k = 0; k < kStateKindCount; ++k) {
     Chunk& c = core_.chunks[f * kStateKindCount + k];
     if (!written_home(core_, c)) continue;
     for (std::uint64_t begin = 0; begin < c.bytes; begin += piece) {
-      auto slot = core_.nvme->allocate_slot();
+      auto slot = core_.nvme.store().allocate_slot();
       if (!slot.ok()) {
         for (auto& list : wb.new_slots) {
-          for (std::uint32_t s : list) core_.free_nvme_slot(s);
+          for (std::uint32_t s : list) core_.nvme.free_slot(s);
         }
         wb.reset();
         Status st = slot.status();
@@ -218,13 +218,13 @@ void OptimizerPipeline::write_back(FamilyId f, std::unique_lock<std::mutex>& loc
   if (core_.param_on_nvme(f)) {
     // The updated param is the host copy until its write ends (Note [NVMe-homed params]);
     // the old value's staging copy goes (it may still be being read: unlocks).
-    if (Status st = residency_.drop_staging(lock, p); !st.ok()) core_.fail(st);
+    if (Status st = residency_.drop_staging(lock, p); !st.ok()) core_.errors.fail(st);
     // (The write reads `staged` too: it stays the host copy until writeback_done.)
     p.host = staged;
     p.move_value(ChunkValue::kHost);
   } else {
     // A load of the old param may still be copying from it.
-    if (Status st = residency_.wait_host_reads(p); !st.ok()) core_.fail(st);
+    if (Status st = residency_.wait_host_reads(p); !st.ok()) core_.errors.fail(st);
     core_.host->free(p.host, p.bytes);
     p.host = staged;
   }
@@ -245,10 +245,10 @@ void OptimizerPipeline::write_back(FamilyId f, std::unique_lock<std::mutex>& loc
     return;
   }
   // The pieces' address and count, taken under the lock: nothing changes them
-  // until the last write completed (Core::submit_nvme_pieces).
+  // until the last write completed (NvmeTier::submit_pieces).
   const std::span<const NvmePiece> writes(wb.writes);
   lock.unlock();  // a store may call back on this thread
-  core_.submit_nvme_pieces(NvmeIo::kWrite, writes, &OptimizerPipeline::nvme_write_done, this, f,
+  core_.nvme.submit_pieces(NvmeIo::kWrite, writes, &OptimizerPipeline::nvme_write_done, this, f,
                            core_.timeline.now_us());
 }
 
@@ -265,29 +265,29 @@ void OptimizerPipeline::writeback_done(FamilyId f, Status status, double enqueue
     if (c.kind == StateKind::kParam) {
       // An NVMe-homed param: its updated host copy (committed in write_back) goes
       // once its new slots hold it; after a failed write it stays the value.
-      for (std::uint32_t s : wb.status.ok() ? c.nvme_slots : wb.new_slots[k]) core_.free_nvme_slot(s);
+      for (std::uint32_t s : wb.status.ok() ? c.nvme_slots : wb.new_slots[k]) core_.nvme.free_slot(s);
       if (wb.status.ok()) {
         c.nvme_slots.swap(wb.new_slots[k]);  // (wb.reset() empties the old list, keeping its capacity)
-        if (Status st = residency_.wait_host_reads(c); !st.ok()) core_.fail(st);  // a load may read it
+        if (Status st = residency_.wait_host_reads(c); !st.ok()) core_.errors.fail(st);  // a load may read it
         core_.host->free(c.host, c.bytes);
         c.host = nullptr;
         c.move_value(ChunkValue::kNvme);
       } else {
-        for (std::uint32_t old : c.nvme_slots) core_.free_nvme_slot(old);
+        for (std::uint32_t old : c.nvme_slots) core_.nvme.free_slot(old);
         c.nvme_slots.clear();
       }
       continue;
     }
     if (wb.status.ok()) {
       // The new slots replace the old (Note [Copy-on-write NVMe slots]).
-      for (std::uint32_t old : c.nvme_slots) core_.free_nvme_slot(old);
+      for (std::uint32_t old : c.nvme_slots) core_.nvme.free_slot(old);
       c.nvme_slots.swap(wb.new_slots[k]);
       c.move_value(ChunkValue::kNvme);
       core_.host->free(wb.staging[k], c.bytes);
     } else {
       // The updated states stay in host memory as the authoritative copy.
-      for (std::uint32_t s : wb.new_slots[k]) core_.free_nvme_slot(s);
-      for (std::uint32_t old : c.nvme_slots) core_.free_nvme_slot(old);
+      for (std::uint32_t s : wb.new_slots[k]) core_.nvme.free_slot(s);
+      for (std::uint32_t old : c.nvme_slots) core_.nvme.free_slot(old);
       c.nvme_slots.clear();
       c.move_value(ChunkValue::kHost);
       if (c.host != nullptr) core_.host->free(c.host, c.bytes);
@@ -301,7 +301,7 @@ void OptimizerPipeline::writeback_done(FamilyId f, Status status, double enqueue
         "memory (read_tensor reads them: save a checkpoint) and no further step runs",
         f, core_.param_on_nvme(f) ? " and param" : "", wb.step,
         core_.param_on_nvme(f) ? "param and states are" : "states are"));
-    core_.fail(std::move(s));
+    core_.errors.fail(std::move(s));
   }
   wb.reset();
   --writebacks_in_flight_;

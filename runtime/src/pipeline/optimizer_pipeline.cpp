@@ -48,9 +48,9 @@ void OptimizerPipeline::adopt(const StepTrace& trace) {
   grad_staging_max_ = static_cast<int>(core_.opt.plan.grad_staging_slots);
   nvme_places_max_ = static_cast<int>(core_.opt.plan.nvme_families_in_flight);
   // NVMe families in the order their gradients complete in the trace (Note [Pipeline places]).
-  const std::vector<long> last = last_backward_use(trace, core_.layout.families.size());
+  const std::vector<long> last = last_backward_use(trace, core_.layout().families.size());
   nvme_order_.clear();
-  for (FamilyId f = 0; f < core_.plan.families.size(); ++f) {
+  for (FamilyId f = 0; f < core_.plan().families.size(); ++f) {
     if (core_.on_nvme(f) && core_.family_bytes[f].numel > 0) nvme_order_.push_back(f);
   }
   std::stable_sort(nvme_order_.begin(), nvme_order_.end(), [&](FamilyId a, FamilyId b) {
@@ -81,7 +81,7 @@ void OptimizerPipeline::begin_micro_batch(bool last) {
 }
 
 void OptimizerPipeline::start_read_ahead() {
-  if (read_ahead_ || read_ahead_cursor_ != 0 || core_.nvme == nullptr) return;
+  if (read_ahead_ || read_ahead_cursor_ != 0 || !core_.nvme.is_open()) return;
   read_ahead_ = true;
   pump();
 }
@@ -131,9 +131,9 @@ bool OptimizerPipeline::all_applied() const {
 
 void OptimizerPipeline::launch_optimizer(FamilyId f) {
   FamilyRun& run = runs_[f];
-  if (run.running() || !core_.background_error.ok()) return;
+  if (run.running() || !core_.errors.background().ok()) return;
   bool any = false;
-  for (TensorId t : core_.layout.families[f].tensors)
+  for (TensorId t : core_.layout().families[f].tensors)
     any = any || (core_.tensors[t].grad_written && !core_.tensors[t].spec.frozen);
   // Nothing to update (yet): step() looks again. A family already done this
   // step keeps its record (step() reads whether it applied its update).
@@ -147,7 +147,7 @@ void OptimizerPipeline::launch_optimizer(FamilyId f) {
   run.move_phase(FamilyPhase::kWaiting);
   ++tasks_in_flight_;
   ++launches_;
-  if (core_.plan.families[f].optim_home == Tier::kGpu) {
+  if (core_.plan().families[f].optim_home == Tier::kGpu) {
     launch_device_optimizer(f);
     return;
   }
@@ -157,7 +157,7 @@ void OptimizerPipeline::launch_optimizer(FamilyId f) {
 }
 
 void OptimizerPipeline::pump() {
-  if (!core_.background_error.ok()) {
+  if (!core_.errors.background().ok()) {
     // Nothing new starts after a failure (Note [Copy-on-write NVMe slots]);
     // families waiting for a place or a gradient end here, untouched.
     grad_queue_.clear();
@@ -214,7 +214,7 @@ void OptimizerPipeline::pump() {
   no_room.with_context(
       "no optimizer work in flight can free host room: a planner bug (Note [Host room] in "
       "runtime/plan/planner.cpp); raise host_budget and report it");
-  core_.fail(std::move(no_room));
+  core_.errors.fail(std::move(no_room));
   pump();  // ends the families still waiting
   core_.cv.notify_all();
 }
@@ -265,7 +265,7 @@ void OptimizerPipeline::land_gradient(FamilyId f) {
           std::lock_guard lock(core_.mu);
           FamilyRun& landed = runs_[f];
           if (landed.grad == GradStaging::kCopying) landed.move_grad(GradStaging::kReady);
-          if (core_.background_error.ok()) {
+          if (core_.errors.background().ok()) {
             maybe_compute(f);
           } else {
             pump();  // ends this family, untouched, now that its staging is free to reuse
@@ -310,7 +310,7 @@ void OptimizerPipeline::release_gradient(FamilyId f, bool consumed) {
     }
     g.move_value(ChunkValue::kAbsent);
     residency_.drop_device_copy(g);
-    for (TensorId t : core_.layout.families[f].tensors) core_.tensors[t].grad_written = false;
+    for (TensorId t : core_.layout().families[f].tensors) core_.tensors[t].grad_written = false;
   }
   if (run.grad != GradStaging::kNone) {
     run.move_grad(GradStaging::kNone);
@@ -329,7 +329,7 @@ void OptimizerPipeline::finish_family(FamilyId f, Status status) {
   }
   if (run.grad != GradStaging::kNone) release_gradient(f, /*consumed=*/false);
   release_nvme_place(f);
-  if (!status.ok()) core_.fail(status);
+  if (!status.ok()) core_.errors.fail(status);
   run.move_phase(FamilyPhase::kDone);
   --tasks_in_flight_;
   pump();
@@ -348,7 +348,7 @@ void OptimizerPipeline::commit_param(FamilyId f) {
 // A family that is launched ends (finish_family: its counters drop, Core::cv is
 // notified) whatever happens, so no wait on step work can outlive a failure:
 //   - work in flight (a d2h copy, NVMe reads, a kernel, a write-back) always
-//     completes, and its completion either goes on or, once Core::background_error
+//     completes, and its completion either goes on or, once the background error (ErrorState)
 //     is set, calls pump();
 //   - pump() with an error set starts nothing and ends every launched family that
 //     only waits (for a place, a grad staging buffer or its gradient);
@@ -360,18 +360,18 @@ void OptimizerPipeline::commit_param(FamilyId f) {
 
 Status OptimizerPipeline::wait_step_work(std::unique_lock<std::mutex>& lock) {
   core_.cv.wait(lock, [&] {
-    if (!core_.background_error.ok()) pump();
+    if (!core_.errors.background().ok()) pump();
     return tasks_in_flight_ == 0 && io_families_ == 0;
   });
-  return core_.background_error;
+  return core_.errors.background();
 }
 
 Status OptimizerPipeline::wait_all(std::unique_lock<std::mutex>& lock) {
   core_.cv.wait(lock, [&] {
-    if (!core_.background_error.ok()) pump();
+    if (!core_.errors.background().ok()) pump();
     return tasks_in_flight_ == 0 && io_families_ == 0 && writebacks_in_flight_ == 0;
   });
-  return core_.background_error;
+  return core_.errors.background();
 }
 
 }  // namespace strata::runtime

@@ -31,7 +31,7 @@ void OptimizerPipeline::spans_for(FamilyId f, const FamilyPtrs& ptrs, std::vecto
   const DType cdt = core_.opt.compute_dtype;
   const std::uint64_t cb = dtype_bytes(cdt);
   const std::uint64_t sb = kernels::dtype_size(core_.opt.state_dtype);
-  for (TensorId t : core_.layout.families[f].tensors) {
+  for (TensorId t : core_.layout().families[f].tensors) {
     const TensorInfo& info = core_.tensors[t];
     if (info.spec.frozen || !info.grad_written) continue;
     // Every rank counts the tensor's step; it updates the part in its shard
@@ -40,7 +40,7 @@ void OptimizerPipeline::spans_for(FamilyId f, const FamilyPtrs& ptrs, std::vecto
     if (updated != nullptr) updated->push_back(t);
     const Core::ShardPart part = core_.shard_part(t);
     if (part.count == 0) continue;
-    const std::uint64_t off = core_.layout.slots[t].offset_elems + part.first;
+    const std::uint64_t off = core_.layout().slots[t].offset_elems + part.first;
     kernels::Span s;
     s.n = part.count;
     s.tensor = t;
@@ -264,7 +264,7 @@ void OptimizerPipeline::launch_device_optimizer(FamilyId f) {
       c.move_value(ChunkValue::kDevice);  // the device copy is the authoritative one
     }
   }
-  if (!st.ok()) core_.fail(st);
+  if (!st.ok()) core_.errors.fail(st);
 }
 
 void OptimizerPipeline::device_optimizer_done(FamilyId f) {

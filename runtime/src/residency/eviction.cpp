@@ -18,19 +18,19 @@ namespace {
 //    its home copy and are untouched, the failed buffer is dropped (bad bytes
 //    never reach the device), and the use that needed it reads the param again
 //    itself (Residency::wait_staged) — and fails the runtime then if the fault
-//    persists. Such an error goes to Core::prefetch_failed: it is logged, counted
+//    persists. Such an error goes to ErrorState::prefetch_failed: it is logged, counted
 //    in StepStats::prefetch_errors (with the first message), and the next of
 //    acquire, step, flush, init_tensor and begin_micro_batch returns it once,
 //    having done nothing (the caller may call again). The message names the
 //    family, the tier and, from the I/O engine, the file and the offset.
 //  - Moving a chunk to a device slot (evict_slot, load_to_slot) fails only when
 //    the device or a store is broken, and leaves the slot's state half-changed:
-//    that error is sticky (Core::fail; every later call returns it).
+//    that error is sticky (ErrorState::fail; every later call returns it).
 //  - The optimizer pipeline's NVMe read-ahead of optimizer states
 //    (nvme_pipeline.cpp) stays sticky: its family's update waits on it, and it
 //    has no second reader to fall back on.
 Status failed(Core& core, Status st) {
-  if (!st.ok()) core.fail(st);
+  if (!st.ok()) core.errors.fail(st);
   return st;
 }
 
@@ -49,11 +49,11 @@ bool Residency::movable(const DeviceSlot& slot) const {
 bool Residency::write_back_fits(const Chunk& c, std::uint64_t* in_use) const {
   *in_use = 0;
   if (!c.dirty() || c.host != nullptr || c.kind != StateKind::kGrad) return true;
-  for (FamilyId f = 0; f < core_.layout.families.size(); ++f) {
+  for (FamilyId f = 0; f < core_.layout().families.size(); ++f) {
     const Chunk& g = core_.chunks[static_cast<std::size_t>(core_.chunk_index(f, StateKind::kGrad))];
     if (g.host != nullptr) *in_use += g.bytes;
   }
-  return *in_use + c.bytes <= core_.plan.grad_host_bytes;
+  return *in_use + c.bytes <= core_.plan().grad_host_bytes;
 }
 
 std::int64_t Residency::pick_slot(FamilyId for_family, std::uint64_t farther_than, bool* room_full) {
@@ -96,7 +96,7 @@ std::int64_t Residency::pick_slot(FamilyId for_family, std::uint64_t farther_tha
       if (planned) {
         key =
             (d == NextUse::kNever ? std::numeric_limits<std::uint32_t>::max() : d) * 2 + (c.dirty() ? 0 : 1);
-        soon = d <= std::uint64_t{core_.plan.prefetch_depth} + 1;
+        soon = d <= std::uint64_t{core_.plan().prefetch_depth} + 1;
       } else {
         key = (std::numeric_limits<std::uint64_t>::max() / 4 - c.tick) * 2 + (c.dirty() ? 0 : 1);
       }
@@ -116,13 +116,13 @@ std::int64_t Residency::pick_slot(FamilyId for_family, std::uint64_t farther_tha
 }
 
 Status Residency::prefetch() {
-  const Plan& plan = core_.plan;
+  const Plan& plan = core_.plan();
   if (!tracker_.following() || !core_.opt.plan.prefetch || plan.all_gpu || plan.prefetch_depth == 0)
     return Status::Ok();
   // NVMe-homed params of the next uses are read into staging first (Note [NVMe-homed params]).
   if (staging_max_ > 0) {
     if (Status st = read_params_ahead(); !st.ok()) {
-      core_.prefetch_failed(st);  // nothing changed: not fatal (Note [Prefetch errors])
+      core_.errors.prefetch_failed(st);  // nothing changed: not fatal (Note [Prefetch errors])
       return st;
     }
   }

@@ -12,8 +12,8 @@
 namespace strata::runtime {
 
 bool Residency::needs_staging(const Chunk& c) const {
-  return c.kind == StateKind::kParam && c.bytes > 0 && c.family < core_.plan.families.size() &&
-         core_.plan.families[c.family].param_home == Tier::kNvme &&
+  return c.kind == StateKind::kParam && c.bytes > 0 && c.family < core_.plan().families.size() &&
+         core_.plan().families[c.family].param_home == Tier::kNvme &&
          (c.value == ChunkValue::kNvme || c.absent());
 }
 
@@ -102,7 +102,7 @@ Status Residency::start_staging(Chunk& c, std::size_t window, bool ahead, bool* 
   st.state = Staging::kReading;
   st.ahead = ahead;
   st.pieces.clear();  // keeps its capacity (Note [Allocation-free hot paths] in leases.cpp)
-  const std::uint64_t piece = core_.nvme->slot_bytes();
+  const std::uint64_t piece = core_.nvme.store().slot_bytes();
   for (std::size_t i = 0; i < c.nvme_slots.size(); ++i) {
     const std::uint64_t begin = i * piece;
     st.pieces.push_back({c.nvme_slots[i], std::span<std::byte>(c.host + begin, std::min<std::uint64_t>(
@@ -113,10 +113,10 @@ Status Residency::start_staging(Chunk& c, std::size_t window, bool ahead, bool* 
   // Submitted from a pool thread, without the lock: a store may call back on
   // the submitting thread (as the pipeline's reads are, nvme_pipeline.cpp). The
   // task gets the pieces' address and count: nothing changes them until the
-  // last piece completed (Core::submit_nvme_pieces).
+  // last piece completed (NvmeTier::submit_pieces).
   const double enqueued = core_.timeline.now_us();
   core_.pool->post([this, f, ahead, enqueued, pieces = std::span<const NvmePiece>(st.pieces)] {
-    core_.submit_nvme_pieces(ahead ? NvmeIo::kReadAhead : NvmeIo::kRead, pieces,
+    core_.nvme.submit_pieces(ahead ? NvmeIo::kReadAhead : NvmeIo::kRead, pieces,
                              &Residency::nvme_staging_done, this, f, enqueued);
   });
   return Status::Ok();
@@ -149,9 +149,9 @@ void Residency::staging_read_done(FamilyId f, Status status, double enqueued_us,
     st.state = Staging::kReady;
     free_staging(f);
     if (ahead) {
-      core_.prefetch_failed(std::move(s));
+      core_.errors.prefetch_failed(std::move(s));
     } else {
-      core_.fail(std::move(s));
+      core_.errors.fail(std::move(s));
     }
   }
   core_.cv.notify_all();
@@ -160,7 +160,7 @@ void Residency::staging_read_done(FamilyId f, Status status, double enqueued_us,
 Status Residency::wait_staged(std::unique_lock<std::mutex>& lock, Chunk& c) {
   const double t0 = core_.timeline.now_us();
   while (needs_staging(c) && !staged(c)) {
-    if (!core_.background_error.ok()) return core_.background_error;
+    if (!core_.errors.background().ok()) return core_.errors.background();
     bool started = false;
     STRATA_RETURN_IF_ERROR(start_staging(c, /*window=*/0, /*ahead=*/false, &started));
     if (staged(c)) break;
@@ -175,7 +175,7 @@ Status Residency::wait_staged(std::unique_lock<std::mutex>& lock, Chunk& c) {
                             staging_max_);
     }
   }
-  if (!core_.background_error.ok()) return core_.background_error;
+  if (!core_.errors.background().ok()) return core_.errors.background();
   core_.timeline.add_stall((core_.timeline.now_us() - t0) * 1e-6);
   return Status::Ok();
 }

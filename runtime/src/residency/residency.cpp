@@ -199,20 +199,20 @@ Status Residency::ensure_on_device(std::unique_lock<std::mutex>& lock, Chunk& c,
     const double t0 = core_.timeline.now_us();
     core_.cv.wait(lock);
     core_.timeline.add_stall((core_.timeline.now_us() - t0) * 1e-6);
-    if (!core_.background_error.ok()) return core_.background_error;
+    if (!core_.errors.background().ok()) return core_.errors.background();
   }
 }
 
 std::size_t Residency::incomplete_gradients_max() const {
-  const std::size_t families = core_.layout.families.size();
+  const std::size_t families = core_.layout().families.size();
   std::uint64_t grad_max = 0;
   for (const Chunk& c : core_.chunks)
     grad_max = c.kind == StateKind::kGrad ? std::max(grad_max, c.bytes) : grad_max;
   // write_back_fits lets an eviction write a gradient back while the host copies
   // stay within plan.grad_host_bytes; a family complete on host leaves by itself.
-  if (families == 0 || core_.plan.gpu_cache_slots == 0 || grad_max == 0) return families;
+  if (families == 0 || core_.plan().gpu_cache_slots == 0 || grad_max == 0) return families;
   return static_cast<std::size_t>(
-      std::clamp<std::uint64_t>(core_.plan.grad_host_bytes / grad_max, 1, families));
+      std::clamp<std::uint64_t>(core_.plan().grad_host_bytes / grad_max, 1, families));
 }
 
 Status Residency::no_slot_error(bool room_full) const {
@@ -227,7 +227,7 @@ Status Residency::no_slot_error(bool room_full) const {
   const std::uint64_t slot_bytes = device_slots_.empty() ? 0 : device_slots_[0].bytes;
   if (room_full) {
     std::uint64_t in_use = 0;
-    for (FamilyId f = 0; f < core_.layout.families.size(); ++f) {
+    for (FamilyId f = 0; f < core_.layout().families.size(); ++f) {
       const Chunk& g = core_.chunks[static_cast<std::size_t>(core_.chunk_index(f, StateKind::kGrad))];
       if (g.host != nullptr) in_use += g.bytes;
     }
@@ -244,7 +244,7 @@ Status Residency::no_slot_error(bool room_full) const {
           "does both: Note [Gradients in pieces] in runtime/include/strata/runtime/gradient_order.hpp), or "
           "raise "
           "host_budget by {} per gradient",
-          format_bytes(in_use), format_bytes(core_.plan.grad_host_bytes), incomplete, most,
+          format_bytes(in_use), format_bytes(core_.plan().grad_host_bytes), incomplete, most,
           format_bytes(slot_bytes));
     }
     return out_of_budget(
@@ -252,13 +252,13 @@ Status Residency::no_slot_error(bool room_full) const {
         "chunk slots leased, the others hold gradients no optimizer can take yet) and no optimizer work in "
         "flight can free any: a planner bug (Note [Host room] in runtime/plan/planner.cpp). Raise "
         "host_budget (by {} per gradient) or gpu_budget, and report it",
-        format_bytes(in_use), format_bytes(core_.plan.grad_host_bytes), leased, cache_slots_,
+        format_bytes(in_use), format_bytes(core_.plan().grad_host_bytes), leased, cache_slots_,
         format_bytes(slot_bytes));
   }
   // Name the real counts: the streaming slots are only part of what the budget
   // holds when the plan dedicates slots to GPU-homed families.
   const std::size_t dedicated = device_slots_.size() - cache_slots_;
-  const std::uint64_t chunk_bytes = core_.layout.chunk_elems * dtype_bytes(core_.opt.compute_dtype);
+  const std::uint64_t chunk_bytes = core_.layout().chunk_elems * dtype_bytes(core_.opt.compute_dtype);
   return out_of_budget(
       "gpu_budget: all {} streaming chunk slots are held ({} by leases, {} by gradients waiting for their "
       "optimizer){}; each is {}, the largest chunk's size (the layout's chunk is {}), so gpu_budget {} "
@@ -307,7 +307,7 @@ Status Residency::build_slots(const Plan& p) {
   device_slots_.clear();
   device_memory_.clear();
   const std::uint64_t slot_bytes = align_up(
-      std::max<std::uint64_t>(core_.layout.chunk_elems * dtype_bytes(core_.opt.compute_dtype), 4096), 4096);
+      std::max<std::uint64_t>(core_.layout().chunk_elems * dtype_bytes(core_.opt.compute_dtype), 4096), 4096);
   std::vector<std::pair<std::int32_t, std::uint64_t>> wanted;  // (dedicated chunk or -1, bytes)
   if (p.all_gpu) {
     for (std::size_t i = 0; i < core_.chunks.size(); ++i) {

@@ -78,8 +78,8 @@ class Residency {
   void drop_device_copy(Chunk& c);
   //! Loads the params of the next uses of the adopted trace into free or clean
   //! slots. Returns the first error after recording it: a failed read ahead
-  //! (NVMe into staging) with Core::prefetch_failed (counted, the next call's
-  //! error once, the runtime goes on), a failed slot move with Core::fail
+  //! (NVMe into staging) with ErrorState::prefetch_failed (counted, the next call's
+  //! error once, the runtime goes on), a failed slot move with ErrorState::fail
   //! (sticky). Never silently dropped (Note [Prefetch errors] in eviction.cpp).
   Status prefetch();
 

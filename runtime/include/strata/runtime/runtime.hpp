@@ -207,7 +207,20 @@ struct HotPathCounters {
 //! step on the CPU). Thread-safe.
 bool gpu_optimizer_supported(memory::DeviceKind kind, kernels::Optimizer o);
 
+//! Totals since a Runtime was created (per-step figures are in StepStats).
+struct RunStats {
+  std::uint64_t steps = 0;
+  std::uint64_t steps_skipped = 0;  //!< Inf/NaN gradients with loss scaling
+  std::uint64_t bytes_h2d = 0, bytes_d2h = 0, bytes_disk_read = 0, bytes_disk_write = 0;
+  double stall_s = 0.0;  //!< host time blocked inside acquire()
+  double step_s = 0.0;   //!< wall time in steps
+  std::uint64_t gpu_high_water_bytes = 0, host_high_water_bytes = 0, nvme_bytes = 0;
+  std::uint64_t prefetch_errors = 0;  //!< failed reads ahead of use (not fatal: StepStats)
+};
+
 //! The chunk runtime. See the usage example above and Note [Runtime threading].
+//! strata::Runtime (strata/strata.hpp) is this class, made from a Config and
+//! owning its device: one C++ API.
 class Runtime {
  public:
   //! Creates a runtime over `device` (not owned; must outlive the runtime).
@@ -215,13 +228,16 @@ class Runtime {
   //! pool / I/O engine / NVMe directory set-up.
   static Result<std::unique_ptr<Runtime>> create(memory::Device& device, RuntimeOptions options);
   //! Waits for background work, frees every tier, removes the swap files.
-  ~Runtime();
+  //! (Virtual: a strata::Runtime held as a runtime::Runtime still frees its device.)
+  virtual ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
   //! Registers a tensor. Fails: InvalidArgument (zero elements, a dtype other than
   //! the compute dtype, a duplicate name), FailedPrecondition after the first acquire.
   Result<TensorId> register_tensor(TensorSpec spec);
+  //! Registers a tensor in the compute dtype (register_tensor of a TensorSpec).
+  Result<TensorId> register_tensor(std::string name, std::vector<std::int64_t> shape, bool frozen = false);
   //! Looks a tensor up by name (NotFound otherwise).
   Result<TensorId> find_tensor(std::string_view name) const;
   std::size_t tensor_count() const;
@@ -233,6 +249,10 @@ class Runtime {
   //! master, which is the param for fp32 compute; states) into `out`. Valid between
   //! steps. Blocks. FailedPrecondition for a kind this optimizer does not have.
   Status read_tensor(TensorId tensor, StateKind kind, std::span<float> out);
+  //! The param, as read_tensor(tensor, StateKind::kParam, out).
+  Status read_tensor(TensorId tensor, std::span<float> out) {
+    return read_tensor(tensor, StateKind::kParam, out);
+  }
   //! Overwrites one state of a tensor from fp32 values (a checkpoint's load): kParam
   //! sets the param and its master (as init_tensor); kMaster the fp32 master alone
   //! (kept, for fp32 compute, as the param); kState0/kState1 an optimizer state,
@@ -316,6 +336,14 @@ class Runtime {
   //! (a second write lease on the same tensor, a grad of a frozen tensor, kAccumulate
   //! before any write this step), OutOfBudget (every slot pinned: raise the budget).
   Result<Lease> acquire(TensorId tensor, StateKind kind, Access access, Where where = Where::kDevice);
+  //! A read lease on the param, on `where` (device by default). Fails as acquire().
+  Result<Lease> param(TensorId tensor, Where where = Where::kDevice) {
+    return acquire(tensor, StateKind::kParam, Access::kRead, where);
+  }
+  //! A write (or accumulate) lease on the gradient. Fails as acquire().
+  Result<Lease> grad(TensorId tensor, Access access = Access::kWrite, Where where = Where::kDevice) {
+    return acquire(tensor, StateKind::kGrad, access, where);
+  }
 
   //! Blocks the host until the lease's memory holds the tensor (its move is done),
   //! for callers that compute on the host thread rather than on the compute stream
@@ -328,6 +356,8 @@ class Runtime {
   //! Runs fn on the compute stream (the sim device's kernels); the time it takes
   //! counts as compute on the timeline.
   Status launch(std::function<void()> fn);
+  //! Waits for everything launched so far. Blocks.
+  Status synchronize();
 
   //! Multiplies every gradient by `scale` (1/loss_scale) from the next optimizer
   //! step on; set it before backward (families start during backward).
@@ -374,6 +404,10 @@ class Runtime {
   //! published). Blocks. read_tensor, init_tensor and the destructor flush by themselves.
   Status flush();
 
+  //! Totals since creation (every step() that returned a StepStats).
+  const RunStats& stats() const;
+  //! "device sim (...); plan: ..." for a progress line or a log.
+  std::string describe() const;
   const ChunkLayout& layout() const;
   //! Bytes of the fp32 masters and optimizer states this runtime keeps (on every
   //! tier together): with data parallelism, this rank's share (Note [Sharded step]).
@@ -407,10 +441,15 @@ class Runtime {
   //! Implementation; public so the .cpp files can share it, opaque to users.
   struct Impl;
 
+ protected:
+  //! For strata::Runtime, which owns its device: an empty runtime that start() sets up.
+  Runtime();
+  //! Sets up an empty runtime over `device` as create() does (fails as it does).
+  Status start(memory::Device& device, RuntimeOptions options);
+
  private:
   friend class Lease;
   friend struct RuntimeTestAccess;  //!< defined by tests only (breaking invariants on purpose)
-  explicit Runtime(std::unique_ptr<Impl> impl);
   Released release(Lease& lease);
   //! A lease destroyed by an exception's unwinding: unpinned, no gradient handed
   //! over, the step marked failed (Note [Failed steps]).
