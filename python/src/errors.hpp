@@ -1,6 +1,6 @@
 #pragma once
 // How strata.torch._C reports a failed strata call to Python, shared by the Engine
-// binding (binding.cpp) and the functional kernels (functional.cpp).
+// Engine (engine.cpp), the module (binding.cpp) and the functional kernels (functional.cpp).
 
 #include <pybind11/pybind11.h>
 

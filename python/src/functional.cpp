@@ -1,6 +1,6 @@
 // strata.torch._C.fused_step: strata's fused optimizer kernel over plain torch tensors
 // (strata.torch.functional), for comparing strata.torch training with torch-only
-// training that uses the same arithmetic. Apart from the Engine binding (binding.cpp):
+// training that uses the same arithmetic. Apart from the Engine (engine.hpp):
 // it holds no runtime, only the kernels (issue #26).
 #include "functional.hpp"
 

@@ -1,6 +1,6 @@
 #pragma once
 // strata.torch.functional's kernels (functional.cpp): strata's fused optimizer step over
-// plain torch tensors, apart from the Engine binding (binding.cpp), issue #26.
+// plain torch tensors, apart from the Engine (engine.hpp), issue #26.
 
 #include <pybind11/pybind11.h>
 

@@ -1,5 +1,5 @@
 #pragma once
-// GradientHandoff: how strata.torch's Engine (binding.cpp) hands torch's gradients to
+// GradientHandoff: how strata.torch's Engine (engine.hpp) hands torch's gradients to
 // the runtime's grad chunks, in the order the plan can hold (Note [Gradients in
 // pieces] in strata/runtime/gradient_order.hpp). A gradient that would open more
 // incomplete families than the plan's host room holds stays a torch tensor here

@@ -1,5 +1,5 @@
 #pragma once
-// One torch parameter handed to strata.torch's Engine (binding.cpp), and what the
+// One torch parameter handed to strata.torch's Engine (engine.hpp), and what the
 // binding does with its storage between steps (Note [Parameters between steps] in
 // param_views.cpp): the StorageImpl strata rebinds, whether `p.data = t` replaced it,
 // the view of its poison region that serves reads between steps, and handing a value

@@ -1,6 +1,6 @@
 """strata.torch's own work per step (issue #29, Note [Step counters] in strata/torch/_wrap.py):
 where everything fits a step moves no bytes between tiers, and the binding crosses from Python
-once per module hook (Note [Batched binds] in python/src/binding.cpp), not once per parameter.
+once per module hook (Note [Batched binds] in python/src/engine.hpp), not once per parameter.
 Offloaded steps move bytes, so the counters are live. bench/torch_gpt.py reports the same
 counters; its shortest run is smoke-tested here."""
 

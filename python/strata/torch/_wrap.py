@@ -3,7 +3,7 @@
 Note [Hooks]
 Each module that owns parameters gets a forward pre-hook and a forward hook:
   - before its forward, its parameters are bound: their storage points at the
-    param chunk's lease (Note [Rebinding storage] in python/src/binding.cpp);
+    param chunk's lease (Note [Rebinding storage] in python/src/engine.cpp);
   - after its forward, they are unbound (their storage points at a poison
     region, Note [Poisoned parameters] in python/src/poison.hpp), and when grad
     is on, a hook on every output tensor that requires grad binds them again as
@@ -750,7 +750,7 @@ class Wrapped:
             self._ensure_engine()
         pids = self._module_pids[module]
         if pids:  # the root owns none of its own: no call
-            self.engine.bind_many(pids)  # one call per module (Note [Batched binds] in binding.cpp)
+            self.engine.bind_many(pids)  # one call per module (Note [Batched binds] in engine.hpp)
         call = _Call(pids)
         self._calls.setdefault(id(module), []).append(call)
         if torch.is_grad_enabled():
