@@ -32,12 +32,13 @@ def _configs():
 
 
 NAMES = ("gpt2", "llama", "bert", "t5")
-# The fewest GPU chunk slots each model trains in (every layer evicted in every step). T5 needs 8: its
-# first block's relative attention bias (position_bias, which needs a gradient) is an input of every
-# attention layer after it, and a module's parameters are unbound in backward once all of its inputs'
-# gradients are computed (Note [Hooks] in _wrap.py): position_bias's gradient is complete only when
-# backward reaches the first block, so the attention layers stay bound until then.
-GPU_SLOTS = {"gpt2": 3, "llama": 3, "bert": 3, "t5": 8}
+# The fewest GPU chunk slots each model trains in (every layer evicted in every step). T5 needs 5
+# (docs/hf.md, Limits): its DenseReluDense reads wo.weight's dtype in its own forward (a reader's
+# call, Note [Parameters read by another module], held through its backward), and the encoder's
+# output is an input of every decoder block's cross-attention k and v, whose parameters are unbound
+# in backward only once that input's whole gradient is computed (Note [Hooks] in _wrap.py). It
+# needed 8 while a reader's read was bound for the enclosing call (the whole forward).
+GPU_SLOTS = {"gpt2": 3, "llama": 3, "bert": 3, "t5": 5}
 
 
 def make(name, seed=0):

@@ -152,6 +152,38 @@ class FunctionalTie(nn.Module):
         return F.linear(torch.tanh(self.mid2(torch.tanh(self.mid(self.emb(idx))))), self.emb.weight)
 
 
+class FeedForward(nn.Module):
+    """T5's DenseReluDense: its forward reads its child's weight (for its dtype) through attribute
+    access, and it owns no parameter itself."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.wi, self.wo = nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):
+        h = torch.relu(self.wi(x))
+        if h.dtype != self.wo.weight.dtype:
+            h = h.to(self.wo.weight.dtype)
+        return self.wo(h)
+
+
+class ChildReads(nn.Module):
+    """Six residual FeedForward blocks. Each block's read of wo.weight binds it for that block's own
+    call (Note [Parameters read by another module]): one slot more than Mlp's, held through the
+    block's backward. Before #27's fix it was bound for the enclosing call, the whole forward: one
+    slot more per block, as in T5."""
+
+    def __init__(self, d=64, depth=6, out=10):
+        super().__init__()
+        self.blocks = nn.ModuleList([FeedForward(d) for _ in range(depth)])
+        self.out = nn.Linear(d, out)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = x + block(x)
+        return self.out(x)
+
+
 class Half(nn.Module):
     def forward(self, w):
         return w * 0.5
@@ -186,6 +218,7 @@ MODELS = {
     "shared": (SharedTree, "dense", 5),  # a.shared, b.shared: inputs without grad (Limits)
     "ftied": (FunctionalTie, "tokens", 3),  # as many as "tied"
     "reparam": (Reparametrized, "dense", 4),
+    "child_reads": (ChildReads, "dense", 4),
 }
 
 

@@ -39,8 +39,11 @@ strata.torch wraps Module.__getattr__ (one dict look-up more per module attribut
 more for modules that own no strata parameter): a strata parameter read while a forward runs and
 while nothing binds it is bound there and then, as a parameter of the innermost module whose
 forward is running (the root's at least; modules above an owner push a frame too, naming the
-reader exactly). It is unbound with that module's other parameters at its forward's end and bound
-again when backward reaches that module, like its own; with gradients on, the read returns an
+reader exactly). A reader that owns no parameter gets a call of its own at its first such read
+(a reader's call, ended by its frame's pop as an owner's by strata's forward hook); until #27 it
+took the enclosing owner's call, so T5's DenseReluDense, which reads wo.weight's dtype, kept
+every block's wo.weight bound to the end of the forward. It is unbound with that module's other
+parameters at its forward's end and bound again when backward reaches that module, like its own; with gradients on, the read returns an
 alias (a view made by an autograd Function, the same one for every read in that call) whose
 backward runs once backward is past every use of it, and unbinds the parameter there rather than
 with the rest of the call. So F.linear(h, self.wte.weight) holds the weight's slot in backward
@@ -66,6 +69,10 @@ _ATTRS = ("load_state_dict", "zero_grad", "__deepcopy__", "__reduce_ex__", "_str
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks", "_state_dict_hooks",
                "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
 _PARAM = _C.PARAM  # StateKind::kParam, from the binding (#26)
+# What the call of a frame of ModelState.active is (Note [Parameters read by another module]):
+# the module's own (strata's pre-hook made it: the module owns parameters), the enclosing frame's,
+# or one made for the module when it read a parameter it does not own (a reader's).
+_OWN, _INHERITED, _READER = "own", "inherited", "reader"
 
 
 def _module_getattr(self, name):
@@ -163,12 +170,17 @@ class ModelState:
         else:
             self.w._check_poison()  # a read missed in the parent's forward: Note [Parameters read by another module]
         calls = self.w._calls.get(id(module))  # strata's pre-hook made the call; else the enclosing one's
-        self.active.append((module, calls[-1] if calls else self.active[-1][1] if self.active else None))
+        if calls:
+            self.active.append((module, calls[-1], _OWN))
+        else:
+            self.active.append((module, self.active[-1][1] if self.active else None, _INHERITED))
 
     def _pop(self, module, inputs, output):
         if self.active and self.active[-1][0] is module:
             self.w._check_poison()  # before the frame goes: it names this module
-            _, call = self.active.pop()
+            _, call, kind = self.active.pop()
+            if kind is _READER:  # Note [Parameters read by another module]: its forward ends like an owner's
+                self.w._end_call(call, output, inputs)
             if self._aliases and not (self.active and self.active[-1][1] is call):
                 for key in [k for k in self._aliases if k[0] == id(call)]:
                     del self._aliases[key]
@@ -182,9 +194,12 @@ class ModelState:
         engine = w.engine
         if pid is None or engine is None:
             return p
-        call = self.active[-1][1]
-        if call is None:
-            return p
+        module, call, kind = self.active[-1]
+        if kind is _INHERITED:
+            if engine.binds(pid) > 0 and (not w._hold or self._bound_by_active(pid)):
+                return p
+            call = w._reader_call(module)  # this module's own, unbound with its forward's end
+            self.active[-1] = (module, call, _READER)
         alias = self._aliases.get((id(call), pid))
         if alias is not None:
             return alias
@@ -201,7 +216,7 @@ class ModelState:
     def _bound_by_active(self, pid):
         """Bound by a call whose forward is running (unbound only after this read's backward), not only held by a
         finished one (Note [Holding parameters where everything fits] in _wrap.py): such a read binds for itself."""
-        return any(c is not None and pid in c.pids for _, c in reversed(self.active))
+        return any(c is not None and pid in c.pids for _, c, _ in reversed(self.active))
 
     def poison_context(self):
         """Where a missed read happened, for the poison error: the module whose own forward code ran it

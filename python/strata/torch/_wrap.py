@@ -762,7 +762,13 @@ class Wrapped:
 
     def _post_forward(self, module, inputs, output):
         self._hook_calls += 1
-        call = self._calls[id(module)].pop()
+        self._end_call(self._calls[id(module)].pop(), output)
+        return None
+
+    def _end_call(self, call, output, inputs=None):
+        """A call's forward ended: its parameters are unbound (or held, where everything fits) and hooks on
+        its outputs bind them again when backward reaches it. `inputs`: a reader's call, made after its
+        forward began (ModelState.touched), whose input hooks are put on here."""
         waiting = [t for t in _tensors_in(output, []) if t.requires_grad] if torch.is_grad_enabled() else []
         if call.pids and waiting and self._hold:
             call.bound = True  # held until its backward (Note [Holding parameters where everything fits])
@@ -770,7 +776,17 @@ class Wrapped:
             self._check_poison()
         for t in waiting:
             t.register_hook(self._make_output_hook(call))
-        return None
+        if inputs is not None and waiting:
+            ins = [t for t in _tensors_in(inputs, []) if t.requires_grad]
+            call.inputs_pending = len(ins)
+            for t in ins:
+                t.register_hook(self._make_input_hook(call))
+
+    def _reader_call(self, module):
+        """A call for a module that owns no strata parameter and read one in its forward (Note [Parameters
+        read by another module]): it ends with the module's forward (ModelState._pop), not the caller's."""
+        self._hook_calls += 1
+        return _Call([])
 
     def _make_output_hook(self, call):
         def hook(grad):
