@@ -32,13 +32,13 @@ def _configs():
 
 
 NAMES = ("gpt2", "llama", "bert", "t5")
-# The fewest GPU chunk slots each model trains in (every layer evicted in every step). T5 needs 5
+# The fewest GPU chunk slots each model trains in (every layer evicted in every step). T5 needs 4
 # (docs/hf.md, Limits): its DenseReluDense reads wo.weight's dtype in its own forward (a reader's
-# call, Note [Parameters read by another module], held through its backward), and the encoder's
-# output is an input of every decoder block's cross-attention k and v, whose parameters are unbound
-# in backward only once that input's whole gradient is computed (Note [Hooks] in _wrap.py). It
-# needed 8 while a reader's read was bound for the enclosing call (the whole forward).
-GPU_SLOTS = {"gpt2": 3, "llama": 3, "bert": 3, "t5": 5}
+# call, Note [Parameters read by another module], which holds it through that module's backward).
+# It needed 8 while such a read was bound for the whole forward, and while the cross-attention k
+# and v stayed bound until the encoder output's whole gradient was computed (Note [Module-local
+# input gradients] in _wrap.py).
+GPU_SLOTS = {"gpt2": 3, "llama": 3, "bert": 3, "t5": 4}
 
 
 def make(name, seed=0):

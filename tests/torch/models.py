@@ -184,6 +184,36 @@ class ChildReads(nn.Module):
         return self.out(x)
 
 
+class CrossBlock(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.q, self.k = nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x, memory):
+        return x + torch.tanh(self.q(x) * self.k(memory))
+
+
+class SharedInput(nn.Module):
+    """Six blocks whose k takes the same tensor (T5's encoder output in every decoder block's
+    cross-attention): each k is unbound once its own part of that tensor's gradient is computed
+    (Note [Module-local input gradients] in _wrap.py), not once the whole of it is, after the last
+    block's backward (#27). Its first layer takes an input without a gradient: unbound once its
+    parameters' gradients are computed."""
+
+    def __init__(self, d=64, depth=6, out=10):
+        super().__init__()
+        self.enc = nn.Linear(d, d)
+        self.blocks = nn.ModuleList([CrossBlock(d) for _ in range(depth)])
+        self.out = nn.Linear(d, out)
+
+    def forward(self, x):
+        memory = torch.tanh(self.enc(x))
+        h = x
+        for block in self.blocks:
+            h = block(h, memory)
+        return self.out(h)
+
+
 class Half(nn.Module):
     def forward(self, w):
         return w * 0.5
@@ -219,6 +249,7 @@ MODELS = {
     "ftied": (FunctionalTie, "tokens", 3),  # as many as "tied"
     "reparam": (Reparametrized, "dense", 4),
     "child_reads": (ChildReads, "dense", 4),
+    "shared_input": (SharedInput, "dense", 3),
 }
 
 

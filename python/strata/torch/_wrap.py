@@ -277,15 +277,45 @@ def _tensors_in(obj, out):
     return out
 
 
+# Note [Module-local input gradients]
+# A module's parameters are unbound in backward once the gradients of its inputs are computed
+# (Note [Hooks]). A hook on an input tensor fires when that tensor's whole gradient is computed,
+# which for a tensor that several modules take (T5's encoder output, an input of every decoder
+# block's cross-attention k and v) is only once backward is past all of them: each holds its
+# slot until then. Where the plan streams, a leaf module of torch.nn's own (Linear, Embedding,
+# LayerNorm, ...: none changes its input in place) instead takes its tensor inputs through
+# _InputsDone, an identity node (views of the same tensors, the same one for a tensor passed
+# twice): its backward runs once this module's own part of those gradients is computed, and
+# unbinds there. The gradients pass through unchanged. Not for other modules (an identity's view
+# must not be changed in place, as for torch's full backward hooks), tensors nested in containers
+# or passed as keywords (their tensor hooks stay), nor where everything fits (nothing is unbound
+# in backward). Under torch.compile the identity runs in strata's eager hook, at a graph break.
+# A call with no input that needs a gradient (an embedding of token ids, T5's relative attention
+# bias of bucket indices) has no input hook at all and stayed bound to the end of backward; it is
+# now unbound once the gradients of all of its trainable parameters are computed (their gradient
+# hooks, _gradient_computed): backward is then past every node that reads them.
+class _InputsDone(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, done, *tensors):
+        ctx.done = done
+        return tuple(t.view_as(t) for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.done(None)
+        return (None,) + grads
+
+
 class _Call:
     """One call of a module: its parameters and whether backward bound them."""
 
-    __slots__ = ("pids", "bound", "inputs_pending")
+    __slots__ = ("pids", "bound", "inputs_pending", "grads_pending")
 
     def __init__(self, pids):
         self.pids = pids
         self.bound = False
         self.inputs_pending = 0
+        self.grads_pending = 0
 
 
 class Wrapped:
@@ -328,6 +358,7 @@ class Wrapped:
         self._pid = {}  # id(Parameter) -> pid
         self._module_pids = {}  # module -> [pid] (its own parameters)
         self._calls = {}  # id(module) -> stack of _Call
+        self._grad_waiters = {}  # pid -> calls waiting for its gradient (Note [Module-local input gradients])
         self._acc_nodes = []  # gradient accumulators (kept alive: their hooks are ours)
         self._handles = []
         self._frozen = []
@@ -601,6 +632,7 @@ class Wrapped:
         """Discards the step in progress: unbinds every parameter, drops its gradients (every
         micro-batch of it) and starts the next step clean."""
         self._calls.clear()
+        self._grad_waiters.clear()
         self._phase = "idle"
         had_grads = self._grads_handed > 0 or self._micro_in_step > 0
         self._reset_step_counts()
@@ -659,6 +691,9 @@ class Wrapped:
         pre_hook, hook = _compile.forward_pre_hook, _compile.forward_hook
         pre, post = self._pre_forward, self._post_forward
         self._handles.append(pre_hook(root, self._root_pre_forward))
+        # Note [Module-local input gradients]: torch.nn's own leaf modules.
+        self._local_inputs = {m for m in self._module_pids
+                              if type(m).__module__.startswith("torch.nn.modules.") and not any(m.children())}
         for module in self._module_pids:
             self._handles.append(pre_hook(module, pre))
             self._handles.append(hook(module, post))
@@ -729,6 +764,7 @@ class Wrapped:
             # never run again inside backward): start clean.
             self.engine.unbind_all()
             self._calls.clear()
+            self._grad_waiters.clear()
             self._phase = "idle"
         if torch.is_grad_enabled() and self._phase != "backward":
             self._begin_micro_batch()
@@ -755,9 +791,21 @@ class Wrapped:
         self._calls.setdefault(id(module), []).append(call)
         if torch.is_grad_enabled():
             waiting = [t for t in _tensors_in(inputs, []) if t.requires_grad]
+            if waiting and module in self._local_inputs and not self._hold:
+                direct = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.requires_grad]
+                if len(direct) == len(waiting):  # Note [Module-local input gradients]
+                    call.inputs_pending = 1
+                    unique = list({id(inputs[i]): inputs[i] for i in direct}.values())
+                    views = dict(zip(map(id, unique), _InputsDone.apply(self._make_input_hook(call), *unique)))
+                    return tuple(views.get(id(t), t) if i in direct else t for i, t in enumerate(inputs))
             call.inputs_pending = len(waiting)
             for t in waiting:
                 t.register_hook(self._make_input_hook(call))
+            if not waiting and pids and not self._hold:  # no input to wait for: its parameters' gradients
+                trainable = [pid for pid in pids if self.params[pid].requires_grad]
+                call.grads_pending = len(trainable)
+                for pid in trainable:
+                    self._grad_waiters.setdefault(pid, []).append(call)
         return None
 
     def _post_forward(self, module, inputs, output):
@@ -830,6 +878,7 @@ class Wrapped:
                 if self._access and self.params[pid].grad is None:
                     self.params[pid].grad = self._placeholder(pid)  # torch's zero gradient stays in p.grad
         self._calls.clear()
+        self._grad_waiters.clear()
         self._phase = "idle"
         self._micro_in_step += 1
         self._set_lazy(True)
@@ -845,6 +894,8 @@ class Wrapped:
             if _compile.compiling():  # compiled autograd traces backward (Note [torch.compile])
                 _compile.refuse_traced_backward()
             self._hook_calls += 1
+            if self._grad_waiters:
+                self._gradient_computed(pid)
             g = p.grad
             if g is None or self.engine is None:
                 return
@@ -861,6 +912,15 @@ class Wrapped:
             self._grad_live[pid] = True
             p.grad = self._placeholder(pid) if self._access else None
         return hook
+
+    def _gradient_computed(self, pid):
+        """Backward is past every use of parameter pid: a call that had no input to wait for is over once
+        all of its parameters' gradients are (Note [Module-local input gradients])."""
+        for call in self._grad_waiters.pop(pid, ()):
+            call.grads_pending -= 1
+            if call.grads_pending == 0 and call.bound:
+                call.bound = False
+                self.engine.unbind_many(call.pids)
 
     def _placeholder(self, pid):
         """The placeholder to put in p.grad (the caller puts it there)."""
