@@ -8,7 +8,9 @@ the host (steal), the allocator (page faults, system time) or the work itself (u
 
 --mallopt keeps glibc from giving freed memory back to the kernel (mallopt M_MMAP_THRESHOLD 1 GiB,
 M_TRIM_THRESHOLD 2 GiB), so that a step's buffers do not fault in again. OMP_WAIT_POLICY=PASSIVE as in
-torch_gpt.py (Note [OpenMP waits in the bench] there)."""
+torch_gpt.py (Note [OpenMP waits in the bench] there). Each invocation reports one configuration's
+absolute figures, not a ratio: compare two invocations by what they count (faults, system time), not
+by their wall times, whose difference is within the spread this measures."""
 
 import argparse
 import ctypes

@@ -158,20 +158,21 @@ void Engine::bind(std::uint32_t id) {
 
 void Engine::bind_many(const std::vector<std::uint32_t>& ids) {
   ++crossings_;
-  std::vector<Param*> todo;
-  todo.reserve(ids.size());
+  std::vector<Param*> first_binds;
+  first_binds.reserve(ids.size());
   for (std::uint32_t id : ids) {
     Param& p = param(id);
     if (p.binds == 0 && (p.poison.in_view() || replaced(p))) drop_view(p);
-    if (p.binds++ == 0) todo.push_back(&p);
+    if (p.binds++ == 0) first_binds.push_back(&p);
   }
-  if (todo.empty()) return;
+  if (first_binds.empty()) return;
   std::size_t done = 0;
   try {
     py::gil_scoped_release release;
-    for (; done < todo.size(); ++done) bind_now(*todo[done]);
+    for (; done < first_binds.size(); ++done) bind_now(*first_binds[done]);
   } catch (...) {
-    for (std::size_t i = done + 1; i < todo.size(); ++i) --todo[i]->binds;  // bind_now undid its own
+    for (std::size_t i = done + 1; i < first_binds.size(); ++i)
+      --first_binds[i]->binds;  // bind_now undid its own
     throw;
   }
 }

@@ -195,16 +195,14 @@ class ModelState:
         if pid is None or engine is None:
             return p
         module, call, kind = self.active[-1]
-        if kind is _INHERITED:
-            if engine.binds(pid) > 0 and (not w._hold or self._bound_by_active(pid)):
-                return p
-            call = w._reader_call(module)  # this module's own, unbound with its forward's end
-            self.active[-1] = (module, call, _READER)
-        alias = self._aliases.get((id(call), pid))
+        alias = self._aliases.get((id(call), pid))  # (an enclosing call's, for a frame that inherits it)
         if alias is not None:
             return alias
         if engine.binds(pid) > 0 and (not w._hold or self._bound_by_active(pid)):
             return p
+        if kind is _INHERITED:  # a reader owning no parameter: a call of its own, ended with its forward
+            call = w._reader_call()
+            self.active[-1] = (module, call, _READER)
         engine.bind(pid)
         call.pids = list(call.pids) + [pid]  # this call's own list: unbound and rebound with it
         if not (torch.is_grad_enabled() and p.requires_grad):

@@ -798,15 +798,21 @@ class Wrapped:
                     unique = list({id(inputs[i]): inputs[i] for i in direct}.values())
                     views = dict(zip(map(id, unique), _InputsDone.apply(self._make_input_hook(call), *unique)))
                     return tuple(views.get(id(t), t) if i in direct else t for i, t in enumerate(inputs))
-            call.inputs_pending = len(waiting)
-            for t in waiting:
-                t.register_hook(self._make_input_hook(call))
-            if not waiting and pids and not self._hold:  # no input to wait for: its parameters' gradients
-                trainable = [pid for pid in pids if self.params[pid].requires_grad]
-                call.grads_pending = len(trainable)
-                for pid in trainable:
-                    self._grad_waiters.setdefault(pid, []).append(call)
+            self._await_backward_end(call, waiting)
         return None
+
+    def _await_backward_end(self, call, waiting):
+        """What ends the call's backward, where its parameters are unbound: the gradients of `waiting`, its
+        inputs that need one (tensor hooks), or, with none, its trainable parameters' gradients (Note
+        [Module-local input gradients])."""
+        call.inputs_pending = len(waiting)
+        for t in waiting:
+            t.register_hook(self._make_input_hook(call))
+        if not waiting and call.pids and not self._hold:
+            trainable = [pid for pid in call.pids if self.params[pid].requires_grad]
+            call.grads_pending = len(trainable)
+            for pid in trainable:
+                self._grad_waiters.setdefault(pid, []).append(call)
 
     def _post_forward(self, module, inputs, output):
         self._hook_calls += 1
@@ -825,15 +831,12 @@ class Wrapped:
         for t in waiting:
             t.register_hook(self._make_output_hook(call))
         if inputs is not None and waiting:
-            ins = [t for t in _tensors_in(inputs, []) if t.requires_grad]
-            call.inputs_pending = len(ins)
-            for t in ins:
-                t.register_hook(self._make_input_hook(call))
+            self._await_backward_end(call, [t for t in _tensors_in(inputs, []) if t.requires_grad])
 
-    def _reader_call(self, module):
+    @staticmethod
+    def _reader_call():
         """A call for a module that owns no strata parameter and read one in its forward (Note [Parameters
         read by another module]): it ends with the module's forward (ModelState._pop), not the caller's."""
-        self._hook_calls += 1
         return _Call([])
 
     def _make_output_hook(self, call):
