@@ -41,7 +41,7 @@ namespace {
 Status check_tensor(Core& core, LoadPlan& p, const json& t) {
   const std::string& mpath = p.mpath;
   const auto name = t.at("name").get<std::string>();
-  const std::optional<TensorId> id = core.find_tensor(name);
+  const std::optional<TensorId> id = core.tensors.find(name);
   if (!id) {
     return failed_precondition(
         "load_checkpoint: {} holds tensor \"{}\", which this runtime has not registered: it is another "

@@ -227,7 +227,7 @@ Released Runtime::release(Lease& lease) {
   Impl& m = *impl_;
   std::unique_lock lock(m.core.mu);
   InvariantCheck check(m, &lock);
-  Chunk& c = m.core.chunks[lease.chunk_];
+  Chunk& c = m.core.chunks.at(lease.chunk_);
   unpin(m, c, lease.where_, lease.access_, lease.tensor_);
   if (lease.access_ != Access::kRead && lease.kind_ == StateKind::kGrad) {
     TensorInfo& info = m.core.tensors[lease.tensor_];
@@ -255,7 +255,7 @@ void Runtime::abandon(Lease& lease) {
   m.core.device.synchronize(m.core.compute).ignore();
   std::unique_lock lock(m.core.mu);
   InvariantCheck check(m, &lock);
-  unpin(m, m.core.chunks[lease.chunk_], lease.where_, lease.access_, lease.tensor_);
+  unpin(m, m.core.chunks.at(lease.chunk_), lease.where_, lease.access_, lease.tensor_);
   if (m.step_error.ok()) {
     m.step_error = cancelled(
         "the lease on \"{}\" ({}) was abandoned (destroyed by an exception's unwinding, or Lease::abandon): "
@@ -360,14 +360,12 @@ Status Runtime::begin_micro_batch(bool last) {
     // Gradients will wait between micro-batches: a plan that counted no room for
     // them is made again now, before any is written (Note [Host room]).
     m.core.accumulation_seen = true;
-    bool written = false;
-    for (const TensorInfo& t : m.core.tensors) written = written || t.grad_written;
-    if (m.core.finalized() && !m.core.accumulation_planned() && !written)
+    if (m.core.finalized() && !m.core.accumulation_planned() && !m.core.tensors.any_grad_written())
       STRATA_RETURN_IF_ERROR(m.adopt_plan(lock, m.tracker.plan_trace()));
   }
   m.pipeline.begin_micro_batch(last);
   m.tracker.set_in_backward(false);  // a new forward begins
-  for (TensorInfo& t : m.core.tensors) t.written_in_micro_batch = false;
+  m.core.tensors.end_micro_batch();
   return Status::Ok();
 }
 

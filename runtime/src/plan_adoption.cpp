@@ -29,7 +29,7 @@ bool gpu_optimizer_supported(memory::DeviceKind kind, kernels::Optimizer o) {
 }
 
 Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace trace) {
-  PlanInput in{.families = core.family_bytes,
+  PlanInput in{.families = {core.chunks.family_bytes().begin(), core.chunks.family_bytes().end()},
                .trace = trace,
                .budgets = core.opt.budgets,
                .options = core.opt.plan,

@@ -162,9 +162,9 @@ Result<TensorId> Runtime::register_tensor(TensorSpec spec) {
         runtime::dtype_name(spec.dtype), runtime::dtype_name(m.core.opt.compute_dtype),
         runtime::dtype_name(m.core.opt.compute_dtype));
   }
-  if (m.core.is_registered(spec.name))
+  if (m.core.tensors.contains(spec.name))
     return invalid_argument("tensor \"{}\" is already registered", spec.name);
-  return m.core.add_tensor(std::move(spec), numel);
+  return m.core.tensors.add(std::move(spec), numel);
 }
 
 Result<TensorId> Runtime::register_tensor(std::string name, std::vector<std::int64_t> shape, bool frozen) {
@@ -176,7 +176,7 @@ Result<TensorId> Runtime::register_tensor(std::string name, std::vector<std::int
 
 Result<TensorId> Runtime::find_tensor(std::string_view name) const {
   std::lock_guard lock(impl_->core.mu);
-  std::optional<TensorId> id = impl_->core.find_tensor(std::string(name));
+  std::optional<TensorId> id = impl_->core.tensors.find(std::string(name));
   if (!id) return not_found("no tensor named \"{}\" is registered", name);
   return *id;
 }
@@ -208,10 +208,10 @@ void pad_to_shards(ChunkLayout& layout, int ranks) {
 void count_nvme_bytes(Core& core) {
   const std::uint64_t nvme_slot =
       core.nvme.is_open() ? core.nvme.store().slot_bytes() : nvme_slot_bytes(core.largest_optim_chunk());
-  for (FamilyId f = 0; f < core.family_bytes.size(); ++f) {
+  for (FamilyId f = 0; f < core.chunks.families(); ++f) {
     for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1})
-      core.family_bytes[f].optim_nvme_bytes += nvme_chunk_bytes(core.chunk(f, k).bytes, nvme_slot);
-    core.family_bytes[f].param_nvme_bytes =
+      core.chunks.bytes(f).optim_nvme_bytes += nvme_chunk_bytes(core.chunk(f, k).bytes, nvme_slot);
+    core.chunks.bytes(f).param_nvme_bytes =
         nvme_chunk_bytes(core.chunk(f, StateKind::kParam).bytes, nvme_slot);
   }
 }
@@ -235,9 +235,7 @@ Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
   const std::uint64_t cb = dtype_bytes(core.opt.compute_dtype);
   const std::uint64_t sb = kernels::dtype_size(core.opt.state_dtype);
   const std::size_t families = core.layout().families.size();
-  core.chunks.clear();
-  core.chunks.resize(families * kStateKindCount);
-  core.family_bytes.assign(families, FamilyBytes{});
+  core.chunks.lay_out(families);
   pipeline.init(families);
   for (FamilyId f = 0; f < families; ++f) {
     const FamilyLayout& fl = core.layout().families[f];
@@ -258,12 +256,10 @@ Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
     }
     for (std::size_t k = 0; k < kStateKindCount; ++k) {
       Chunk& c = core.chunk(f, static_cast<StateKind>(k));
-      c.family = f;
-      c.kind = static_cast<StateKind>(k);
       c.bytes = align_up(bytes[k], 4096);
       if (bytes[k] == 0) c.bytes = 0;
     }
-    FamilyBytes& b = core.family_bytes[f];
+    FamilyBytes& b = core.chunks.bytes(f);
     b.numel = trainable_numel;
     b.param_bytes = core.chunk(f, StateKind::kParam).bytes;
     b.grad_bytes = core.chunk(f, StateKind::kGrad).bytes;
@@ -349,7 +345,7 @@ void Runtime::check_invariants() const {
 StepCost Runtime::predict(const Rates& rates) const {
   Impl& m = *impl_;
   std::lock_guard lock(m.core.mu);
-  PlanInput in{.families = m.core.family_bytes,
+  PlanInput in{.families = {m.core.chunks.family_bytes().begin(), m.core.chunks.family_bytes().end()},
                .trace = m.tracker.plan_trace(),
                .budgets = m.core.opt.budgets,
                .options = m.core.opt.plan,

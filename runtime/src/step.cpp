@@ -92,7 +92,7 @@ void Runtime::Impl::discard_gradients() {
     g.move_value(ChunkValue::kAbsent);
     residency.drop_device_copy(g);
   }
-  for (TensorInfo& t : core.tensors) t.grad_written = false;
+  core.tensors.clear_grads_written();
 }
 
 //! LAMB/LARS with W > 1: each family's run all-reduces its tensors' norms between
@@ -212,7 +212,7 @@ Result<StepStats> Runtime::Impl::run_step(std::unique_lock<std::mutex>& lock) {
     m.tracker.refresh(std::move(trace));  // keep the freshest compute times
   }
   m.tracker.begin_step();
-  for (TensorInfo& t : m.core.tensors) t.written_in_micro_batch = false;
+  m.core.tensors.end_micro_batch();
   m.pipeline.end_step();
   m.tracker.finish_stats(stats, m.residency.gpu_high_water());
   check_plan_kept(m.core, stats);

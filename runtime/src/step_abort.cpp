@@ -83,7 +83,7 @@ Status Runtime::Impl::discard_step(std::unique_lock<std::mutex>& lock, Status ca
   discard_gradients();
   pipeline.abandon_step();
   tracker.abandon_step();
-  for (TensorInfo& t : core.tensors) t.written_in_micro_batch = false;
+  core.tensors.end_micro_batch();
   core.forget_step_launches();
   core.errors.clear();
   step_error = Status::Ok();

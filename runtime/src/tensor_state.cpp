@@ -244,7 +244,7 @@ Status Runtime::wait(const Lease& lease) {
   {
     std::lock_guard lock(m.core.mu);
     InvariantCheck check(m);
-    const Chunk& c = m.core.chunks[lease.chunk_];
+    const Chunk& c = m.core.chunks.at(lease.chunk_);
     STRATA_CHECK(c.device_slot >= 0);  // a leased chunk keeps its slot
     ready = &m.residency.slot_of(c).ready;
   }

@@ -52,19 +52,6 @@ Status ErrorState::take() {
   return take_prefetch();
 }
 
-TensorId Core::add_tensor(TensorSpec spec, std::uint64_t numel) {
-  auto id = static_cast<TensorId>(tensors.size());
-  by_name_.emplace(spec.name, id);
-  tensors.push_back(TensorInfo{.spec = std::move(spec), .numel = numel});
-  return id;
-}
-
-std::optional<TensorId> Core::find_tensor(const std::string& name) const {
-  auto it = by_name_.find(name);
-  if (it == by_name_.end()) return std::nullopt;
-  return it->second;
-}
-
 void Core::set_group(std::uint32_t group, GroupHyper h) {
   if (groups_.size() <= group) groups_.resize(group + 1);
   groups_[group] = h;

@@ -35,6 +35,7 @@
 #include "core/file_remover.hpp"
 #include "core/nvme_tier.hpp"
 #include "core/record_pool.hpp"
+#include "core/tables.hpp"
 #include "strata/common/thread_pool.hpp"
 #include "strata/kernels/hyper.hpp"
 #include "strata/runtime/options.hpp"
@@ -95,23 +96,15 @@ class Core {
   std::condition_variable cv;
   ErrorState errors;
 
-  // The tables every part reads and writes under mu: the registered tensors, the
-  // families' sizes and the chunks (the layout is below).
-  std::vector<TensorInfo> tensors;
-  std::vector<FamilyBytes> family_bytes;
-  //! Chunks: index family * kStateKindCount + kind.
-  std::vector<Chunk> chunks;
+  // The tables every part reads and writes under mu (tables.hpp): the registered
+  // tensors with their name index, and the chunks with their families' sizes.
+  TensorTable tensors;
+  ChunkTable chunks;
   //! begin_micro_batch(false) was called: gradients accumulate across micro-batches.
   bool accumulation_seen = false;
   const std::uint32_t state_count;  //!< optimizer states per element (kernels::optimizer_state_count)
   const bool separate_master;       //!< the fp32 master is its own chunk (compute dtype is not fp32)
 
-  // Registration.
-  //! Registers a tensor (its name unique; the caller checked both).
-  TensorId add_tensor(TensorSpec spec, std::uint64_t numel);
-  //! The tensor named `name`, if one is registered.
-  std::optional<TensorId> find_tensor(const std::string& name) const;
-  bool is_registered(const std::string& name) const { return by_name_.contains(name); }
   //! The chunk layout: set once, at the first acquire/init/step, before finalize().
   const ChunkLayout& layout() const { return layout_; }
   void set_layout(ChunkLayout layout) { layout_ = std::move(layout); }
@@ -130,10 +123,9 @@ class Core {
   bool accumulation_planned() const { return accumulation_planned_; }
   const PlannedPeaks& planned_max() const { return planned_max_; }
 
-  Chunk& chunk(FamilyId f, StateKind k) { return chunks[f * kStateKindCount + static_cast<std::size_t>(k)]; }
-  std::int32_t chunk_index(FamilyId f, StateKind k) const {
-    return static_cast<std::int32_t>(f * kStateKindCount + static_cast<std::size_t>(k));
-  }
+  Chunk& chunk(FamilyId f, StateKind k) { return chunks.at(f, k); }
+  const Chunk& chunk(FamilyId f, StateKind k) const { return chunks.at(f, k); }
+  static std::int32_t chunk_index(FamilyId f, StateKind k) { return ChunkTable::index(f, k); }
   //! The dtype a chunk of `kind` holds.
   DType kind_dtype(StateKind kind) const;
   //! Optimizers run at step() rather than as gradients complete.
@@ -217,7 +209,6 @@ class Core {
   std::uint64_t launch_records_created() const { return launch_records_.created(); }
 
  private:
-  std::unordered_map<std::string, TensorId> by_name_;
   ChunkLayout layout_;
   bool finalized_ = false;
   std::vector<GroupHyper> groups_;

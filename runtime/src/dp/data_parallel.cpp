@@ -407,7 +407,7 @@ void DataParallel::check_invariants() const {
     if (w > 1) STRATA_CHECK(core_.layout().families[f].capacity_elems % (w * kShardAlignElems) == 0);
     // Masters and states hold (at least) this rank's shard.
     for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1}) {
-      const Chunk& c = core_.chunks[f * kStateKindCount + static_cast<std::size_t>(k)];
+      const Chunk& c = core_.chunks.at(f, k);
       if (c.bytes > 0) STRATA_CHECK(c.bytes >= core_.shard_elems(f) * dtype_bytes(core_.kind_dtype(k)));
     }
   }

@@ -51,7 +51,7 @@ void OptimizerPipeline::adopt(const StepTrace& trace) {
   const std::vector<long> last = last_backward_use(trace, core_.layout().families.size());
   nvme_order_.clear();
   for (FamilyId f = 0; f < core_.plan().families.size(); ++f) {
-    if (core_.on_nvme(f) && core_.family_bytes[f].numel > 0) nvme_order_.push_back(f);
+    if (core_.on_nvme(f) && core_.chunks.bytes(f).numel > 0) nvme_order_.push_back(f);
   }
   std::stable_sort(nvme_order_.begin(), nvme_order_.end(), [&](FamilyId a, FamilyId b) {
     const long la = last[a] < 0 ? std::numeric_limits<long>::max() : last[a];
@@ -61,8 +61,8 @@ void OptimizerPipeline::adopt(const StepTrace& trace) {
 }
 
 bool OptimizerPipeline::gradients_complete(FamilyId f) const {
-  const Chunk& grad = core_.chunks[static_cast<std::size_t>(core_.chunk_index(f, StateKind::kGrad))];
-  const Chunk& param = core_.chunks[static_cast<std::size_t>(core_.chunk_index(f, StateKind::kParam))];
+  const Chunk& grad = core_.chunk(f, StateKind::kGrad);
+  const Chunk& param = core_.chunk(f, StateKind::kParam);
   return last_micro_batch && grads_written_[f] > 0 && grads_written_[f] + grads_none_[f] == trainable[f] &&
          grad.writers == 0 && param.readers == 0;
 }

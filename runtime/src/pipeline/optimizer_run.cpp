@@ -209,7 +209,7 @@ Result<kernels::StepReport> OptimizerPipeline::run_trust_exchanged(FamilyId f, K
 void OptimizerPipeline::launch_device_optimizer(FamilyId f) {
   FamilyPtrs ptrs;
   for (std::size_t k = 0; k < kStateKindCount; ++k) {
-    Chunk& c = core_.chunks[f * kStateKindCount + k];
+    Chunk& c = core_.chunks.at(f, static_cast<StateKind>(k));
     if (c.bytes == 0) continue;
     STRATA_CHECK(c.device_slot >= 0);
     DeviceSlot& slot = residency_.slot_of(c);
@@ -255,7 +255,7 @@ void OptimizerPipeline::launch_device_optimizer(FamilyId f) {
     return;
   }
   for (std::size_t k = 0; k < kStateKindCount && st.ok(); ++k) {
-    Chunk& c = core_.chunks[f * kStateKindCount + k];
+    Chunk& c = core_.chunks.at(f, static_cast<StateKind>(k));
     if (c.bytes == 0) continue;
     DeviceSlot& slot = residency_.slot_of(c);
     st = core_.device.record(slot.ready, core_.opt_stream);
@@ -329,7 +329,7 @@ void OptimizerPipeline::compute_family(FamilyId f) {
   const bool nvme_family = core_.on_nvme(f);
   FamilyPtrs ptrs;
   for (std::size_t k = 0; k < kStateKindCount; ++k) {
-    Chunk& c = core_.chunks[f * kStateKindCount + k];
+    Chunk& c = core_.chunks.at(f, static_cast<StateKind>(k));
     if (c.bytes == 0) continue;
     if (c.kind == StateKind::kGrad) {
       ptrs.at[k] = run.grad_host;

@@ -38,7 +38,7 @@ Status failed(Core& core, Status st) {
 
 bool Residency::movable(const DeviceSlot& slot) const {
   if (slot.chunk < 0) return true;
-  const Chunk& c = core_.chunks[static_cast<std::size_t>(slot.chunk)];
+  const Chunk& c = core_.chunks.at(slot.chunk);
   if (c.readers > 0 || c.writers > 0 || dp_flags_->in_collective(c)) return false;
   // A complete gradient waiting for the optimizer pipeline leaves by itself;
   // writing it back to host would spend host memory the plan did not give it.
@@ -50,7 +50,7 @@ bool Residency::write_back_fits(const Chunk& c, std::uint64_t* in_use) const {
   *in_use = 0;
   if (!c.dirty() || c.host != nullptr || c.kind != StateKind::kGrad) return true;
   for (FamilyId f = 0; f < core_.layout().families.size(); ++f) {
-    const Chunk& g = core_.chunks[static_cast<std::size_t>(core_.chunk_index(f, StateKind::kGrad))];
+    const Chunk& g = core_.chunk(f, StateKind::kGrad);
     if (g.host != nullptr) *in_use += g.bytes;
   }
   return *in_use + c.bytes <= core_.plan().grad_host_bytes;
@@ -82,7 +82,7 @@ std::int64_t Residency::pick_slot(FamilyId for_family, std::uint64_t farther_tha
     bool soon = false;     // needed within the prefetch window: loaded for that use
     bool waiting = false;  // a gradient waiting for its round's reduction (Note [Sharded step])
     if (!free) {
-      const Chunk& c = core_.chunks[static_cast<std::size_t>(device_slots_[s].chunk)];
+      const Chunk& c = core_.chunks.at(device_slots_[s].chunk);
       if (c.family == for_family && c.kind != StateKind::kGrad) continue;
       waiting = dp_flags_->awaiting_reduction(c);
       // A gradient still being accumulated is used again at the family's next backward use.

@@ -27,7 +27,7 @@ std::int64_t Residency::staging_victim(std::size_t window) const {
   for (std::size_t i = 0; i < staged_.size(); ++i) {
     const FamilyId f = staged_[i];
     if (staging_[f].state != Staging::kReady) continue;  // its read is in flight
-    const Chunk& c = core_.chunks[static_cast<std::size_t>(core_.chunk_index(f, StateKind::kParam))];
+    const Chunk& c = core_.chunk(f, StateKind::kParam);
     if (planned && window > 0 && tracker_.next_use().distance(f, here) <= window) continue;
     if (c.host_read.valid()) {
       auto done = core_.device.query(c.host_read);

@@ -117,7 +117,7 @@ Status Residency::write_back(Chunk& c, DeviceSlot& slot) {
 Status Residency::evict_slot(std::size_t s) {
   DeviceSlot& slot = device_slots_[s];
   if (slot.chunk < 0) return Status::Ok();
-  Chunk& c = core_.chunks[static_cast<std::size_t>(slot.chunk)];
+  Chunk& c = core_.chunks.at(slot.chunk);
   STRATA_CHECK(c.readers == 0);
   STRATA_CHECK(c.writers == 0);
   if (c.dirty()) {
@@ -220,7 +220,7 @@ Status Residency::no_slot_error(bool room_full) const {
   for (std::size_t i = 0; i < cache_slots_; ++i) {
     const DeviceSlot& slot = device_slots_[i];
     if (slot.chunk < 0) continue;
-    const Chunk& o = core_.chunks[static_cast<std::size_t>(slot.chunk)];
+    const Chunk& o = core_.chunks.at(slot.chunk);
     leased += (o.readers > 0 || o.writers > 0 || dp_flags_->in_collective(o)) ? 1 : 0;
     claimed += (o.kind == StateKind::kGrad && pipeline_->claims_gradient(o.family)) ? 1 : 0;
   }
@@ -228,7 +228,7 @@ Status Residency::no_slot_error(bool room_full) const {
   if (room_full) {
     std::uint64_t in_use = 0;
     for (FamilyId f = 0; f < core_.layout().families.size(); ++f) {
-      const Chunk& g = core_.chunks[static_cast<std::size_t>(core_.chunk_index(f, StateKind::kGrad))];
+      const Chunk& g = core_.chunk(f, StateKind::kGrad);
       if (g.host != nullptr) in_use += g.bytes;
     }
     const std::size_t incomplete = pipeline_->incomplete_families(), most = incomplete_gradients_max();
@@ -291,7 +291,7 @@ Status Residency::ensure_on_host(Chunk& c) {
 void Residency::note_gpu_use() {
   std::uint64_t used = 0;
   for (const DeviceSlot& s : device_slots_) {
-    if (s.chunk >= 0 && core_.chunks[static_cast<std::size_t>(s.chunk)].device_copy) used += s.bytes;
+    if (s.chunk >= 0 && core_.chunks.at(s.chunk).device_copy) used += s.bytes;
   }
   gpu_high_water_ = std::max(gpu_high_water_, used);
 }
@@ -311,11 +311,12 @@ Status Residency::build_slots(const Plan& p) {
   std::vector<std::pair<std::int32_t, std::uint64_t>> wanted;  // (dedicated chunk or -1, bytes)
   if (p.all_gpu) {
     for (std::size_t i = 0; i < core_.chunks.size(); ++i) {
-      if (core_.chunks[i].bytes > 0) wanted.emplace_back(static_cast<std::int32_t>(i), core_.chunks[i].bytes);
+      const auto ci = static_cast<std::int32_t>(i);
+      if (core_.chunks.at(ci).bytes > 0) wanted.emplace_back(ci, core_.chunks.at(ci).bytes);
     }
   } else {
     std::uint64_t stream_bytes = slot_bytes;
-    for (const FamilyBytes& f : core_.family_bytes)
+    for (const FamilyBytes& f : core_.chunks.family_bytes())
       stream_bytes = std::max({stream_bytes, f.param_bytes, f.grad_bytes});
     for (std::uint64_t s = 0; s < p.gpu_cache_slots; ++s) wanted.emplace_back(-1, stream_bytes);
     for (FamilyId f = 0; f < p.families.size(); ++f) {
@@ -352,7 +353,7 @@ Status Residency::build_slots(const Plan& p) {
     if (wanted[i].first >= 0) {
       slot.dedicated = true;
       slot.chunk = wanted[i].first;
-      core_.chunks[static_cast<std::size_t>(wanted[i].first)].device_slot = static_cast<std::int32_t>(i);
+      core_.chunks.at(wanted[i].first).device_slot = static_cast<std::int32_t>(i);
     }
   }
   return Status::Ok();
