@@ -17,6 +17,7 @@
 
 #include "poison.hpp"
 #include "strata/common/log.hpp"
+#include "strata/runtime/stores.hpp"
 
 namespace strata::torch_binding {
 
@@ -99,15 +100,20 @@ void Engine::init_many(const std::vector<std::uint32_t>& ids, const std::vector<
     throw_if(rt_->read_tensor(small->id, StateKind::kParam, values));
     return;
   }
+  std::vector<at::Tensor> owned;
+  std::vector<TensorId> tensors;
+  std::vector<std::span<const float>> spans;
   for (std::size_t i = 0; i < ids.size(); ++i) {
     Param& p = param(ids[i]);
     if (values[i].numel() != static_cast<std::int64_t>(p.numel))
       throw py::value_error(
           fmt::format("parameter \"{}\": {} values for {} elements", p.name, values[i].numel(), p.numel));
-    at::Tensor v = values[i].detach().to(at::kCPU).to(at::kFloat).contiguous().reshape({-1});
-    py::gil_scoped_release release;
-    throw_if(rt_->init_tensor(p.id, std::span<const float>(v.data_ptr<float>(), p.numel)));
+    owned.push_back(values[i].detach().to(at::kCPU).to(at::kFloat).contiguous().reshape({-1}));
+    tensors.push_back(p.id);
+    spans.emplace_back(owned.back().data_ptr<float>(), p.numel);
   }
+  py::gil_scoped_release release;
+  throw_if(rt_->init_tensors(tensors, spans));
 }
 
 std::int64_t Engine::family_of(std::uint32_t id) {
@@ -129,6 +135,9 @@ py::dict Engine::layout() {
   d["plan_gpu_bytes"] = plan.gpu_bytes;  // the plan in effect (its bytes per tier)
   d["plan_host_bytes"] = plan.host_bytes;
   d["plan_nvme_bytes"] = plan.nvme_bytes;
+  // The host tier's pinned region, what it holds resident: budgets.host and the room its
+  // allocator needs beside it (Note [Host store arena] in runtime/src/core/stores.cpp).
+  d["host_region_bytes"] = runtime::host_store_region_bytes(rt_->config().runtime.budgets.host_bytes);
   // Whether every family's params stay on the device for the whole step (Note [Holding
   // parameters where everything fits] in _wrap.py); false before the first plan.
   d["plan_params_resident"] = !plan.families.empty() &&

@@ -48,9 +48,9 @@ class Engine {
   void adopt_unset(std::uint32_t id);
 
   //! Deferred init: the values of several parameters (any float dtype, each its parameter's
-  //! numel) as their initial value (init_tensor each: an NVMe-homed chunk is read and written
-  //! per tensor; one runtime call per family is still to come, docs/scale.md). Empty lists fix
-  //! the layout (finalize, through a flush).
+  //! numel) as their initial value, in one Runtime::init_tensors: a chunk family whose every
+  //! tensor is among them is written once, without reading it first. Empty lists fix the layout
+  //! (finalize, through a flush).
   void init_many(const std::vector<std::uint32_t>& ids, const std::vector<at::Tensor>& values);
 
   //! The chunk family of a parameter (-1 before the layout is fixed).

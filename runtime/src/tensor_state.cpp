@@ -1,9 +1,12 @@
 // Runtime: a tensor's state between steps — initial values, reads and writes of
 // any state kind (a checkpoint's save and load), step counters and parameter
 // groups (Note [Parameter groups] in runtime.hpp).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "runtime_impl.hpp"
 #include "strata/common/assert.hpp"
@@ -50,34 +53,73 @@ Status check_state_call(const Runtime::Impl& m, TensorId tensor, std::size_t cou
   return Status::Ok();
 }
 
+//! init_tensors' values for family f's tensors tensors[i] (i in `at`): the param and,
+//! where the family has one, this rank's shard of the fp32 master (Note [Sharded
+//! step]). Written whole, without a read first, when `at` covers every tensor of
+//! the family once: the padding is zeros, as it was.
+Status init_family(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, FamilyId f,
+                   std::span<const std::size_t> at, std::span<const TensorId> tensors,
+                   std::span<const std::span<const float>> values) {
+  const FamilyLayout& fl = m.core.layout().families[f];
+  std::vector<TensorId> ids;
+  for (std::size_t i : at) ids.push_back(tensors[i]);
+  std::sort(ids.begin(), ids.end());
+  std::vector<TensorId> all(fl.tensors.begin(), fl.tensors.end());
+  std::sort(all.begin(), all.end());
+  const bool whole = ids == all;
+  const DType cdt = m.core.opt.compute_dtype;
+  STRATA_RETURN_IF_ERROR(m.with_host_copy(
+      lock, m.core.chunk(f, StateKind::kParam), true,
+      [&](std::byte* base) {
+        for (std::size_t i : at) {
+          const TensorSlot& ts = m.core.layout().slots[tensors[i]];
+          store_values(base + ts.offset_elems * dtype_bytes(cdt), cdt, values[i]);
+        }
+      },
+      whole));
+  // Frozen tensors get their master too (when their family has one), so reading
+  // any tensor's master gives its fp32 value.
+  if (!m.core.separate_master || m.core.chunk(f, StateKind::kMaster).bytes == 0) return Status::Ok();
+  return m.with_host_copy(
+      lock, m.core.chunk(f, StateKind::kMaster), true,
+      [&](std::byte* base) {
+        for (std::size_t i : at) {
+          const Core::ShardPart part = m.core.shard_part(tensors[i]);
+          if (part.count > 0) std::memcpy(base + part.at * 4, values[i].data() + part.first, part.count * 4);
+        }
+      },
+      whole);
+}
+
 }  // namespace
 
 Status Runtime::init_tensor(TensorId tensor, std::span<const float> values) {
+  return init_tensors(std::span<const TensorId>(&tensor, 1),
+                      std::span<const std::span<const float>>(&values, 1));
+}
+
+Status Runtime::init_tensors(std::span<const TensorId> tensors,
+                             std::span<const std::span<const float>> values) {
   Impl& m = *impl_;
+  if (tensors.size() != values.size())
+    return invalid_argument("init_tensors: {} tensors but {} value spans", tensors.size(), values.size());
   std::unique_lock lock(m.core.mu);
   InvariantCheck check(m, &lock);
-  STRATA_RETURN_IF_ERROR(check_state_call(m, tensor, values.size(), "init_tensor"));
+  for (std::size_t i = 0; i < tensors.size(); ++i)
+    STRATA_RETURN_IF_ERROR(check_state_call(m, tensors[i], values[i].size(), "init_tensor"));
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
   STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
   STRATA_RETURN_IF_ERROR(m.checkpoint_wait_captured(lock, true));  // a save in flight reads the old values
   STRATA_RETURN_IF_ERROR(m.core.errors.take_prefetch());           // (once; nothing written)
-  const TensorSlot& ts = m.core.layout().slots[tensor];
-  const DType cdt = m.core.opt.compute_dtype;
-  auto write_param = [&](std::byte* base) {
-    store_values(base + ts.offset_elems * dtype_bytes(cdt), cdt, values);
-  };
-  STRATA_RETURN_IF_ERROR(
-      m.with_host_copy(lock, m.core.chunk(ts.family, StateKind::kParam), true, write_param));
-  // Frozen tensors get their master too (when their family has one), so reading
-  // any tensor's master gives its fp32 value.
-  // (This rank's shard of it: Note [Sharded step].)
-  const Core::ShardPart part = m.core.shard_part(tensor);
-  if (m.core.separate_master && m.core.chunk(ts.family, StateKind::kMaster).bytes > 0 && part.count > 0) {
-    STRATA_RETURN_IF_ERROR(
-        m.with_host_copy(lock, m.core.chunk(ts.family, StateKind::kMaster), true, [&](std::byte* base) {
-          std::memcpy(base + part.at * 4, values.data() + part.first, part.count * 4);
-        }));
+  // The positions of each family's tensors in the call, families in first-seen order.
+  std::vector<std::pair<FamilyId, std::vector<std::size_t>>> families;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const FamilyId f = m.core.layout().slots[tensors[i]].family;
+    auto it = std::find_if(families.begin(), families.end(), [&](const auto& e) { return e.first == f; });
+    if (it == families.end()) it = families.insert(families.end(), {f, {}});
+    it->second.push_back(i);
   }
+  for (const auto& [f, at] : families) STRATA_RETURN_IF_ERROR(init_family(m, lock, f, at, tensors, values));
   return Status::Ok();
 }
 

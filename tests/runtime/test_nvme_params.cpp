@@ -240,6 +240,48 @@ TEST(NvmeParams, HostLeaseOfAnNvmeHomedParamIsRefusedByName) {
   EXPECT_NE(lease.status().message().find("lives on NVMe"), std::string::npos) << lease.status();
 }
 
+// Runtime::init_tensors (deferred init): a family handed whole is written without
+// reading it first; a part of one is read, changed and written, keeping the rest.
+TEST(NvmeParams, InitTensorsWritesAWholeFamilyWithoutReadingItAndKeepsTheRestOfAPart) {
+  TempDir dir;
+  IoFaults faults;
+  std::string why;
+  auto inner = testing::store_with_engine(dir.path, "posix", kChunkBytes, &faults, &why);
+  ASSERT_NE(inner, nullptr) << why;
+  RuntimeOptions o = nvme_params(dir.path, 0);
+  o.nvme_store = std::make_shared<FaultyNvme>(std::move(inner));
+  MlpRun run;
+  ASSERT_NO_FATAL_FAILURE(start(run, o));
+  ASSERT_TRUE(run.rt->flush().ok());
+  const State before = read_state(*run.rt, run.mlp);
+  ASSERT_FALSE(before.param[0].empty());
+  std::vector<float> w(kWidth * kWidth, 0.25f), b(kWidth, -0.5f);
+  const std::vector<TensorId> family0 = {run.mlp.b[0], run.mlp.w[0]};  // layer 0's family, in any order
+  const std::vector<std::span<const float>> values0 = {b, w};
+  faults.eio_reads = true;  // every NVMe read fails from here on
+  Status whole = run.rt->init_tensors(family0, values0);
+  ASSERT_TRUE(whole.ok()) << "a whole family was read before it was written: " << whole;
+  // Only the weight of layer 1: its bias must be read first, and that read fails.
+  const TensorId w1 = run.mlp.w[1];
+  const std::span<const float> w_values(w);
+  Status part = run.rt->init_tensors(std::span<const TensorId>(&w1, 1),
+                                     std::span<const std::span<const float>>(&w_values, 1));
+  EXPECT_EQ(part.code(), StatusCode::kIoError) << part;
+  faults.eio_reads = false;
+  ASSERT_TRUE(run.rt
+                  ->init_tensors(std::span<const TensorId>(&w1, 1),
+                                 std::span<const std::span<const float>>(&w_values, 1))
+                  .ok());
+  const State after = read_state(*run.rt, run.mlp);
+  EXPECT_EQ(after.param[0], w);  // param[2l] is layer l's weight, param[2l + 1] its bias
+  EXPECT_EQ(after.param[1], b);
+  EXPECT_EQ(after.param[2], w);
+  EXPECT_EQ(after.param[3], before.param[3]) << "layer 1's bias changed with its weight";
+  EXPECT_EQ(after.param[4], before.param[4]);
+  const std::vector<TensorId> short_list = {run.mlp.w[0]};
+  EXPECT_EQ(run.rt->init_tensors(short_list, values0).code(), StatusCode::kInvalidArgument);
+}
+
 // --- faults ---
 
 enum class Fault { kEioRead, kEioWrite, kFullDisk, kCorruptSlot };

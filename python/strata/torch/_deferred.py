@@ -6,9 +6,8 @@ A model built on the meta device (`torch.device("meta")`, `device="meta"`) or in
 replaces each meta parameter by a CPU Parameter whose storage is allocated but never
 written (untouched pages take no RSS); the engine later points that storage at poison
 without copying (Engine.adopt_unset) and takes each module's values from scratch tensors,
-handed a chunk family at a time (Engine.init_many; the runtime still writes them one
-init_tensor each, which for an NVMe-homed chunk is a read and a write per tensor: a
-runtime call that writes each family once is still to come, docs/scale.md). Torch memory
+handed a chunk family at a time (Engine.init_many, one Runtime::init_tensors: a family
+handed whole is written once, an NVMe-homed one without a read first). Torch memory
 holds at most one module's scratch parameters plus one family's queued values: peak RSS
 is the runtime's own (budgets.host, and device.budget on the sim device) plus about
 2 x (the largest module's parameters + one chunk) plus Python/torch's fixed overhead.
@@ -207,8 +206,8 @@ class Deferred:
             self._put(engine, pid, s)
 
     def _put(self, engine, pid, values):
-        """Queues a parameter's values; a family's are handed together (Engine.init_many), ready for a
-        runtime call that writes each NVMe-homed chunk once (docs/scale.md)."""
+        """Queues a parameter's values; a family's are handed together (Engine.init_many), so that the
+        runtime writes each chunk family once."""
         for i, (queued, _) in enumerate(self.queue):
             if queued == pid:  # a tied parameter set again (pass B): the later value wins
                 self.queue[i] = (pid, values.detach())

@@ -192,6 +192,10 @@ class Runtime {
   //! Sets a tensor's initial value (fp32 master and compute-dtype param); its
   //! optimizer states start at zero. Valid between steps. Blocks (may read/write NVMe).
   Status init_tensor(TensorId tensor, std::span<const float> values);
+  //! init_tensor of several tensors (values[i] for tensors[i]), one host access per
+  //! chunk family: a family whose every tensor is among them is written whole,
+  //! without reading its old value from NVMe first (deferred init).
+  Status init_tensors(std::span<const TensorId> tensors, std::span<const std::span<const float>> values);
   //! Copies a tensor's current state of `kind` (param: as fp32; master: the fp32
   //! master, which is the param for fp32 compute; states) into `out`. Valid between
   //! steps. Blocks. FailedPrecondition for a kind this optimizer does not have.
