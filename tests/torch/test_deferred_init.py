@@ -244,3 +244,51 @@ def test_nvme_budget_is_a_cap_swap_files_hold_the_plan(tmp_path):
     # The file holds the plan's bytes (plus its 4 KiB header and the slot rounding), not the 64 TiB cap.
     assert 0 < held <= planned + (1 << 20), (held, planned)
     model.strata.close()
+
+
+def _train_step(model, opt):
+    x = torch.randint(0, 256, (1, 16))
+    logits = model(x)
+    torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), x.view(-1)).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def test_close_refuses_a_restore_that_does_not_fit_and_changes_nothing(monkeypatch):
+    """Note [Closing a model larger than RAM]: close() compares the parameters' bytes with MemAvailable first."""
+    from strata.torch import _wrap
+
+    torch.manual_seed(3)
+    with st.init():
+        model = Gpt(d=64, layers=2, seq=16)
+    model = st.wrap(model, cfg(), init=init_weights)
+    opt = st.AdamW(model.parameters(), lr=1e-3)
+    _train_step(model, opt)
+    before = values(model)
+    monkeypatch.setattr(_wrap, "_available_memory", lambda: 1 << 16)  # 64 KiB available: the model does not fit
+    with pytest.raises(MemoryError, match=r"close\(restore=False\)"):
+        model.strata.close()
+    assert_identical(before, values(model))  # still wrapped, nothing lost: it trains on
+    _train_step(model, opt)
+    monkeypatch.setattr(_wrap, "_available_memory", lambda: None)  # no /proc/meminfo: no check
+    after = values(model)
+    model.strata.close()
+    assert_identical(after, {k: v.detach().clone() for k, v in model.state_dict().items()})
+
+
+def test_close_without_restore_leaves_parameters_on_meta(tmp_path):
+    torch.manual_seed(3)
+    with st.init():
+        model = Gpt(d=64, layers=2, seq=16)
+    model = st.wrap(model, cfg(tmp_path, host="2MiB"), init=init_weights)
+    opt = st.AdamW(model.parameters(), lr=1e-3)
+    _train_step(model, opt)
+    shapes = {n: (p.shape, p.dtype) for n, p in model.named_parameters()}
+    old = opt.param_groups[0]["params"][0]
+    model.strata.close(restore=False)
+    assert old.numel() == 0  # the optimizer's stale reference reads no memory strata no longer owns
+    assert not os.listdir(tmp_path)  # strata's tiers are freed, swap files included
+    assert all(p.device.type == "meta" for p in model.parameters())
+    assert {n: (p.shape, p.dtype) for n, p in model.named_parameters()} == shapes
+    assert model.head.weight is model.wte.weight  # the tie survives
+    assert model.blocks[0].attn.causal.device.type == "cpu"  # buffers are torch's, untouched

@@ -575,18 +575,58 @@ class Wrapped:
         self.engine.close()
         self.engine = None
 
-    def close(self):
-        """Gives every parameter its value back as torch memory, removes the hooks and frees strata's
-        tiers (swap files included). The model is plain torch afterwards."""
+    def _drop_all(self):
+        """close(restore=False): the runtime is freed, then the model's parameters are replaced by meta-device
+        Parameters of the same shape, dtype and requires_grad (tied parameters stay one). The old Parameter
+        objects, which the optimizer still holds, become empty tensors: a stale reference has no elements to
+        read, rather than memory strata no longer owns."""
+        self._set_lazy(False)
+        self.engine.close()
+        self.engine = None
+        meta = {}
+        with torch.no_grad():
+            for p in self.params:
+                meta[id(p)] = torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"),
+                                                 requires_grad=p.requires_grad)
+                p.data = torch.empty(0, dtype=p.dtype)
+        for module in self.model.modules():
+            for name, q in module._parameters.items():
+                if q is not None and id(q) in meta:
+                    module._parameters[name] = meta[id(q)]
+
+    def _check_room_to_restore(self):
+        """Refuses close() before anything changes when giving the parameters back as torch memory would not
+        fit in the memory the system has available (Note [Closing a model larger than RAM])."""
+        needed = sum(p.numel() * p.element_size() for p in self.params)
+        available = _available_memory()
+        if available is not None and needed > 0.9 * available:
+            raise MemoryError(
+                f"strata.torch close(): giving the {len(self.params)} parameters back as torch memory needs "
+                f"{needed / 2**30:.2f} GiB and this system has {available / 2**30:.2f} GiB available; nothing was "
+                "changed and the model is still wrapped. Save what you need first (st.save_checkpoint, or "
+                "state_dict() one module at a time), then call close(restore=False), which frees strata's tiers "
+                "and leaves the parameters on the meta device")
+
+    def close(self, restore=True):
+        """Removes the hooks and frees strata's tiers (swap files included). The model is plain torch afterwards.
+
+        restore=True: every parameter gets its value back as torch memory. Refused with a MemoryError, before
+        anything changes, when that would not fit in the memory available (Note [Closing a model larger than
+        RAM]). restore=False: the parameters are left on the meta device, their values dropped."""
         error = None
         if self.engine is not None:
+            if restore:
+                self._check_room_to_restore()
             try:
                 self._settle()
                 self.engine.flush()
             except StrataError as e:
                 error = e  # the last good state is still readable: restore it, then report
             try:
-                self._restore_all()
+                if restore:
+                    self._restore_all()
+                else:
+                    self._drop_all()
             finally:
                 if self.engine is not None:  # a restore failed: free the runtime (and its swap files) anyway
                     self.engine.close()
@@ -1137,6 +1177,27 @@ def _zero_grad(self, set_to_none=False):
     if wrapped is None:
         return torch.nn.Module.zero_grad(self, set_to_none)
     wrapped.zero_grad(list(self.parameters()), set_to_none)
+    return None
+
+
+# Note [Closing a model larger than RAM]
+# close() gives every parameter its value back as torch memory, so that the model is plain torch
+# again. For a model built with deferred init whose parameters exceed the RAM (the reason it was
+# built that way) that is the whole model in memory at once, beside strata's host tier: the kernel's
+# OOM killer ends the process, or another one. So close() first compares the parameters' bytes with
+# the system's MemAvailable and, where they do not fit in 90% of it, refuses with a MemoryError
+# before it changes anything. close(restore=False) frees strata's tiers and leaves the parameters on
+# the meta device: values the user saved (a strata checkpoint, a state_dict taken a module at a time)
+# are the way back.
+def _available_memory():
+    """MemAvailable of /proc/meminfo in bytes, or None where there is none (not Linux)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
     return None
 
 
