@@ -5,18 +5,25 @@ time with the machine's bound (issue #28; docs/scale.md).
     PYTHONPATH=build/release/python /usr/bin/python3 bench/torch_scale.py --params 50M --json \
         --nvme-dir /var/tmp --strata-bench build/release/bench/strata-bench
 
-The model (examples/torch_gpt.py's Gpt, byte vocabulary, batch x seq tokens) is built inside
-strata.torch.init() and initialised straight into strata's chunks (Note [Deferred init]). It
-trains `--steps` AdamW steps (5: the loss of each is reported; step_s is the median of steps 2-4).
+The model (examples/torch_gpt.py's Gpt, byte vocabulary, batch x seq tokens, --dtype fp32 or bf16)
+is built inside strata.torch.init() and initialised straight into strata's chunks (Note [Deferred
+init]). It trains `--steps` AdamW steps (5: the loss of each is reported; step_s is the median of
+steps 2-4), with a linear learning-rate warm-up over --warmup steps to --lr (default by width:
+default_lr). Progress goes to stderr, one line per phase with the process's RSS.
 The bound, measured in the same run:
-  - compute_s: forward + backward of one Block, resident in torch memory, median of 3 after a
-    warm-up, times the number of blocks (embeddings and head are left out: < 1% here); torch's
-    AdamW on the block, scaled alike, is reported beside it (torch_adamw_s), not added: strata's
-    optimizer runs on its own threads during backward;
+  - compute_s: forward + backward of one Block, resident in torch memory, median of BLOCK_RUNS
+    after a warm-up, times the number of blocks (embeddings and head are left out: < 1% here),
+    measured before the model is built; compute_s_range is the fastest and slowest run, scaled.
+    torch's AdamW (torch_adamw_s) and strata's fused AdamW (strata_adamw_s) on the block, scaled
+    alike, are reported beside it;
   - disk_s: the median step's disk read and write bytes (strata's own counts) at the read and
     write rates `strata-bench io` measures on --nvme-dir at the runtime's piece size (4 MiB) and
-    queue depth (32 pieces);
-  - bound_s = max(compute_s, disk_s); bound_ratio = step_s / bound_s.
+    queue depth (32 pieces), the median of 5 runs;
+  - bound_s = max(compute_s, disk_s); bound_ratio = step_s / bound_s;
+  - shared_core_bound_s = max(compute_s + strata_adamw_s, disk_s): on the sim device forward,
+    backward and strata's optimizer share the same cores.
+Peak RSS is compared with rss_bound_bytes: the process before the model, the host tier's pinned
+region (host_region_bytes), the sim device's memory, activations, init scratch and 128 MiB.
 exact_small_copy: a copy of --small-params (20M) trained 3 steps with its states on NVMe and again
 all on host: losses and final parameters bit-identical.
 """
@@ -41,6 +48,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 from torch_gpt import Block, Gpt, batches, corpus, init_weights  # noqa: E402
 
 import strata.torch as st  # noqa: E402
+import strata.torch.functional as stf  # noqa: E402
 
 
 def parse_count(text):
@@ -56,12 +64,38 @@ def shape_for(params):
     return d, max(1, round(params / (12 * d * d)))
 
 
-def mem_total():
-    with open("/proc/meminfo") as f:
+T0 = time.perf_counter()
+
+
+def proc_kib_field(path, key):
+    """The value of `key` (a "Key:  N kB" line of a /proc file) in bytes, 0 where there is none."""
+    with open(path) as f:
         for line in f:
-            if line.startswith("MemTotal:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def rss_now():
+    """The process's resident memory now (VmRSS), in bytes."""
+    return proc_kib_field("/proc/self/status", "VmRSS")
+
+
+def progress(what):
+    """One line on stderr: seconds since start, the process's resident memory now, what is done."""
+    rss = rss_now()
+    print(f"torch_scale: {time.perf_counter() - T0:7.1f} s  rss {rss / 2**30:6.2f} GiB  {what}", file=sys.stderr,
+          flush=True)
+
+
+def default_lr(d):
+    """AdamW's learning rate for a GPT of width d in this bench (batch 1 x 64 tokens, std-0.02 init): plain
+    torch's loss rises after the first steps at d 2560 with lr 1e-4 or 2e-5 and falls with 5e-6 (docs/scale.md)."""
+    return 3e-4 if d <= 512 else 1e-4 if d <= 1024 else 1e-5 if d <= 2048 else 5e-6
+
+
+def mem_total():
+    return proc_kib_field("/proc/meminfo", "MemTotal")
 
 
 def swap_file_bytes(nvme_dir):
@@ -77,11 +111,16 @@ def swap_file_bytes(nvme_dir):
     return total
 
 
-def build(d, layers, seq, cfg):
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def build(d, layers, seq, cfg, lr, dtype=torch.float32):
+    """The GPT on the meta device (in `dtype`: bf16 params and gradients keep fp32 masters and states in strata),
+    wrapped; the optimizer's build runs deferred init."""
     with st.init():
-        model = Gpt(d=d, layers=layers, heads=max(1, d // 64), seq=seq)
+        model = Gpt(d=d, layers=layers, heads=max(1, d // 64), seq=seq).to(dtype)
     model = st.wrap(model, cfg, init=init_weights)
-    opt = st.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)  # builds: deferred init runs here
+    opt = st.AdamW(model.parameters(), lr=lr, weight_decay=0.1)  # builds: deferred init runs here
     return model, opt
 
 
@@ -102,7 +141,9 @@ def config(n, d, args, nvme_dir, host, all_host=False):
 def train(model, opt, data, args, steps):
     it = batches(data, args.batch, args.seq, seed=1)
     losses, times, stats = [], [], []
-    for _ in range(steps):
+    for i in range(steps):
+        for g in opt.param_groups:  # linear warm-up: lr x (i + 1) / warmup for the first `warmup` steps
+            g["lr"] = args.lr * min(1.0, (i + 1) / max(1, args.warmup))
         x, y = next(it)
         t0 = time.perf_counter()
         logits = model(x)
@@ -115,27 +156,41 @@ def train(model, opt, data, args, steps):
         times.append(time.perf_counter() - t0)
         stats[-1].update(forward_s=t1 - t0, backward_s=t2 - t1, step_call_s=times[-1] - (t2 - t0))
         losses.append(loss.item())
+        progress(f"step {len(losses)}: loss {losses[-1]:.4f}, {times[-1]:.2f} s")
     return losses, times, stats
 
 
 def compute_bound(d, layers, args):
-    """(forward + backward, torch AdamW) seconds of one step's compute: one resident Block, median of 3 after a
-    warm-up, times the number of blocks. The bound uses the first: strata's optimizer runs on its own threads
-    during backward, so torch's AdamW time is reported beside it, not added."""
+    """(forward + backward, torch AdamW, strata's AdamW) seconds of one step's compute: one resident Block,
+    median of BLOCK_RUNS after a warm-up, times the number of blocks. strata's AdamW is the runtime's fused kernel
+    (strata.torch.functional, --threads threads) on the block's parameters with fp32 states."""
     torch.manual_seed(0)
-    block = Block(d, max(1, d // 64), args.seq)
+    block = Block(d, max(1, d // 64), args.seq).to(DTYPES[args.dtype])
     opt = torch.optim.AdamW(block.parameters(), lr=3e-4)
-    x = torch.randn(args.batch, args.seq, d, requires_grad=True)
-    fwd_bwd, adamw = [], []
-    for _ in range(4):
+    x = torch.randn(args.batch, args.seq, d, dtype=DTYPES[args.dtype], requires_grad=True)
+    # strata's kernel steps copies (param, exp_avg, exp_avg_sq), so torch's AdamW keeps its own.
+    copies = [(p.detach().float(), torch.zeros_like(p, dtype=torch.float32), torch.zeros_like(p, dtype=torch.float32))
+              for p in block.parameters()]
+    fwd_bwd, adamw, fused = [], [], []
+    for i in range(1 + BLOCK_RUNS):
         t0 = time.perf_counter()
         block(x).square().mean().backward()
         t1 = time.perf_counter()
+        t2 = time.perf_counter()
+        for (p, m, v), q in zip(copies, block.parameters()):
+            stf.step_("adamw", p, q.grad.float(), [m, v], i + 1, threads=args.threads, lr=3e-4, weight_decay=0.01)
+        fused.append(time.perf_counter() - t2)
+        t3 = time.perf_counter()
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=True)  # as a plain torch step would (torch 2.x's default): fresh gradients
         fwd_bwd.append(t1 - t0)
-        adamw.append(time.perf_counter() - t1)
-    return statistics.median(fwd_bwd[1:]) * layers, statistics.median(adamw[1:]) * layers
+        adamw.append(time.perf_counter() - t3)
+    timed = fwd_bwd[1:]
+    return (statistics.median(timed) * layers, statistics.median(adamw[1:]) * layers,
+            statistics.median(fused[1:]) * layers, (min(timed) * layers, max(timed) * layers))
+
+
+BLOCK_RUNS = 7  # timed runs of the resident block after one warm-up (their median is scaled)
 
 
 def io_rates(args, nvme_dir, io_bytes):
@@ -144,7 +199,7 @@ def io_rates(args, nvme_dir, io_bytes):
         raise SystemExit(f"torch_scale: --strata-bench {args.strata_bench!r} not found; build the strata-bench "
                          "target (cmake --build --preset release --target strata-bench) and pass its path")
     cmd = [args.strata_bench, "io", "--dir", nvme_dir, "--bytes", str(io_bytes), "--block", "4MiB",
-           "--request", "4MiB", "--qd", "32", "--runs", "1", "--engines", "uring", "--skip-fio", "--json"]
+           "--request", "4MiB", "--qd", "32", "--runs", "5", "--engines", "uring", "--skip-fio", "--json"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     r = json.loads(out.stdout[out.stdout.index("{"):])
     return r, cmd
@@ -158,7 +213,7 @@ def small_copy(args, data, nvme_dir):
         torch.manual_seed(0)
         n = 12 * layers * d * d
         model, opt = build(d, layers, args.seq, config(n, d, args, nvme_dir, 24 * n if all_host else 12 * n,
-                                                        all_host))
+                                                        all_host), args.lr, DTYPES[args.dtype])
         losses, _, _ = train(model, opt, data, args, 3)
         state = {k: v.clone() for k, v in model.state_dict().items()}
         results.append((losses, state))
@@ -177,6 +232,13 @@ def main():
     ap.add_argument("--host-fraction", type=float, default=None,
                     help="host budget as a fraction of the state (default: min(0.5, 0.35 x RAM / state))")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
+                    help="the model's parameter dtype; bf16 halves the param traffic (fp32 masters and states)")
+    ap.add_argument("--lr", type=float, default=None,
+                    help="AdamW's learning rate after warm-up (default: by width, default_lr; docs/scale.md)")
+    ap.add_argument("--warmup", type=int, default=5,
+                    help="steps of linear learning-rate warm-up (lr x step / warmup); AdamW's first full-size "
+                         "steps on a large model from std-0.02 init raise the loss without it")
     ap.add_argument("--nvme-dir", default=None, help="directory for the swap files (default: a temp dir)")
     ap.add_argument("--strata-bench", default=os.path.join(ROOT, "build", "release", "bench", "strata-bench"))
     ap.add_argument("--io-bytes", type=int, default=None, help="bytes for strata-bench io (default: 1 GiB max)")
@@ -212,17 +274,24 @@ def main():
 def run(args, nvme_dir):
     data = corpus(fixed=True)
     d, layers = shape_for(args.params)
+    if args.lr is None:
+        args.lr = default_lr(d)
     n = 12 * layers * d * d
     state_bytes = 16 * n
     ram = mem_total()
     fraction = args.host_fraction if args.host_fraction is not None else min(0.5, 0.35 * ram / state_bytes)
     host = int(fraction * state_bytes)
+    # The compute bound first, on a quiet heap (after the model is closed, the kernel is still taking back
+    # its memory, and the block's times scatter more).
+    compute_s, adamw_s, strata_adamw_s, compute_range = compute_bound(d, layers, args)
+    progress("measured one resident block")
     torch.manual_seed(0)
     t0 = time.perf_counter()
-    rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rss_start = rss_now()  # (not ru_maxrss: that holds the block's peak, which is gone)
     cfg = config(n, d, args, nvme_dir, host)
-    model, opt = build(d, layers, args.seq, cfg)
+    model, opt = build(d, layers, args.seq, cfg, args.lr, DTYPES[args.dtype])
     init_s = time.perf_counter() - t0
+    progress(f"built and initialised in {init_s:.1f} s")
     params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     layout = model.strata.engine.layout()
     losses, times, stats = train(model, opt, data, args, args.steps)
@@ -232,23 +301,27 @@ def run(args, nvme_dir):
     mid = sorted(range(1, 4), key=lambda i: times[i])[1]
     step_s = times[mid]
     read_b, write_b = stats[mid]["bytes_disk_read"], stats[mid]["bytes_disk_write"]
-    model.strata.close()
+    model.strata.close(restore=False)  # 4 B a parameter back in torch memory would not fit beside the host tier
     del model, opt
-    compute_s, adamw_s = compute_bound(d, layers, args)
+    progress("closed the model")
     io_bytes = args.io_bytes or max(256 << 20, min(1 << 30, (read_b + write_b) // 4 // (4 << 20) * (4 << 20)))
     io, io_cmd = io_rates(args, nvme_dir, io_bytes)
     read_rate, write_rate = io_rate(io, "read"), io_rate(io, "write")
     disk_s = read_b / read_rate + write_b / write_rate
     bound_s = max(compute_s, disk_s)
+    # On the sim device forward, backward and strata's optimizer run on the same cores: their sum is the
+    # compute this machine must do each step (docs/scale.md, "Two bounds").
+    shared_bound_s = max(compute_s + strata_adamw_s, disk_s)
     return {
         "params": params, "d_model": d, "layers": layers, "batch": args.batch, "seq": args.seq,
         "state_bytes": 16 * params, "state_over_ram": round(16 * params / ram, 3),
         "host_budget_bytes": host, "peak_rss_bytes": peak_rss,
-        # Stated overhead (docs/scale.md): the process before the model (Python, torch, the corpus), the sim
-        # device's memory, activations of one step, 2 x (the largest module + one chunk) of init scratch and
+        # Stated overhead (docs/scale.md): the process before the model (Python, torch, the corpus), the host
+        # tier's pinned region (budgets.host and its allocator's room, 1/4 of it + 8 MiB), the sim device's memory, activations of one step, 2 x (the largest module + one chunk) of init scratch and
         # a fixed 128 MiB (the allocator's retained free memory, the runtime's tables, torch's transient
         # gradients before they are handed over).
-        "rss_bound_bytes": rss_start + host + cfg["device"]["budget"] + activations(d, layers, args)
+        "host_region_bytes": layout["host_region_bytes"],
+        "rss_bound_bytes": rss_start + layout["host_region_bytes"] + cfg["device"]["budget"] + activations(d, layers, args)
         + 2 * 4 * (4 * d * d + layout["chunk_elems"]) + (128 << 20),
         "nvme_bytes_allocated": nvme_alloc, "nvme_bytes_planned": plan_nvme,
         "chunk_elems": layout["chunk_elems"], "padding_fraction": round(layout["padding_fraction"], 4),
@@ -258,9 +331,12 @@ def run(args, nvme_dir):
         "median_step_split_s": {k: round(stats[mid][k], 3) for k in ("forward_s", "backward_s", "step_call_s",
                                                                      "stall_s")},
         "io_read_bytes_s": read_rate, "io_write_bytes_s": write_rate, "io_bench": " ".join(io_cmd),
-        "compute_s": round(compute_s, 3), "torch_adamw_s": round(adamw_s, 3), "disk_s": round(disk_s, 3),
-        "bound_s": round(bound_s, 3),
-        "bound_ratio": round(step_s / bound_s, 3), "losses": [round(x, 5) for x in losses],
+        "compute_s": round(compute_s, 3), "compute_s_range": [round(t, 3) for t in compute_range],
+        "torch_adamw_s": round(adamw_s, 3),
+        "strata_adamw_s": round(strata_adamw_s, 3), "disk_s": round(disk_s, 3),
+        "bound_s": round(bound_s, 3), "bound_ratio": round(step_s / bound_s, 3),
+        "shared_core_bound_s": round(shared_bound_s, 3), "shared_core_bound_ratio": round(step_s / shared_bound_s, 3),
+        "dtype": args.dtype, "lr": args.lr, "warmup_steps": args.warmup, "losses": [round(x, 5) for x in losses],
         "loss_decreasing": losses[-1] < losses[0],
         "exact_small_copy": None if args.no_small_copy else small_copy(args, data, nvme_dir),
         "load_avg": os.getloadavg(),
