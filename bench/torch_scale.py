@@ -317,12 +317,13 @@ def run(args, nvme_dir):
         "state_bytes": 16 * params, "state_over_ram": round(16 * params / ram, 3),
         "host_budget_bytes": host, "peak_rss_bytes": peak_rss,
         # Stated overhead (docs/scale.md): the process before the model (Python, torch, the corpus), the host
-        # tier's pinned region (budgets.host and its allocator's room, 1/4 of it + 8 MiB), the sim device's memory, activations of one step, 2 x (the largest module + one chunk) of init scratch and
-        # a fixed 128 MiB (the allocator's retained free memory, the runtime's tables, torch's transient
-        # gradients before they are handed over).
+        # tier's pinned region (budgets.host and its allocator's room, 1/4 of it + 8 MiB), the sim device's
+        # memory, activations of one step, 2 x (the largest module + one chunk) of init scratch and a fixed
+        # 128 MiB (the allocator's retained free memory, the runtime's tables, torch's transient gradients
+        # before they are handed over).
         "host_region_bytes": layout["host_region_bytes"],
-        "rss_bound_bytes": rss_start + layout["host_region_bytes"] + cfg["device"]["budget"] + activations(d, layers, args)
-        + 2 * 4 * (4 * d * d + layout["chunk_elems"]) + (128 << 20),
+        "rss_bound_bytes": rss_start + layout["host_region_bytes"] + cfg["device"]["budget"]
+        + activations(d, layers, args) + 2 * 4 * (4 * d * d + layout["chunk_elems"]) + (128 << 20),
         "nvme_bytes_allocated": nvme_alloc, "nvme_bytes_planned": plan_nvme,
         "chunk_elems": layout["chunk_elems"], "padding_fraction": round(layout["padding_fraction"], 4),
         "init_s": round(init_s, 2), "step_times_s": [round(t, 3) for t in times], "step_s": round(step_s, 3),

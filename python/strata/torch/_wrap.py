@@ -603,7 +603,7 @@ class Wrapped:
             raise MemoryError(
                 f"strata.torch close(): giving the {len(self.params)} parameters back as torch memory needs "
                 f"{needed / 2**30:.2f} GiB and this system has {available / 2**30:.2f} GiB available; nothing was "
-                "changed and the model is still wrapped. Save what you need first (st.save_checkpoint, or "
+                "changed and the model is still wrapped. Save what you need first (opt.save_checkpoint(dir), or "
                 "state_dict() one module at a time), then call close(restore=False), which frees strata's tiers "
                 "and leaves the parameters on the meta device")
 
