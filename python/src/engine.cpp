@@ -21,13 +21,24 @@
 
 namespace strata::torch_binding {
 
-py::dict totals_dict(const Stats& s) {
-  py::dict d;
-  d["steps"] = s.steps;
+namespace {
+
+//! The traffic fields a step's stats (StepStats) and the running totals (Stats) share, under the
+//! same keys in both dicts.
+template <class S>
+void put_traffic(py::dict& d, const S& s) {
   d["bytes_h2d"] = s.bytes_h2d;
   d["bytes_d2h"] = s.bytes_d2h;
   d["bytes_disk_read"] = s.bytes_disk_read;
   d["bytes_disk_write"] = s.bytes_disk_write;
+}
+
+}  // namespace
+
+py::dict totals_dict(const Stats& s) {
+  py::dict d;
+  d["steps"] = s.steps;
+  put_traffic(d, s);
   d["stall_s"] = s.stall_s;
   return d;
 }
@@ -289,10 +300,7 @@ py::dict Engine::step() {
   d["followed_plan"] = stats->followed_plan;
   d["step_s"] = stats->step_s;
   d["stall_s"] = stats->stall_s;
-  d["bytes_h2d"] = stats->bytes_h2d;
-  d["bytes_d2h"] = stats->bytes_d2h;
-  d["bytes_disk_read"] = stats->bytes_disk_read;
-  d["bytes_disk_write"] = stats->bytes_disk_write;
+  put_traffic(d, *stats);
   d["gpu_high_water_bytes"] = stats->gpu_high_water_bytes;
   d["host_high_water_bytes"] = stats->host_high_water_bytes;
   d["nvme_bytes"] = stats->nvme_bytes;
