@@ -180,6 +180,16 @@ Status place_params(const PlanInput& in, const Extents& e, Plan& plan, Usage& us
   const std::uint64_t optim_least =
       with_params + e.optim_total <= budget.host_bytes ? e.optim_total : optim_staging;
   const bool spill = opt.allow_nvme_params && with_params + optim_least > budget.host_bytes;
+  if (spill && budget.nvme_bytes == 0) {
+    // Without an NVMe tier nothing can spill: say so, not what NVMe staging would need.
+    return out_of_budget(
+        "host_budget {} cannot hold the params ({}) and the optimizer states ({}) on top of {} for "
+        "gradient landing slots, gradient host copies and the reserve (Note [Host room]), and there is "
+        "no NVMe tier to spill to (budgets.nvme is 0); raise host_budget, or give budgets.nvme and "
+        "nvme.dirs",
+        format_bytes(budget.host_bytes), format_bytes(e.params_total), format_bytes(e.optim_total),
+        format_bytes(used.host));
+  }
   if (spill) {
     const std::uint64_t param_buffers = std::uint64_t{plan.prefetch_depth} + 2;
     const std::uint64_t param_staging = param_buffers * e.param_max;

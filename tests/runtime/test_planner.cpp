@@ -234,6 +234,20 @@ TEST(Planner, HostBudgetBelowTheParamStagingIsAOneLineErrorWithTheSizes) {
   EXPECT_NE(msg.find("6 param staging buffers x 16.00 MiB"), std::string::npos) << msg;
 }
 
+TEST(Planner, HostBudgetTooSmallWithoutAnNvmeTierSaysThereIsNoNvmeTier) {
+  // The params and states do not fit the host and budgets.nvme is 0: the error names the missing
+  // tier, not the staging an NVMe tier would need.
+  auto in = layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 300 * kMiB, .nvme_bytes = 0});
+  auto plan = make_plan(in);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), StatusCode::kOutOfBudget);
+  const std::string msg = plan.status().message();
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  EXPECT_NE(msg.find("host_budget 300.00 MiB cannot hold the params"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("no NVMe tier to spill to (budgets.nvme is 0)"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("staging NVMe-homed"), std::string::npos) << msg;
+}
+
 TEST(Planner, NvmeBudgetBelowParamsStatesAndCopyOnWriteRoomIsAnError) {
   auto in =
       layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 512 * kMiB, .nvme_bytes = 8 * kGiB});
