@@ -333,6 +333,8 @@ def zero_worker(args):
     cfg = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1,
            "optimizer": {"type": "AdamW", "params": {"lr": HYPER["lr"], "weight_decay": HYPER["weight_decay"]}},
            "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+           # DeepSpeed clips the gradient norm at 1.0 by default; strata's run does not clip (the same work).
+           "gradient_clipping": 0.0,
            "zero_allow_untested_optimizer": True}
     stage = "deepspeed.initialize"
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg,
