@@ -277,6 +277,27 @@ TEST(Runtime, BadInputIsRefusedWithClearErrors) {
             StatusCode::kFailedPrecondition);
 }
 
+// A host budget under the RAM whose pinned region (a quarter more and 8 MiB) is over it:
+// refused in the user's terms (budgets.host, not the pool's pinned.budget), with a limit
+// that the next try accepts.
+TEST(Runtime, HostBudgetWhoseRegionExceedsRamNamesTheLargestThatFits) {
+  const std::uint64_t ram = memory::physical_memory_bytes();
+  if (ram == 0) GTEST_SKIP() << "this machine's RAM is unknown";
+  auto device = sim_device();
+  const std::uint64_t over = ram / 10 * 9;  // under the RAM, its region over it
+  ASSERT_GT(host_store_region_bytes(over), ram);
+  auto refused = make_host_store(over, device.get());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  const std::uint64_t limit = largest_host_budget(ram);
+  const std::string msg = refused.status().message();
+  EXPECT_NE(msg.find("budgets.host = " + format_bytes(over)), std::string::npos) << msg;
+  EXPECT_NE(msg.find("set budgets.host to at most " + format_bytes(limit)), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("pinned.budget"), std::string::npos) << msg;
+  EXPECT_LE(host_store_region_bytes(limit), ram);
+  EXPECT_GT(host_store_region_bytes(limit + kMiB), ram);  // the largest, to a MiB
+}
+
 TEST(Runtime, BudgetTooSmallSaysWhatIsNeeded) {
   auto device = sim_device();
   RuntimeOptions o = base_options(kernels::Optimizer::kAdamW);

@@ -8,6 +8,7 @@
 
 #include "strata/common/bytes.hpp"
 #include "strata/common/log.hpp"
+#include "strata/memory/device_factory.hpp"
 #include "strata/memory/pinned_host_pool.hpp"
 #include "strata/offload/io_engine.hpp"
 #include "strata/offload/swap_store.hpp"
@@ -157,7 +158,29 @@ std::uint64_t host_store_region_bytes(std::uint64_t budget_bytes) {
   return host_store_arena_bytes(budget_bytes) + kHostStoreSlotBytes;
 }
 
+std::uint64_t largest_host_budget(std::uint64_t ram_bytes) {
+  // region(b) is about 5/4 b + 8 MiB, rounded up to 2 MiB: start near the inverse, step to the
+  // largest whole MiB that fits.
+  const std::uint64_t fixed = 10 * kMiB + kHostStoreSlotBytes;
+  if (ram_bytes <= fixed) return 0;
+  std::uint64_t b = (ram_bytes - fixed) / 5 * 4 / kMiB * kMiB;
+  while (host_store_region_bytes(b + kMiB) <= ram_bytes) b += kMiB;
+  while (b > 0 && host_store_region_bytes(b) > ram_bytes) b -= kMiB;
+  return b;
+}
+
 Result<std::unique_ptr<HostStore>> make_host_store(std::uint64_t budget_bytes, memory::Device* device) {
+  // Said in the user's terms (budgets.host), not the pool's (pinned.budget): the region is
+  // larger than the budget (Note [Host store arena]), so the limit is below the RAM.
+  const std::uint64_t ram = memory::physical_memory_bytes();
+  if (ram != 0 && host_store_region_bytes(budget_bytes) > ram) {
+    return invalid_argument(
+        "budgets.host = {}: the host tier's pinned region would be {} (the budget, a quarter more for the "
+        "allocator's rounding and 8 MiB; Note [Host store arena]), larger than this machine's RAM ({}); set "
+        "budgets.host to at most {}",
+        format_bytes(budget_bytes), format_bytes(host_store_region_bytes(budget_bytes)), format_bytes(ram),
+        format_bytes(largest_host_budget(ram)));
+  }
   memory::PinnedHostPoolOptions o;
   o.arena_bytes = host_store_arena_bytes(budget_bytes);
   o.slot_bytes = kHostStoreSlotBytes;

@@ -75,9 +75,13 @@ class NvmeStore {
 //! must have in RAM to create the host tier.
 std::uint64_t host_store_region_bytes(std::uint64_t budget_bytes);
 
+//! The largest host budget whose region (host_store_region_bytes) fits in `ram_bytes`.
+std::uint64_t largest_host_budget(std::uint64_t ram_bytes);
+
 //! Host store over a pinned host pool of `budget_bytes` (memory::PinnedHostPool, all
 //! of it a jemalloc arena carved from the pinned region). `device` (may be null)
 //! registers the region for fast copies (cudaHostRegister); else mlock or plain, logged.
+//! InvalidArgument, naming largest_host_budget, when the region would not fit in RAM.
 Result<std::unique_ptr<HostStore>> make_host_store(std::uint64_t budget_bytes, memory::Device* device);
 
 //! Settings of the NVMe store.
