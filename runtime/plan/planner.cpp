@@ -123,6 +123,16 @@ struct Usage {
 // budget holds that; a smaller host budget gets the streaming placement, which
 // counts its own rooms (Note [Host room]). Found by strata-contract (#24).
 
+//! The host cannot hold the params and optimizer states beside `room` (the gradient landing
+//! slots, host copies and reserve) and budgets.nvme is 0, so nothing can spill.
+Status no_nvme_tier(std::uint64_t host, std::uint64_t params, std::uint64_t states, std::uint64_t room) {
+  return out_of_budget(
+      "host_budget {} cannot hold the params ({}) and the optimizer states ({}) on top of {} for gradient "
+      "landing slots, gradient host copies and the reserve (Note [Host room]), and there is no NVMe tier to "
+      "spill to (budgets.nvme is 0); raise host_budget, or give budgets.nvme and nvme.dirs",
+      format_bytes(host), format_bytes(params), format_bytes(states), format_bytes(room));
+}
+
 // 3. Host: the rooms of Note [Host room] first, then param homes.
 //
 // Note [Host room]
@@ -180,16 +190,9 @@ Status place_params(const PlanInput& in, const Extents& e, Plan& plan, Usage& us
   const std::uint64_t optim_least =
       with_params + e.optim_total <= budget.host_bytes ? e.optim_total : optim_staging;
   const bool spill = opt.allow_nvme_params && with_params + optim_least > budget.host_bytes;
-  if (spill && budget.nvme_bytes == 0) {
-    // Without an NVMe tier nothing can spill: say so, not what NVMe staging would need.
-    return out_of_budget(
-        "host_budget {} cannot hold the params ({}) and the optimizer states ({}) on top of {} for "
-        "gradient landing slots, gradient host copies and the reserve (Note [Host room]), and there is "
-        "no NVMe tier to spill to (budgets.nvme is 0); raise host_budget, or give budgets.nvme and "
-        "nvme.dirs",
-        format_bytes(budget.host_bytes), format_bytes(e.params_total), format_bytes(e.optim_total),
-        format_bytes(used.host));
-  }
+  // Without an NVMe tier nothing can spill: say so here, before any NVMe staging is counted.
+  if (budget.nvme_bytes == 0 && with_params + e.optim_total > budget.host_bytes)
+    return no_nvme_tier(budget.host_bytes, e.params_total, e.optim_total, used.host);
   if (spill) {
     const std::uint64_t param_buffers = std::uint64_t{plan.prefetch_depth} + 2;
     const std::uint64_t param_staging = param_buffers * e.param_max;
@@ -319,12 +322,7 @@ Result<Plan> plan_once(const PlanInput& in) {
   Usage used;
   STRATA_RETURN_IF_ERROR(place_params(in, e, plan, used));
   STRATA_RETURN_IF_ERROR(place_optimizer_states(in, e, plan, used));
-  if (used.nvme > 0 && budget.nvme_bytes == 0) {
-    return out_of_budget(
-        "host_budget {} holds only part of the model state; {} more must go to NVMe but no NVMe tier is "
-        "configured: set an NVMe path, or raise host_budget",
-        format_bytes(budget.host_bytes), format_bytes(used.nvme));
-  }
+  // budgets.nvme 0 with state left for NVMe was refused by place_params (no_nvme_tier).
   if (used.nvme > budget.nvme_bytes) {
     return budget_error(
         "nvme_budget", budget.nvme_bytes, used.nvme,

@@ -235,17 +235,27 @@ TEST(Planner, HostBudgetBelowTheParamStagingIsAOneLineErrorWithTheSizes) {
 }
 
 TEST(Planner, HostBudgetTooSmallWithoutAnNvmeTierSaysThereIsNoNvmeTier) {
-  // The params and states do not fit the host and budgets.nvme is 0: the error names the missing
-  // tier, not the staging an NVMe tier would need.
+  // budgets.nvme is 0 and the host cannot hold the params (300 MiB), or holds the params but not
+  // the optimizer states: the error names the missing tier, not the staging an NVMe tier would need.
   auto in = layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 300 * kMiB, .nvme_bytes = 0});
-  auto plan = make_plan(in);
-  ASSERT_FALSE(plan.ok());
-  EXPECT_EQ(plan.status().code(), StatusCode::kOutOfBudget);
-  const std::string msg = plan.status().message();
-  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-  EXPECT_NE(msg.find("host_budget 300.00 MiB cannot hold the params"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("no NVMe tier to spill to (budgets.nvme is 0)"), std::string::npos) << msg;
-  EXPECT_EQ(msg.find("staging NVMe-homed"), std::string::npos) << msg;
+  std::uint64_t params = 0, states = 0;
+  for (const FamilyBytes& f : in.families) {
+    params += f.param_bytes;
+    states += f.optim_bytes;
+  }
+  for (std::uint64_t host : {300 * kMiB, params + states / 2}) {
+    in.budgets.host_bytes = host;
+    auto plan = make_plan(in);
+    ASSERT_FALSE(plan.ok());
+    EXPECT_EQ(plan.status().code(), StatusCode::kOutOfBudget);
+    const std::string msg = plan.status().message();
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_NE(msg.find(fmt::format("host_budget {} cannot hold the params", format_bytes(host))),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("no NVMe tier to spill to (budgets.nvme is 0)"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("staging"), std::string::npos) << msg;
+  }
 }
 
 TEST(Planner, NvmeBudgetBelowParamsStatesAndCopyOnWriteRoomIsAnError) {
