@@ -82,11 +82,9 @@ import time  # noqa: E402
 
 import torch  # noqa: E402
 
-# DeepSpeed's JIT-built op, once per torch version and Python (an op built for another torch does
-# not load: "compiled with a different torch"), outside the checkout so `make clean` keeps it.
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(
-    os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "strata", "torch-extensions",
-    f"torch-{torch.__version__.split('+')[0]}-py{sys.version_info[0]}{sys.version_info[1]}"))
+from deepspeed_env import pin_cxx, set_torch_extensions_dir  # noqa: E402
+
+set_torch_extensions_dir(torch.__version__)  # DeepSpeed's JIT-built op (bench/deepspeed_env.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HYPER = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
@@ -130,11 +128,7 @@ def load_deepspeed_op():
                     fix="install the pinned deepspeed into this venv (scripts/requirements-torch2.txt)")
         return None, info
     info["deepspeed_version"] = deepspeed.__version__
-    # torch writes $CXX (default "c++") into the op's build.ninja as given, and ninja rebuilds when a command
-    # line changes: ctest's environment says /usr/bin/c++, a shell says c++, and each rebuilt the op (90 s).
-    # The resolved path makes every environment write the same line.
-    cxx = os.environ.get("CXX", "c++")
-    os.environ["CXX"] = shutil_which(cxx) or cxx
+    pin_cxx()
     builder = CPUAdamBuilder()
     info["op_name"] = builder.absolute_name()
     info["cached_before"] = os.path.isdir(os.path.join(ext_dir, builder.name)) and any(

@@ -95,9 +95,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # Note [OpenMP waits in the
 
 import torch  # noqa: E402
 
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(
-    os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "strata", "torch-extensions",
-    f"torch-{torch.__version__.split('+')[0]}-py{sys.version_info[0]}{sys.version_info[1]}"))
+from deepspeed_env import pin_cxx, set_torch_extensions_dir  # noqa: E402
+
+set_torch_extensions_dir(torch.__version__)  # where bench/peers.py and install-deps build DeepSpeed's ops
 if not torch.cuda.is_available():
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -118,8 +118,7 @@ def deepspeed_ops():
         return False, dict(info, why=f"import deepspeed failed: {type(e).__name__}: {e}",
                            fix="scripts/install-deps (the pinned deepspeed, scripts/requirements-torch2.txt)")
     info["deepspeed_version"] = deepspeed.__version__
-    cxx = os.environ.get("CXX", "c++")  # as bench/peers.py: one compiler path, so ninja does not rebuild
-    os.environ["CXX"] = shutil.which(cxx) or cxx
+    pin_cxx()  # one compiler path, so ninja does not rebuild the ops
     for name in DS_OPS:
         builder = get_accelerator().create_op_builder(name)
         if builder is None:
