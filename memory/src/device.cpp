@@ -137,6 +137,18 @@ Status Device::wait(const Stream& stream, const Event& event) {
   return do_wait(stream.native(), event.native());
 }
 
+Status Device::record_native(const Event& event, NativeStream stream) {
+  check_event(event);
+  STRATA_RETURN_IF_ERROR(do_check_native(stream));
+  return do_record(event.native(), stream.value);
+}
+
+Status Device::wait_native(NativeStream stream, const Event& event) {
+  check_event(event);
+  STRATA_RETURN_IF_ERROR(do_check_native(stream));
+  return do_wait(stream.value, event.native());
+}
+
 Status Device::synchronize(const Event& event) {
   check_event(event);
   return do_synchronize_event(event.native());

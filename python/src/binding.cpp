@@ -59,6 +59,7 @@ PYBIND11_MODULE(_C, m) {
       .def("bind_many", &Engine::bind_many)
       .def("unbind_many", &Engine::unbind_many)
       .def("unbind_all", &Engine::unbind_all)
+      .def("set_torch_stream", &Engine::set_torch_stream)
       .def("binds", &Engine::binds)
       .def("hand_grad", &Engine::hand_grad)
       .def("gradients_pending", &Engine::gradients_pending)

@@ -49,16 +49,22 @@ Engine::Engine(const std::string& config_json) {
   device_ =
       rt_->device().kind() == memory::DeviceKind::kCuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   install_poison_handler();
-  grads_.attach(rt_.get(), &params_, device_);
+  order_.attach(*rt_);
+  grads_.attach(rt_.get(), &params_, device_, &order_);
 }
 
 void Engine::close() {
   if (rt_ == nullptr) return;
+  {
+    py::gil_scoped_release release;
+    order_.finish_torch();  // torch's queued kernels end before slots are released and freed
+  }
   grads_.drop();
-  for (Param& p : params_) unbind_now(p);
+  for (Param& p : params_) unbind_now(p, /*ordered=*/true);
   params_.clear();
   closed_totals_ = rt_->stats();
   py::gil_scoped_release release;
+  order_.detach();
   rt_.reset();
 }
 
@@ -174,6 +180,7 @@ void Engine::bind(std::uint32_t id) {
   if (p.binds++ > 0) return;
   py::gil_scoped_release release;  // acquire may wait for the chunk's optimizer, wait for its load
   bind_now(p);
+  order_.torch_after_strata();  // Note [Torch's stream]
 }
 
 void Engine::bind_many(const std::vector<std::uint32_t>& ids) {
@@ -190,6 +197,7 @@ void Engine::bind_many(const std::vector<std::uint32_t>& ids) {
   try {
     py::gil_scoped_release release;
     for (; done < first_binds.size(); ++done) bind_now(*first_binds[done]);
+    order_.torch_after_strata();  // one order for the whole batch (Note [Torch's stream])
   } catch (...) {
     for (std::size_t i = done + 1; i < first_binds.size(); ++i)
       --first_binds[i]->binds;  // bind_now undid its own
@@ -200,8 +208,15 @@ void Engine::bind_many(const std::vector<std::uint32_t>& ids) {
 bool Engine::unbind_many(const std::vector<std::uint32_t>& ids) {
   ++crossings_;
   for (std::uint32_t id : ids) {
+    const Param& p = param(id);
+    if (p.binds == 1 && p.lease.has_value()) {
+      order_.strata_after_torch();  // one order for the whole batch (Note [Torch's stream])
+      break;
+    }
+  }
+  for (std::uint32_t id : ids) {
     Param& p = param(id);
-    if (p.binds > 0 && --p.binds == 0) unbind_now(p);
+    if (p.binds > 0 && --p.binds == 0) unbind_now(p, /*ordered=*/true);
   }
   return any_poison_hit();
 }
@@ -214,7 +229,14 @@ void Engine::unbind(std::uint32_t id) {
 }
 
 void Engine::unbind_all() {
-  for (Param& p : params_) unbind_now(p);
+  if (std::any_of(params_.begin(), params_.end(), [](const Param& p) { return p.lease.has_value(); }))
+    order_.strata_after_torch();
+  for (Param& p : params_) unbind_now(p, /*ordered=*/true);
+}
+
+void Engine::set_torch_stream(std::uintptr_t stream) {
+  check_open();
+  order_.set_torch_stream(stream);
 }
 
 void Engine::hand_grad(std::uint32_t id, const at::Tensor& grad, bool accumulate) {
@@ -440,7 +462,9 @@ void Engine::bind_now(Param& p) {
     --p.binds;
     throw_if(lease.status().with_context(fmt::format("binding parameter \"{}\"", p.name)));
   }
-  Status st = rt_->wait(*lease);
+  // On the sim device torch computes on this thread: wait here. On cuda torch's stream
+  // waits instead, once the caller has acquired all it binds (Note [Torch's stream]).
+  Status st = order_.active() ? Status::Ok() : rt_->wait(*lease);
   if (!st.ok()) {
     --p.binds;
     throw_if(st);
@@ -449,9 +473,10 @@ void Engine::bind_now(Param& p) {
   p.lease = std::move(lease).value();
 }
 
-void Engine::unbind_now(Param& p) {
+void Engine::unbind_now(Param& p, bool ordered) {
   p.binds = 0;
   if (!p.lease.has_value()) return;
+  if (!ordered) order_.strata_after_torch();  // the release's fence after torch's use
   if (p.poison.data() != nullptr) storage(p)->set_data_ptr_noswap(at::DataPtr(p.poison.data(), device_));
   p.lease.reset();
 }

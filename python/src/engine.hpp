@@ -16,6 +16,7 @@
 #include "grad_handoff.hpp"
 #include "param.hpp"
 #include "strata/strata.hpp"
+#include "stream_order.hpp"
 
 namespace strata::torch_binding {
 
@@ -86,6 +87,11 @@ class Engine {
 
   //! Unbinds every parameter, whatever its count (the sweep at the end of backward).
   void unbind_all();
+
+  //! Torch's current CUDA stream (torch.cuda.current_stream().cuda_stream), which binds
+  //! and releases are ordered against (Note [Torch's stream]); set at each forward's start.
+  //! Ignored on the sim device.
+  void set_torch_stream(std::uintptr_t stream);
 
   int binds(std::uint32_t id) { return param(id).binds; }
 
@@ -176,13 +182,16 @@ class Engine {
   //! The lease of a parameter whose count just went 0 -> 1; undoes the count on failure.
   //! Runs without the GIL (touches no Python object).
   void bind_now(Param& p);
-  void unbind_now(Param& p);
+  //! Releases the parameter's lease; ordered: the caller already ordered strata after
+  //! torch's queued work (Note [Torch's stream]), else it does so here.
+  void unbind_now(Param& p, bool ordered = false);
 
   std::unique_ptr<strata::Runtime> rt_;
   at::Device device_{at::kCPU};
   std::vector<Param> params_;
   std::uint64_t crossings_ = 0;
   std::uint64_t param_leases_ = 0;
+  StreamOrder order_;      //!< Note [Torch's stream]: cuda only
   GradientHandoff grads_;  //!< Note [Gradients in pieces]: the order gradients reach the runtime
   Stats closed_totals_;    //!< rt_->stats() when close() freed the runtime
 };

@@ -81,7 +81,13 @@ void GradientHandoff::hand_listed(std::uint32_t id, const at::Tensor& grad, bool
 void GradientHandoff::hand_now(Param& p, const at::Tensor& grad, bool accumulate) {
   auto lease = rt_->acquire(p.id, StateKind::kGrad, accumulate ? Access::kAccumulate : Access::kWrite);
   if (!lease.ok()) throw_if(lease.status().with_context(fmt::format("gradient of \"{}\"", p.name)));
-  throw_if(rt_->wait(*lease));
+  // Sim: torch adds on this thread, after the host wait. Cuda: torch's stream waits for the
+  // chunk, and the release's fence waits for torch's copy (Note [Torch's stream]).
+  if (stream_order_->active()) {
+    stream_order_->torch_after_strata();
+  } else {
+    throw_if(rt_->wait(*lease));
+  }
   at::Tensor dst = at::from_blob(lease->data(), {static_cast<std::int64_t>(p.numel)},
                                  at::TensorOptions().dtype(p.tensor.scalar_type()).device(device_));
   at::Tensor src = grad.reshape({-1});
@@ -90,6 +96,7 @@ void GradientHandoff::hand_now(Param& p, const at::Tensor& grad, bool accumulate
   } else {
     dst.copy_(src);
   }
+  stream_order_->strata_after_torch();
 }
 
 void GradientHandoff::log_kept_once() {

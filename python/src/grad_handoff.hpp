@@ -17,16 +17,18 @@
 #include "param.hpp"
 #include "strata/runtime/gradient_order.hpp"
 #include "strata/strata.hpp"
+#include "stream_order.hpp"
 
 namespace strata::torch_binding {
 
 class GradientHandoff {
  public:
   //! The engine's runtime, parameters and device; once, before any other call.
-  void attach(strata::Runtime* rt, std::vector<Param>* params, at::Device device) {
+  void attach(strata::Runtime* rt, std::vector<Param>* params, at::Device device, StreamOrder* order) {
     rt_ = rt;
     params_ = params;
     device_ = device;
+    stream_order_ = order;
   }
 
   //! Hands parameter `id`'s gradient to its grad chunk: overwrite (first micro-batch
@@ -68,6 +70,7 @@ class GradientHandoff {
   std::vector<bool> trainable() const;
 
   strata::Runtime* rt_ = nullptr;
+  StreamOrder* stream_order_ = nullptr;  //!< Note [Torch's stream]
   std::vector<Param>* params_ = nullptr;
   at::Device device_{at::kCPU};
   runtime::GradientOrder order_;

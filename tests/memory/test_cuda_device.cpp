@@ -86,6 +86,35 @@ TEST_F(CudaDeviceTest, EventOrdersStreamsAndHostFunctionsRunInOrder) {
   EXPECT_TRUE(b_saw.load());
 }
 
+// Note [Native streams]: a cudaStream_t strata does not own (here one it made, used only by
+// its value, and the legacy default stream 0, torch's default) orders against strata's streams.
+TEST_F(CudaDeviceTest, NativeStreamOrdersAgainstItsStreams) {
+  auto own = device_->create_stream();
+  auto other = device_->create_stream();
+  auto event = device_->create_event();
+  ASSERT_TRUE(own.ok() && other.ok() && event.ok());
+  std::atomic<bool> gate{false};
+  std::atomic<bool> own_done{false};
+  std::atomic<bool> theirs_saw{false};
+  ASSERT_TRUE(device_
+                  ->launch_host(*own,
+                                [&] {
+                                  while (!gate.load()) {
+                                  }
+                                  own_done.store(true);
+                                })
+                  .ok());
+  ASSERT_TRUE(device_->record(*event, *own).ok());
+  ASSERT_TRUE(device_->wait_native(NativeStream{other->native()}, *event).ok());
+  ASSERT_TRUE(device_->launch_host(*other, [&] { theirs_saw.store(own_done.load()); }).ok());
+  gate.store(true);
+  ASSERT_TRUE(device_->synchronize(*other).ok());
+  EXPECT_TRUE(theirs_saw.load());
+  ASSERT_TRUE(device_->record_native(*event, NativeStream{0}).ok()) << "the legacy default stream";
+  ASSERT_TRUE(device_->wait(*own, *event).ok());
+  ASSERT_TRUE(device_->synchronize(*own).ok());
+}
+
 TEST_F(CudaDeviceTest, HostFunctionsReuseTheirRecords) {
   // launch_host carries each function in a pooled record, given back before the
   // function runs: 51 batches of 16 launches never need more than 16 records.

@@ -197,6 +197,63 @@ TEST(SimDevice, EventRecordedOnOneStreamOrdersAnother) {
   EXPECT_TRUE(*done);
 }
 
+// Note [Native streams]: a stream named by its backend value orders against the device's
+// own streams both ways, as another library's stream does on cuda (strata.torch: torch's).
+TEST(SimDevice, NativeStreamOrdersBothWaysByEvents) {
+  auto device = make_sim();
+  auto own = device->create_stream();
+  auto other = device->create_stream();  // played by "another library": used only by its value
+  auto event = device->create_event();
+  ASSERT_TRUE(own.ok() && other.ok() && event.ok());
+  const NativeStream theirs{other->native()};
+  std::atomic<bool> gate{false};
+  std::atomic<int> order{0};
+  int own_first = -1;
+  int theirs_after = -1;
+  int own_after = -1;
+  // Own stream held at the gate: their work must wait for it through the event.
+  ASSERT_TRUE(device
+                  ->launch_host(*own,
+                                [&] {
+                                  while (!gate.load())
+                                    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                                  own_first = order++;
+                                })
+                  .ok());
+  ASSERT_TRUE(device->record(*event, *own).ok());
+  ASSERT_TRUE(device->wait_native(theirs, *event).ok());
+  ASSERT_TRUE(device->launch_host(*other, [&] { theirs_after = order++; }).ok());
+  // And back: own work queued after waits for theirs.
+  ASSERT_TRUE(device->record_native(*event, theirs).ok());
+  ASSERT_TRUE(device->wait(*own, *event).ok());
+  ASSERT_TRUE(device->launch_host(*own, [&] { own_after = order++; }).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(theirs_after, -1) << "their work ran before the event it waits for";
+  gate.store(true);
+  ASSERT_TRUE(device->synchronize().ok());
+  EXPECT_EQ(own_first, 0);
+  EXPECT_EQ(theirs_after, 1);
+  EXPECT_EQ(own_after, 2);
+}
+
+TEST(SimDevice, NativeStreamThatIsNotOneOfItsStreamsIsRefused) {
+  auto device = make_sim();
+  auto event = device->create_event();
+  ASSERT_TRUE(event.ok());
+  std::uintptr_t gone = 0;
+  {
+    auto stream = device->create_stream();
+    ASSERT_TRUE(stream.ok());
+    gone = stream->native();
+  }
+  for (std::uintptr_t value : {std::uintptr_t{0}, gone}) {
+    Status st = device->wait_native(NativeStream{value}, *event);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("not a live stream of this device"), std::string::npos) << st;
+    EXPECT_EQ(device->record_native(*event, NativeStream{value}).code(), StatusCode::kInvalidArgument);
+  }
+}
+
 TEST(SimDevice, NeverRecordedEventIsComplete) {
   auto device = make_sim();
   auto event = device->create_event();

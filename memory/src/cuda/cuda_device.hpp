@@ -52,6 +52,7 @@ class CudaDevice final : public Device {
                        CopyKind kind) override;
   Status do_launch_host(std::uintptr_t stream, std::function<void()> fn) override;
   Status do_synchronize_stream(std::uintptr_t stream) override;
+  Status do_check_native(NativeStream /*stream*/) override { return Status::Ok(); }
 
  private:
   // Note [Copy timing on cuda]: each copy is bracketed by two timing events; completed

@@ -241,6 +241,15 @@ Status SimDevice::do_launch_host(std::uintptr_t stream, std::function<void()> fn
   return Status::Ok();
 }
 
+Status SimDevice::do_check_native(NativeStream stream) {
+  std::lock_guard lock(streams_mutex_);
+  if (streams_.contains(reinterpret_cast<SimStream*>(stream.value))) return Status::Ok();
+  return invalid_argument(
+      "sim device: native stream {:#x} is not a live stream of this device; on the sim device a native "
+      "stream must be the native() of a stream it made (Note [Native streams] in strata/memory/device.hpp)",
+      stream.value);
+}
+
 Status SimDevice::do_synchronize_stream(std::uintptr_t stream) {
   as_stream(stream)->synchronize();
   return Status::Ok();

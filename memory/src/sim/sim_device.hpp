@@ -48,6 +48,7 @@ class SimDevice final : public Device {
                        CopyKind kind) override;
   Status do_launch_host(std::uintptr_t stream, std::function<void()> fn) override;
   Status do_synchronize_stream(std::uintptr_t stream) override;
+  Status do_check_native(NativeStream stream) override;
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -794,6 +794,10 @@ class Wrapped:
         self._set_lazy(False)
         self._check_unchanged()
         self._ensure_engine()
+        if self.engine.device_kind() == "cuda":
+            # Binds and releases are ordered against torch's current stream by events, not by host
+            # waits (Note [Torch's stream] in python/src/stream_order.hpp).
+            self.engine.set_torch_stream(torch.cuda.current_stream().cuda_stream)
         if self._access:
             self.engine.sync_views()  # writes between steps reach the chunks (Note [Parameters between steps])
         self._clear_placeholders()

@@ -115,6 +115,20 @@ using Stream = DeviceHandle<detail::StreamTag>;
 //! A point in a stream's work, for ordering streams and the host (Note [Event semantics]).
 using Event = DeviceHandle<detail::EventTag>;
 
+// Note [Native streams]
+// Another library that computes on the same accelerator (torch) queues its work on streams
+// of its own. Its work and strata's are ordered with strata's events: record_native and
+// wait_native take such a stream by its backend value, without owning it. On cuda the value
+// is a cudaStream_t (torch.cuda.current_stream().cuda_stream; 0 is the legacy default
+// stream); the caller keeps it alive for the call, and CUDA's own error is returned for a
+// bad one. On sim it must be the native() of a live stream this device made (other values
+// are refused: InvalidArgument), so tests can play the other library on a stream of their own.
+
+//! A stream another library owns, by its backend value (Note [Native streams]).
+struct NativeStream {
+  std::uintptr_t value = 0;
+};
+
 //! A block of device memory from Device::allocate(). Move-only; frees on destruction.
 //! The hot path does not allocate: DevicePool takes one large block and carves it.
 class DeviceAllocation {
@@ -176,6 +190,11 @@ class Device {
   Status record(const Event& event, const Stream& stream);
   //! Work queued on `stream` after this call waits for `event`'s captured point.
   Status wait(const Stream& stream, const Event& event);
+  //! Captures the work queued so far on `stream`, a stream this Device does not own
+  //! (Note [Native streams]), in `event`.
+  Status record_native(const Event& event, NativeStream stream);
+  //! Work queued on the native `stream` after this call waits for `event`'s captured point.
+  Status wait_native(NativeStream stream, const Event& event);
   //! Blocks the host until `event`'s captured point is done.
   Status synchronize(const Event& event);
   //! Whether `event`'s captured point is done; never blocks.
@@ -240,6 +259,8 @@ class Device {
                                CopyKind kind) = 0;
   virtual Status do_launch_host(std::uintptr_t stream, std::function<void()> fn) = 0;
   virtual Status do_synchronize_stream(std::uintptr_t stream) = 0;
+  //! Whether `stream` may be passed to do_record/do_wait (Note [Native streams]).
+  virtual Status do_check_native(NativeStream stream) = 0;
 
   //! Live handles made by this device; a backend's destructor asserts it is zero.
   std::int64_t live_handles() const { return live_handles_.load(std::memory_order_relaxed); }
