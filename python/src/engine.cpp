@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -460,7 +461,10 @@ void Engine::bind_now(Param& p) {
   auto lease = rt_->acquire(p.id, StateKind::kParam, Access::kRead, Where::kDevice);
   if (!lease.ok()) {
     --p.binds;
-    throw_if(lease.status().with_context(fmt::format("binding parameter \"{}\"", p.name)));
+    Status st = lease.status();
+    st.with_context(fmt::format("binding parameter \"{}\"", p.name));
+    if (st.code() == StatusCode::kOutOfBudget) st = Status(st.code(), st.message() + working_set_note());
+    throw_if(st);
   }
   // On the sim device torch computes on this thread: wait here. On cuda torch's stream
   // waits instead, once the caller has acquired all it binds (Note [Torch's stream]).
@@ -471,6 +475,29 @@ void Engine::bind_now(Param& p) {
   }
   storage(p)->set_data_ptr_noswap(at::DataPtr(lease->data(), device_));
   p.lease = std::move(lease).value();
+}
+
+std::string Engine::working_set_note() const {
+  const runtime::ChunkLayout& l = rt_->layout();
+  std::vector<const Param*> bound;
+  std::set<std::uint32_t> families;
+  for (const Param& q : params_) {
+    if (!q.lease.has_value()) continue;
+    bound.push_back(&q);
+    if (q.id < l.slots.size()) families.insert(l.slots[q.id].family);
+  }
+  constexpr std::size_t kNamed = 6;
+  std::string names;
+  for (std::size_t i = 0; i < std::min(bound.size(), kNamed); ++i)
+    names += fmt::format("{}\"{}\"", i == 0 ? "" : ", ", bound[i]->name);
+  if (bound.size() > kNamed) names += fmt::format(" and {} more", bound.size() - kNamed);
+  return fmt::format(
+      ". strata.torch held {} parameters of {} chunk families bound at this point ({}): the modules "
+      "running at once and the parameters they read, each family in a GPU slot, are the working set "
+      "that filled the slots. Raise budgets.gpu by at least a slot, or bind fewer parameters at once "
+      "(docs/torch.md, \"Working set\"); the working set shows only when the model runs, so wrap() "
+      "cannot check it up front",
+      bound.size(), families.size(), names);
 }
 
 void Engine::unbind_now(Param& p, bool ordered) {

@@ -182,6 +182,8 @@ class Engine {
   //! The lease of a parameter whose count just went 0 -> 1; undoes the count on failure.
   //! Runs without the GIL (touches no Python object).
   void bind_now(Param& p);
+  //! What an OutOfBudget while binding adds: the parameters bound at that point (the working set).
+  std::string working_set_note() const;
   //! Releases the parameter's lease; ordered: the caller already ordered strata after
   //! torch's queued work (Note [Torch's stream]), else it does so here.
   void unbind_now(Param& p, bool ordered = false);

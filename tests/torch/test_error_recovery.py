@@ -48,6 +48,11 @@ def expect_recovered(f, scenario):
 def test_out_of_budget_in_forward(tmp_path):
     f = run("oob", tmp_path)
     assert "OutOfBudget" in f["error"] and "streaming chunk slots" in f["error"], f["error"]
+    # What was bound when the slots ran out (the working set: docs/torch.md, "Working set"):
+    # AllAtOnce binds layers 0..3 (4 families, weight and bias each) before it needs layer 4's.
+    assert ("strata.torch held 8 parameters of 4 chunk families bound at this point "
+            "(\"all_at_once.layers.0.weight\"") in f["error"], f["error"]
+    assert "and 2 more)" in f["error"], f["error"]
     expect_recovered(f, "oob")
 
 
