@@ -88,7 +88,8 @@ std::uint32_t Engine::register_param(const std::string& name, const at::Tensor& 
 
 void Engine::adopt(std::uint32_t id) {
   Param& p = param(id);
-  at::Tensor values = p.tensor.detach().to(at::kFloat).contiguous().reshape({-1});
+  // The runtime reads host memory: a CUDA parameter's values come down first.
+  at::Tensor values = p.tensor.detach().to(at::kCPU).to(at::kFloat).contiguous().reshape({-1});
   {
     py::gil_scoped_release release;
     throw_if(rt_->init_tensor(p.id, std::span<const float>(values.data_ptr<float>(), p.numel)));
@@ -168,7 +169,9 @@ void Engine::restore(std::uint32_t id) {
   Param& p = param(id);
   drop_view(p);
   unbind_now(p);
-  at::Tensor values = read(id, static_cast<int>(StateKind::kParam)).to(p.tensor.scalar_type());
+  // read() gives host memory; the storage takes memory of its own device (a CUDA
+  // parameter given a host pointer would fault in its first kernel).
+  at::Tensor values = read(id, static_cast<int>(StateKind::kParam)).to(p.tensor.scalar_type()).to(device_);
   auto* impl = storage(p);
   at::DataPtr fresh = values.storage().unsafeGetStorageImpl()->set_data_ptr(at::DataPtr(nullptr, device_));
   impl->set_data_ptr_noswap(std::move(fresh));

@@ -98,6 +98,23 @@ ThreadPool* fused_step_pool(std::int64_t threads) {
   return pool.get();
 }
 
+//! strata's fused kernels here run on the CPU: every tensor fused_step reads or writes must be
+//! a CPU tensor (a CUDA one's data pointer read on the host would fault).
+void check_on_cpu(const at::Tensor& param, const at::Tensor& grad, const std::vector<at::Tensor>& states,
+                  const std::optional<at::Tensor>& param_copy) {
+  auto refuse = [](std::string_view what, const at::Tensor& t) {
+    if (t.device().is_cpu()) return;
+    throw py::value_error(fmt::format(
+        "fused_step: {} is on {}, but strata.torch.functional runs strata's CPU kernels: pass CPU tensors "
+        "(.cpu()), or train through strata.torch.wrap, whose runtime steps where the optimizer states live",
+        what, t.device().str()));
+  };
+  refuse("param", param);
+  refuse("grad", grad);
+  for (const at::Tensor& t : states) refuse("a state", t);
+  if (param_copy.has_value()) refuse("param_copy", *param_copy);
+}
+
 //! strata's fused optimizer kernel over torch tensors (strata.torch.functional):
 //! one step for one tensor, in place. fp32 master (param), any-dtype grad, fp32
 //! or bf16 states (bf16: Adam, AdamW, LAMB), an optional bf16/fp16 param copy
@@ -108,6 +125,7 @@ ThreadPool* fused_step_pool(std::int64_t threads) {
 void fused_step(const std::string& optimizer, at::Tensor param, const at::Tensor& grad,
                 std::vector<at::Tensor> states, std::int64_t step, py::dict hyper, float grad_scale,
                 std::optional<at::Tensor> param_copy, std::int64_t threads, bool grad_checked) {
+  check_on_cpu(param, grad, states, param_copy);
   if (param.scalar_type() != at::kFloat || !param.is_contiguous() || !grad.is_contiguous())
     throw py::value_error("fused_step: param must be contiguous fp32, grad contiguous");
   if (grad.numel() != param.numel()) throw py::value_error("fused_step: grad must have the param's size");

@@ -65,6 +65,21 @@ def test_bad_arguments_name_the_fix():
         st.functional.step_("adamw", m, torch.zeros(10), [torch.zeros(10), torch.zeros(10)], 1, threads=0)
 
 
+def test_tensors_off_the_cpu_are_refused_before_any_is_read():
+    # The kernels read and write host memory: a CUDA tensor's pointer read on the host would fault.
+    # This machine has no GPU; meta tensors stand for any device but the CPU.
+    m, z = torch.zeros(10), lambda: torch.zeros(10)
+    meta = torch.zeros(10, device="meta")
+    for args, what in [((meta, z(), [z(), z()]), "param"), ((m, meta, [z(), z()]), "grad"),
+                       ((m, z(), [z(), meta]), "a state")]:
+        with pytest.raises(ValueError, match=f"fused_step: {what} is on meta.*pass CPU tensors"):
+            st.functional.step_("adamw", *args, 1)
+    with pytest.raises(ValueError, match="param_copy is on meta"):
+        st.functional.step_("adamw", m, z(), [z(), z()], 1, param_copy=torch.zeros(10, dtype=torch.bfloat16,
+                                                                                   device="meta"))
+    assert not m.any(), "nothing was written"
+
+
 def test_omitted_hyperparameters_are_the_optimizers_defaults():
     """#26: fused_step starts from kernels::optimizer_defaults (the runtime config's defaults), so a key left out
     means the same as in strata.torch's optimizers: AdamW's weight decay 0.01, Lion's lr 1e-4 and beta2 0.99."""
