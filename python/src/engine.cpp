@@ -47,8 +47,10 @@ py::dict totals_dict(const Stats& s) {
 Engine::Engine(const std::string& config_json) {
   Config config = value_or_throw(Config::from_json_text(config_json));
   rt_ = value_or_throw(strata::Runtime::create(std::move(config)));
-  device_ =
-      rt_->device().kind() == memory::DeviceKind::kCuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  // The GPU the runtime opened (device.cuda_ordinal): torch's tensors over its memory name it.
+  device_ = rt_->device().kind() == memory::DeviceKind::kCuda
+                ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(rt_->config().device.cuda_ordinal))
+                : at::Device(at::kCPU);
   install_poison_handler();
   order_.attach(*rt_);
   grads_.attach(rt_.get(), &params_, device_, &order_);

@@ -59,8 +59,11 @@ def test_parameter_on_the_wrong_device(tmp_path):
     with pytest.raises(ValueError, match=r"deferred init .* sim device only"):
         st.wrap(nn.Linear(4, 4, device="meta"), {"device": {"kind": "cuda"}})
     model = nn.Linear(4, 4)
-    with pytest.raises(ValueError, match=r"'weight' is on cpu.*CUDA"):
+    with pytest.raises(ValueError, match=r"'weight' is on cpu but strata's device is GPU 0 .*model.to\('cuda:0'\)"):
         st.wrap(model, {"device": {"kind": "cuda"}})
+    # The GPU is device.cuda_ordinal's, not always cuda:0 (a tensor on cuda:0 is checked the same way).
+    with pytest.raises(ValueError, match=r"GPU 1 \(device.cuda_ordinal 1\).*model.to\('cuda:1'\)"):
+        st.wrap(model, {"device": {"kind": "cuda", "cuda_ordinal": 1}})
 
 
 def test_step_without_backward(tmp_path):

@@ -476,14 +476,22 @@ class Wrapped:
             return "cuda"
         return "cuda" if torch.cuda.is_available() else "cpu"
 
+    def _device_wanted(self):
+        """The torch device strata's device is: cpu for the sim device, else cuda:<device.cuda_ordinal>."""
+        if self._device_kind_wanted() == "cpu":
+            return torch.device("cpu")
+        device = self.config.get("device") if isinstance(self.config.get("device"), dict) else {}
+        return torch.device("cuda", int(device.get("cuda_ordinal", 0)))
+
     def _check_devices_early(self):
-        want = self._device_kind_wanted()
+        want = self._device_wanted()
         for name, p in zip(self.names, self.params):
-            if p.device.type != want:
+            if p.device.type != want.type or (want.type == "cuda" and p.device.index != want.index):
+                where = ("the sim device (CPU memory)" if want.type == "cpu" else
+                         f"GPU {want.index} (device.cuda_ordinal {want.index})")
                 raise ValueError(
-                    f"strata.torch.wrap: parameter {name!r} is on {p.device} but strata's device is "
-                    f"{'the sim device (CPU memory)' if want == 'cpu' else 'a CUDA GPU'}; "
-                    f"move the model with model.to({want!r}) before wrapping")
+                    f"strata.torch.wrap: parameter {name!r} is on {p.device} but strata's device is {where}; "
+                    f"move the model with model.to({str(want)!r}) before wrapping")
 
     def _model_signature(self):
         return tuple((id(p), p.requires_grad) for p in self.model.parameters())
@@ -797,7 +805,7 @@ class Wrapped:
         if self.engine.device_kind() == "cuda":
             # Binds and releases are ordered against torch's current stream by events, not by host
             # waits (Note [Torch's stream] in python/src/stream_order.hpp).
-            self.engine.set_torch_stream(torch.cuda.current_stream().cuda_stream)
+            self.engine.set_torch_stream(torch.cuda.current_stream(self._device_wanted()).cuda_stream)
         if self._access:
             self.engine.sync_views()  # writes between steps reach the chunks (Note [Parameters between steps])
         self._clear_placeholders()
