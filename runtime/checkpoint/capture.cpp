@@ -44,8 +44,8 @@ CheckpointSave::~CheckpointSave() {
   for (auto& [bytes, p] : spares) std::free(p);
   if (!allocated.empty()) {
     STRATA_LOG_WARN(
-        "checkpoint: {} buffer(s) of the save were lost track of and are freed at its end (a "
-        "known bug, runtime/checkpoint/checkpoint.hpp)",
+        "checkpoint: {} buffer(s) of the save were lost track of and are freed at its end (a bug: "
+        "report it; runtime/checkpoint/checkpoint.hpp)",
         allocated.size());
   }
   for (std::byte* p : allocated) std::free(p);
@@ -103,6 +103,10 @@ void release_pieces(Core& core, std::vector<CheckpointSave::Piece>& pieces, Chec
 //! save's room, in ordinary memory; else false when the copies do not fit the room.
 Result<bool> capture_family(Runtime::Impl& m, CheckpointSave& s, FamilyId f, bool force) {
   Core& core = m.core;
+  // Once only: a second capture would replace the first's pieces, losing their buffers and
+  // NVMe slot pins and counting `uncaptured` down twice (every caller checks the stage,
+  // with Core::mu held since).
+  STRATA_CHECK(s.stage[f] == CheckpointSave::Stage::kPending);
   // Its slots hold the states before the last step until its write-back ends.
   STRATA_CHECK(!force || !m.pipeline.writing_back(f));
   if (m.pipeline.writing_back(f)) return false;

@@ -321,8 +321,13 @@ static Result<FamilyId> next_family(Runtime::Impl& m, CheckpointSave& s) {
   const FamilyId f = *pick;
   if (s.stage[f] == CheckpointSave::Stage::kPending) {
     m.core.cv.wait(lock, [&] { return !m.pipeline.writing_back(f); });
-    STRATA_ASSIGN_OR_RETURN(const bool captured, capture_family(m, s, f, /*force=*/true));
-    STRATA_CHECK(captured);
+    // The wait dropped the lock: the training thread may have captured f meanwhile (its
+    // release path, Note [Overlapped save]). Capturing it again replaced those pieces,
+    // losing their buffers and their NVMe slot pins (the "lost track" of CheckpointSave).
+    if (s.stage[f] == CheckpointSave::Stage::kPending) {
+      STRATA_ASSIGN_OR_RETURN(const bool captured, capture_family(m, s, f, /*force=*/true));
+      STRATA_CHECK(captured);
+    }
   }
   return f;
 }
