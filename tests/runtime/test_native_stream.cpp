@@ -99,6 +99,10 @@ TEST(NativeStream, WorkOrderedByEventsSeesEveryChunkWhileSlotsAreReused) {
 
 // The check can fail: without the events the other stream reads slots before their copies land.
 TEST(NativeStream, WithoutTheEventsTheOtherStreamReadsBeforeTheCopyLands) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the thread sanitizer reports the race this test makes on purpose (the other stream "
+                  "reads a slot while the copy into it runs); the release and asan builds run it";
+#endif
   EXPECT_NE(read_on_other_stream(/*ordered=*/false, /*passes=*/1), expected(1));
 }
 
