@@ -63,7 +63,8 @@ void Engine::close() {
     order_.finish_torch();  // torch's queued kernels end before slots are released and freed
   }
   grads_.drop();
-  for (Param& p : params_) unbind_now(p, /*ordered=*/true);
+  bool ordered = true;  // torch's work is done (finish_torch)
+  for (Param& p : params_) unbind_now(p, &ordered);
   params_.clear();
   closed_totals_ = rt_->stats();
   py::gil_scoped_release release;
@@ -213,16 +214,10 @@ void Engine::bind_many(const std::vector<std::uint32_t>& ids) {
 
 bool Engine::unbind_many(const std::vector<std::uint32_t>& ids) {
   ++crossings_;
-  for (std::uint32_t id : ids) {
-    const Param& p = param(id);
-    if (p.binds == 1 && p.lease.has_value()) {
-      order_.strata_after_torch();  // one order for the whole batch (Note [Torch's stream])
-      break;
-    }
-  }
+  bool ordered = false;  // one order for the whole batch (Note [Torch's stream])
   for (std::uint32_t id : ids) {
     Param& p = param(id);
-    if (p.binds > 0 && --p.binds == 0) unbind_now(p, /*ordered=*/true);
+    if (p.binds > 0 && --p.binds == 0) unbind_now(p, &ordered);
   }
   return any_poison_hit();
 }
@@ -235,9 +230,8 @@ void Engine::unbind(std::uint32_t id) {
 }
 
 void Engine::unbind_all() {
-  if (std::any_of(params_.begin(), params_.end(), [](const Param& p) { return p.lease.has_value(); }))
-    order_.strata_after_torch();
-  for (Param& p : params_) unbind_now(p, /*ordered=*/true);
+  bool ordered = false;  // one order for all (Note [Torch's stream])
+  for (Param& p : params_) unbind_now(p, &ordered);
 }
 
 void Engine::set_torch_stream(std::uintptr_t stream) {
@@ -497,18 +491,17 @@ std::string Engine::working_set_note() const {
     names += fmt::format("{}\"{}\"", i == 0 ? "" : ", ", bound[i]->name);
   if (bound.size() > kNamed) names += fmt::format(" and {} more", bound.size() - kNamed);
   return fmt::format(
-      ". strata.torch held {} parameters of {} chunk families bound at this point ({}): the modules "
-      "running at once and the parameters they read, each family in a GPU slot, are the working set "
-      "that filled the slots. Raise budgets.gpu by at least a slot, or bind fewer parameters at once "
-      "(docs/torch.md, \"Working set\"); the working set shows only when the model runs, so wrap() "
-      "cannot check it up front",
+      ". strata.torch held {} parameters of {} chunk families bound at this point ({}), each family in "
+      "a GPU slot: the modules running at once and the parameters they read (the working set, "
+      "docs/torch.md); it shows only when the model runs, so wrap() cannot check it up front",
       bound.size(), families.size(), names);
 }
 
-void Engine::unbind_now(Param& p, bool ordered) {
+void Engine::unbind_now(Param& p, bool* ordered) {
   p.binds = 0;
   if (!p.lease.has_value()) return;
-  if (!ordered) order_.strata_after_torch();  // the release's fence after torch's use
+  if (ordered == nullptr || !*ordered) order_.strata_after_torch();  // the release's fence after torch's use
+  if (ordered != nullptr) *ordered = true;
   if (p.poison.data() != nullptr) storage(p)->set_data_ptr_noswap(at::DataPtr(p.poison.data(), device_));
   p.lease.reset();
 }

@@ -184,9 +184,9 @@ class Engine {
   void bind_now(Param& p);
   //! What an OutOfBudget while binding adds: the parameters bound at that point (the working set).
   std::string working_set_note() const;
-  //! Releases the parameter's lease; ordered: the caller already ordered strata after
-  //! torch's queued work (Note [Torch's stream]), else it does so here.
-  void unbind_now(Param& p, bool ordered = false);
+  //! Releases the parameter's lease, its fence after torch's queued work (Note [Torch's
+  //! stream]). A batch passes one flag: the first release orders, and sets it.
+  void unbind_now(Param& p, bool* ordered = nullptr);
 
   std::unique_ptr<strata::Runtime> rt_;
   at::Device device_{at::kCPU};

@@ -36,7 +36,6 @@ class StreamOrder {
   bool active() const { return rt_ != nullptr; }
   //! Torch's current stream (a cudaStream_t's value; 0 is the legacy default stream).
   void set_torch_stream(std::uintptr_t stream) { torch_ = memory::NativeStream{stream}; }
-  std::uintptr_t torch_stream() const { return torch_.value; }
 
   //! Torch's later work waits for what the compute stream has queued (a lease's arrival).
   void torch_after_strata() {

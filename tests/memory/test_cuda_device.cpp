@@ -67,14 +67,7 @@ TEST_F(CudaDeviceTest, EventOrdersStreamsAndHostFunctionsRunInOrder) {
   std::atomic<bool> gate{false};
   std::atomic<bool> a_done{false};
   std::atomic<bool> b_saw{false};
-  ASSERT_TRUE(device_
-                  ->launch_host(*a,
-                                [&] {
-                                  while (!gate.load()) {
-                                  }
-                                  a_done.store(true);
-                                })
-                  .ok());
+  ASSERT_TRUE(testing::launch_held(*device_, *a, gate, [&] { a_done.store(true); }).ok());
   ASSERT_TRUE(device_->record(*event, *a).ok());
   ASSERT_TRUE(device_->wait(*b, *event).ok());
   ASSERT_TRUE(device_->launch_host(*b, [&] { b_saw.store(a_done.load()); }).ok());
@@ -96,14 +89,7 @@ TEST_F(CudaDeviceTest, NativeStreamOrdersAgainstItsStreams) {
   std::atomic<bool> gate{false};
   std::atomic<bool> own_done{false};
   std::atomic<bool> theirs_saw{false};
-  ASSERT_TRUE(device_
-                  ->launch_host(*own,
-                                [&] {
-                                  while (!gate.load()) {
-                                  }
-                                  own_done.store(true);
-                                })
-                  .ok());
+  ASSERT_TRUE(testing::launch_held(*device_, *own, gate, [&] { own_done.store(true); }).ok());
   ASSERT_TRUE(device_->record(*event, *own).ok());
   ASSERT_TRUE(device_->wait_native(NativeStream{other->native()}, *event).ok());
   ASSERT_TRUE(device_->launch_host(*other, [&] { theirs_saw.store(own_done.load()); }).ok());

@@ -172,14 +172,7 @@ TEST(SimDevice, EventRecordedOnOneStreamOrdersAnother) {
   std::atomic<bool> a_done{false};
   std::atomic<bool> b_saw_a_done{false};
   // Stream a is held until the test opens the gate, so b would run first without the event.
-  ASSERT_TRUE(device
-                  ->launch_host(*a,
-                                [&] {
-                                  while (!gate.load())
-                                    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-                                  a_done.store(true);
-                                })
-                  .ok());
+  ASSERT_TRUE(testing::launch_held(*device, *a, gate, [&] { a_done.store(true); }).ok());
   ASSERT_TRUE(device->record(*event, *a).ok());
   ASSERT_TRUE(device->wait(*b, *event).ok());
   ASSERT_TRUE(device->launch_host(*b, [&] { b_saw_a_done.store(a_done.load()); }).ok());
@@ -212,14 +205,7 @@ TEST(SimDevice, NativeStreamOrdersBothWaysByEvents) {
   int theirs_after = -1;
   int own_after = -1;
   // Own stream held at the gate: their work must wait for it through the event.
-  ASSERT_TRUE(device
-                  ->launch_host(*own,
-                                [&] {
-                                  while (!gate.load())
-                                    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-                                  own_first = order++;
-                                })
-                  .ok());
+  ASSERT_TRUE(testing::launch_held(*device, *own, gate, [&] { own_first = order++; }).ok());
   ASSERT_TRUE(device->record(*event, *own).ok());
   ASSERT_TRUE(device->wait_native(theirs, *event).ok());
   ASSERT_TRUE(device->launch_host(*other, [&] { theirs_after = order++; }).ok());

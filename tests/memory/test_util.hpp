@@ -7,13 +7,18 @@
 #include <spdlog/sinks/ostream_sink.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "strata/common/log.hpp"
 #include "strata/common/status.hpp"
+#include "strata/memory/device.hpp"
 
 namespace strata {
 //! Lets tests write `EXPECT_TRUE(s.ok()) << s;`.
@@ -23,6 +28,16 @@ inline std::ostream& operator<<(std::ostream& os, const Status& status) {
 }  // namespace strata
 
 namespace strata::testing {
+
+//! Queues on `stream` a host function that holds the stream until `gate` opens, then runs
+//! `then` (tests of event order: work queued behind it, or waiting for it, must not run first).
+inline Status launch_held(memory::Device& device, const memory::Stream& stream, const std::atomic<bool>& gate,
+                          std::function<void()> then) {
+  return device.launch_host(stream, [&gate, then = std::move(then)] {
+    while (!gate.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    then();
+  });
+}
 
 class LogCapture {
  public:

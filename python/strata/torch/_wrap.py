@@ -467,9 +467,12 @@ class Wrapped:
         for pid, p in enumerate(self.params):
             _LAZY_OWNER[id(p)] = (me, pid)
 
+    def _device_config(self):
+        device = self.config.get("device")
+        return device if isinstance(device, dict) else {}
+
     def _device_kind_wanted(self):
-        kind = self.config.get("device", {}).get("kind", "auto") if isinstance(self.config.get("device"), dict) \
-            else "auto"
+        kind = self._device_config().get("kind", "auto")
         if kind == "sim":
             return "cpu"
         if kind == "cuda":
@@ -480,8 +483,7 @@ class Wrapped:
         """The torch device strata's device is: cpu for the sim device, else cuda:<device.cuda_ordinal>."""
         if self._device_kind_wanted() == "cpu":
             return torch.device("cpu")
-        device = self.config.get("device") if isinstance(self.config.get("device"), dict) else {}
-        return torch.device("cuda", int(device.get("cuda_ordinal", 0)))
+        return torch.device("cuda", int(self._device_config().get("cuda_ordinal", 0)))
 
     def _check_devices_early(self):
         want = self._device_wanted()
