@@ -1,26 +1,27 @@
 // Checkpoint capture: the save's hold on optimizer updates (Note [Overlapped save]):
 // capturing a family (host copies into the save's own buffers, NVMe slots pinned),
-// the save's room, and the hooks the scheduler and step() ask
-// (Runtime::Impl::checkpoint_*). It calls Core (stores, NVMe slot pins) and the
-// pipeline's launches; every function expects Core::mu held. The save thread
-// (save.cpp) calls it through checkpoint.hpp.
+// the save's room, and the hooks the runtime's scheduler and step() ask
+// (Checkpointer::allows_update, capture_for_update, wait_captured, finish). It
+// calls the source (its chunks' places and copies, NVMe slot pins, launching a
+// held update); every function expects the source's lock held. The save thread
+// (save_thread.cpp) calls it through checkpoint.hpp.
 
 #include "checkpoint.hpp"
 
-namespace strata::runtime {
+namespace strata::checkpoint {
 
 // Note [Overlapped save]
 // begin_checkpoint captures the state as of the call and returns; a background
-// thread (CheckpointSave::run) writes it while training goes on. Forward and
+// thread (SaveState::run) writes it while training goes on. Forward and
 // backward only read params, so only an optimizer update changes what the save
 // must write: family f's update does not start until f is captured
-// (Runtime::Impl::checkpoint_allows_update, asked by the scheduler before every
+// (Checkpointer::allows_update, asked by the runtime's scheduler before every
 // launch). Capturing f takes, under the lock:
-//   - a chunk whose value is on NVMe: its slots, pinned (Note [Pinned NVMe slots]
-//     in nvme_tier.hpp). The copy-on-write write-back of f's update goes to fresh
-//     slots and the old ones are released only when the save has read them, so
-//     NVMe states stream from their slots and never pass through the device;
-//   - any other chunk: a copy into a host buffer of the host store (the budget).
+//   - a chunk whose value is on NVMe: its slots, pinned (Source::pin_slot; Note
+//     [Pinned NVMe slots] in the runtime's nvme_tier.hpp). The copy-on-write write-back of f's update goes to
+//     fresh slots and the old ones are released only when the save has read them, so NVMe states stream from
+//     their slots and never pass through the device;
+//   - any other chunk: a copy into a buffer of the save's own (Source::copy_value).
 // The save thread captures ahead, in reverse family order (the order backward
 // completes them), as much as its room holds (a quarter of the host budget, in
 // ordinary memory: the plan gives the host store to training), and writes
@@ -39,25 +40,25 @@ namespace strata::runtime {
 // [Write-back after step]): a family still writing back is captured once its
 // write-back ends (until then its slots hold the states before that step).
 
-CheckpointSave::~CheckpointSave() {
+SaveState::~SaveState() {
   for (auto& [bytes, p] : spares) allocated.erase(p);
   for (auto& [bytes, p] : spares) std::free(p);
   if (!allocated.empty()) {
     STRATA_LOG_WARN(
         "checkpoint: {} buffer(s) of the save were lost track of and are freed at its end (a bug: "
-        "report it; runtime/checkpoint/checkpoint.hpp)",
+        "report it; runtime/checkpoint/checkpoint.hpp: SaveState)",
         allocated.size());
   }
   for (std::byte* p : allocated) std::free(p);
 }
 
-namespace checkpoint_detail {
+namespace detail {
 
 //! A buffer of the save (Note [Overlapped save]): ordinary memory, 4096-aligned as
 //! NVMe reads need, never the host store's (the plan gave all of it to training).
 //! Within the save's room, or past it with `force` (the save thread, one family at a
 //! time); null otherwise.
-std::byte* save_allocate(CheckpointSave& s, std::uint64_t bytes, bool force) {
+std::byte* save_allocate(SaveState& s, std::uint64_t bytes, bool force) {
   if (!force && s.held_bytes + bytes > s.room) return nullptr;
   std::byte* p = nullptr;
   // A spare of the same size first: chunks are mostly one size, and a fresh buffer
@@ -80,7 +81,7 @@ std::byte* save_allocate(CheckpointSave& s, std::uint64_t bytes, bool force) {
   return p;
 }
 
-void save_free(CheckpointSave& s, std::byte* p, std::uint64_t bytes) {
+void save_free(SaveState& s, std::byte* p, std::uint64_t bytes) {
   s.held_bytes -= bytes;
   if (s.spares.size() < kSaveSpares && s.held_bytes + bytes <= s.room) {
     s.spares.emplace_back(bytes, p);
@@ -91,122 +92,106 @@ void save_free(CheckpointSave& s, std::byte* p, std::uint64_t bytes) {
   std::free(p);
 }
 
-void release_pieces(Core& core, std::vector<CheckpointSave::Piece>& pieces, CheckpointSave& s) {
-  for (CheckpointSave::Piece& p : pieces) {
+void release_pieces(SaveState& s, std::vector<SaveState::Piece>& pieces) {
+  for (SaveState::Piece& p : pieces) {
     if (p.buf != nullptr && !p.borrowed) save_free(s, p.buf, p.bytes);
-    for (std::uint32_t slot : p.slots) core.nvme.unpin_slot(slot);
+    for (std::uint32_t slot : p.slots) s.src.unpin_slot(slot);
   }
   pieces.clear();
 }
 
 //! Captures family f (Note [Overlapped save]). `force` (the save thread): past the
 //! save's room, in ordinary memory; else false when the copies do not fit the room.
-Result<bool> capture_family(Runtime::Impl& m, CheckpointSave& s, FamilyId f, bool force) {
-  Core& core = m.core;
+Result<bool> capture_family(SaveState& s, FamilyId f, bool force) {
+  Source& src = s.src;
   // Once only: a second capture would replace the first's pieces, losing their buffers and
   // NVMe slot pins and counting `uncaptured` down twice (every caller checks the stage,
-  // with Core::mu held since).
-  STRATA_CHECK(s.stage[f] == CheckpointSave::Stage::kPending);
+  // with the lock held since).
+  STRATA_CHECK(s.stage[f] == SaveState::Stage::kPending);
   // Its slots hold the states before the last step until its write-back ends.
-  STRATA_CHECK(!force || !m.pipeline.writing_back(f));
-  if (m.pipeline.writing_back(f)) return false;
+  STRATA_CHECK(!force || !src.writing_back(f));
+  if (src.writing_back(f)) return false;
+  const FamilyEntry& fam = s.desc.families[f];
+  std::vector<ChunkPlace> places;
   std::uint64_t need = 0;
   for (StateKind k : s.kinds[f]) {
-    const Chunk& c = core.chunk(f, k);
-    if (c.value != ChunkValue::kNvme) need += c.bytes;
+    places.push_back(src.place(f, k));
+    if (places.back().where != ChunkPlace::Where::kNvme) need += fam.chunk_bytes[static_cast<std::size_t>(k)];
   }
   if (!force && s.held_bytes + need > s.room) return false;
-  std::vector<CheckpointSave::Piece> pieces;
+  std::vector<SaveState::Piece> pieces;
   Status st = Status::Ok();
-  for (StateKind k : s.kinds[f]) {
-    Chunk& c = core.chunk(f, k);
-    CheckpointSave::Piece p{.kind = k, .bytes = c.bytes};
-    if (c.value == ChunkValue::kNvme) {
-      p.slots = c.nvme_slots;
-      for (std::uint32_t slot : p.slots) core.nvme.pin_slot(slot);
+  for (std::size_t i = 0; i < s.kinds[f].size(); ++i) {
+    const StateKind k = s.kinds[f][i];
+    ChunkPlace& place = places[i];
+    SaveState::Piece p{.kind = k, .bytes = fam.chunk_bytes[static_cast<std::size_t>(k)]};
+    if (place.where == ChunkPlace::Where::kNvme) {
+      p.slots = std::move(place.slots);
+      for (std::uint32_t slot : p.slots) src.pin_slot(slot);
       pieces.push_back(std::move(p));
       continue;
     }
-    if (s.blocking && c.value == ChunkValue::kHost) {
-      p.buf = c.host;
+    if (s.blocking && place.where == ChunkPlace::Where::kHost) {
+      p.buf = place.host;
       p.borrowed = true;
       pieces.push_back(p);
       continue;
     }
-    p.buf = save_allocate(s, c.bytes, force);
+    p.buf = save_allocate(s, p.bytes, force);
     if (p.buf == nullptr) {
       st = out_of_budget("checkpoint save: no room for a copy of family {} {}", f, state_kind_name(k));
       break;
     }
     pieces.push_back(p);
     // Copied without changing where the chunk lives: the plan's host room is training's.
-    switch (c.value) {
-      case ChunkValue::kHost:
-        std::memcpy(p.buf, c.host, c.bytes);
-        break;
-      case ChunkValue::kAbsent:  // optimizer states start as zeros
-        std::memset(p.buf, 0, c.bytes);
-        break;
-      case ChunkValue::kDevice: {  // the device copy is the only one: copy it, as a write-back would
-        DeviceSlot& slot = m.residency.slot_of(c);
-        st = core.device.wait(core.d2h, slot.fence);
-        if (st.ok())
-          st = core.device.copy_async(core.d2h, p.buf, slot.ptr, c.bytes, memory::CopyKind::kDeviceToHost);
-        if (st.ok()) st = core.device.record(slot.fence, core.d2h);
-        if (st.ok()) st = core.device.synchronize(core.d2h);
-        break;
-      }
-      default:
-        st = internal_error("checkpoint save: family {} {} is in the optimizer pipeline's staging", f,
-                            state_kind_name(k));
-    }
+    st = src.copy_value(f, k, p.buf);
     if (!st.ok()) break;
   }
   if (!st.ok()) {
-    release_pieces(core, pieces, s);
+    release_pieces(s, pieces);
     if (!force && st.code() == StatusCode::kOutOfBudget) return false;
     return st;
   }
   s.pieces[f] = std::move(pieces);
-  s.stage[f] = CheckpointSave::Stage::kCaptured;
+  s.stage[f] = SaveState::Stage::kCaptured;
   --s.uncaptured;
   if (s.held[f]) {
     s.held[f] = false;
     --s.held_count;
-    m.pipeline.launch_optimizer(f);
+    src.launch_update(f);
   }
-  core.cv.notify_all();
+  src.changed().notify_all();
   return true;
 }
 
 //! Ends the save's hold on every update (after an error): they launch now.
-void release_all_holds(Runtime::Impl& m, CheckpointSave& s) {
+void release_all_holds(SaveState& s) {
   for (FamilyId f = 0; f < s.stage.size(); ++f) {
-    if (s.stage[f] == CheckpointSave::Stage::kPending) {
-      s.stage[f] = CheckpointSave::Stage::kWritten;
+    if (s.stage[f] == SaveState::Stage::kPending) {
+      s.stage[f] = SaveState::Stage::kWritten;
       --s.uncaptured;
     }
-    release_pieces(m.core, s.pieces[f], s);
+    release_pieces(s, s.pieces[f]);
     if (s.held[f]) {
       s.held[f] = false;
       --s.held_count;
-      m.pipeline.launch_optimizer(f);
+      s.src.launch_update(f);
     }
   }
-  m.core.cv.notify_all();
+  s.src.changed().notify_all();
 }
 
-}  // namespace checkpoint_detail
+}  // namespace detail
 
-using namespace checkpoint_detail;
+using namespace detail;
 
-bool Runtime::Impl::checkpoint_allows_update(FamilyId f) {
-  CheckpointSave* s = checkpoint.get();
-  if (s == nullptr || s->done || s->stage[f] == CheckpointSave::Stage::kCaptured ||
-      s->stage[f] == CheckpointSave::Stage::kWritten)
+bool Checkpointer::allows_update(FamilyId f) {
+  SaveState* s = save_.get();
+  if (s == nullptr || s->done || s->stage[f] == SaveState::Stage::kCaptured ||
+      s->stage[f] == SaveState::Stage::kWritten)
     return true;
   if (s->held[f]) return false;
-  auto captured = capture_family(*this, *s, f, /*force=*/false);
+  auto captured = capture_family(*s, f, /*force=*/false);
   if (captured.ok() && *captured) return true;
   if (!captured.ok()) {
     // The save thread captures it again (and reports the error if it persists).
@@ -215,41 +200,37 @@ bool Runtime::Impl::checkpoint_allows_update(FamilyId f) {
   }
   s->held[f] = true;
   ++s->held_count;
-  core.cv.notify_all();
+  src_.changed().notify_all();
   return false;
 }
 
-Status Runtime::Impl::checkpoint_capture_for_update(std::unique_lock<std::mutex>& lock, FamilyId f) {
-  std::shared_ptr<CheckpointSave> s = checkpoint;
-  if (s == nullptr) return Status::Ok();
-  bool updates = false;
-  for (TensorId t : core.layout().families[f].tensors)
-    updates = updates || (core.tensors[t].grad_written && !core.tensors[t].spec.frozen);
-  if (!updates) return Status::Ok();
-  while (!s->done && s->stage[f] == CheckpointSave::Stage::kPending) {
-    auto captured = capture_family(*this, *s, f, /*force=*/false);
+Status Checkpointer::capture_for_update(std::unique_lock<std::mutex>& lock, FamilyId f) {
+  std::shared_ptr<SaveState> s = save_;
+  if (s == nullptr || !src_.updates_pending(f)) return Status::Ok();
+  while (!s->done && s->stage[f] == SaveState::Stage::kPending) {
+    auto captured = capture_family(*s, f, /*force=*/false);
     if (!captured.ok() || *captured) return captured.status();
-    core.cv.wait(lock);  // the save thread frees room as it writes
+    src_.changed().wait(lock);  // the save thread frees room as it writes
   }
   return Status::Ok();
 }
 
-Status Runtime::Impl::checkpoint_wait_captured(std::unique_lock<std::mutex>& lock, bool every_family) {
-  std::shared_ptr<CheckpointSave> s = checkpoint;
+Status Checkpointer::wait_captured(std::unique_lock<std::mutex>& lock, bool every_family) {
+  std::shared_ptr<SaveState> s = save_;
   if (s == nullptr) return Status::Ok();
-  core.cv.wait(lock,
-               [&] { return s->done || (s->held_count == 0 && (!every_family || s->uncaptured == 0)); });
+  src_.changed().wait(
+      lock, [&] { return s->done || (s->held_count == 0 && (!every_family || s->uncaptured == 0)); });
   return Status::Ok();
 }
 
-Status Runtime::Impl::checkpoint_finish(std::unique_lock<std::mutex>& lock) {
-  std::shared_ptr<CheckpointSave> s = checkpoint;  // kept while it runs: its holds stay in force
+Status Checkpointer::finish(std::unique_lock<std::mutex>& lock) {
+  std::shared_ptr<SaveState> s = save_;  // kept while it runs: its holds stay in force
   if (s == nullptr) return Status::Ok();
   lock.unlock();
   if (s->thread.joinable()) s->thread.join();
   lock.lock();
-  if (checkpoint == s) checkpoint.reset();
+  if (save_ == s) save_.reset();
   return s->status;
 }
 
-}  // namespace strata::runtime
+}  // namespace strata::checkpoint

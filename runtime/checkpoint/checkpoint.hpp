@@ -4,14 +4,14 @@
 // stripes, fsync/rename publishing, Note [Checkpoint format], Note [Checkpoint
 // publish], Note [Sharded checkpoint]), the capture side (capture.cpp: the save's
 // buffers and its hold on optimizer updates, Note [Overlapped save]), the save
-// (prepare.cpp: a save's checks and description; save.cpp: save_checkpoint,
-// begin_checkpoint, starting the save thread, Note [Save I/O priority];
+// (prepare.cpp: a save's checks and description; save.cpp: the Checkpointer's
+// save, begin and finish, starting the save thread, Note [Save I/O priority];
 // save_thread.cpp: the save thread's work; shards.cpp: data-parallel assembly) and
 // the load (load.cpp: the check pass, then the apply pass; shadow.cpp, load.hpp).
-// They may call Core, Runtime::Impl (finalize, the pipeline's wait_all and
-// launches, with_host_copy, the data-parallel agreements) and each other through
-// this header; nothing outside them includes it. Test hooks are in test_hooks.hpp,
-// not here. Every function expecting Core::mu held says so.
+// They reach the state they save only through checkpoint::Source (source.hpp) and
+// each other through this header; nothing outside the library includes it. Test
+// hooks are in strata/checkpoint/test_hooks.hpp, not here. Every function expecting
+// the source's lock held says so (Note [Snapshot lock]).
 
 #include <fcntl.h>
 #include <fmt/ranges.h>
@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
@@ -38,17 +39,23 @@
 #include <unordered_set>
 #include <vector>
 
-#include "../src/runtime_impl.hpp"
+#include "file_remover.hpp"
+#include "strata/checkpoint/checkpointer.hpp"
+#include "strata/checkpoint/source.hpp"
+#include "strata/common/assert.hpp"
 #include "strata/common/log.hpp"
 #include "strata/offload/crc32c.hpp"
 #include "strata/offload/file_io.hpp"
 
-namespace strata::runtime {
+namespace strata::checkpoint {
 
-namespace checkpoint_detail {
+namespace detail {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using runtime::dtype_bytes;
+using runtime::is_optim_kind;
+using runtime::state_kind_name;
 
 constexpr int kFormatVersion = 1;
 //! Data files written before they are fsynced together (bounds open descriptors).
@@ -91,7 +98,7 @@ inline Status read_all(int fd, std::byte* p, std::size_t n, std::uint64_t offset
   return s;
 }
 //! Creates (or truncates) StripedWriter::tmp_path(final_path) for writing (the test
-//! hook checkpoint_testing::before_create may fail it first).
+//! hook test_hooks::before_create may fail it first).
 Result<Fd> create_tmp(const fs::path& final_path);
 //! A StripedWriter of a new create_tmp(final_path).
 Result<StripedWriter> open_writer(fs::path final_path, StripeSink& sink);
@@ -101,7 +108,7 @@ void parallel_for(std::size_t n, const std::function<void(std::size_t, std::size
 //! Publishes `writers`: drains the sink, fsyncs them together, renames them in order.
 Status publish_all(StripeSink& sink, std::vector<StripedWriter>& writers);
 //! `dir` (made absolute) when it is neither one of the NVMe swap directories nor inside one.
-Result<fs::path> checkpoint_dir(const Core& core, const std::string& dir, std::string_view what);
+Result<fs::path> checkpoint_dir(const Source& src, const std::string& dir, std::string_view what);
 //! The published manifest of `dir`, its format and version checked.
 Result<json> read_manifest(const fs::path& dir);
 //! Opens every data file the manifest names and checks its size; `fds` and `stats`
@@ -113,13 +120,14 @@ Status verify_files(const fs::path& dir, const json& files, std::uint64_t stripe
                     const std::vector<Fd>& fds);
 //! Converts n elements between float dtypes (f32, bf16, f16).
 void convert(const std::byte* src, DType from, std::byte* dst, DType to, std::uint64_t n);
-//! The kinds a family of this runtime holds a chunk of, in file order.
-std::vector<StateKind> family_kinds(Core& core, FamilyId f);
+//! The kinds family f holds a chunk of, in file order.
+std::vector<StateKind> family_kinds(const Description& d, FamilyId f);
 
-}  // namespace checkpoint_detail
+}  // namespace detail
 
-struct CheckpointSave {
-  using json = checkpoint_detail::json;
+//! A save in flight (Note [Overlapped save]).
+struct SaveState {
+  using json = detail::json;
   //! One captured chunk: a host copy (buf) or the pinned NVMe slots it lives in.
   struct Piece {
     StateKind kind = StateKind::kParam;
@@ -130,12 +138,18 @@ struct CheckpointSave {
   };
   enum class Stage : std::uint8_t { kPending, kCaptured, kWritten };
 
+  explicit SaveState(Source& source) : src(source) {}
+  Source& src;
+  //! The tensors and families as of the call (read without the lock: it does not change).
+  Description desc;
+  //! Where the save's files go, and the file remover that deletes what they replace.
   std::filesystem::path root;
+  FileRemover* stale = nullptr;
   std::int64_t generation = 0;
   json tensors_meta;  //!< per tensor: name, shape, frozen, steps, group, file (taken at the call)
   json groups = json::array();
   std::int64_t step_index = 0;
-  double t0 = 0;
+  std::chrono::steady_clock::time_point t0;
   std::shared_ptr<NvmeStore> nvme;
   std::vector<std::vector<StateKind>> kinds;  //!< per family
   std::vector<Stage> stage;
@@ -147,7 +161,7 @@ struct CheckpointSave {
   std::uint64_t held_bytes = 0;  //!< bytes of the save's buffers
   std::uint64_t high_water = 0;  //!< the most held_bytes
   std::vector<std::pair<std::uint64_t, std::byte*>> spares;  //!< freed buffers kept for reuse (in held_bytes)
-  //! save_checkpoint: nothing runs beside it, so host copies are written in place
+  //! save(): nothing runs beside it, so host copies are written in place
   //! (borrowed), and families are captured ahead only for the read-ahead (Note
   //! [Save read-ahead]).
   bool blocking = false;
@@ -159,7 +173,7 @@ struct CheckpointSave {
   //! the training thread had captured it meanwhile. Fixed in next_family; capture_family
   //! now checks that a family is captured once.)
   std::unordered_set<std::byte*> allocated;
-  ~CheckpointSave();
+  ~SaveState();
   std::size_t held_count = 0;
   std::size_t uncaptured = 0;
   //! Data parallelism (Note [Sharded checkpoint]): this rank writes families f mod W =
@@ -175,45 +189,45 @@ struct CheckpointSave {
   std::thread thread;
 };
 
-namespace checkpoint_detail {
+namespace detail {
 
-// The capture side (capture.cpp); Core::mu held.
+// The capture side (capture.cpp); the source's lock held.
 //! A buffer of the save's own (4096-aligned, outside the host store): within its
 //! room, or past it with `force`; null otherwise.
-std::byte* save_allocate(CheckpointSave& s, std::uint64_t bytes, bool force);
+std::byte* save_allocate(SaveState& s, std::uint64_t bytes, bool force);
 //! Frees (or keeps as a spare) a buffer of save_allocate.
-void save_free(CheckpointSave& s, std::byte* p, std::uint64_t bytes);
+void save_free(SaveState& s, std::byte* p, std::uint64_t bytes);
 //! Frees a save's captured pieces of one family (buffers back, NVMe slots unpinned).
-void release_pieces(Core& core, std::vector<CheckpointSave::Piece>& pieces, CheckpointSave& s);
+void release_pieces(SaveState& s, std::vector<SaveState::Piece>& pieces);
 //! Captures family f (Note [Overlapped save]). `force` (the save thread): past the
 //! save's room, in ordinary memory; else false when the copies do not fit the room.
-Result<bool> capture_family(Runtime::Impl& m, CheckpointSave& s, FamilyId f, bool force);
+Result<bool> capture_family(SaveState& s, FamilyId f, bool force);
 //! Ends the save's hold on every update (after an error): they launch now.
-void release_all_holds(Runtime::Impl& m, CheckpointSave& s);
+void release_all_holds(SaveState& s);
 
-// The format side (format.cpp); Core::mu not needed.
+// The format side (format.cpp); the lock not needed.
 //! Writes, fsyncs and renames the manifest (the data files are published), then
 //! removes what no manifest names (Note [Checkpoint publish]).
-Status publish_manifest(Core& core, CheckpointSave& s, json files, json tensors, std::uint64_t total);
+Status publish_manifest(SaveState& s, json files, json tensors, std::uint64_t total);
 
 //! With W > 1: all-gathers every family's optimizer shards so that rank f mod W
-//! holds family f's whole pieces as captured (shards.cpp). Core::mu held.
-Status assemble_shards(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, CheckpointSave& s);
+//! holds family f's whole pieces as captured (shards.cpp). The lock held.
+Status assemble_shards(std::unique_lock<std::mutex>& lock, SaveState& s);
 //! Everything of a save that can fail on one rank alone (prepare.cpp):
-//! after this, only collectives and the save thread. Core::mu held.
-Status prepare_save(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, CheckpointSave& s,
-                    const std::string& dir, bool wait_write_backs);
+//! after this, only collectives and the save thread. The lock held.
+Status prepare_save(std::unique_lock<std::mutex>& lock, SaveState& s, const std::string& dir,
+                    bool wait_write_backs);
 //! The save's metadata as of the call (step counters, groups, the step index) and its
-//! per-family progress: another rank's families are done already. Core::mu held.
-void describe_save(Runtime::Impl& m, CheckpointSave& s);
+//! per-family progress: another rank's families are done already. The lock held.
+void describe_save(SaveState& s);
 
-// The save thread (save_thread.cpp); takes Core::mu itself.
+// The save thread (save_thread.cpp); takes the lock itself.
 //! Writes every family this rank owns and, on rank 0 or alone, the manifest
 //! (Note [Save read-ahead], Note [Save file creation]). Blocks until done.
-Status run_save(Runtime::Impl& m, CheckpointSave& s);
+Status run_save(SaveState& s);
 //! Removes a failed save's temporary files, written or not.
-void remove_temporaries(const Core& core, const CheckpointSave& s);
+void remove_temporaries(const SaveState& s);
 
-}  // namespace checkpoint_detail
+}  // namespace detail
 
-}  // namespace strata::runtime
+}  // namespace strata::checkpoint

@@ -1,8 +1,8 @@
 // Checkpoint format: the manifest, the data files' layout, CRC32C stripes, and
 // publishing (fsync, rename, removing stale files), Note [Checkpoint format],
-// Note [Checkpoint publish], Note [Sharded checkpoint]. It calls Core (layout,
-// options, NVMe directories) only; the save and the load (save.cpp,
-// load.cpp) call it through checkpoint.hpp.
+// Note [Checkpoint publish], Note [Sharded checkpoint]. It reads the save's
+// description and the source's NVMe directories only; the save and the load
+// (save.cpp, load.cpp) call it through checkpoint.hpp.
 //
 // Note [Checkpoint format]
 // A checkpoint directory holds one data file per chunk family and a JSON manifest:
@@ -37,9 +37,10 @@
 // Removing the previous generation's files took 0.09-0.10 s of a 0.27 s save of 256
 // MiB here (ext4 mounted with `discard`: each unlink trims the freed extents), a third
 // of the save, after the new checkpoint was already durable. So publish_manifest lists
-// them and Core::stale_checkpoint_files removes them on a thread of its own;
-// save_checkpoint returns once the manifest is durable. One batch at a time (the next
-// publish waits for the last); flush() and the destructor wait for it, so a caller
+// them and the Checkpointer's FileRemover removes them on a thread of its own;
+// a save returns once the manifest is durable. One batch at a time (the next
+// publish waits for the last); Checkpointer::wait_stale_removed (the runtime's
+// flush()) and the destructor wait for it, so a caller
 // that lists the directory after flush() sees only the published files. A crash
 // before they are gone leaves them, and the next publish removes them (it lists the
 // directory, not the batch). The list is fixed when published: a later save's files
@@ -69,20 +70,18 @@
 // all-gathers, checks the manifest and every file (all hold params, which every
 // rank needs), and the ranks agree before any applies; each applies params of
 // every family and, of each tensor's masters and states, the part in its shard
-// (Core::shard_part), so a checkpoint saved at W loads at any W' (the layout is
+// (TensorEntry::shard), so a checkpoint saved at W loads at any W' (the layout is
 // per tensor). Every rank reads its shard from every file.
 
 #include "checkpoint.hpp"
-#include "test_hooks.hpp"
+#include "strata/checkpoint/test_hooks.hpp"
+#include "strata/common/half.hpp"
 
-namespace strata::runtime {
-
-namespace checkpoint_detail {
+namespace strata::checkpoint::detail {
 
 Result<Fd> create_tmp(const fs::path& final_path) {
   const fs::path tmp = StripedWriter::tmp_path(final_path);
-  if (checkpoint_testing::before_create)
-    STRATA_RETURN_IF_ERROR(checkpoint_testing::before_create(tmp.string()));
+  if (test_hooks::before_create) STRATA_RETURN_IF_ERROR(test_hooks::before_create(tmp.string()));
   return offload::open_file(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644, "save_checkpoint: creating",
                             kWritableHint);
 }
@@ -127,12 +126,12 @@ Status publish_all(StripeSink& sink, std::vector<StripedWriter>& writers) {
 }
 
 //! `dir` (made absolute) when it is neither one of the NVMe swap directories nor inside one.
-Result<fs::path> checkpoint_dir(const Core& core, const std::string& dir, std::string_view what) {
+Result<fs::path> checkpoint_dir(const Source& src, const std::string& dir, std::string_view what) {
   if (dir.empty()) return invalid_argument("{}: the checkpoint directory is empty", what);
   std::error_code ec;
   const fs::path abs = fs::weakly_canonical(fs::absolute(dir, ec), ec);
   if (ec) return errno_status(ec.value(), fmt::format("{}: resolving {}", what, dir));
-  for (const std::string& swap : core.opt.nvme_dirs) {
+  for (const std::string& swap : src.nvme_dirs()) {
     const fs::path s = fs::weakly_canonical(fs::absolute(swap, ec), ec);
     if (ec) continue;
     auto [sit, ait] = std::mismatch(s.begin(), s.end(), abs.begin(), abs.end());
@@ -265,30 +264,31 @@ void convert(const std::byte* src, DType from, std::byte* dst, DType to, std::ui
     } else {
       std::uint16_t h;
       std::memcpy(&h, src + 2 * i, 2);
-      v = from == DType::kBF16 ? kernels::bf16_to_float(h) : kernels::f16_to_float(h);
+      v = from == DType::kBF16 ? strata::bf16_to_float(h) : strata::f16_to_float(h);
     }
     if (to == DType::kF32) {
       std::memcpy(dst + 4 * i, &v, 4);
     } else {
-      const std::uint16_t h = to == DType::kBF16 ? kernels::float_to_bf16(v) : kernels::float_to_f16(v);
+      const std::uint16_t h = to == DType::kBF16 ? strata::float_to_bf16(v) : strata::float_to_f16(v);
       std::memcpy(dst + 2 * i, &h, 2);
     }
   }
 }
 
-//! The kinds a family of this runtime holds a chunk of, in file order.
-std::vector<StateKind> family_kinds(Core& core, FamilyId f) {
+//! The kinds family f holds a chunk of, in file order.
+std::vector<StateKind> family_kinds(const Description& d, FamilyId f) {
   std::vector<StateKind> kinds;
   for (StateKind k : kSavedKinds) {
-    if (k == StateKind::kMaster && !core.separate_master) continue;
-    if (core.chunk(f, k).bytes > 0) kinds.push_back(k);
+    if (k == StateKind::kMaster && !d.separate_master) continue;
+    if (d.families[f].chunk_bytes[static_cast<std::size_t>(k)] > 0) kinds.push_back(k);
   }
   return kinds;
 }
 
 //! Writes, fsyncs and renames the manifest (the data files are published), then
 //! removes what no manifest names (Note [Checkpoint publish]).
-Status publish_manifest(Core& core, CheckpointSave& s, json files, json tensors, std::uint64_t total) {
+Status publish_manifest(SaveState& s, json files, json tensors, std::uint64_t total) {
+  const Description& d = s.desc;
   StripeSink sink;
   const std::size_t families = files.size();
   const json manifest = {{"format", kFormatName},
@@ -296,11 +296,11 @@ Status publish_manifest(Core& core, CheckpointSave& s, json files, json tensors,
                          {"generation", s.generation},
                          {"step", s.step_index},
                          {"stripe_bytes", kStripeBytes},
-                         {"compute_dtype", std::string(runtime::dtype_name(core.opt.compute_dtype))},
-                         {"state_dtype", std::string(runtime::dtype_name(core.opt.state_dtype))},
-                         {"state_count", core.state_count},
-                         {"optimizer", std::string(kernels::optimizer_name(core.opt.hyper.optimizer))},
-                         {"ranks", core.dp_ranks()},
+                         {"compute_dtype", std::string(runtime::dtype_name(d.compute_dtype))},
+                         {"state_dtype", std::string(runtime::dtype_name(d.state_dtype))},
+                         {"state_count", d.state_count},
+                         {"optimizer", d.optimizer},
+                         {"ranks", s.src.ranks()},
                          {"files", std::move(files)},
                          {"tensors", std::move(tensors)},
                          {"groups", s.groups}};
@@ -328,15 +328,13 @@ Status publish_manifest(Core& core, CheckpointSave& s, json files, json tensors,
     if (ours && !current) stale.push_back(entry.path());
   }
   const std::size_t removed = stale.size();
-  core.stale_checkpoint_files.remove(std::move(stale));
+  s.stale->remove(std::move(stale));
   STRATA_LOG_DEBUG(
       "checkpoint: {} generation {} ({} bytes, {} files) in {:.3f} s; {} stale files being removed; "
       "buffers held at most {} bytes",
-      s.root.string(), s.generation, total, families, (core.timeline.now_us() - s.t0) * 1e-6, removed,
-      s.high_water);
+      s.root.string(), s.generation, total, families,
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - s.t0).count(), removed, s.high_water);
   return Status::Ok();
 }
 
-}  // namespace checkpoint_detail
-
-}  // namespace strata::runtime
+}  // namespace strata::checkpoint::detail

@@ -1,16 +1,16 @@
 // Checkpoint load: load_checkpoint's check pass (manifest, shapes, every stripe's
 // CRC32C, before any state changes) and its apply pass (chunk by chunk through
 // host copies), Note [Checkpoint format], Note [Sharded checkpoint]. It calls the
-// format side through checkpoint.hpp, Core, and Runtime::Impl (finalize,
-// wait_all, with_host_copy, the data-parallel agreement).
+// format side through checkpoint.hpp, and the source (finalize, waits,
+// overwrite_chunk, the data-parallel agreement).
 
 #include "load.hpp"
 
-#include "test_hooks.hpp"
+#include "strata/checkpoint/test_hooks.hpp"
 
-namespace strata::runtime {
+namespace strata::checkpoint {
 
-using namespace checkpoint_detail;
+using namespace detail;
 
 // Note [Load in one read]
 // A load must never apply part of a checkpoint: on any failure the runtime's params,
@@ -38,24 +38,25 @@ namespace {
 
 //! Checks one tensor entry of the manifest against this runtime's registered tensor
 //! and records where its kinds lie. Throws json::exception on a malformed entry.
-Status check_tensor(Core& core, LoadPlan& p, const json& t) {
+Status check_tensor(LoadPlan& p, const json& t) {
   const std::string& mpath = p.mpath;
   const auto name = t.at("name").get<std::string>();
-  const std::optional<TensorId> id = core.tensors.find(name);
-  if (!id) {
+  const auto found = p.ids.find(name);
+  if (found == p.ids.end()) {
     return failed_precondition(
         "load_checkpoint: {} holds tensor \"{}\", which this runtime has not registered: it is another "
         "model's checkpoint",
         mpath, name);
   }
-  const TensorInfo& info = core.tensors[*id];
+  const TensorId id = found->second;
+  const TensorEntry& info = p.desc.tensors[id];
   const auto shape = t.at("shape").get<std::vector<std::int64_t>>();
-  if (shape != info.spec.shape) {
+  if (shape != info.shape) {
     return failed_precondition("load_checkpoint: {}: tensor \"{}\" has shape [{}] there, [{}] here", mpath,
-                               name, fmt::join(shape, ", "), fmt::join(info.spec.shape, ", "));
+                               name, fmt::join(shape, ", "), fmt::join(info.shape, ", "));
   }
-  Source& s = p.src[*id];
-  p.seen[*id] = true;
+  Saved& s = p.saved[id];
+  p.seen[id] = true;
   s.file = t.at("file").get<std::uint32_t>();
   if (s.file >= p.file_paths.size())
     return corrupt("load_checkpoint: {}: tensor \"{}\" names file {} of {}", mpath, name, s.file,
@@ -89,20 +90,20 @@ Status check_tensor(Core& core, LoadPlan& p, const json& t) {
 
 //! Every registered tensor is in the checkpoint with every state this runtime keeps
 //! (the optimizer's states of trainable tensors).
-Status check_complete(Core& core, const LoadPlan& p) {
+Status check_complete(const LoadPlan& p) {
   for (TensorId id = 0; id < p.seen.size(); ++id) {
     if (!p.seen[id]) {
       return failed_precondition("load_checkpoint: {} lacks tensor \"{}\": it is another model's checkpoint",
-                                 p.mpath, core.tensors[id].spec.name);
+                                 p.mpath, p.desc.tensors[id].name);
     }
   }
-  for (FamilyId f = 0; f < core.layout().families.size(); ++f) {
-    for (StateKind k : family_kinds(core, f)) {
+  for (FamilyId f = 0; f < p.desc.families.size(); ++f) {
+    for (StateKind k : family_kinds(p.desc, f)) {
       if (k == StateKind::kParam || k == StateKind::kMaster) continue;
-      for (TensorId id : core.layout().families[f].tensors) {
-        if (!p.src[id].has[static_cast<std::size_t>(k)] && !core.tensors[id].spec.frozen) {
+      for (TensorId id : p.desc.families[f].tensors) {
+        if (!p.saved[id].has[static_cast<std::size_t>(k)] && !p.desc.tensors[id].frozen) {
           return failed_precondition("load_checkpoint: {}: tensor \"{}\" has no {} there", p.mpath,
-                                     core.tensors[id].spec.name, state_kind_name(k));
+                                     p.desc.tensors[id].name, state_kind_name(k));
         }
       }
     }
@@ -112,42 +113,42 @@ Status check_complete(Core& core, const LoadPlan& p) {
 
 //! Checks the manifest against this runtime and opens every file it names (their
 //! stripes are checked by prepare_load); changes no state.
-Status check_manifest(Core& core, LoadPlan& p) {
+Status check_manifest(LoadPlan& p) {
   const std::string& mpath = p.mpath;
   const json& manifest = p.manifest;
   try {
     const auto stripe = manifest.at("stripe_bytes").get<std::uint64_t>();
     if (stripe == 0) return corrupt("load_checkpoint: {} has stripe_bytes 0", mpath);
     const auto state_count = manifest.at("state_count").get<std::uint32_t>();
-    if (state_count != core.state_count) {
+    if (state_count != p.desc.state_count) {
       return failed_precondition(
           "load_checkpoint: {} holds {} optimizer state(s) per element (optimizer {}), this runtime's "
           "optimizer "
           "{} keeps {}; load it with the optimizer it was saved with",
-          mpath, state_count, manifest.value("optimizer", std::string("?")),
-          kernels::optimizer_name(core.opt.hyper.optimizer), core.state_count);
+          mpath, state_count, manifest.value("optimizer", std::string("?")), p.desc.optimizer,
+          p.desc.state_count);
     }
     for (const json& f : manifest.at("files")) {
       p.file_paths.push_back(p.root / f.at("name").get<std::string>());
       p.file_bytes.push_back(f.at("bytes").get<std::uint64_t>());
     }
     const json& tensors = manifest.at("tensors");
-    if (tensors.size() != core.tensors.size()) {
+    if (tensors.size() != p.desc.tensors.size()) {
       return failed_precondition(
           "load_checkpoint: {} holds {} tensors, this runtime has {} registered: it is another model's "
           "checkpoint",
-          mpath, tensors.size(), core.tensors.size());
+          mpath, tensors.size(), p.desc.tensors.size());
     }
-    for (const json& t : tensors) STRATA_RETURN_IF_ERROR(check_tensor(core, p, t));
-    STRATA_RETURN_IF_ERROR(check_complete(core, p));
+    for (const json& t : tensors) STRATA_RETURN_IF_ERROR(check_tensor(p, t));
+    STRATA_RETURN_IF_ERROR(check_complete(p));
     for (const json& g : manifest.value("groups", json::array())) {
-      const auto group = g.at("group").get<std::uint32_t>();
-      const GroupHyper h{
-          .set = true, .lr = g.at("lr").get<float>(), .weight_decay = g.at("weight_decay").get<float>()};
-      if (group >= 65536 || !std::isfinite(h.lr) || h.lr < 0 || !std::isfinite(h.weight_decay) ||
+      const GroupEntry h{.group = g.at("group").get<std::uint32_t>(),
+                         .lr = g.at("lr").get<float>(),
+                         .weight_decay = g.at("weight_decay").get<float>()};
+      if (h.group >= 65536 || !std::isfinite(h.lr) || h.lr < 0 || !std::isfinite(h.weight_decay) ||
           h.weight_decay < 0)
-        return corrupt("load_checkpoint: {}: group {} has a bad id, lr or weight decay", mpath, group);
-      p.groups.emplace_back(group, h);
+        return corrupt("load_checkpoint: {}: group {} has a bad id, lr or weight decay", mpath, h.group);
+      p.groups.push_back(h);
     }
     p.stripe_bytes = stripe;
     STRATA_RETURN_IF_ERROR(open_files(p.root, manifest.at("files"), &p.fds, &p.verified));
@@ -177,44 +178,45 @@ Status check_unchanged(const LoadPlan& p) {
 
 //! The check pass: everything a rank may find wrong on its own is found before the
 //! ranks agree (Note [Sharded checkpoint]): no rank applies anything unless every rank can.
-Status prepare_load(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, LoadPlan& p, const std::string& dir,
+Status prepare_load(Checkpointer& cp, std::unique_lock<std::mutex>& lock, LoadPlan& p, const std::string& dir,
                     std::vector<Shadow>* shadows) {
-  STRATA_ASSIGN_OR_RETURN(p.root, checkpoint_dir(m.core, dir, "load_checkpoint"));
-  if (m.leases_out > 0)
-    return failed_precondition("load_checkpoint({}) while leases are held", p.root.string());
-  STRATA_RETURN_IF_ERROR(m.finalize(lock));
-  STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
-  STRATA_RETURN_IF_ERROR(m.checkpoint_wait_captured(lock, /*every_family=*/true));
+  Source& src = p.src;
+  STRATA_ASSIGN_OR_RETURN(p.root, checkpoint_dir(src, dir, "load_checkpoint"));
+  if (src.leased()) return failed_precondition("load_checkpoint({}) while leases are held", p.root.string());
+  STRATA_RETURN_IF_ERROR(src.finalize(lock));
+  STRATA_RETURN_IF_ERROR(src.wait_updates(lock));
+  STRATA_RETURN_IF_ERROR(cp.wait_captured(lock, /*every_family=*/true));
   // Params already gathered must not overwrite what is loaded (Note [Sharded checkpoint]).
-  STRATA_RETURN_IF_ERROR(m.dp.finish_all_gathers(lock));
+  if (src.ranks() > 1) STRATA_RETURN_IF_ERROR(src.finish_gathers(lock));
+  p.desc = src.describe();
+  for (TensorId id = 0; id < p.desc.tensors.size(); ++id) p.ids.emplace(p.desc.tensors[id].name, id);
+  p.saved.resize(p.desc.tensors.size());
+  p.seen.assign(p.desc.tensors.size(), false);
   STRATA_ASSIGN_OR_RETURN(p.manifest, read_manifest(p.root));
   p.mpath = (p.root / kManifestName).string();
-  STRATA_RETURN_IF_ERROR(check_manifest(m.core, p));
+  STRATA_RETURN_IF_ERROR(check_manifest(p));
   // Every stripe is checked on threads of their own while this thread writes the
   // shadows (Note [Load in one read]); the first error, the check's first.
   Status verified = Status::Ok();
   std::thread check([&] { verified = verify_files(p.root, p.manifest.at("files"), p.stripe_bytes, p.fds); });
-  Status written = shadows != nullptr ? write_shadows(m.core, lock, p, *shadows) : Status::Ok();
+  Status written = shadows != nullptr ? write_shadows(lock, p, *shadows) : Status::Ok();
   check.join();
-  if (verified.ok() && written.ok() && checkpoint_testing::after_verify)
-    checkpoint_testing::after_verify(p.root.string());
+  if (verified.ok() && written.ok() && test_hooks::after_verify) test_hooks::after_verify(p.root.string());
   Status st = !verified.ok() ? verified : !written.ok() ? written : check_unchanged(p);
-  if (!st.ok() && shadows != nullptr) drop_shadows(m.core, *shadows);
+  if (!st.ok() && shadows != nullptr) drop_shadows(src, *shadows);
   return st;
 }
 
-//! Apply: chunk by chunk through a host copy (Runtime::Impl::with_host_copy), every
+//! Apply: chunk by chunk through a host copy (Source::overwrite_chunk), every
 //! tensor of the chunk written (padding stays zero), so an NVMe chunk's old value is
 //! not read first. Chunks loaded through shadows are skipped.
-Status apply_family(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, const LoadPlan& p, FamilyId f,
+Status apply_family(std::unique_lock<std::mutex>& lock, const LoadPlan& p, FamilyId f,
                     std::vector<std::byte>& staging, bool skip_shadowed) {
-  for (StateKind k : family_kinds(m.core, f)) {
-    if (skip_shadowed && shadowed(m.core, f, k)) continue;
+  for (StateKind k : family_kinds(p.desc, f)) {
+    if (skip_shadowed && shadowed(p, f, k)) continue;
     Status read = Status::Ok();
-    STRATA_RETURN_IF_ERROR(m.with_host_copy(
-        lock, m.core.chunk(f, k), true,
-        [&](std::byte* base) { read = fill_chunk(m.core, p, f, k, base, staging); },
-        /*whole=*/true));
+    STRATA_RETURN_IF_ERROR(p.src.overwrite_chunk(
+        lock, f, k, [&](std::byte* base) { read = fill_chunk(p, f, k, base, staging); }));
     STRATA_RETURN_IF_ERROR(read);
   }
   return Status::Ok();
@@ -222,49 +224,40 @@ Status apply_family(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, const 
 
 }  // namespace
 
-Status Runtime::load_checkpoint(const std::string& dir) {
-  Impl& m = *impl_;
-  std::unique_lock lock(m.core.mu);
-  InvariantCheck check(m, &lock);
+Status Checkpointer::load(std::unique_lock<std::mutex>& lock, const std::string& dir) {
   // Everything is checked before any state changes (Note [Checkpoint format]).
-  LoadPlan p;
-  p.src.resize(m.core.tensors.size());
-  p.seen.assign(m.core.tensors.size(), false);
+  LoadPlan p(src_);
   // One rank loads NVMe-homed states through shadows (Note [Load in one read]).
   std::vector<Shadow> shadows;
-  const bool one_rank = m.core.dp_ranks() == 1;
+  const bool one_rank = src_.ranks() == 1;
   if (one_rank) {
-    STRATA_RETURN_IF_ERROR(prepare_load(m, lock, p, dir, &shadows));
+    STRATA_RETURN_IF_ERROR(prepare_load(*this, lock, p, dir, &shadows));
   } else {
-    STRATA_RETURN_IF_ERROR(m.dp.all_ok(lock, prepare_load(m, lock, p, dir, nullptr), "load_checkpoint"));
+    STRATA_RETURN_IF_ERROR(src_.all_ok(lock, prepare_load(*this, lock, p, dir, nullptr), "load_checkpoint"));
   }
   std::vector<std::byte> staging;
-  for (FamilyId f = 0; f < m.core.layout().families.size(); ++f) {
-    Status st = apply_family(m, lock, p, f, staging, one_rank);
-    if (!st.ok()) drop_shadows(m.core, shadows);
+  for (FamilyId f = 0; f < p.desc.families.size(); ++f) {
+    Status st = apply_family(lock, p, f, staging, one_rank);
+    if (!st.ok()) drop_shadows(src_, shadows);
     STRATA_RETURN_IF_ERROR(st);
   }
   if (one_rank) {
-    if (checkpoint_testing::after_host_apply) checkpoint_testing::after_host_apply(p.root.string());
+    if (test_hooks::after_host_apply) test_hooks::after_host_apply(p.root.string());
     if (Status st = check_unchanged(p); !st.ok()) {
-      drop_shadows(m.core, shadows);
+      drop_shadows(src_, shadows);
       return corrupt(
           "{}; it changed while host-held values were being applied, so those may be partly loaded (the "
           "NVMe-held states and the step counters were not): load it again once the writer is done",
           st.message());
     }
-    commit_shadows(m, shadows);
+    commit_shadows(src_, shadows);
   }
-  for (TensorId id = 0; id < p.src.size(); ++id) {
-    m.core.tensors[id].updates = p.src[id].steps;
-    m.core.tensors[id].group = p.src[id].group;
-  }
-  for (const auto& [group, h] : p.groups) {
-    m.core.set_group(group, h);
-  }
+  for (TensorId id = 0; id < p.saved.size(); ++id)
+    src_.set_counters(id, p.saved[id].steps, p.saved[id].group);
+  for (const GroupEntry& g : p.groups) src_.set_group(g);
   STRATA_LOG_DEBUG("load_checkpoint: {} generation {} loaded", p.root.string(),
                    p.manifest.value("generation", json()).dump());
   return Status::Ok();
 }
 
-}  // namespace strata::runtime
+}  // namespace strata::checkpoint

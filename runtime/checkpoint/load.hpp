@@ -7,10 +7,10 @@
 
 #include "checkpoint.hpp"
 
-namespace strata::runtime::checkpoint_detail {
+namespace strata::checkpoint::detail {
 
 //! Where a tensor's saved kinds lie: its file, each kind's offset and dtype.
-struct Source {
+struct Saved {
   std::uint32_t file = 0;
   std::uint64_t offset[kStateKindCount] = {};
   DType dtype[kStateKindCount] = {};
@@ -21,14 +21,19 @@ struct Source {
 
 //! What the check pass finds and the apply pass reads.
 struct LoadPlan {
+  explicit LoadPlan(Source& source) : src(source) {}
+  Source& src;
+  //! The tensors and families this load fills (taken after finalize).
+  Description desc;
+  std::unordered_map<std::string, TensorId> ids;  //!< the registered tensors by name
   fs::path root;
   json manifest;
   std::string mpath;
-  std::vector<Source> src;
+  std::vector<Saved> saved;  //!< by TensorId
   std::vector<bool> seen;
   std::vector<fs::path> file_paths;
   std::vector<std::uint64_t> file_bytes;
-  std::vector<std::pair<std::uint32_t, GroupHyper>> groups;
+  std::vector<GroupEntry> groups;
   std::uint64_t stripe_bytes = 0;
   std::vector<Fd> fds;                // the verified files, read by the apply pass
   std::vector<struct stat> verified;  // as they were when opened, before any read
@@ -46,18 +51,17 @@ struct Shadow {
 //! Fills `base`, the host image of family f's `k` chunk, from the files: each
 //! tensor's bytes (converted when the dtypes differ); a state the checkpoint lacks
 //! (a frozen tensor's) is zeros. Padding is not written.
-Status fill_chunk(Core& core, const LoadPlan& p, FamilyId f, StateKind k, std::byte* base,
+Status fill_chunk(const LoadPlan& p, FamilyId f, StateKind k, std::byte* base,
                   std::vector<std::byte>& staging);
 //! True when family f's `k` chunk is loaded through a Shadow: an NVMe-homed
 //! optimizer state whose value is on NVMe (or not yet written).
-bool shadowed(Core& core, FamilyId f, StateKind k);
+bool shadowed(const LoadPlan& p, FamilyId f, StateKind k);
 //! Frees the fresh slots of shadows not committed.
-void drop_shadows(Core& core, std::vector<Shadow>& shadows);
-//! Every shadowed chunk of this runtime, written to fresh slots (Core::mu held;
-//! unlocked while the writes run).
-Status write_shadows(Core& core, std::unique_lock<std::mutex>& lock, const LoadPlan& p,
-                     std::vector<Shadow>& shadows);
+void drop_shadows(Source& src, std::vector<Shadow>& shadows);
+//! Every shadowed chunk, written to fresh slots (the lock held; unlocked while the
+//! writes run).
+Status write_shadows(std::unique_lock<std::mutex>& lock, const LoadPlan& p, std::vector<Shadow>& shadows);
 //! The shadows replace their chunks' slots (the old ones are freed).
-void commit_shadows(Runtime::Impl& m, std::vector<Shadow>& shadows);
+void commit_shadows(Source& src, std::vector<Shadow>& shadows);
 
-}  // namespace strata::runtime::checkpoint_detail
+}  // namespace strata::checkpoint::detail

@@ -6,7 +6,7 @@
 
 #include "checkpoint.hpp"
 
-namespace strata::runtime::checkpoint_detail {
+namespace strata::checkpoint::detail {
 
 namespace {
 
@@ -31,28 +31,28 @@ std::int64_t next_generation(const fs::path& root) {
 }  // namespace
 
 //! Everything of a save that can fail on one rank alone (Note [Sharded checkpoint]):
-//! after this, only collectives and the save thread. Core::mu held.
-Status prepare_save(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, CheckpointSave& s,
-                    const std::string& dir, bool wait_write_backs) {
-  STRATA_RETURN_IF_ERROR(m.checkpoint_finish(lock));
-  STRATA_ASSIGN_OR_RETURN(s.root, checkpoint_dir(m.core, dir, "save_checkpoint"));
+//! after this, only collectives and the save thread. The lock held (the previous
+//! save finished).
+Status prepare_save(std::unique_lock<std::mutex>& lock, SaveState& s, const std::string& dir,
+                    bool wait_write_backs) {
+  Source& src = s.src;
+  STRATA_ASSIGN_OR_RETURN(s.root, checkpoint_dir(src, dir, "save_checkpoint"));
   const fs::path& root = s.root;
-  if (m.leases_out > 0)
-    return failed_precondition("save_checkpoint({}) while leases are held", root.string());
+  if (src.leased()) return failed_precondition("save_checkpoint({}) while leases are held", root.string());
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) {
     return errno_status(
         ec.value(), fmt::format("save_checkpoint: creating {} (choose a writable directory)", root.string()));
   }
-  STRATA_RETURN_IF_ERROR(m.finalize(lock));
+  STRATA_RETURN_IF_ERROR(src.finalize(lock));
   // An overlapped save captures a family still writing back once it is done (Note
   // [Overlapped save]); no update runs between steps.
-  if (wait_write_backs) STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
-  STRATA_RETURN_IF_ERROR(m.core.errors.background());
+  if (wait_write_backs) STRATA_RETURN_IF_ERROR(src.wait_updates(lock));
+  STRATA_RETURN_IF_ERROR(src.background_error());
   s.generation = next_generation(root);
   // A file that cannot be created fails here, at once (a read-only directory).
-  const fs::path probe = root / fmt::format("family-{}.g{}.bin.tmp", m.core.dp_rank(), s.generation);
+  const fs::path probe = root / fmt::format("family-{}.g{}.bin.tmp", src.rank(), s.generation);
   return offload::open_file(probe, O_WRONLY | O_CREAT | O_TRUNC, 0644, "save_checkpoint: creating",
                             kWritableHint)
       .status();
@@ -60,44 +60,37 @@ Status prepare_save(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Checkp
 
 //! Takes the save's metadata as of the call (step counters, groups, the step index)
 //! and sets up its per-family progress: another rank's families are done already.
-void describe_save(Runtime::Impl& m, CheckpointSave& s) {
-  const std::size_t families = m.core.layout().families.size();
-  s.nvme = m.core.nvme.shared();
-  s.stage.assign(families, CheckpointSave::Stage::kPending);
+void describe_save(SaveState& s) {
+  s.desc = s.src.describe();
+  const Description& d = s.desc;
+  const std::size_t families = d.families.size();
+  s.nvme = s.src.nvme_store();
+  s.stage.assign(families, SaveState::Stage::kPending);
   s.held.assign(families, false);
   s.deferred.assign(families, false);
   s.pieces.resize(families);
   for (FamilyId f = 0; f < families; ++f) {
-    if (m.core.owns(f)) {
+    if (d.families[f].owned) {
       ++s.owned;
     } else {  // another rank's (Note [Sharded checkpoint]): nothing to capture or write here
-      s.stage[f] = CheckpointSave::Stage::kWritten;
+      s.stage[f] = SaveState::Stage::kWritten;
     }
   }
   s.uncaptured = s.owned;
-  for (FamilyId f = 0; f < families; ++f) s.kinds.push_back(family_kinds(m.core, f));
+  for (FamilyId f = 0; f < families; ++f) s.kinds.push_back(family_kinds(d, f));
   s.tensors_meta = json::array();
-  std::vector<FamilyId> family_of(m.core.tensors.size(), 0);
-  for (FamilyId f = 0; f < families; ++f) {
-    for (TensorId id : m.core.layout().families[f].tensors) family_of[id] = f;
+  for (const TensorEntry& t : d.tensors) {
+    s.tensors_meta.push_back({{"name", t.name},
+                              {"shape", t.shape},
+                              {"frozen", t.frozen},
+                              {"steps", t.steps},
+                              {"group", t.group},
+                              {"file", t.family}});
   }
-  for (TensorId id = 0; id < m.core.tensors.size(); ++id) {
-    const TensorInfo& info = m.core.tensors[id];
-    s.tensors_meta.push_back({{"name", info.spec.name},
-                              {"shape", info.spec.shape},
-                              {"frozen", info.spec.frozen},
-                              {"steps", info.updates},
-                              {"group", info.group},
-                              {"file", family_of[id]}});
-  }
-  for (std::size_t g = 0; g < m.core.groups().size(); ++g) {
-    if (m.core.groups()[g].set) {
-      s.groups.push_back(
-          {{"group", g}, {"lr", m.core.groups()[g].lr}, {"weight_decay", m.core.groups()[g].weight_decay}});
-    }
-  }
-  s.step_index = static_cast<std::int64_t>(m.tracker.step_index());
-  s.room = m.core.host->budget_bytes() / kSaveRoomDivisor;
+  for (const GroupEntry& g : d.groups)
+    s.groups.push_back({{"group", g.group}, {"lr", g.lr}, {"weight_decay", g.weight_decay}});
+  s.step_index = d.step_index;
+  s.room = d.host_budget_bytes / kSaveRoomDivisor;
 }
 
-}  // namespace strata::runtime::checkpoint_detail
+}  // namespace strata::checkpoint::detail

@@ -1,15 +1,13 @@
-// Checkpoint save: save_checkpoint, begin_checkpoint / finish_checkpoint and the
-// save thread that writes each family's file (Note [Overlapped save], Note
-// [Sharded checkpoint]). It calls the capture side and the format side through
-// checkpoint.hpp, Core, and Runtime::Impl (finalize, wait_all, the data-parallel
-// agreements).
+// Checkpoint save: the Checkpointer's save, begin and finish, and the save thread
+// that writes each family's file (Note [Overlapped save], Note [Sharded
+// checkpoint]). It calls the capture side and the format side through
+// checkpoint.hpp, and the source (finalize, waits, the data-parallel agreements).
 
-#include "../src/dp/data_parallel.hpp"
 #include "checkpoint.hpp"
 
-namespace strata::runtime {
+namespace strata::checkpoint {
 
-using namespace checkpoint_detail;
+using namespace detail;
 
 // Note [Save I/O priority]
 // An overlapped save must not hold training up, yet an update waits until its
@@ -29,47 +27,57 @@ using namespace checkpoint_detail;
 //     bound them and throttle the save's writer, not training, when reached;
 //   - the save's threads run at the process's CPU priority: at nice 10, on a busy
 //     machine, the writer fell behind and updates waited for its room.
-// A blocking save_checkpoint keeps its priorities and starts each stripe's
+// A blocking save keeps its priorities and starts each stripe's
 // writeback at once: nothing runs beside it.
 
+Checkpointer::Checkpointer(Source& source) : src_(source), stale_(std::make_unique<FileRemover>()) {}
+
+Checkpointer::~Checkpointer() {
+  if (save_ != nullptr && save_->thread.joinable()) save_->thread.join();
+}
+
 //! Starts a save (Note [Overlapped save]); `background`: its threads do I/O at idle
-//! priority (begin_checkpoint: training runs beside it), not for save_checkpoint, which waits.
-static Status begin_save(Runtime::Impl& m, const std::string& dir, bool background) {
-  std::unique_lock lock(m.core.mu);
-  InvariantCheck check(m, &lock);
-  const bool sharded = m.core.dp_ranks() > 1;
+//! priority (begin: training runs beside it), not for save(), which waits.
+Status Checkpointer::start(std::unique_lock<std::mutex>& lock, const std::string& dir, bool background) {
+  const bool sharded = src_.ranks() > 1;
   if (sharded && background) {
     // The same answer on every rank, so no rank waits in a collective for it.
     return failed_precondition(
         "begin_checkpoint({}): this runtime is rank {} of {} (data parallelism); an overlapped save is not "
         "implemented for data-parallel ranks (its agreement would interleave with the step's collectives); "
         "call save_checkpoint on every rank instead (Note [Sharded checkpoint])",
-        dir, m.core.dp_rank(), m.core.dp_ranks());
+        dir, src_.rank(), src_.ranks());
   }
-  auto s = std::make_shared<CheckpointSave>();
+  auto s = std::make_shared<SaveState>(src_);
+  s->stale = stale_.get();
+  auto prepare = [&] {
+    Status previous = finish(lock);
+    if (!previous.ok()) return previous;
+    return prepare_save(lock, *s, dir, /*wait_write_backs=*/!background);
+  };
   if (!sharded) {
-    STRATA_RETURN_IF_ERROR(prepare_save(m, lock, *s, dir, /*wait_write_backs=*/!background));
+    STRATA_RETURN_IF_ERROR(prepare());
   } else {
-    STRATA_RETURN_IF_ERROR(m.dp.all_ok(lock, prepare_save(m, lock, *s, dir, true), "save_checkpoint"));
+    STRATA_RETURN_IF_ERROR(src_.all_ok(lock, prepare(), "save_checkpoint"));
     // Params are written by their owner: they must be rank 0's initial values if
     // no step has run yet (Note [Sharded step]).
-    STRATA_RETURN_IF_ERROR(m.dp.broadcast_initial(lock));
+    STRATA_RETURN_IF_ERROR(src_.broadcast_initial(lock));
     // One generation for every rank's files: the largest any rank found.
-    STRATA_ASSIGN_OR_RETURN(s->generation, m.dp.max(lock, s->generation));
+    STRATA_ASSIGN_OR_RETURN(s->generation, src_.max(lock, s->generation));
   }
-  s->t0 = m.core.timeline.now_us();
+  s->t0 = std::chrono::steady_clock::now();
   s->sharded = sharded;
-  describe_save(m, *s);
+  describe_save(*s);
   s->blocking = !background;
   if (sharded) {
-    Status assembled = assemble_shards(m, lock, *s);
+    Status assembled = assemble_shards(lock, *s);
     if (!assembled.ok()) {
-      for (auto& pieces : s->pieces) release_pieces(m.core, pieces, *s);
+      for (auto& pieces : s->pieces) release_pieces(*s, pieces);
       return assembled;
     }
   }
-  m.checkpoint = s;
-  s->thread = std::thread([&m, s = s.get(), background] {
+  save_ = s;
+  s->thread = std::thread([s = s.get(), background] {
     // Its disk writes (the fsyncs that write its page cache out) go after training's
     // (Note [Save I/O priority]); its writer and fsync threads inherit this.
     if (background) {
@@ -77,62 +85,58 @@ static Status begin_save(Runtime::Impl& m, const std::string& dir, bool backgrou
       if (!idle.ok())
         STRATA_LOG_DEBUG("checkpoint: the save thread keeps its I/O priority: {}", idle.to_string());
     }
-    Status st = run_save(m, *s);
-    if (!st.ok()) remove_temporaries(m.core, *s);
-    std::lock_guard guard(m.core.mu);
+    Status st = run_save(*s);
+    if (!st.ok()) remove_temporaries(*s);
+    std::lock_guard guard(s->src.mutex());
     if (!st.ok()) {
       STRATA_LOG_WARN("checkpoint: the save into {} failed (the published checkpoint is untouched): {}",
                       s->root.string(), st.to_string());
-      release_all_holds(m, *s);
+      release_all_holds(*s);
     }
-    for (auto& pieces : s->pieces) release_pieces(m.core, pieces, *s);
+    for (auto& pieces : s->pieces) release_pieces(*s, pieces);
     s->status = std::move(st);
     s->done = true;
-    m.core.cv.notify_all();
+    s->src.changed().notify_all();
   });
   return Status::Ok();
 }
 
-Status Runtime::begin_checkpoint(const std::string& dir) {
-  return begin_save(*impl_, dir, /*background=*/true);
+Status Checkpointer::begin(std::unique_lock<std::mutex>& lock, const std::string& dir) {
+  return start(lock, dir, /*background=*/true);
 }
 
-Status Runtime::finish_checkpoint() {
-  Impl& m = *impl_;
-  std::unique_lock lock(m.core.mu);
-  InvariantCheck check(m, &lock);
-  return m.checkpoint_finish(lock);
-}
-
-Result<bool> Runtime::checkpoint_in_flight() {
-  Impl& m = *impl_;
-  std::lock_guard lock(m.core.mu);
-  if (m.checkpoint == nullptr) return false;
-  if (!m.checkpoint->done) return true;
-  STRATA_RETURN_IF_ERROR(m.checkpoint->status);
+Result<bool> Checkpointer::in_flight() const {
+  if (save_ == nullptr) return false;
+  if (!save_->done) return true;
+  STRATA_RETURN_IF_ERROR(save_->status);
   return false;
 }
 
-Status Runtime::save_checkpoint(const std::string& dir) {
-  STRATA_RETURN_IF_ERROR(begin_save(*impl_, dir, /*background=*/false));
-  Impl& m = *impl_;
-  if (m.core.dp_ranks() == 1) return finish_checkpoint();
-  // Note [Sharded checkpoint]: every rank's files are written, fsynced and renamed;
-  // the ranks agree, rank 0 publishes the manifest, and a last agreement returns
-  // rank 0's outcome on every rank once the manifest is durable.
-  std::unique_lock lock(m.core.mu);
-  InvariantCheck check(m, &lock);
-  std::shared_ptr<CheckpointSave> s = m.checkpoint;
-  Status written = m.checkpoint_finish(lock);
-  STRATA_RETURN_IF_ERROR(m.dp.all_ok(lock, std::move(written), "save_checkpoint (writing the files)"));
+void Checkpointer::wait_stale_removed() {
+  stale_->wait();
+}
+
+Status Checkpointer::save(std::unique_lock<std::mutex>& lock, const std::string& dir) {
+  STRATA_RETURN_IF_ERROR(start(lock, dir, /*background=*/false));
+  if (src_.ranks() == 1) return finish(lock);
+  return publish_shards(lock);
+}
+
+//! Note [Sharded checkpoint]: every rank's files are written, fsynced and renamed;
+//! the ranks agree, rank 0 publishes the manifest, and a last agreement returns
+//! rank 0's outcome on every rank once the manifest is durable.
+Status Checkpointer::publish_shards(std::unique_lock<std::mutex>& lock) {
+  std::shared_ptr<SaveState> s = save_;
+  Status written = finish(lock);
+  STRATA_RETURN_IF_ERROR(src_.all_ok(lock, std::move(written), "save_checkpoint (writing the files)"));
   const json mine = {{"files", std::move(s->shard_files)}, {"tensors", std::move(s->shard_tensors)}};
-  STRATA_ASSIGN_OR_RETURN(const std::vector<std::string> all, m.dp.exchange_text(lock, mine.dump()));
+  STRATA_ASSIGN_OR_RETURN(const std::vector<std::string> all, src_.exchange_text(lock, mine.dump()));
   Status published = Status::Ok();
-  if (m.core.dp_rank() == 0) {
-    const std::size_t families = m.core.layout().families.size();
+  if (src_.rank() == 0) {
+    const std::size_t families = s->desc.families.size();
     json files = json::array();
     std::vector<json> by_family(families);
-    std::vector<json> tensor_entries(m.core.tensors.size());
+    std::vector<json> tensor_entries(s->desc.tensors.size());
     std::uint64_t total = 0;
     try {
       for (const std::string& text : all) {
@@ -152,18 +156,18 @@ Status Runtime::save_checkpoint(const std::string& dir) {
     for (FamilyId f = 0; f < families && published.ok(); ++f) {
       if (by_family[f].is_null()) {
         published = internal_error("save_checkpoint: no rank wrote family {} (its owner is rank {})", f,
-                                   f % static_cast<FamilyId>(m.core.dp_ranks()));
+                                   f % static_cast<FamilyId>(src_.ranks()));
         break;
       }
       files.push_back(std::move(by_family[f]));
     }
     json tensors = json::array();
-    for (const FamilyLayout& fam : m.core.layout().families) {
+    for (const FamilyEntry& fam : s->desc.families) {
       for (TensorId id : fam.tensors) tensors.push_back(std::move(tensor_entries[id]));
     }
-    if (published.ok()) published = publish_manifest(m.core, *s, std::move(files), std::move(tensors), total);
+    if (published.ok()) published = publish_manifest(*s, std::move(files), std::move(tensors), total);
   }
-  return m.dp.all_ok(lock, std::move(published), "save_checkpoint (publishing the manifest on rank 0)");
+  return src_.all_ok(lock, std::move(published), "save_checkpoint (publishing the manifest on rank 0)");
 }
 
-}  // namespace strata::runtime
+}  // namespace strata::checkpoint

@@ -2,17 +2,17 @@
 // pieces ahead (Note [Save read-ahead]), creating the files ahead (Note [Save file
 // creation]), capturing ahead and appending each family's pieces in the order
 // next_family picks, then the manifest (Note [Checkpoint format]). It calls the
-// capture side and the format side through checkpoint.hpp, and Core.
+// capture side and the format side through checkpoint.hpp, and the source (its
+// lock, NVMe slot pins).
 
-#include "../src/dp/data_parallel.hpp"
 #include "checkpoint.hpp"
 
-namespace strata::runtime {
+namespace strata::checkpoint {
 
-using namespace checkpoint_detail;
+using namespace detail;
 
 //! Family f's data file name in this save (Note [Checkpoint format]).
-static std::string family_file(const CheckpointSave& s, FamilyId f) {
+static std::string family_file(const SaveState& s, FamilyId f) {
   return fmt::format("family-{}.g{}.bin", f, s.generation);
 }
 
@@ -54,11 +54,11 @@ struct PieceRead {
 };
 
 //! Starts reading a piece's pinned NVMe slots into a buffer of the save.
-static PieceRead start_read(Core& core, CheckpointSave& s, FamilyId f, std::size_t index) {
-  const CheckpointSave::Piece& p = s.pieces[f][index];
+static PieceRead start_read(SaveState& s, FamilyId f, std::size_t index) {
+  const SaveState::Piece& p = s.pieces[f][index];
   PieceRead r{.family = f, .piece = index, .bytes = p.bytes};
   {
-    std::lock_guard lock(core.mu);
+    std::lock_guard lock(s.src.mutex());
     r.buf = save_allocate(s, p.bytes, true);
   }
   const std::uint64_t piece = s.nvme->slot_bytes();
@@ -80,14 +80,14 @@ static PieceRead start_read(Core& core, CheckpointSave& s, FamilyId f, std::size
 //! The save's reads ahead of its writer (Note [Save read-ahead]).
 class ReadAhead {
  public:
-  ReadAhead(Core& core, CheckpointSave& s) : core_(core), s_(s) {}
+  explicit ReadAhead(SaveState& s) : s_(s) {}
   ReadAhead(const ReadAhead&) = delete;
   ReadAhead& operator=(const ReadAhead&) = delete;
   //! Waits for every read still in flight (a failed save) and frees its buffer.
   ~ReadAhead() {
     for (PieceRead& r : reads_) {
       (void)r.wait();
-      std::lock_guard lock(core_.mu);
+      std::lock_guard lock(s_.src.mutex());
       save_free(s_, r.buf, r.bytes);
     }
   }
@@ -97,14 +97,14 @@ class ReadAhead {
   Result<std::byte*> take(FamilyId f, std::size_t index) {
     auto it = std::find_if(reads_.begin(), reads_.end(),
                            [&](const PieceRead& r) { return r.family == f && r.piece == index; });
-    PieceRead r = it != reads_.end() ? std::move(*it) : start_read(core_, s_, f, index);
+    PieceRead r = it != reads_.end() ? std::move(*it) : start_read(s_, f, index);
     if (it != reads_.end()) {
       reads_.erase(it);
       bytes_ -= r.bytes;
     }
     Status read = r.wait();
     if (!read.ok()) {
-      std::lock_guard lock(core_.mu);
+      std::lock_guard lock(s_.src.mutex());
       save_free(s_, r.buf, r.bytes);
       return read;
     }
@@ -118,10 +118,10 @@ class ReadAhead {
     add_family(f, from);
     std::vector<FamilyId> next;
     {
-      std::lock_guard lock(core_.mu);
+      std::lock_guard lock(s_.src.mutex());
       const bool deferred_phase = !s_.blocking && s_.deferred[f];
       for (FamilyId g = 0; g < s_.stage.size(); ++g) {
-        if (g == f || s_.stage[g] != CheckpointSave::Stage::kCaptured) continue;
+        if (g == f || s_.stage[g] != SaveState::Stage::kCaptured) continue;
         if (s_.blocking ? !s_.deferred[g] : deferred_phase && s_.deferred[g]) next.push_back(g);
       }
     }
@@ -134,19 +134,18 @@ class ReadAhead {
  private:
   void add_family(FamilyId f, std::size_t from) {
     // The save thread alone changes a captured family's pieces (appending them).
-    const std::vector<CheckpointSave::Piece>& pieces = s_.pieces[f];
+    const std::vector<SaveState::Piece>& pieces = s_.pieces[f];
     for (std::size_t i = from; i < pieces.size() && bytes_ < kSaveReadAheadBytes; ++i) {
       if (pieces[i].buf != nullptr || pieces[i].slots.empty()) continue;
       const bool started = std::any_of(reads_.begin(), reads_.end(),
                                        [&](const PieceRead& r) { return r.family == f && r.piece == i; });
       if (started) continue;
-      reads_.push_back(start_read(core_, s_, f, i));
+      reads_.push_back(start_read(s_, f, i));
       bytes_ += pieces[i].bytes;
     }
   }
 
-  Core& core_;
-  CheckpointSave& s_;
+  SaveState& s_;
   std::deque<PieceRead> reads_;
   std::uint64_t bytes_ = 0;
 };
@@ -236,14 +235,14 @@ struct FamilyFile {
 //! dtype and offset into file.entries). A host copy is freed as soon as it is
 //! appended (its room is training's again), pinned NVMe slots once read. With
 //! `host_only`, stops at the first NVMe piece. True once every piece is appended.
-static Result<bool> write_family(Runtime::Impl& m, CheckpointSave& s, FamilyId f, FamilyFile& file,
-                                 bool host_only, ReadAhead& ahead) {
-  Core& core = m.core;
-  const FamilyLayout& fam = core.layout().families[f];
-  std::vector<CheckpointSave::Piece>& pieces = s.pieces[f];
+static Result<bool> write_family(SaveState& s, FamilyId f, FamilyFile& file, bool host_only,
+                                 ReadAhead& ahead) {
+  const Description& d = s.desc;
+  const FamilyEntry& fam = d.families[f];
+  std::vector<SaveState::Piece>& pieces = s.pieces[f];
   for (; file.next < pieces.size(); ++file.next) {
-    CheckpointSave::Piece& p = pieces[file.next];
-    const DType dtype = core.kind_dtype(p.kind);
+    SaveState::Piece& p = pieces[file.next];
+    const DType dtype = d.kind_dtype[static_cast<std::size_t>(p.kind)];
     const std::uint64_t esize = dtype_bytes(dtype);
     std::byte* base = p.buf;
     std::byte* read_buf = nullptr;
@@ -254,20 +253,20 @@ static Result<bool> write_family(Runtime::Impl& m, CheckpointSave& s, FamilyId f
       base = read_buf;
     }
     for (std::size_t i = 0; i < fam.tensors.size(); ++i) {
-      const TensorSlot& ts = core.layout().slots[fam.tensors[i]];
+      const TensorEntry& ts = d.tensors[fam.tensors[i]];
       file.entries[i]["states"][std::string(state_kind_name(p.kind))] = {
           {"dtype", std::string(runtime::dtype_name(dtype))}, {"offset", file.w->size()}};
       file.w->append(base + ts.offset_elems * esize, ts.numel * esize);
     }
-    std::lock_guard lock(core.mu);
+    std::lock_guard lock(s.src.mutex());
     if (read_buf != nullptr) save_free(s, read_buf, p.bytes);
     // Appended: what the piece held goes back now (release_pieces skips it later).
     if (p.buf != nullptr && !p.borrowed) save_free(s, p.buf, p.bytes);
     p.buf = nullptr;
     p.borrowed = false;
-    for (std::uint32_t slot : p.slots) core.nvme.unpin_slot(slot);
+    for (std::uint32_t slot : p.slots) s.src.unpin_slot(slot);
     p.slots.clear();
-    core.cv.notify_all();
+    s.src.changed().notify_all();
   }
   return true;
 }
@@ -275,25 +274,25 @@ static Result<bool> write_family(Runtime::Impl& m, CheckpointSave& s, FamilyId f
 //! Captures ahead, in backward order, what the room holds (one family per lock hold),
 //! so the training thread finds its families captured and copies nothing itself,
 //! and the read-ahead finds the NVMe pieces to read (Note [Save read-ahead]).
-static Status capture_ahead(Runtime::Impl& m, CheckpointSave& s) {
+static Status capture_ahead(SaveState& s) {
   for (FamilyId g = s.stage.size(); g-- > 0;) {
-    std::unique_lock lock(m.core.mu);
-    if (s.stage[g] != CheckpointSave::Stage::kPending || m.pipeline.writing_back(g)) continue;
-    STRATA_ASSIGN_OR_RETURN(const bool captured, capture_family(m, s, g, /*force=*/false));
+    std::unique_lock lock(s.src.mutex());
+    if (s.stage[g] != SaveState::Stage::kPending || s.src.writing_back(g)) continue;
+    STRATA_ASSIGN_OR_RETURN(const bool captured, capture_family(s, g, /*force=*/false));
     if (!captured) break;
   }
   return Status::Ok();
 }
 
-//! Captures and launches held-back updates whose copies fit the room. Core::mu held.
-static Status capture_held(Runtime::Impl& m, CheckpointSave& s) {
+//! Captures and launches held-back updates whose copies fit the room. The lock held.
+static Status capture_held(SaveState& s) {
   for (FamilyId g = 0; g < s.stage.size(); ++g) {
-    if (s.held[g] && s.stage[g] == CheckpointSave::Stage::kPending) {
-      STRATA_ASSIGN_OR_RETURN(const bool captured, capture_family(m, s, g, /*force=*/false));
+    if (s.held[g] && s.stage[g] == SaveState::Stage::kPending) {
+      STRATA_ASSIGN_OR_RETURN(const bool captured, capture_family(s, g, /*force=*/false));
       if (!captured) break;
     }
   }
-  m.core.cv.notify_all();
+  s.src.changed().notify_all();
   return Status::Ok();
 }
 
@@ -301,31 +300,31 @@ static Status capture_held(Runtime::Impl& m, CheckpointSave& s) {
 //! training thread waits for exactly that capture); then captured ones; then
 //! pending ones in backward order (captured past the room if need be); last, the
 //! NVMe pieces deferred (Note [Save I/O priority]).
-static Result<FamilyId> next_family(Runtime::Impl& m, CheckpointSave& s) {
+static Result<FamilyId> next_family(SaveState& s) {
   const std::size_t families = s.stage.size();
-  std::unique_lock lock(m.core.mu);
+  std::unique_lock lock(s.src.mutex());
   std::optional<FamilyId> pick;
   for (FamilyId g = 0; g < families && !pick; ++g) {
     if (s.held[g]) pick = g;
   }
   for (FamilyId g = 0; g < families && !pick; ++g) {
-    if (s.stage[g] == CheckpointSave::Stage::kCaptured && !s.deferred[g]) pick = g;
+    if (s.stage[g] == SaveState::Stage::kCaptured && !s.deferred[g]) pick = g;
   }
   for (FamilyId g = families; g-- > 0 && !pick;) {
-    if (s.stage[g] == CheckpointSave::Stage::kPending) pick = g;
+    if (s.stage[g] == SaveState::Stage::kPending) pick = g;
   }
   for (FamilyId g = 0; g < families && !pick; ++g) {
-    if (s.stage[g] == CheckpointSave::Stage::kCaptured) pick = g;
+    if (s.stage[g] == SaveState::Stage::kCaptured) pick = g;
   }
   STRATA_CHECK(pick.has_value());
   const FamilyId f = *pick;
-  if (s.stage[f] == CheckpointSave::Stage::kPending) {
-    m.core.cv.wait(lock, [&] { return !m.pipeline.writing_back(f); });
+  if (s.stage[f] == SaveState::Stage::kPending) {
+    s.src.changed().wait(lock, [&] { return !s.src.writing_back(f); });
     // The wait dropped the lock: the training thread may have captured f meanwhile (its
     // release path, Note [Overlapped save]). Capturing it again replaced those pieces,
-    // losing their buffers and their NVMe slot pins (the "lost track" of CheckpointSave).
-    if (s.stage[f] == CheckpointSave::Stage::kPending) {
-      STRATA_ASSIGN_OR_RETURN(const bool captured, capture_family(m, s, f, /*force=*/true));
+    // losing their buffers and their NVMe slot pins (the "lost track" of SaveState).
+    if (s.stage[f] == SaveState::Stage::kPending) {
+      STRATA_ASSIGN_OR_RETURN(const bool captured, capture_family(s, f, /*force=*/true));
       STRATA_CHECK(captured);
     }
   }
@@ -334,51 +333,51 @@ static Result<FamilyId> next_family(Runtime::Impl& m, CheckpointSave& s) {
 
 //! Family f is written: frees what its pieces still hold, and captures and launches
 //! held-back updates whose copies fit the room freed.
-static Status mark_written(Runtime::Impl& m, CheckpointSave& s, FamilyId f) {
-  std::unique_lock lock(m.core.mu);
-  release_pieces(m.core, s.pieces[f], s);
-  s.stage[f] = CheckpointSave::Stage::kWritten;
-  return capture_held(m, s);
+static Status mark_written(SaveState& s, FamilyId f) {
+  std::unique_lock lock(s.src.mutex());
+  release_pieces(s, s.pieces[f]);
+  s.stage[f] = SaveState::Stage::kWritten;
+  return capture_held(s);
 }
 
 //! A rank's save leaves its families' file and tensor entries for rank 0's manifest
 //! (Note [Sharded checkpoint]) and fsyncs the directory.
-static Status leave_shard_entries(Core& core, CheckpointSave& s, std::vector<json>& files_by_family,
+static Status leave_shard_entries(SaveState& s, std::vector<json>& files_by_family,
                                   std::vector<json>& tensor_entries) {
   for (FamilyId f = 0; f < files_by_family.size(); ++f) {
-    if (!core.owns(f)) continue;
+    if (!s.desc.families[f].owned) continue;
     json e = std::move(files_by_family[f]);
     e["family"] = f;
     s.shard_files.push_back(std::move(e));
-    for (TensorId id : core.layout().families[f].tensors)
+    for (TensorId id : s.desc.families[f].tensors)
       s.shard_tensors.push_back({{"id", id}, {"entry", std::move(tensor_entries[id])}});
   }
   return fsync_dir(s.root);
 }
 
 //! The save thread: captures and writes every family, then publishes (Note [Overlapped save]).
-Status checkpoint_detail::run_save(Runtime::Impl& m, CheckpointSave& s) {
-  Core& core = m.core;
+Status detail::run_save(SaveState& s) {
+  const Description& d = s.desc;
   const std::size_t families = s.stage.size();
-  std::vector<json> tensor_entries(core.tensors.size());
+  std::vector<json> tensor_entries(d.tensors.size());
   std::uint64_t total = 0;
   StripeSink sink(/*start_writeback=*/s.blocking);  // its jobs keep their files open until written
   std::vector<StripedWriter> writers;               // fsynced together once all are written
   std::vector<json> files_by_family(families);
   std::vector<FamilyFile> open(families);
   std::size_t deferred = 0;  // families whose NVMe pieces wait (Note [Save I/O priority])
-  ReadAhead ahead(core, s);  // after `sink` and `writers`: destroyed first, its reads waited for
+  ReadAhead ahead(s);        // after `sink` and `writers`: destroyed first, its reads waited for
   std::vector<fs::path> paths(families);
   for (FamilyId f = 0; f < families; ++f) {
-    if (core.owns(f))  // another rank writes the rest (Note [Sharded checkpoint])
+    if (d.families[f].owned)  // another rank writes the rest (Note [Sharded checkpoint])
       paths[f] = s.root / family_file(s, f);
   }
   FileCreator creator(std::move(paths));
   for (std::size_t written = 0; written < s.owned;) {
-    STRATA_RETURN_IF_ERROR(capture_ahead(m, s));
-    STRATA_ASSIGN_OR_RETURN(const FamilyId f, next_family(m, s));
+    STRATA_RETURN_IF_ERROR(capture_ahead(s));
+    STRATA_ASSIGN_OR_RETURN(const FamilyId f, next_family(s));
     const std::string name = family_file(s, f);
-    const FamilyLayout& fam = core.layout().families[f];
+    const FamilyEntry& fam = d.families[f];
     FamilyFile& file = open[f];
     if (!file.w) {
       STRATA_ASSIGN_OR_RETURN(Fd fd, creator.take(f));
@@ -388,16 +387,16 @@ Status checkpoint_detail::run_save(Runtime::Impl& m, CheckpointSave& s) {
     // An overlapped save appends host copies first, so their room is free for the
     // training thread's captures at once; NVMe pieces cost no room and wait.
     const bool host_only = !s.blocking && !s.deferred[f] && deferred < kDeferredMax;
-    STRATA_ASSIGN_OR_RETURN(const bool complete, write_family(m, s, f, file, host_only, ahead));
+    STRATA_ASSIGN_OR_RETURN(const bool complete, write_family(s, f, file, host_only, ahead));
     if (!complete) {
-      std::unique_lock lock(core.mu);
+      std::unique_lock lock(s.src.mutex());
       s.deferred[f] = true;
       ++deferred;
-      STRATA_RETURN_IF_ERROR(capture_held(m, s));
+      STRATA_RETURN_IF_ERROR(capture_held(s));
       continue;
     }
     if (s.deferred[f]) --deferred;
-    STRATA_RETURN_IF_ERROR(mark_written(m, s, f));
+    STRATA_RETURN_IF_ERROR(mark_written(s, f));
     ++written;
     StripedWriter w = std::move(*file.w);
     std::vector<json> entries = std::move(file.entries);
@@ -416,25 +415,25 @@ Status checkpoint_detail::run_save(Runtime::Impl& m, CheckpointSave& s) {
   }
   STRATA_RETURN_IF_ERROR(publish_all(sink, writers));
   // Rank 0 publishes the manifest (Note [Sharded checkpoint]).
-  if (s.sharded) return leave_shard_entries(core, s, files_by_family, tensor_entries);
+  if (s.sharded) return leave_shard_entries(s, files_by_family, tensor_entries);
   json files = json::array();
   for (json& f : files_by_family) files.push_back(std::move(f));
   json tensors = json::array();
   // In family order, as a blocking save wrote them (the manifest is the same whatever the capture order).
-  for (const FamilyLayout& fam : core.layout().families) {
+  for (const FamilyEntry& fam : d.families) {
     for (TensorId id : fam.tensors) tensors.push_back(std::move(tensor_entries[id]));
   }
-  return publish_manifest(core, s, std::move(files), std::move(tensors), total);
+  return publish_manifest(s, std::move(files), std::move(tensors), total);
 }
 
 //! A failed save's temporaries go (Note [Save file creation]): every `.tmp` it or its
 //! file creator made; the published checkpoint stays as it was.
-void checkpoint_detail::remove_temporaries(const Core& core, const CheckpointSave& s) {
+void detail::remove_temporaries(const SaveState& s) {
   std::error_code ec;
   for (FamilyId f = 0; f < s.stage.size(); ++f) {
-    if (core.owns(f)) fs::remove(s.root / (family_file(s, f) + ".tmp"), ec);
+    if (s.desc.families[f].owned) fs::remove(s.root / (family_file(s, f) + ".tmp"), ec);
   }
-  if (!s.sharded || core.dp_rank() == 0) fs::remove(s.root / (std::string(kManifestName) + ".tmp"), ec);
+  if (!s.sharded || s.src.rank() == 0) fs::remove(s.root / (std::string(kManifestName) + ".tmp"), ec);
 }
 
-}  // namespace strata::runtime
+}  // namespace strata::checkpoint

@@ -2,13 +2,10 @@
 // masters and states from their shards before the save thread starts (Note
 // [Sharded checkpoint]), so the writer sees the same pieces as on one rank.
 
-#include "../src/dp/data_parallel.hpp"
 #include "checkpoint.hpp"
-#include "test_hooks.hpp"
+#include "strata/checkpoint/test_hooks.hpp"
 
-namespace strata::runtime {
-
-namespace checkpoint_detail {
+namespace strata::checkpoint::detail {
 
 //! Data parallelism (Note [Sharded checkpoint]): family f's file is written by rank
 //! f mod W, but every rank holds a shard of its masters and states. Before the save
@@ -17,41 +14,42 @@ namespace checkpoint_detail {
 //! so the files are the same as one rank's and load at any W. A rank whose own
 //! part fails (memory, reading its shard) aborts the group with the cause, so the
 //! others' collectives fail at once instead of waiting out the comm timeout.
-//! Core::mu held.
-Status assemble_shards(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, CheckpointSave& s) {
-  Core& core = m.core;
-  const auto w = static_cast<std::uint64_t>(core.dp_ranks());
-  const auto me = static_cast<std::uint64_t>(core.dp_rank());
+//! The lock held.
+Status assemble_shards(std::unique_lock<std::mutex>& lock, SaveState& s) {
+  Source& src = s.src;
+  const Description& d = s.desc;
+  const auto w = static_cast<std::uint64_t>(src.ranks());
+  const auto me = static_cast<std::uint64_t>(src.rank());
   // The last step's param gathers end first, in the same order on every rank (a
   // rank waiting for one alone would wait for the others, who are in the save's).
-  STRATA_RETURN_IF_ERROR(m.dp.finish_all_gathers(lock));
+  STRATA_RETURN_IF_ERROR(src.finish_gathers(lock));
   std::vector<std::byte> mine, others;
   for (FamilyId f = 0; f < s.stage.size(); ++f) {
-    const bool writer = core.owns(f);
-    std::vector<CheckpointSave::Piece> pieces;
-    Status st = checkpoint_testing::before_assemble
-                    ? checkpoint_testing::before_assemble(static_cast<int>(me), f)
-                    : Status::Ok();
+    const FamilyEntry& fam = d.families[f];
+    const bool writer = fam.owned;
+    std::vector<SaveState::Piece> pieces;
+    Status st =
+        test_hooks::before_assemble ? test_hooks::before_assemble(static_cast<int>(me), f) : Status::Ok();
     bool collective_failed = false;  // else the failure is this rank's own
     for (StateKind k : s.kinds[f]) {
       if (!st.ok()) break;
-      Chunk& c = core.chunk(f, k);
-      const std::uint64_t esize = dtype_bytes(core.kind_dtype(k));
+      const std::uint64_t bytes = fam.chunk_bytes[static_cast<std::size_t>(k)];
+      const std::uint64_t esize = dtype_bytes(d.kind_dtype[static_cast<std::size_t>(k)]);
       if (!is_optim_kind(k)) {  // every rank holds the whole param
         if (!writer) continue;
-        CheckpointSave::Piece p{.kind = k, .bytes = c.bytes, .buf = save_allocate(s, c.bytes, true)};
+        SaveState::Piece p{.kind = k, .bytes = bytes, .buf = save_allocate(s, bytes, true)};
         if (p.buf == nullptr) {
           st = out_of_budget("checkpoint save: no memory for a copy of family {} param", f);
           break;
         }
         pieces.push_back(p);
-        st = m.with_host_copy(lock, c, false, [&](std::byte* h) { std::memcpy(p.buf, h, c.bytes); });
+        st = src.read_chunk(lock, f, k, [&](const std::byte* h) { std::memcpy(p.buf, h, bytes); });
         if (!st.ok()) break;
         continue;
       }
-      const std::uint64_t shard = core.shard_elems(f) * esize;  // a multiple of 4 bytes (kShardAlignElems)
+      const std::uint64_t shard = fam.shard_elems * esize;  // a multiple of 4 bytes (kShardAlignElems)
       mine.resize(shard);
-      st = m.with_host_copy(lock, c, false, [&](std::byte* h) { std::memcpy(mine.data(), h, shard); });
+      st = src.read_chunk(lock, f, k, [&](const std::byte* h) { std::memcpy(mine.data(), h, shard); });
       if (!st.ok()) break;
       std::byte* whole = nullptr;
       if (writer) {
@@ -66,26 +64,24 @@ Status assemble_shards(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Che
         whole = others.data();
       }
       std::memcpy(whole + me * shard, mine.data(), shard);
-      st = dp_detail::run_collective(
-          lock, core.opt.comm->all_gather(whole + me * shard, whole, shard / 4, comm::DType::kF32));
+      st = src.all_gather(lock, whole, shard);
       collective_failed = !st.ok();
       if (!st.ok()) break;
     }
     if (!st.ok()) {
-      release_pieces(core, pieces, s);
+      release_pieces(s, pieces);
       st.with_context(fmt::format("rank {} assembling family {}'s checkpoint shards", me, f));
       // The others are in (or will reach) this family's all-gathers: without
       // this they would wait out the comm timeout. The MPI backend ends the job.
-      if (!collective_failed) core.opt.comm->abort(st.to_string());
+      if (!collective_failed) src.abort_ranks(st.to_string());
       return st;
     }
     if (!writer) continue;
     s.pieces[f] = std::move(pieces);
-    s.stage[f] = CheckpointSave::Stage::kCaptured;
+    s.stage[f] = SaveState::Stage::kCaptured;
     --s.uncaptured;
   }
   return Status::Ok();
 }
 
-}  // namespace checkpoint_detail
-}  // namespace strata::runtime
+}  // namespace strata::checkpoint::detail

@@ -2,6 +2,8 @@
 
 #include <fmt/ranges.h>
 
+#include "strata/runtime/state_kind.hpp"
+
 namespace strata::runtime {
 
 Result<std::uint64_t> shape_numel(std::string_view tensor_name, const std::vector<std::int64_t>& shape) {
@@ -21,6 +23,22 @@ Result<std::uint64_t> shape_numel(std::string_view tensor_name, const std::vecto
     numel *= static_cast<std::uint64_t>(extent);
   }
   return numel;
+}
+
+std::string_view state_kind_name(StateKind kind) {
+  switch (kind) {
+    case StateKind::kParam:
+      return "param";
+    case StateKind::kGrad:
+      return "grad";
+    case StateKind::kMaster:
+      return "master";
+    case StateKind::kState0:
+      return "state0";
+    case StateKind::kState1:
+      return "state1";
+  }
+  return "unknown";
 }
 
 }  // namespace strata::runtime

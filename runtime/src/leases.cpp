@@ -241,7 +241,7 @@ Released Runtime::release(Lease& lease) {
   // are complete and nobody holds them or its param.
   if (lease.kind_ != StateKind::kGrad && lease.kind_ != StateKind::kParam) return Released::kUnpinned;
   if (!m.core.deferred() && m.pipeline.gradients_complete(c.family))
-    m.checkpoint_capture_for_update(lock, c.family).ignore();  // (a failed capture: the save holds it)
+    m.checkpoints.capture_for_update(lock, c.family).ignore();  // (a failed capture: the save holds it)
   const std::uint64_t launches = m.pipeline.launches();
   // Fails only with data parallelism (a reduce-scatter that cannot be posted); schedule
   // has then made it the runtime's error (core.fail), which the next call returns.
@@ -341,7 +341,7 @@ Status Runtime::no_gradient(TensorId tensor) {
   const FamilyId family = m.core.layout().slots[tensor].family;
   m.pipeline.note_no_gradient(family);
   if (!m.core.deferred() && m.pipeline.gradients_complete(family))
-    m.checkpoint_capture_for_update(lock, family)
+    m.checkpoints.capture_for_update(lock, family)
         .ignore();  // (as release: a failed capture, the save holds it)
   m.schedule(SchedulerEvent::kGradientsHandedOver, family).ignore();  // (fails only with data parallelism)
   return Status::Ok();

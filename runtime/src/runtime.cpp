@@ -17,22 +17,6 @@
 
 namespace strata::runtime {
 
-std::string_view state_kind_name(StateKind kind) {
-  switch (kind) {
-    case StateKind::kParam:
-      return "param";
-    case StateKind::kGrad:
-      return "grad";
-    case StateKind::kMaster:
-      return "master";
-    case StateKind::kState0:
-      return "state0";
-    case StateKind::kState1:
-      return "state1";
-  }
-  return "unknown";
-}
-
 // --- Lease ---------------------------------------------------------------
 
 Lease::Lease(Lease&& other) noexcept {
@@ -130,7 +114,7 @@ Runtime::~Runtime() {
   Impl& m = *impl_;
   {
     std::unique_lock lock(m.core.mu);
-    m.checkpoint_finish(lock).ignore();  // a save in flight ends first (its error was for finish_checkpoint)
+    m.checkpoints.finish(lock).ignore();  // a save in flight ends first (its error was for finish_checkpoint)
     m.pipeline.wait_all(lock).ignore();
     m.residency.wait_staging_reads(lock);
   }

@@ -22,8 +22,9 @@
 // (scheduler.cpp), plan adoption and moving states between homes
 // (plan_adoption.cpp), host access to any state between steps (host_copy.cpp,
 // tensor_state.cpp), step() (step.cpp), a failed step's discard (step_abort.cpp),
-// checkpoints (the checkpoint_* members: runtime/checkpoint/,
-// its README.md) and the invariants checked after each public call
+// the checkpoint library's view of the runtime (CheckpointSource,
+// checkpoint_source.cpp; the library is runtime/checkpoint/, its README.md) and
+// the invariants checked after each public call
 // (invariants.cpp), all in the top level of runtime/src. Planner, cost model,
 // layout, trace and tensor shapes are strata_plan (runtime/plan/); they, the
 // timeline and options have public headers (strata/runtime/) and do not include this one.
@@ -49,20 +50,20 @@
 #include <mutex>
 #include <optional>
 
+#include "checkpoint_source.hpp"
 #include "core/chunk_events.hpp"
 #include "core/core.hpp"
 #include "core/step_tracker.hpp"
 #include "dp/data_parallel.hpp"
 #include "pipeline/optimizer_pipeline.hpp"
 #include "residency/residency.hpp"
+#include "strata/checkpoint/checkpointer.hpp"
 #include "strata/common/assert.hpp"
 
 namespace strata::runtime {
 
 //! The moments at which the training thread starts background work (Note [Scheduler]).
 enum class SchedulerEvent : std::uint8_t { kUseBegins, kUsePlaced, kGradientsHandedOver, kStepEnds };
-
-struct CheckpointSave;  // runtime/checkpoint/checkpoint.hpp
 
 struct Runtime::Impl {
   Impl(memory::Device& dev, RuntimeOptions options)
@@ -87,8 +88,11 @@ struct Runtime::Impl {
   //! The observer of chunk use (Note [Chunk events]): dp with W > 1 ranks, else none.
   ChunkEvents* events = nullptr;
   int leases_out = 0;
-  //! The asynchronous save in flight or finished and not yet collected (Note [Overlapped save]).
-  std::shared_ptr<CheckpointSave> checkpoint;
+  //! The runtime as the checkpoint library sees it, and the library's saves and loads
+  //! over it (Note [Overlapped save] in runtime/checkpoint/capture.cpp: the scheduler
+  //! and step() ask checkpoints.allows_update and capture_for_update before updates).
+  CheckpointSource checkpoint_source{*this};
+  checkpoint::Checkpointer checkpoints{checkpoint_source};
 
   //! The one scheduler entry point (Note [Scheduler], scheduler.cpp): starts what
   //! `event` allows; `family` is the one whose lease was released
@@ -139,19 +143,6 @@ struct Runtime::Impl {
   //! first: fn gets zeros. Blocks.
   Status with_host_copy(std::unique_lock<std::mutex>& lock, Chunk& c, bool write,
                         const std::function<void(std::byte*)>& fn, bool whole = false);
-  // Note [Overlapped save] (checkpoint/capture.cpp).
-  //! True when family f's optimizer update may start now: no save is in flight or
-  //! it has captured f. Otherwise the save launches it once it has. Caller holds mu.
-  bool checkpoint_allows_update(FamilyId f);
-  //! Captures family f for the save in flight before an update of f starts, waiting
-  //! (unlocked) while the save's room is full; a no-op when f has nothing to update.
-  Status checkpoint_capture_for_update(std::unique_lock<std::mutex>& lock, FamilyId f);
-  //! Waits until the save in flight has launched the updates it held back (before a
-  //! step waits for its updates); with every_family, until it has captured every
-  //! family too (before a host write or a load changes values).
-  Status checkpoint_wait_captured(std::unique_lock<std::mutex>& lock, bool every_family = false);
-  //! Waits for the save in flight to end; its outcome (collected: cleared).
-  Status checkpoint_finish(std::unique_lock<std::mutex>& lock);
   //! The checks of Note [Chunk state machine] and Note [Pipeline places]; aborts
   //! on a violation. Caller holds mu.
   void check_invariants() const;

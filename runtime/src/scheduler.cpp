@@ -42,12 +42,12 @@ Status Runtime::Impl::schedule(SchedulerEvent event, FamilyId family) {
         if (!st.ok()) core.errors.fail(st);
         return st;
       }
-      if (!core.deferred() && pipeline.gradients_complete(family) && checkpoint_allows_update(family))
+      if (!core.deferred() && pipeline.gradients_complete(family) && checkpoints.allows_update(family))
         pipeline.launch_optimizer(family);
       return Status::Ok();
     case SchedulerEvent::kStepEnds:
       for (FamilyId f = 0; f < core.layout().families.size(); ++f) {
-        if (checkpoint_allows_update(f)) pipeline.launch_optimizer(f);
+        if (checkpoints.allows_update(f)) pipeline.launch_optimizer(f);
       }
       pipeline.stop_read_ahead();
       pipeline.pump();

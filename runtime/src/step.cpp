@@ -103,7 +103,7 @@ void Runtime::Impl::discard_gradients() {
 static Status run_families_in_order(Runtime::Impl& m, std::unique_lock<std::mutex>& lock) {
   m.pipeline.stop_read_ahead();
   for (FamilyId f = 0; f < m.core.layout().families.size(); ++f) {
-    if (!m.checkpoint_allows_update(f)) continue;
+    if (!m.checkpoints.allows_update(f)) continue;
     m.pipeline.launch_optimizer(f);
     STRATA_RETURN_IF_ERROR(m.pipeline.wait_step_work(lock));
   }
@@ -182,11 +182,11 @@ Result<StepStats> Runtime::Impl::run_step(std::unique_lock<std::mutex>& lock) {
     m.discard_gradients();  // nothing is launched: no gradient is left
   }
   for (FamilyId f = 0; f < m.core.layout().families.size(); ++f) {
-    STRATA_RETURN_IF_ERROR(m.checkpoint_capture_for_update(lock, f));  // Note [Overlapped save]
+    STRATA_RETURN_IF_ERROR(m.checkpoints.capture_for_update(lock, f));  // Note [Overlapped save]
   }
   if (m.pipeline.exchanges_trust() && !skip) STRATA_RETURN_IF_ERROR(run_families_in_order(m, lock));
-  m.schedule(SchedulerEvent::kStepEnds).ignore();            // (never fails)
-  STRATA_RETURN_IF_ERROR(m.checkpoint_wait_captured(lock));  // updates a save held back
+  m.schedule(SchedulerEvent::kStepEnds).ignore();             // (never fails)
+  STRATA_RETURN_IF_ERROR(m.checkpoints.wait_captured(lock));  // updates a save held back
   // NVMe write-backs go on past step() (Note [Write-back after step]).
   Status waited = m.pipeline.wait_step_work(lock);
   if (!waited.ok()) return waited;
@@ -222,7 +222,7 @@ Result<StepStats> Runtime::Impl::run_step(std::unique_lock<std::mutex>& lock) {
 Status Runtime::flush() {
   Impl& m = *impl_;
   // Outside Core::mu, which its removal never takes (Note [Stale checkpoint files]).
-  m.core.stale_checkpoint_files.wait();
+  m.checkpoints.wait_stale_removed();
   std::unique_lock lock(m.core.mu);
   InvariantCheck check(m, &lock);
   STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));

@@ -109,8 +109,8 @@ Status Runtime::init_tensors(std::span<const TensorId> tensors,
     STRATA_RETURN_IF_ERROR(check_state_call(m, tensors[i], values[i].size(), "init_tensor"));
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
   STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
-  STRATA_RETURN_IF_ERROR(m.checkpoint_wait_captured(lock, true));  // a save in flight reads the old values
-  STRATA_RETURN_IF_ERROR(m.core.errors.take_prefetch());           // (once; nothing written)
+  STRATA_RETURN_IF_ERROR(m.checkpoints.wait_captured(lock, true));  // a save in flight reads the old values
+  STRATA_RETURN_IF_ERROR(m.core.errors.take_prefetch());            // (once; nothing written)
   // The positions of each family's tensors in the call, families in first-seen order.
   std::vector<std::pair<FamilyId, std::vector<std::size_t>>> families;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
@@ -179,7 +179,7 @@ Status Runtime::write_tensor(TensorId tensor, StateKind kind, std::span<const fl
   }
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
   STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
-  STRATA_RETURN_IF_ERROR(m.checkpoint_wait_captured(lock, true));  // a save in flight reads the old values
+  STRATA_RETURN_IF_ERROR(m.checkpoints.wait_captured(lock, true));  // a save in flight reads the old values
   const TensorSlot& ts = m.core.layout().slots[tensor];
   if (kind == StateKind::kMaster && !m.core.separate_master) {
     // fp32 compute: the param is the master.

@@ -149,4 +149,16 @@ class SmallTmpfs {
   std::string why_;
 };
 
+//! Flips one bit of the byte at `offset` of the file at `path` (a corrupted file).
+inline void flip_byte(const std::filesystem::path& path, std::streamoff offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  ASSERT_TRUE(f) << "opening " << path;
+  f.seekg(offset);
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x10);
+  f.seekp(offset);
+  f.write(&c, 1);
+}
+
 }  // namespace strata::offload::testing

@@ -20,8 +20,9 @@
 #include <thread>
 #include <vector>
 
-#include "checkpoint/test_hooks.hpp"  // runtime/checkpoint/
 #include "mlp.hpp"
+#include "offload/test_util.hpp"
+#include "strata/checkpoint/test_hooks.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/memory/device_factory.hpp"
 #include "strata/runtime/runtime.hpp"
@@ -456,15 +457,7 @@ fs::path family_file(const fs::path& dir, int family) {
 
 TEST(Checkpoint, RefusesAFlippedByte) {
   expect_refused(
-      [](const fs::path& dir) {
-        std::fstream f(family_file(dir, 3), std::ios::in | std::ios::out | std::ios::binary);
-        f.seekg(70000);
-        char c = 0;
-        f.read(&c, 1);
-        c = static_cast<char>(c ^ 0x10);
-        f.seekp(70000);
-        f.write(&c, 1);
-      },
+      [](const fs::path& dir) { offload::testing::flip_byte(family_file(dir, 3), 70000); },
       StatusCode::kCorrupt, "family-3.g1.bin bytes [0, ");
 }
 
@@ -482,9 +475,9 @@ TEST(Checkpoint, RefusesAFileWrittenBetweenItsCheckAndItsLoad) {
   // The apply pass reads the descriptors the CRC32C pass verified, and refuses one
   // whose file was written in between (size or mtime moved), before applying anything.
   struct Reset {
-    ~Reset() { checkpoint_testing::after_verify = nullptr; }
+    ~Reset() { checkpoint::test_hooks::after_verify = nullptr; }
   } reset;
-  checkpoint_testing::after_verify = [](const std::string& dir) {
+  checkpoint::test_hooks::after_verify = [](const std::string& dir) {
     std::fstream f(family_file(dir, 2), std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(100);
     f.write("x", 1);
@@ -546,9 +539,9 @@ TEST(Checkpoint, ARefusedLoadLeavesTrainedNvmeStatesAsTheyWere) {
 // NVMe-held states and step counters are not loaded (Note [Load in one read]).
 TEST(Checkpoint, AFileWrittenWhileHostValuesAreAppliedIsRefusedAndNvmeStatesStay) {
   struct Reset {
-    ~Reset() { checkpoint_testing::after_host_apply = nullptr; }
+    ~Reset() { checkpoint::test_hooks::after_host_apply = nullptr; }
   } reset;
-  checkpoint_testing::after_host_apply = [](const std::string& dir) { write_into(family_file(dir, 2)); };
+  checkpoint::test_hooks::after_host_apply = [](const std::string& dir) { write_into(family_file(dir, 2)); };
   Dirs dirs;
   {
     Trainer a(Placement::kNvme, dirs.nvme_a.path());

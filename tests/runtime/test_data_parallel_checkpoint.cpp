@@ -15,8 +15,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "checkpoint/test_hooks.hpp"  // runtime/checkpoint/
 #include "dp_harness.hpp"
+#include "strata/checkpoint/test_hooks.hpp"
 #include "strata/comm/local.hpp"
 #include "strata/common/scratch_dir.hpp"
 
@@ -160,12 +160,12 @@ TEST(DataParallelCheckpointFaults, ARankWhoseFileFailsFailsEveryRanksSaveAndKeep
   CheckpointDir ckpt;
   const std::string dir = ckpt.path.string();
   // Family 3 is rank 1's (3 mod 2); its file of the second save fails to be created.
-  checkpoint_testing::before_create = [](const std::string& tmp) -> Status {
+  checkpoint::test_hooks::before_create = [](const std::string& tmp) -> Status {
     if (tmp.find("family-3.g2.bin.tmp") == std::string::npos) return Status::Ok();
     return make_status(StatusCode::kNoSpace, "creating {}: injected failure", tmp);
   };
   struct Reset {
-    ~Reset() { checkpoint_testing::before_create = nullptr; }
+    ~Reset() { checkpoint::test_hooks::before_create = nullptr; }
   } reset;
   std::vector<Status> second(2);
   std::vector<std::vector<std::vector<float>>> saved(2);
@@ -245,12 +245,12 @@ TEST(DataParallelCheckpointFaults, AnOverlappedSaveIsRefusedOnADataParallelRank)
 TEST(DataParallelCheckpointFaults, ARankThatFailsToAssembleItsShardsFailsTheOthersAtOnce) {
   CheckpointDir ckpt;
   const std::string dir = ckpt.path.string();
-  checkpoint_testing::before_assemble = [](int rank, FamilyId f) -> Status {
+  checkpoint::test_hooks::before_assemble = [](int rank, FamilyId f) -> Status {
     if (rank != 1 || f != 2) return Status::Ok();
     return make_status(StatusCode::kOutOfBudget, "injected: no memory for family {}'s shards", f);
   };
   struct Reset {
-    ~Reset() { checkpoint_testing::before_assemble = nullptr; }
+    ~Reset() { checkpoint::test_hooks::before_assemble = nullptr; }
   } reset;
   std::vector<Status> saved(2);
   std::vector<double> seconds(2, 0.0);

@@ -116,11 +116,6 @@ struct GroupHyper {
   float weight_decay = 0.0f;
 };
 
-//! The kinds the optimizer owns (they live where the family's optimizer states live).
-inline bool is_optim_kind(StateKind k) {
-  return k == StateKind::kMaster || k == StateKind::kState0 || k == StateKind::kState1;
-}
-
 //! Base pointers of one family's chunks, per StateKind, on one tier.
 struct FamilyPtrs {
   std::byte* at[kStateKindCount] = {};

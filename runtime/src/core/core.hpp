@@ -32,7 +32,6 @@
 
 #include "core/chunk.hpp"
 #include "core/error_state.hpp"
-#include "core/file_remover.hpp"
 #include "core/nvme_tier.hpp"
 #include "core/record_pool.hpp"
 #include "core/tables.hpp"
@@ -86,8 +85,6 @@ class Core {
   std::unique_ptr<ThreadPool> pool;
   std::shared_ptr<HostStore> host;
   NvmeTier nvme;  //!< the store opens when a plan puts states on NVMe (ensure_nvme_store)
-  //! An older checkpoint's files, removed after a save published (Note [Stale checkpoint files]).
-  FileRemover stale_checkpoint_files;
   memory::Stream compute, h2d, d2h, opt_stream;
   Timeline timeline;
 

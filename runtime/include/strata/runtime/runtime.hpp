@@ -54,17 +54,13 @@
 #include "strata/runtime/cost_model.hpp"
 #include "strata/runtime/layout.hpp"
 #include "strata/runtime/planner.hpp"
+#include "strata/runtime/state_kind.hpp"
 #include "strata/runtime/stats.hpp"
 #include "strata/runtime/stores.hpp"
 #include "strata/runtime/tensor.hpp"
 #include "strata/runtime/timeline.hpp"
 
 namespace strata::runtime {
-
-//! Which chunk of a family a lease is on.
-enum class StateKind : std::uint8_t { kParam, kGrad, kMaster, kState0, kState1 };
-inline constexpr std::size_t kStateKindCount = 5;
-std::string_view state_kind_name(StateKind kind);
 
 //! What a lease may do with the memory.
 enum class Access : std::uint8_t {

@@ -1,7 +1,7 @@
 #pragma once
 // Checkpoint test hooks: points where a test injects a failure or a change to a
 // file, to show a save or load fails the way a real error would. Not part of the
-// production header (checkpoint.hpp): the checkpoint files that call a hook
+// library's private header (checkpoint.hpp): the checkpoint files that call a hook
 // include this one, and so do the tests (tests/runtime/test_checkpoint.cpp,
 // tests/runtime/test_data_parallel_checkpoint.cpp). Each hook is empty in
 // production; a test sets it before the runtimes run and clears it after
@@ -13,7 +13,9 @@
 #include "strata/common/status.hpp"
 #include "strata/runtime/tensor.hpp"
 
-namespace strata::runtime::checkpoint_testing {
+namespace strata::checkpoint::test_hooks {
+
+using runtime::FamilyId;
 
 //! Runs before a save creates each `<name>.tmp`; an error fails that file as a real
 //! one would (test_data_parallel_checkpoint.cpp fails one rank's file).
@@ -28,4 +30,4 @@ extern std::function<void(const std::string& dir)> after_verify;
 //! files again and commits the NVMe ones (Note [Load in one read] in load.cpp).
 extern std::function<void(const std::string& dir)> after_host_apply;
 
-}  // namespace strata::runtime::checkpoint_testing
+}  // namespace strata::checkpoint::test_hooks

@@ -1,6 +1,7 @@
 #pragma once
 // FileRemover: removes a batch of files on a thread of its own (Note [Stale
-// checkpoint files] in checkpoint/format.cpp).
+// checkpoint files] in format.cpp). Private to the checkpoint library; the
+// Checkpointer owns one.
 
 #include <filesystem>
 #include <mutex>
@@ -8,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-namespace strata::runtime {
+namespace strata::checkpoint {
 
 //! Removes files in the background, one batch at a time. Thread-safe. A file that
 //! is gone already, or cannot be removed, is skipped: the next save's publish lists
@@ -43,4 +44,4 @@ class FileRemover {
   std::thread thread_;
 };
 
-}  // namespace strata::runtime
+}  // namespace strata::checkpoint
