@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -84,6 +85,46 @@ TEST_F(ProbeCli, JsonHasEveryField) {
     EXPECT_TRUE(p["feasible"].get<bool>()) << p.dump();
   }
   EXPECT_LT(j["elapsed_s"].get<double>(), 60.0);
+  EXPECT_TRUE(dir_empty());
+}
+
+// The caller's own model gets its own prediction per placement, not only the largest
+// model's: never slower than the largest (it has fewer layers), null where it does not
+// fit, and the fastest of them is named.
+TEST_F(ProbeCli, PredictsTheCallersModelWhereItFits) {
+  for (const char* params : {"350M", "400B"}) {
+    ProbeRun r = probe(std::string("--json --params ") + params + small(), /*merge_stderr=*/false);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    auto j = nlohmann::json::parse(r.out, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r.out;
+    std::optional<double> fastest;
+    std::string fastest_name;
+    for (const auto& p : j["placements"]) {
+      ASSERT_TRUE(p.contains("fits_model") && p.contains("model_step_s")) << p.dump();
+      const bool fits = p["fits_model"].get<bool>();
+      EXPECT_EQ(fits, p["feasible"].get<bool>() &&
+                          p["max_params"].get<std::uint64_t>() >= j["model"]["params"].get<std::uint64_t>())
+          << params << " " << p.dump();
+      if (!fits) {
+        EXPECT_TRUE(p["model_step_s"].is_null()) << p.dump();
+        continue;
+      }
+      const double mine = p["model_step_s"].get<double>();
+      EXPECT_GT(mine, 0.0) << p.dump();
+      EXPECT_LE(mine, p["predicted_step_s"].get<double>() * (1 + 1e-9)) << p.dump();
+      if (!fastest || mine < *fastest) {
+        fastest = mine;
+        fastest_name = p["name"].get<std::string>();
+      }
+    }
+    if (fastest) {
+      EXPECT_EQ(j["model"]["fastest_placement"], fastest_name) << params;
+      EXPECT_DOUBLE_EQ(j["model"]["predicted_step_s"].get<double>(), *fastest) << params;
+    } else {
+      EXPECT_TRUE(j["model"]["fastest_placement"].is_null()) << params;
+    }
+    EXPECT_EQ(fastest.has_value(), std::string(params) == "350M") << params << ": " << r.out;
+  }
   EXPECT_TRUE(dir_empty());
 }
 

@@ -456,9 +456,8 @@ fs::path family_file(const fs::path& dir, int family) {
 }
 
 TEST(Checkpoint, RefusesAFlippedByte) {
-  expect_refused(
-      [](const fs::path& dir) { offload::testing::flip_byte(family_file(dir, 3), 70000); },
-      StatusCode::kCorrupt, "family-3.g1.bin bytes [0, ");
+  expect_refused([](const fs::path& dir) { offload::testing::flip_byte(family_file(dir, 3), 70000); },
+                 StatusCode::kCorrupt, "family-3.g1.bin bytes [0, ");
 }
 
 TEST(Checkpoint, RefusesATruncatedFile) {

@@ -89,14 +89,19 @@ nlohmann::json data_parallel_json(const Settings& s, const Planned& p) {
 
 nlohmann::json placements_json(const Planned& p) {
   nlohmann::json rows = nlohmann::json::array();
-  for (const Estimate& e : p.rows) {
+  for (std::size_t i = 0; i < p.rows.size(); ++i) {
+    const Estimate& e = p.rows[i];
+    const std::optional<runtime::StepCost>& yours = p.yours[i];
     nlohmann::json row = {
         {"name", placement_name(e.placement)},
         {"feasible", e.feasible},
         {"max_params", e.max_params},
         {"max_params_is_lower_bound", e.capped},
         {"layers", e.layers},
-        {"predicted_step_s", e.feasible ? nlohmann::json(e.cost.step_s) : nlohmann::json(nullptr)}};
+        {"predicted_step_s", e.feasible ? nlohmann::json(e.cost.step_s) : nlohmann::json(nullptr)},
+        {"fits_model", yours.has_value()},
+        {"model_step_s", yours ? nlohmann::json(yours->step_s) : nlohmann::json(nullptr)},
+        {"model_bottleneck", yours ? nlohmann::json(yours->bottleneck) : nlohmann::json(nullptr)}};
     if (e.feasible) {
       row["bottleneck"] = e.cost.bottleneck;
       row["plan"] = e.plan.summary();
@@ -217,18 +222,27 @@ void print_placements(const Settings& s, const Planned& p) {
         s.ranks, p.ranks_per_node, format_bytes(p.rank_bytes), format_bytes(p.single_bytes));
   }
   fmt::print("{:<20}{:>12}{:>9}{:>14}  {:<14}{}\n", "placement", "max params", "layers", "step (pred.)",
-             "bottleneck", "fits your model");
-  for (const Estimate& e : p.rows) {
+             "bottleneck", "your model's step (pred.)");
+  for (std::size_t i = 0; i < p.rows.size(); ++i) {
+    const Estimate& e = p.rows[i];
     if (!e.feasible) {
       fmt::print("{:<20}{:>12}{:>9}{:>14}  {}\n", placement_name(e.placement), "-", "-", "-", e.reason);
       continue;
     }
+    const std::optional<runtime::StepCost>& yours = p.yours[i];
     fmt::print("{:<20}{:>12}{:>9}{:>14}  {:<14}{}\n", placement_name(e.placement),
                (e.capped ? ">= " : "") + format_count(e.max_params), e.layers,
                fmt::format("{:.3f} s", e.cost.step_s), e.cost.bottleneck,
-               e.max_params >= p.model_params ? "yes" : "no");
+               yours ? fmt::format("{:.3f} s ({})", yours->step_s, yours->bottleneck) : "does not fit");
   }
   fmt::print("(all-nvme: {})\n", kAllNvmeNote);
+  if (const std::optional<Placement> best = fastest_for_model(p)) {
+    const runtime::StepCost& c = *p.yours[static_cast<std::size_t>(*best)];
+    fmt::print("Your model trains fastest with {}: {:.3f} s a step (predicted; bound by {})\n",
+               placement_name(*best), c.step_s, c.bottleneck);
+  } else {
+    fmt::print("Your model fits no placement with these budgets (--needs: the least budgets each needs)\n");
+  }
   if (s.verbose) {
     fmt::print("\nPer placement (--verbose):\n");
     for (const Estimate& e : p.rows) {
@@ -299,6 +313,10 @@ void print_json(const Settings& s, const Flags&, const Machine& m, const Planned
       {"gpu_bytes", p.cap.gpu_bytes}, {"host_bytes", p.cap.host_bytes}, {"nvme_bytes", p.cap.nvme_bytes}};
   j["data_parallel"] = data_parallel_json(s, p);
   j["placements"] = placements_json(p);
+  const std::optional<Placement> best = fastest_for_model(p);
+  j["model"]["fastest_placement"] = best ? nlohmann::json(placement_name(*best)) : nlohmann::json(nullptr);
+  j["model"]["predicted_step_s"] =
+      best ? nlohmann::json(p.yours[static_cast<std::size_t>(*best)]->step_s) : nlohmann::json(nullptr);
   if (s.needs) j["needs"] = needs_json(p);
   if (v.result) j["verify"] = verify_json(v);
   j["elapsed_s"] = elapsed_s;

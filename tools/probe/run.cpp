@@ -107,6 +107,15 @@ Planned plan_placements(const Settings& s, const Flags& flags, const Machine& m,
   p.rates = measured_rates(m);
   for (Placement pl : kPlacements) p.rows.push_back(estimate(spec, pl, p.cap, p.rates));
   p.model_params = shape_params(spec.shape).value();
+  // The caller's own model, where it fits: its step, not the largest model's.
+  for (const Estimate& e : p.rows) {
+    std::optional<runtime::StepCost> cost;
+    if (e.feasible && e.layers >= spec.shape.layers) {
+      auto at = estimate_at(spec, e.placement, p.cap, p.rates);
+      if (at.ok()) cost = at->cost;
+    }
+    p.yours.push_back(std::move(cost));
+  }
   // What your model needs per placement: the least budgets that give the
   // placement (tight_budgets against unbounded capacities).
   if (s.needs) {
@@ -117,6 +126,22 @@ Planned plan_placements(const Settings& s, const Flags& flags, const Machine& m,
   p.spec = std::move(spec);
   return p;
 }
+
+}  // namespace
+
+std::optional<Placement> fastest_for_model(const Planned& p) {
+  std::optional<Placement> best;
+  double best_s = 0;
+  for (std::size_t i = 0; i < p.yours.size(); ++i) {
+    if (p.yours[i] && (!best || p.yours[i]->step_s < best_s)) {
+      best = p.rows[i].placement;
+      best_s = p.yours[i]->step_s;
+    }
+  }
+  return best;
+}
+
+namespace {
 
 // The verify run's options: the placement asked for (or the default), its size
 // (the placement's largest, capped so a few steps take seconds here).

@@ -44,7 +44,10 @@ struct Planned {
   std::uint64_t model_params = 0;
   runtime::Rates rates;
   std::vector<Estimate> rows;  //!< one per placement, in kPlacements order
-  std::vector<Need> needs;     //!< empty without --needs
+  //! Per placement (kPlacements order): the caller's model's own predicted step, or
+  //! none where it does not fit that placement.
+  std::vector<std::optional<runtime::StepCost>> yours;
+  std::vector<Need> needs;  //!< empty without --needs
 };
 
 //! The --verify run, when asked for.
@@ -52,6 +55,10 @@ struct Verified {
   VerifyOptions options;
   std::optional<VerifyResult> result;
 };
+
+//! The placement the caller's model trains fastest with (the least predicted step of
+//! Planned::yours), or none where it fits no placement.
+std::optional<Placement> fastest_for_model(const Planned& p);
 
 //! The all-nvme row's note, printed in both outputs.
 inline constexpr const char* kAllNvmeNote =
