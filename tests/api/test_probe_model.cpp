@@ -179,6 +179,27 @@ TEST(ProbePlacements, TinyLayersEndQuicklyWithALowerBound) {
   }
 }
 
+// #28: bench/torch_scale.py's 1.2 B GPT (d 2048, 24 layers) ran with a GPU budget of three
+// slots of strata.torch's chunks (a third of a layer each); planned one family per layer,
+// the probe refused that budget. At the trainer's chunk size it plans the same split.
+TEST(ProbeChunkSize, ATrainersChunksFitItsGpuBudget) {
+  TrainSpec spec;
+  spec.shape = {.layers = 24, .hidden = 2048, .seq = 64, .batch = 1, .vocab = 256};
+  const std::uint64_t chunk = 4 * 2048 * 2048 + 8192;  // the largest tensor and its bias
+  const Capacity cap{
+      .gpu_bytes = 3 * chunk * 4 + 64 * kMiB, .host_bytes = 8 * kGiB, .nvme_bytes = 1024 * kGiB};
+  auto whole = estimate_at(spec, Placement::kAllNvme, cap, runtime::Rates{});
+  ASSERT_FALSE(whole.ok());
+  EXPECT_NE(whole.status().message().find("gpu"), std::string::npos) << whole.status().message();
+  spec.chunk_elems = chunk;
+  EXPECT_EQ(families_of(spec, 12 * 2048 * 2048), 3u);
+  EXPECT_EQ(families_of(spec, 256 * 2048), 1u);
+  auto split = estimate_at(spec, Placement::kAllNvme, cap, runtime::Rates{});
+  ASSERT_TRUE(split.ok()) << split.status().message();
+  EXPECT_EQ(split->plan.families.size(), 1u + 24 * 3);
+  EXPECT_GT(split->cost.step_s, 0.0);
+}
+
 // #14: with --ranks W a rank plans 1/W of the masters and optimizer states, and
 // K ranks on one node share its host RAM and NVMe.
 TEST(ProbeDataParallel, PerRankStateBytesAndSharedHost) {

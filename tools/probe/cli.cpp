@@ -64,6 +64,20 @@ Result<TrainSpec> model_spec(const Settings& s) {
     STRATA_ASSIGN_OR_RETURN(std::uint64_t n, parse_count(s.params.empty() ? "1.3B" : s.params));
     STRATA_ASSIGN_OR_RETURN(spec.shape, shape_for_params(n, s.seq, s.batch, s.vocab));
   }
+  if (!s.chunk_elems.empty()) {
+    STRATA_ASSIGN_OR_RETURN(spec.chunk_elems, parse_count(s.chunk_elems, "--chunk-elems"));
+    const std::uint64_t layer = 12 * spec.shape.hidden * spec.shape.hidden;
+    const std::uint64_t k = families_of(spec, std::max(layer, spec.shape.vocab * spec.shape.hidden));
+    if (k > kFamiliesPerLayerMax) {
+      return invalid_argument(
+          "--chunk-elems {} splits a layer of {} elements (or the embedding) into {} chunk families; the "
+          "probe "
+          "plans at most {} a layer (Note [Probe chunk size]): give at least {}",
+          s.chunk_elems, format_count(layer), k, kFamiliesPerLayerMax,
+          format_count((std::max(layer, spec.shape.vocab * spec.shape.hidden) + kFamiliesPerLayerMax - 1) /
+                       kFamiliesPerLayerMax));
+    }
+  }
   STRATA_RETURN_IF_ERROR(check_supported(spec));
   return spec;
 }
@@ -150,6 +164,9 @@ int cli_main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--ranks-per-node", s.ranks_per_node,
                  "ranks sharing this machine's host RAM and NVMe (default: all --ranks)");
+  app.add_option("--chunk-elems", s.chunk_elems,
+                 "the runtime's chunk size in elements, as a trainer's layout search chose it (e.g. 26M): "
+                 "layers split into families of at most this size (default: one family per layer)");
   app.add_flag("--verbose", s.verbose, "also print each placement's plan (or the planner's full reason)");
   app.add_flag("--needs", s.needs,
                "also print the least gpu/host/nvme budgets your model needs per placement");

@@ -78,15 +78,18 @@ Estimate estimate(const TrainSpec& spec, Placement placement, const Capacity& ca
   // quadratic in the family count (the Belady simulation scans every family per
   // use). A tiny layer (--hidden 1: 12 params) fits by the million, so an
   // unbounded search planned a million families and never finished. The layer
-  // count is bounded by kLayersMax (deeper than any trained transformer); a
-  // placement that still fits there reports its size as a lower bound.
+  // count is bounded by kLayersMax (deeper than any trained transformer; divided
+  // by the families a layer splits into, Note [Probe chunk size]); a placement that
+  // still fits there reports its size as a lower bound.
+  const std::uint64_t layers_max =
+      std::max<std::uint64_t>(1, kLayersMax / families_of(spec, 12 * spec.shape.hidden * spec.shape.hidden));
   std::uint64_t lo = 1, hi = 2;  // lo fits; find an hi that does not
-  while (hi <= kLayersMax && try_plan(spec, hi, placement, capacity).ok()) {
+  while (hi <= layers_max && try_plan(spec, hi, placement, capacity).ok()) {
     lo = hi;
     hi *= 2;
   }
-  e.capped = hi > kLayersMax && lo == kLayersMax;
-  hi = std::min(hi, kLayersMax + 1);
+  e.capped = hi > layers_max && lo == layers_max;
+  hi = std::min(hi, layers_max + 1);
   while (hi - lo > 1) {
     const std::uint64_t mid = lo + (hi - lo) / 2;
     (try_plan(spec, mid, placement, capacity).ok() ? lo : hi) = mid;

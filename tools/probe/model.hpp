@@ -92,7 +92,17 @@ struct TrainSpec {
   //! probe plans rank 0, which holds the most families (params and gradients are
   //! whole on every rank).
   std::uint32_t ranks = 1;
+  //! Note [Probe chunk size]: 0, one chunk family per layer (and one for the
+  //! embedding); else the runtime's chunk size in elements, as a trainer whose
+  //! layout search chose it (strata.torch reports it): each layer and the embedding
+  //! are split evenly into families of at most this many elements.
+  std::uint64_t chunk_elems = 0;
 };
+
+//! Families a layer (or the embedding) of `numel` elements splits into at chunk_elems
+//! (Note [Probe chunk size]): at most kFamiliesPerLayerMax, checked by model_spec.
+std::uint64_t families_of(const TrainSpec& spec, std::uint64_t numel);
+inline constexpr std::uint64_t kFamiliesPerLayerMax = 16;
 
 //! Bytes of model state per parameter for `spec` (param + grad + master when the
 //! compute dtype is not fp32 + optimizer states).
