@@ -111,6 +111,10 @@ TEST_F(ProbeCli, PredictsTheCallersModelWhereItFits) {
       }
       const double mine = p["model_step_s"].get<double>();
       EXPECT_GT(mine, 0.0) << p.dump();
+      // The step is its busiest resource plus what cannot overlap.
+      const auto& terms = p["model_terms"];
+      EXPECT_NEAR(terms["bound_s"].get<double>() + terms["tail_s"].get<double>(), mine, 1e-9 * mine)
+          << p.dump();
       EXPECT_LE(mine, p["predicted_step_s"].get<double>() * (1 + 1e-9)) << p.dump();
       if (!fastest || mine < *fastest) {
         fastest = mine;

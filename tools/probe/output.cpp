@@ -87,6 +87,26 @@ nlohmann::json data_parallel_json(const Settings& s, const Planned& p) {
        "host RAM and NVMe, each has its own GPU"}};
 }
 
+//! A predicted step's terms (seconds of each resource's busy time, and its bytes), to
+//! set against a run's own (bench/torch_scale.py reports its disk bytes a step).
+nlohmann::json cost_terms_json(const runtime::StepCost& c) {
+  return {{"compute_s", c.compute_s},
+          {"h2d_s", c.h2d_s},
+          {"d2h_s", c.d2h_s},
+          {"disk_read_s", c.disk_read_s},
+          {"disk_write_s", c.disk_write_s},
+          {"disk_s", c.disk_s},
+          {"cpu_optim_s", c.cpu_optim_s},
+          {"host_memory_s", c.host_memory_s},
+          {"host_cpu_s", c.host_cpu_s},
+          {"bound_s", c.bound_s},
+          {"tail_s", c.tail_s},
+          {"bytes_h2d", c.bytes_h2d},
+          {"bytes_d2h", c.bytes_d2h},
+          {"bytes_disk_read", c.bytes_disk_read},
+          {"bytes_disk_write", c.bytes_disk_write}};
+}
+
 nlohmann::json placements_json(const Planned& p) {
   nlohmann::json rows = nlohmann::json::array();
   for (std::size_t i = 0; i < p.rows.size(); ++i) {
@@ -101,7 +121,8 @@ nlohmann::json placements_json(const Planned& p) {
         {"predicted_step_s", e.feasible ? nlohmann::json(e.cost.step_s) : nlohmann::json(nullptr)},
         {"fits_model", yours.has_value()},
         {"model_step_s", yours ? nlohmann::json(yours->step_s) : nlohmann::json(nullptr)},
-        {"model_bottleneck", yours ? nlohmann::json(yours->bottleneck) : nlohmann::json(nullptr)}};
+        {"model_bottleneck", yours ? nlohmann::json(yours->bottleneck) : nlohmann::json(nullptr)},
+        {"model_terms", yours ? cost_terms_json(*yours) : nlohmann::json(nullptr)}};
     if (e.feasible) {
       row["bottleneck"] = e.cost.bottleneck;
       row["plan"] = e.plan.summary();
