@@ -21,7 +21,9 @@ The bound, measured in the same run:
     queue depth (32 pieces), the median of 5 runs;
   - bound_s = max(compute_s, disk_s); bound_ratio = step_s / bound_s;
   - shared_core_bound_s = max(compute_s + strata_adamw_s, disk_s): on the sim device forward,
-    backward and strata's optimizer share the same cores.
+    backward and strata's optimizer share the same cores;
+  - probe_step_s, probe_ratio: strata-probe's prediction of this run (same shape, budgets and
+    chunk size; its compute rate from compute_s), reported, not checked.
 Peak RSS is compared with rss_bound_bytes: the process before the model, the host tier's pinned
 region (host_region_bytes), the sim device's memory, activations, init scratch and 128 MiB.
 exact_small_copy: a copy of --small-params (20M) trained 3 steps with its states on NVMe and again
@@ -205,6 +207,35 @@ def io_rates(args, nvme_dir, io_bytes):
     return r, cmd
 
 
+def probe_prediction(args, nvme_dir, d, layers, chunk_elems, cfg, host, compute_s):
+    """strata-probe's prediction of this run's step (#28 item 6): the same shape, chunk size, budgets and
+    precision, its compute rate set so that its compute term is the compute_s measured here. A dict of
+    probe_step_s (None where it cannot say: the probe's reason in probe_error), probe_placement and the
+    command."""
+    if not args.strata_probe or not os.path.exists(args.strata_probe):
+        return {"probe_step_s": None, "probe_error": f"--strata-probe {args.strata_probe!r} not found"}
+    tokens = args.batch * args.seq
+    flops = 6 * (12 * d * d * layers + 256 * d) * tokens  # the probe's forward + backward (runtime::forward_flops)
+    tflops = flops / compute_s / 1e12
+    cmd = [args.strata_probe, "--json", "--layers", str(layers), "--hidden", str(d), "--seq", str(args.seq),
+           "--batch", str(args.batch), "--vocab", "256", "--chunk-elems", str(chunk_elems),
+           "--precision", args.dtype, "--nvme", nvme_dir, "--nvme-bytes", "256MiB", "--nvme-seconds", "1",
+           "--device", "sim", "--device-budget", str(cfg["device"]["budget"]), "--host-budget", str(host),
+           "--tflops", f"{tflops:.6g}", "--link", "1000GiB"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    result = {"probe_cmd": " ".join(cmd), "probe_step_s": None, "probe_placement": None}
+    if out.returncode != 0:
+        result["probe_error"] = out.stderr.strip() or f"exit code {out.returncode}"
+        return result
+    model = json.loads(out.stdout)["model"]
+    result["probe_placement"] = model["fastest_placement"]
+    if model["predicted_step_s"] is None:
+        result["probe_error"] = "the probe fits this model to no placement at these budgets"
+    else:
+        result["probe_step_s"] = round(model["predicted_step_s"], 3)
+    return result
+
+
 def small_copy(args, data, nvme_dir):
     """exact_small_copy: the same code at --small-params, states on NVMe vs all on host."""
     d, layers = shape_for(args.small_params)
@@ -241,6 +272,7 @@ def main():
                          "steps on a large model from std-0.02 init raise the loss without it")
     ap.add_argument("--nvme-dir", default=None, help="directory for the swap files (default: a temp dir)")
     ap.add_argument("--strata-bench", default=os.path.join(ROOT, "build", "release", "bench", "strata-bench"))
+    ap.add_argument("--strata-probe", default=os.path.join(ROOT, "build", "release", "tools", "probe", "strata-probe"))
     ap.add_argument("--io-bytes", type=int, default=None, help="bytes for strata-bench io (default: 1 GiB max)")
     ap.add_argument("--no-small-copy", action="store_true")
     ap.add_argument("--json", action="store_true")
@@ -308,6 +340,9 @@ def run(args, nvme_dir):
     io, io_cmd = io_rates(args, nvme_dir, io_bytes)
     read_rate, write_rate = io_rate(io, "read"), io_rate(io, "write")
     disk_s = read_b / read_rate + write_b / write_rate
+    probe = probe_prediction(args, nvme_dir, d, layers, layout["chunk_elems"], cfg, host, compute_s)
+    if probe["probe_step_s"] is not None:
+        probe["probe_ratio"] = round(step_s / probe["probe_step_s"], 3)
     bound_s = max(compute_s, disk_s)
     # On the sim device forward, backward and strata's optimizer run on the same cores: their sum is the
     # compute this machine must do each step (docs/scale.md, "Two bounds").
@@ -337,6 +372,7 @@ def run(args, nvme_dir):
         "strata_adamw_s": round(strata_adamw_s, 3), "disk_s": round(disk_s, 3),
         "bound_s": round(bound_s, 3), "bound_ratio": round(step_s / bound_s, 3),
         "shared_core_bound_s": round(shared_bound_s, 3), "shared_core_bound_ratio": round(step_s / shared_bound_s, 3),
+        **probe,
         "dtype": args.dtype, "lr": args.lr, "warmup_steps": args.warmup, "losses": [round(x, 5) for x in losses],
         "loss_decreasing": losses[-1] < losses[0],
         "exact_small_copy": None if args.no_small_copy else small_copy(args, data, nvme_dir),
