@@ -45,11 +45,62 @@ class MallocHostStore final : public HostStore {
   std::uint64_t used_ = 0;
 };
 
+//! NVMe slots in memory: 8 KiB each, so a chunk spans several; every transfer completes
+//! at once, on the calling thread.
+class MemoryNvme final : public NvmeStore {
+ public:
+  std::uint64_t slot_bytes() const override { return 8192; }
+  Result<std::uint32_t> allocate_slot() override {
+    std::lock_guard lock(mu_);
+    slots_[next_];
+    return next_++;
+  }
+  void free_slot(std::uint32_t slot) override {
+    std::lock_guard lock(mu_);
+    slots_.erase(slot);
+  }
+  Status write(std::uint32_t slot, std::span<const std::byte> data, runtime::IoDone done) override {
+    {
+      std::lock_guard lock(mu_);
+      slots_[slot].assign(data.begin(), data.end());
+    }
+    done(Status::Ok());
+    return Status::Ok();
+  }
+  Status read(std::uint32_t slot, std::span<std::byte> data, runtime::IoDone done) override {
+    Status st = Status::Ok();
+    {
+      std::lock_guard lock(mu_);
+      auto it = slots_.find(slot);
+      if (it == slots_.end() || it->second.size() < data.size()) {
+        st = internal_error("slot {} read before it was written", slot);
+      } else {
+        std::memcpy(data.data(), it->second.data(), data.size());
+      }
+    }
+    done(st);
+    return Status::Ok();
+  }
+  std::uint64_t used_bytes() const override { return 0; }
+  std::string describe() const override { return "memory"; }
+  std::size_t slots_in_use() {
+    std::lock_guard lock(mu_);
+    return slots_.size();
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::uint32_t, std::vector<std::byte>> slots_;
+  std::uint32_t next_ = 0;
+};
+
 //! A model's tensors packed into families of `per_family` tensors each, every chunk
-//! (param, state0, state1: fp32, AdamW's) in host memory.
+//! (param, state0, state1: fp32, AdamW's) in host memory; with `nvme`, the optimizer
+//! states of every other family live only in NVMe slots (MemoryNvme).
 class MemorySource final : public Source {
  public:
-  MemorySource(const std::vector<std::uint64_t>& numels, std::size_t per_family) {
+  MemorySource(const std::vector<std::uint64_t>& numels, std::size_t per_family, bool nvme = false) {
+    if (nvme) nvme_ = std::make_shared<MemoryNvme>();
     for (std::size_t t = 0; t < numels.size(); ++t) {
       if (t % per_family == 0) families_.emplace_back();
       Family& fam = families_.back();
@@ -67,11 +118,13 @@ class MemorySource final : public Source {
     for (Family& fam : families_) {
       for (StateKind k : kKinds) chunk(fam, k).assign(fam.elems, 0.0f);
     }
+    for (FamilyId f = 0; f < families_.size(); ++f) store_on_nvme(f);
   }
 
-  //! Tensor t's values of kind k.
+  //! Tensor t's values of kind k (from its NVMe slots where it lives there).
   std::vector<float> values(TensorId t, StateKind k) {
     const TensorEntry& e = tensors_[t];
+    if (on_nvme(e.family, k)) load_from_nvme(e.family, k);
     const std::vector<float>& c = chunk(families_[e.family], k);
     return {c.begin() + static_cast<std::ptrdiff_t>(e.offset_elems),
             c.begin() + static_cast<std::ptrdiff_t>(e.offset_elems + e.numel)};
@@ -85,7 +138,12 @@ class MemorySource final : public Source {
       for (float& x : chunk(families_[f], k)) x = normal(gen);
     }
     for (TensorId t : families_[f].tensors) ++tensors_[t].steps;
+    store_on_nvme(f);
   }
+  //! Pins taken and not released (the library must release every one).
+  int pins = 0;
+  //! NVMe slots holding a value (the library must free the ones it wrote and dropped).
+  std::size_t nvme_slots_in_use() { return nvme_ != nullptr ? nvme_->slots_in_use() : 0; }
   std::size_t family_count() const { return families_.size(); }
   std::vector<FamilyId> launched;  //!< updates the save held back and then launched
   bool pending = false;            //!< updates_pending's answer
@@ -104,7 +162,9 @@ class MemorySource final : public Source {
     Description d;
     d.tensors = tensors_;
     for (const Family& fam : families_) {
-      FamilyEntry e{.tensors = fam.tensors, .shard_elems = fam.elems};
+      FamilyEntry e{.tensors = fam.tensors,
+                    .shard_elems = fam.elems,
+                    .optim_on_nvme = on_nvme(static_cast<FamilyId>(d.families.size()), StateKind::kState0)};
       for (StateKind k : kKinds) e.chunk_bytes[static_cast<std::size_t>(k)] = fam.elems * 4;
       d.families.push_back(std::move(e));
     }
@@ -119,18 +179,20 @@ class MemorySource final : public Source {
   bool writing_back(FamilyId) const override { return false; }
   bool updates_pending(FamilyId) const override { return pending; }
   ChunkPlace place(FamilyId f, StateKind k) const override {
+    if (on_nvme(f, k)) return {.where = ChunkPlace::Where::kNvme, .slots = families_[f].slots[index(k)]};
     const std::vector<float>& c = chunk(families_[f], k);
     return {.where = ChunkPlace::Where::kHost,
             .host = reinterpret_cast<std::byte*>(const_cast<float*>(c.data()))};
   }
   Status copy_value(FamilyId f, StateKind k, std::byte* dst) override {
+    EXPECT_FALSE(on_nvme(f, k)) << "copy_value of a chunk on NVMe";
     const std::vector<float>& c = chunk(families_[f], k);
     std::memcpy(dst, c.data(), c.size() * 4);
     return Status::Ok();
   }
-  void pin_slot(std::uint32_t) override {}
-  void unpin_slot(std::uint32_t) override {}
-  std::shared_ptr<NvmeStore> nvme_store() const override { return nullptr; }
+  void pin_slot(std::uint32_t) override { ++pins; }
+  void unpin_slot(std::uint32_t) override { --pins; }
+  std::shared_ptr<NvmeStore> nvme_store() const override { return nvme_; }
   void launch_update(FamilyId f) override { launched.push_back(f); }
   Status read_chunk(std::unique_lock<std::mutex>&, FamilyId f, StateKind k,
                     const std::function<void(const std::byte*)>& fn) override {
@@ -139,6 +201,7 @@ class MemorySource final : public Source {
   }
   Status overwrite_chunk(std::unique_lock<std::mutex>&, FamilyId f, StateKind k,
                          const std::function<void(std::byte*)>& fn) override {
+    EXPECT_FALSE(on_nvme(f, k)) << "a load overwrites an NVMe chunk through its shadow";
     std::vector<float> fresh(families_[f].elems, 0.0f);
     fn(reinterpret_cast<std::byte*>(fresh.data()));
     chunk(families_[f], k) = std::move(fresh);
@@ -158,8 +221,10 @@ class MemorySource final : public Source {
   void abort_ranks(const std::string&) override {}
   Status open_nvme_store() override { return Status::Ok(); }
   HostStore& host_store() override { return host_; }
-  void replace_slots(FamilyId, StateKind, std::vector<std::uint32_t>) override {
-    ADD_FAILURE() << "no NVMe here";
+  void replace_slots(FamilyId f, StateKind k, std::vector<std::uint32_t> slots) override {
+    EXPECT_TRUE(on_nvme(f, k));
+    for (std::uint32_t old : families_[f].slots[index(k)]) nvme_->free_slot(old);
+    families_[f].slots[index(k)] = std::move(slots);
   }
   void set_counters(TensorId t, std::int64_t steps, std::uint32_t group) override {
     tensors_[t].steps = steps;
@@ -170,7 +235,42 @@ class MemorySource final : public Source {
 
  private:
   static constexpr StateKind kKinds[] = {StateKind::kParam, StateKind::kState0, StateKind::kState1};
+  static std::size_t index(StateKind k) { return static_cast<std::size_t>(k); }
+  //! Family f's `k` chunk lives on NVMe: every other family's optimizer states.
+  bool on_nvme(FamilyId f, StateKind k) const {
+    return nvme_ != nullptr && f % 2 == 1 && runtime::is_optim_kind(k);
+  }
+  //! Writes family f's NVMe-held chunks from their host image to fresh slots.
+  void store_on_nvme(FamilyId f) {
+    for (StateKind k : kKinds) {
+      if (!on_nvme(f, k)) continue;
+      std::vector<std::uint32_t>& slots = families_[f].slots[index(k)];
+      for (std::uint32_t old : slots) nvme_->free_slot(old);
+      slots.clear();
+      const auto* bytes = reinterpret_cast<const std::byte*>(chunk(families_[f], k).data());
+      const std::uint64_t n = families_[f].elems * 4;
+      for (std::uint64_t at = 0; at < n; at += nvme_->slot_bytes()) {
+        slots.push_back(nvme_->allocate_slot().value());
+        const std::span<const std::byte> part(bytes + at,
+                                              std::min<std::uint64_t>(nvme_->slot_bytes(), n - at));
+        EXPECT_TRUE(nvme_->write(slots.back(), part, [](Status st) { EXPECT_TRUE(st.ok()); }).ok());
+      }
+    }
+  }
+  //! Reads family f's `k` chunk back from its slots into its host image.
+  void load_from_nvme(FamilyId f, StateKind k) {
+    auto* bytes = reinterpret_cast<std::byte*>(chunk(families_[f], k).data());
+    const std::uint64_t n = families_[f].elems * 4;
+    const std::vector<std::uint32_t>& slots = families_[f].slots[index(k)];
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      const std::uint64_t at = i * nvme_->slot_bytes();
+      const std::span<std::byte> part(bytes + at, std::min<std::uint64_t>(nvme_->slot_bytes(), n - at));
+      EXPECT_TRUE(nvme_->read(slots[i], part, [](Status st) { EXPECT_TRUE(st.ok()); }).ok());
+    }
+  }
+
   struct Family {
+    std::vector<std::uint32_t> slots[kStateKindCount];  //!< where an NVMe-held chunk lives
     std::vector<TensorId> tensors;
     std::uint64_t elems = 0;
     std::vector<float> chunks[kStateKindCount];
@@ -188,6 +288,7 @@ class MemorySource final : public Source {
   std::vector<Family> families_;
   std::vector<std::string> nvme_dirs_;
   MallocHostStore host_;
+  std::shared_ptr<MemoryNvme> nvme_;
 };
 
 const std::vector<std::uint64_t> kNumels = {1000, 37, 4096, 5, 777, 2048};
@@ -262,6 +363,36 @@ TEST(CheckpointSource, AnOverlappedSaveHoldsTheValuesAsOfItsBegin) {
   ASSERT_TRUE(loader.load(lb, dir.str()).ok());
   lb.unlock();
   expect_same_values(before, b);
+}
+
+// Optimizer states that live only in NVMe slots: the save reads them from their pinned
+// slots, the load writes them to fresh slots (shadows) and commits them; every pin is
+// released and no slot is left behind.
+TEST(CheckpointSource, NvmeHeldStatesSaveFromPinnedSlotsAndLoadThroughShadows) {
+  TempDir dir;
+  MemorySource a(kNumels, 2, /*nvme=*/true);
+  for (FamilyId f = 0; f < a.family_count(); ++f) a.update(f, 100 + f);
+  const std::size_t a_slots = a.nvme_slots_in_use();
+  ASSERT_GT(a_slots, 0u);
+  Checkpointer saver(a);
+  for (bool overlapped : {false, true}) {
+    std::unique_lock lock(a.mutex());
+    ASSERT_TRUE((overlapped ? saver.begin(lock, dir.str()) : saver.save(lock, dir.str())).ok());
+    Status finished = saver.finish(lock);
+    ASSERT_TRUE(finished.ok()) << finished.to_string();
+    EXPECT_EQ(a.pins, 0);
+  }
+  EXPECT_EQ(a.nvme_slots_in_use(), a_slots);
+  MemorySource b(kNumels, 2, /*nvme=*/true);
+  const std::size_t b_slots = b.nvme_slots_in_use();
+  Checkpointer loader(b);
+  {
+    std::unique_lock lock(b.mutex());
+    Status st = loader.load(lock, dir.str());
+    ASSERT_TRUE(st.ok()) << st.to_string();
+  }
+  expect_same_values(a, b);
+  EXPECT_EQ(b.nvme_slots_in_use(), b_slots);  // the old slots freed as the shadows replaced them
 }
 
 TEST(CheckpointSource, RefusesAFlippedByteAndLoadsNothing) {
