@@ -149,14 +149,14 @@ class SmallTmpfs {
   std::string why_;
 };
 
-//! Flips one bit of the byte at `offset` of the file at `path` (a corrupted file).
-inline void flip_byte(const std::filesystem::path& path, std::streamoff offset) {
+//! Flips the bits of `mask` in the byte at `offset` of the file at `path` (a corrupted file).
+inline void flip_byte(const std::filesystem::path& path, std::streamoff offset, char mask = 0x10) {
   std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
   ASSERT_TRUE(f) << "opening " << path;
   f.seekg(offset);
   char c = 0;
   f.read(&c, 1);
-  c = static_cast<char>(c ^ 0x10);
+  c = static_cast<char>(c ^ mask);
   f.seekp(offset);
   f.write(&c, 1);
 }

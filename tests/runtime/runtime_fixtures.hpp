@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "mlp.hpp"
+#include "offload/test_util.hpp"
 #include "sim_device.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/memory/device_factory.hpp"
@@ -135,14 +136,7 @@ class FaultyNvme final : public NvmeStore {
   void corrupt_slot(std::uint32_t slot) {
     for (const fs::path& file : open_swap_files(swap_dir_)) {
       const std::int64_t at = 4096 + std::int64_t{slot} * static_cast<std::int64_t>(slot_bytes()) + 100;
-      std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-      f.seekg(at);
-      char byte = 0;
-      f.read(&byte, 1);
-      byte = static_cast<char>(byte ^ 0x5a);
-      f.seekp(at);
-      f.write(&byte, 1);
-      f.flush();
+      offload::testing::flip_byte(file, at, 0x5a);
       corrupted_offset_ = at;
     }
   }

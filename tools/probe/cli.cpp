@@ -66,16 +66,16 @@ Result<TrainSpec> model_spec(const Settings& s) {
   }
   if (!s.chunk_elems.empty()) {
     STRATA_ASSIGN_OR_RETURN(spec.chunk_elems, parse_count(s.chunk_elems, "--chunk-elems"));
-    const std::uint64_t layer = 12 * spec.shape.hidden * spec.shape.hidden;
-    const std::uint64_t k = families_of(spec, std::max(layer, spec.shape.vocab * spec.shape.hidden));
+    // The larger of a layer and the embedding: both are split alike (Note [Probe chunk size]).
+    const std::uint64_t largest =
+        std::max(12 * spec.shape.hidden * spec.shape.hidden, spec.shape.vocab * spec.shape.hidden);
+    const std::uint64_t k = families_of(spec, largest);
     if (k > kFamiliesPerLayerMax) {
       return invalid_argument(
-          "--chunk-elems {} splits a layer of {} elements (or the embedding) into {} chunk families; the "
-          "probe "
+          "--chunk-elems {} splits {} elements (a layer, or the embedding) into {} chunk families; the probe "
           "plans at most {} a layer (Note [Probe chunk size]): give at least {}",
-          s.chunk_elems, format_count(layer), k, kFamiliesPerLayerMax,
-          format_count((std::max(layer, spec.shape.vocab * spec.shape.hidden) + kFamiliesPerLayerMax - 1) /
-                       kFamiliesPerLayerMax));
+          s.chunk_elems, format_count(largest), k, kFamiliesPerLayerMax,
+          format_count((largest + kFamiliesPerLayerMax - 1) / kFamiliesPerLayerMax));
     }
   }
   STRATA_RETURN_IF_ERROR(check_supported(spec));
