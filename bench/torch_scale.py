@@ -147,6 +147,7 @@ def train(model, opt, data, args, steps):
         for g in opt.param_groups:  # linear warm-up: lr x (i + 1) / warmup for the first `warmup` steps
             g["lr"] = args.lr * min(1.0, (i + 1) / max(1, args.warmup))
         x, y = next(it)
+        c0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         logits = model(x)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
@@ -156,7 +157,10 @@ def train(model, opt, data, args, steps):
         stats.append(dict(opt.step() or model.strata.last_stats))
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t0)
-        stats[-1].update(forward_s=t1 - t0, backward_s=t2 - t1, step_call_s=times[-1] - (t2 - t0))
+        c1 = resource.getrusage(resource.RUSAGE_SELF)
+        stats[-1].update(forward_s=t1 - t0, backward_s=t2 - t1, step_call_s=times[-1] - (t2 - t0),
+                         user_s=c1.ru_utime - c0.ru_utime, system_s=c1.ru_stime - c0.ru_stime,
+                         minor_faults=c1.ru_minflt - c0.ru_minflt)
         losses.append(loss.item())
         progress(f"step {len(losses)}: loss {losses[-1]:.4f}, {times[-1]:.2f} s")
     return losses, times, stats
@@ -365,7 +369,8 @@ def run(args, nvme_dir):
         "disk_read_bytes_per_step": read_b, "disk_write_bytes_per_step": write_b,
         # Where the median step's time went (item 4 of #28: what the bound leaves on the table).
         "median_step_split_s": {k: round(stats[mid][k], 3) for k in ("forward_s", "backward_s", "step_call_s",
-                                                                     "stall_s")},
+                                                                     "stall_s", "user_s", "system_s",
+                                                                     "minor_faults")},
         "io_read_bytes_s": read_rate, "io_write_bytes_s": write_rate, "io_bench": " ".join(io_cmd),
         "compute_s": round(compute_s, 3), "compute_s_range": [round(t, 3) for t in compute_range],
         "torch_adamw_s": round(adamw_s, 3),

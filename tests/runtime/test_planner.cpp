@@ -172,13 +172,42 @@ TEST(CostModel, HostMemoryAndSharedDiskAreResources) {
   EXPECT_GT(disk.step_s, base.step_s);
 
   // Compute on host threads (the sim device) shares the cores with the CPU optimizer.
-  EXPECT_EQ(base.host_cpu_s, 0.0);  // not modelled unless both thread counts are given
+  EXPECT_EQ(base.host_cpu_s, 0.0);  // not modelled unless the optimizer's thread count is given
   rates = Rates{};
   rates.compute_host_threads = 1;
   rates.cpu_threads = 2;
   const StepCost cores = predict_step(in, *plan, rates);
   EXPECT_NEAR(cores.host_cpu_s, cores.compute_s / 2 + cores.cpu_optim_s, 1e-12);
   EXPECT_GE(cores.bound_s, cores.host_cpu_s);
+}
+
+TEST(CostModel, MemcpyCopiesAndChecksumsShareTheHostCores) {
+  // Note [Host cores as a resource]: on two cores the sim device's memcpy copies and the
+  // disk's checksums and I/O take core time beside the compute and the optimizer.
+  auto in = layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 1 * kGiB, .nvme_bytes = 8 * kGiB});
+  auto plan = make_plan(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  Rates rates;
+  rates.cpu_threads = 2;
+  rates.compute_host_threads = 2;
+  const StepCost plain = predict_step(in, *plan, rates);
+  ASSERT_GT(plain.bytes_disk_read + plain.bytes_disk_write, 0u);
+  ASSERT_GT(plain.bytes_h2d + plain.bytes_d2h, 0u);
+  EXPECT_NEAR(plain.host_cpu_s, plain.compute_s + plain.cpu_optim_s, 1e-12);
+
+  rates.host_memory_bytes_per_s = 1e9;  // DMA copies (one pass) take no core
+  EXPECT_NEAR(predict_step(in, *plan, rates).host_cpu_s, plain.host_cpu_s, 1e-12);
+  rates.copy_host_passes = 2.0;  // memcpy: each copied byte read and written by a core
+  const StepCost sim = predict_step(in, *plan, rates);
+  EXPECT_NEAR(sim.host_cpu_s - plain.host_cpu_s,
+              2.0 * static_cast<double>(sim.bytes_h2d + sim.bytes_d2h) / 1e9, 1e-9);
+
+  rates.disk_cpu_seconds_per_byte = 2e-8;  // two cores at 1e8 bytes a second: enough to bound the step
+  const StepCost crc = predict_step(in, *plan, rates);
+  EXPECT_NEAR(crc.host_cpu_s - sim.host_cpu_s,
+              static_cast<double>(crc.bytes_disk_read + crc.bytes_disk_write) / 1e8, 1e-9);
+  EXPECT_EQ(crc.bottleneck, "host_cpu");
+  EXPECT_NEAR(crc.bound_s, crc.host_cpu_s, 1e-12);
 }
 
 TEST(Planner, ParamsThatDoNotFitOnHostGoToNvmeWithTheirStatesAndCountedStaging) {

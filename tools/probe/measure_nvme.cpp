@@ -1,6 +1,7 @@
 // strata-probe's NVMe measurement (measure_nvme in measure.hpp): the --nvme
 // directory's checks, the test size, timed write and read passes through strata's
 // own IoEngine + SwapStore, and the pipeline pass.
+#include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -95,11 +96,28 @@ struct NvmeBench {
 // op(i) says whether transfer i writes and which slot it uses.
 using NvmeOp = std::function<std::pair<bool, offload::SlotId>(std::uint32_t)>;
 
+// What a pass did: transfers, wall seconds, and the process's CPU seconds (user and
+// system, every thread: the checksums, the I/O engine, the kernel's side of the I/O).
+struct Pass {
+  std::uint32_t transfers = 0;
+  double seconds = 0;
+  double cpu_seconds = 0;
+};
+
+double process_cpu_seconds() {
+  struct rusage u {};
+  ::getrusage(RUSAGE_SELF, &u);
+  auto s = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
+  };
+  return s(u.ru_utime) + s(u.ru_stime);
+}
+
 // Writes (or reads) slots with `in_flight` transfers outstanding at all times (a
 // sliding window, as the runtime's pipeline keeps its queue full) until `count`
-// are done or the time is up. Returns the transfers done and the seconds taken.
-Result<std::pair<std::uint32_t, double>> timed_pass(const NvmeBench& b, const NvmeOp& op, std::uint32_t count,
-                                                    std::string_view stage, std::size_t in_flight) {
+// are done or the time is up.
+Result<Pass> timed_pass(const NvmeBench& b, const NvmeOp& op, std::uint32_t count, std::string_view stage,
+                        std::size_t in_flight) {
   std::mutex mu;
   std::condition_variable cv;
   std::size_t outstanding = 0;
@@ -107,6 +125,7 @@ Result<std::pair<std::uint32_t, double>> timed_pass(const NvmeBench& b, const Nv
   std::vector<std::size_t> free_buffers;
   for (std::size_t i = 0; i < b.in_flight_max; ++i) free_buffers.push_back(i);
   const auto start = Clock::now();
+  const double cpu_start = process_cpu_seconds();
   std::uint32_t issued = 0;
   auto wait_below = [&](std::size_t limit) {
     std::unique_lock lock(mu);
@@ -142,7 +161,7 @@ Result<std::pair<std::uint32_t, double>> timed_pass(const NvmeBench& b, const Nv
   }
   wait_below(1);
   if (!first_error.ok()) return first_error.with_context(fmt::format("--nvme {}", b.dir));
-  return std::pair{issued, since(start)};
+  return Pass{issued, since(start), process_cpu_seconds() - cpu_start};
 }
 
 // Note [Probe disk pipeline pass]
@@ -293,13 +312,18 @@ Status nvme_passes(const NvmeBench& b, std::uint32_t slots, NvmeInfo& info) {
   // rewrites its slots. So the first pass is a warm-up and the second is timed.
   auto write_op = [](std::uint32_t i) { return std::pair{true, i}; };
   auto read_op = [](std::uint32_t i) { return std::pair{false, i}; };
-  STRATA_ASSIGN_OR_RETURN(auto warm, timed_pass(b, write_op, slots, "nvme warm-up", b.in_flight_max));
-  STRATA_ASSIGN_OR_RETURN(auto written, timed_pass(b, write_op, warm.first, "nvme write", b.in_flight_max));
-  STRATA_ASSIGN_OR_RETURN(auto read, timed_pass(b, read_op, written.first, "nvme read", b.in_flight_max));
+  STRATA_ASSIGN_OR_RETURN(Pass warm, timed_pass(b, write_op, slots, "nvme warm-up", b.in_flight_max));
+  STRATA_ASSIGN_OR_RETURN(Pass written,
+                          timed_pass(b, write_op, warm.transfers, "nvme write", b.in_flight_max));
+  STRATA_ASSIGN_OR_RETURN(Pass read, timed_pass(b, read_op, written.transfers, "nvme read", b.in_flight_max));
   STRATA_ASSIGN_OR_RETURN(info.mixed_bytes_per_s, pipeline_pass(b, slots));
-  info.bytes_tested = std::uint64_t{written.first} * b.slot_bytes;
-  info.write_bytes_per_s = static_cast<double>(info.bytes_tested) / written.second;
-  info.read_bytes_per_s = static_cast<double>(std::uint64_t{read.first} * b.slot_bytes) / read.second;
+  info.bytes_tested = std::uint64_t{written.transfers} * b.slot_bytes;
+  const std::uint64_t read_bytes = std::uint64_t{read.transfers} * b.slot_bytes;
+  info.write_bytes_per_s = static_cast<double>(info.bytes_tested) / written.seconds;
+  info.read_bytes_per_s = static_cast<double>(read_bytes) / read.seconds;
+  // Note [Host cores as a resource]: what a disk byte costs the host's cores.
+  info.cpu_seconds_per_byte =
+      (written.cpu_seconds + read.cpu_seconds) / static_cast<double>(info.bytes_tested + read_bytes);
   return Status::Ok();
 }
 

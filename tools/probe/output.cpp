@@ -41,15 +41,17 @@ nlohmann::json machine_json(const Machine& m) {
         {"h2d_gib_s", gib(device.h2d_bytes_per_s)},
         {"d2h_gib_s", gib(device.d2h_bytes_per_s)},
         {"throttled", device.throttled}}},
-      {"nvme", nvme ? nlohmann::json{{"path", nvme->path},
-                                     {"engine", nvme->engine},
-                                     {"direct_io", nvme->direct_io},
-                                     {"free_bytes", nvme->free_bytes},
-                                     {"bytes_tested", nvme->bytes_tested},
-                                     {"read_gib_s", gib(nvme->read_bytes_per_s)},
-                                     {"write_gib_s", gib(nvme->write_bytes_per_s)},
-                                     {"mixed_gib_s", gib(nvme->mixed_bytes_per_s)}}
-                    : nlohmann::json(nullptr)},
+      {"nvme", nvme
+                   ? nlohmann::json{{"path", nvme->path},
+                                    {"engine", nvme->engine},
+                                    {"direct_io", nvme->direct_io},
+                                    {"free_bytes", nvme->free_bytes},
+                                    {"bytes_tested", nvme->bytes_tested},
+                                    {"read_gib_s", gib(nvme->read_bytes_per_s)},
+                                    {"write_gib_s", gib(nvme->write_bytes_per_s)},
+                                    {"mixed_gib_s", gib(nvme->mixed_bytes_per_s)},
+                                    {"cpu_s_per_gib", nvme->cpu_seconds_per_byte * static_cast<double>(kGiB)}}
+                   : nlohmann::json(nullptr)},
       {"cpu_optimizer_mparams_per_s", m.cpu_params_per_s / 1e6},
       {"cpu_optimizer_threads", m.threads},
       {"host_memory_gib_s", m.memory_bytes_per_s / static_cast<double>(kGiB)},
@@ -217,6 +219,8 @@ void print_machine(const Flags& f, const Machine& m, const Planned& p) {
         "  NVMe      {}: write {:.2f} GiB/s, read {:.2f} GiB/s ({} through SwapStore, {}, {}); {} free\n",
         nvme.path, gib(nvme.write_bytes_per_s), gib(nvme.read_bytes_per_s), format_bytes(nvme.bytes_tested),
         nvme.engine, nvme.direct_io ? "O_DIRECT" : "buffered", format_bytes(nvme.free_bytes));
+    fmt::print("            {:.2f} s of CPU a GiB moved (checksums, I/O engine, kernel)\n",
+               nvme.cpu_seconds_per_byte * static_cast<double>(kGiB));
   } else {
     fmt::print("  NVMe      not measured (give --nvme DIR)\n");
   }
@@ -229,7 +233,7 @@ void print_placements(const Settings& s, const Planned& p) {
   const TrainSpec& spec = p.spec;
   fmt::print(
       "\nModel: GPT-like, hidden {}, seq {}, batch {}, vocab {}; {} {} (states {}), {} B of state a "
-      "param; device compute assumed {:.0f} TFLOP/s\n",
+      "param; device compute assumed {:.3g} TFLOP/s\n",
       spec.shape.hidden, spec.shape.seq, spec.shape.batch, spec.shape.vocab, s.optimizer, s.precision,
       s.state_dtype, state_bytes_per_param(spec), s.tflops);
   fmt::print("Your model: {} params ({} layers). Capacity: gpu {}, host {}, nvme {}\n\n",

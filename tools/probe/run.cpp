@@ -74,7 +74,11 @@ runtime::Rates measured_rates(const Machine& m) {
   if (m.sim) rates.gpu_optim_params_per_s = m.cpu_params_per_s;  // the sim device's "kernels" run on the host
   rates.host_memory_bytes_per_s = m.memory_bytes_per_s;
   rates.copy_host_passes = m.sim ? 2.0 : 1.0;  // the sim device copies with memcpy
+  // Note [Host cores as a resource]: on the sim device the trainer's compute runs on the
+  // host, on every core (torch's CPU ops).
+  if (m.sim) rates.compute_host_threads = static_cast<double>(m.threads);
   if (m.nvme) {
+    rates.disk_cpu_seconds_per_byte = m.nvme->cpu_seconds_per_byte;
     rates.disk_read_bytes_per_s = m.nvme->read_bytes_per_s;
     rates.disk_write_bytes_per_s = m.nvme->write_bytes_per_s;
     rates.disk_mixed_bytes_per_s = m.nvme->mixed_bytes_per_s;

@@ -28,12 +28,25 @@
 // staging copy of an NVMe family's param.
 //
 // Note [Host cores as a resource]
-// On the sim device the device's compute runs on host threads too, beside the
-// CPU optimizer's: with Rates::compute_host_threads and Rates::cpu_threads set,
-// the host's cores are one more resource, busy for the compute's share of them
-// (compute_s x compute_host_threads / cpu_threads) plus the CPU optimizer's time
-// (its rate was measured on all cpu_threads). strata-probe --verify sets them: its
-// layers are real products on the sim compute stream (Note [Verify compute]).
+// Whatever runs on the host's cores shares them. With Rates::cpu_threads set,
+// the host's cores are one more resource, busy for the sum of each piece of host
+// work's share of all cpu_threads cores:
+//   - the CPU optimizer's time (its rate was measured on all cpu_threads);
+//   - the device's compute where it runs on host threads (the sim device:
+//     compute_s x compute_host_threads / cpu_threads). strata-probe --verify sets
+//     1 (its layers are real products on the sim compute stream, Note [Verify
+//     compute]); the probe's table sets every core, as a torch trainer's CPU ops
+//     take them all;
+//   - copies that are memcpy (copy_host_passes > 1, the sim device): their host
+//     memory traffic at the rate measured on all cores;
+//   - the CPU time a disk byte costs: the CRC32C every swap-store read and write
+//     computes, the I/O engine and the kernel's side of the transfer
+//     (Rates::disk_cpu_seconds_per_byte, core-seconds; strata-probe measures the
+//     process's CPU time over its timed NVMe passes).
+// On two cores these pieces do not overlap one another. The 1.2 B GPT of
+// bench/torch_scale.py (fp32, optim-nvme) measured it: its step took 12.0 s of
+// wall time and 23.9 s of the process's CPU time, both cores busy for the whole
+// step, where its forward and backward alone took 7.4-8.5 s (docs/scale.md).
 
 #include <cstdint>
 #include <string>
@@ -62,6 +75,8 @@ struct Rates {
   double compute_host_threads = 0;
   //! Threads cpu_optim_params_per_s was measured on; 0 = not modelled.
   double cpu_threads = 0;
+  //! Core-seconds of host CPU per disk byte read or written; 0 = not modelled.
+  double disk_cpu_seconds_per_byte = 0;
 };
 
 //! Work and time per resource for one steady step.
