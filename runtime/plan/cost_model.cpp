@@ -270,6 +270,7 @@ double nvme_window_seconds(const PlanInput& in, const Plan& plan, const Rates& r
 double host_cores_seconds(const StepCost& c, const Rates& rates) {
   if (rates.cpu_threads <= 0) return 0.0;
   double s = c.cpu_optim_s + c.compute_s * rates.compute_host_threads / rates.cpu_threads;
+  if (rates.compute_host_threads > 0) s += c.gpu_optim_s;  // the device's kernels run on the host too
   if (rates.copy_host_passes > 1 && rates.host_memory_bytes_per_s > 0) {  // memcpy copies
     s += rates.copy_host_passes * static_cast<double>(c.bytes_h2d + c.bytes_d2h) /
          rates.host_memory_bytes_per_s;

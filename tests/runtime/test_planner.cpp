@@ -40,6 +40,17 @@ TEST(Planner, EverythingOnGpuWhenItFits) {
   EXPECT_EQ(cost.bytes_h2d, 0u);
   EXPECT_EQ(cost.bytes_d2h, 0u);
   EXPECT_NEAR(cost.compute_s, 4 * 0.03, 1e-12);
+
+  // On the sim device the "GPU" optimizer's kernels share the host's cores with its compute
+  // (Note [Host cores as a resource]).
+  Rates sim;
+  sim.cpu_threads = 2;
+  sim.compute_host_threads = 2;
+  sim.gpu_optim_params_per_s = 1e6;
+  const StepCost host = predict_step(in, *plan, sim);
+  ASSERT_GT(host.gpu_optim_s, 0.0);
+  EXPECT_NEAR(host.host_cpu_s, host.compute_s + host.gpu_optim_s, 1e-12);
+  EXPECT_EQ(host.bottleneck, "host_cpu");
 }
 
 TEST(Planner, StreamsAndSpillsToNvmeWithinBudgets) {

@@ -33,10 +33,11 @@
 // work's share of all cpu_threads cores:
 //   - the CPU optimizer's time (its rate was measured on all cpu_threads);
 //   - the device's compute where it runs on host threads (the sim device:
-//     compute_s x compute_host_threads / cpu_threads). strata-probe --verify sets
-//     1 (its layers are real products on the sim compute stream, Note [Verify
-//     compute]); the probe's table sets every core, as a torch trainer's CPU ops
-//     take them all;
+//     compute_s x compute_host_threads / cpu_threads), and its optimizer kernels
+//     (gpu_optim_params_per_s is then the host's rate, measured on all cores).
+//     strata-probe --verify sets 1 (its layers are real products on the sim
+//     compute stream, Note [Verify compute]); the probe's table sets every core,
+//     as a torch trainer's CPU ops take them all;
 //   - copies that are memcpy (copy_host_passes > 1, the sim device): their host
 //     memory traffic at the rate measured on all cores;
 //   - the CPU time a disk byte costs: the CRC32C every swap-store read and write
