@@ -46,8 +46,9 @@
 //     process's CPU time over its timed NVMe passes).
 // On two cores these pieces do not overlap one another. The 1.2 B GPT of
 // bench/torch_scale.py (fp32, optim-nvme) measured it: its step took 12.0 s of
-// wall time and 23.9 s of the process's CPU time, both cores busy for the whole
-// step, where its forward and backward alone took 7.4-8.5 s (docs/scale.md).
+// wall time and 23.9 s of the process's CPU time, about 87 % of it work (the
+// rest OpenBLAS's threads yielding), where its forward and backward alone took
+// 8.5 s; this term predicted 10.5 s (docs/scale.md).
 
 #include <cstdint>
 #include <string>
