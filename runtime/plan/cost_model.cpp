@@ -266,18 +266,20 @@ double nvme_window_seconds(const PlanInput& in, const Plan& plan, const Rates& r
   return forward_s + share * static_cast<double>(state_bytes) / rate;
 }
 
-// Note [Host cores as a resource]: each piece of host work's share of all cores.
-double host_cores_seconds(const StepCost& c, const Rates& rates) {
-  if (rates.cpu_threads <= 0) return 0.0;
-  double s = c.cpu_optim_s + c.compute_s * rates.compute_host_threads / rates.cpu_threads;
-  if (rates.compute_host_threads > 0) s += c.gpu_optim_s;  // the device's kernels run on the host too
-  if (rates.copy_host_passes > 1 && rates.host_memory_bytes_per_s > 0) {  // memcpy copies
-    s += rates.copy_host_passes * static_cast<double>(c.bytes_h2d + c.bytes_d2h) /
-         rates.host_memory_bytes_per_s;
+// Note [Host cores as a resource]: each piece of host work's share of all cores,
+// into c's host_cpu_* fields.
+void host_cores_seconds(StepCost& c, const Rates& rates) {
+  if (rates.cpu_threads <= 0) return;
+  if (rates.compute_host_threads > 0) {  // the device's compute and kernels run on the host
+    c.host_cpu_device_s = c.compute_s * rates.compute_host_threads / rates.cpu_threads + c.gpu_optim_s;
   }
-  s += static_cast<double>(c.bytes_disk_read + c.bytes_disk_write) * rates.disk_cpu_seconds_per_byte /
-       rates.cpu_threads;
-  return s;
+  if (rates.copy_host_passes > 1 && rates.host_memory_bytes_per_s > 0) {  // memcpy copies
+    c.host_cpu_copy_s = rates.copy_host_passes * static_cast<double>(c.bytes_h2d + c.bytes_d2h) /
+                        rates.host_memory_bytes_per_s;
+  }
+  c.host_cpu_disk_s = static_cast<double>(c.bytes_disk_read + c.bytes_disk_write) *
+                      rates.disk_cpu_seconds_per_byte / rates.cpu_threads;
+  c.host_cpu_s = c.cpu_optim_s + c.host_cpu_device_s + c.host_cpu_copy_s + c.host_cpu_disk_s;
 }
 
 }  // namespace
@@ -308,7 +310,7 @@ StepCost predict_step(const PlanInput& in, const Plan& plan, const Rates& rates)
                         ? static_cast<double>(c.bytes_host_memory) / rates.host_memory_bytes_per_s
                         : 0.0;
 
-  c.host_cpu_s = host_cores_seconds(c, rates);
+  host_cores_seconds(c, rates);
 
   const std::pair<const char*, double> busy[] = {{"compute", c.compute_s},
                                                  {"h2d", c.h2d_s},

@@ -219,6 +219,11 @@ TEST(CostModel, MemcpyCopiesAndChecksumsShareTheHostCores) {
               static_cast<double>(crc.bytes_disk_read + crc.bytes_disk_write) / 1e8, 1e-9);
   EXPECT_EQ(crc.bottleneck, "host_cpu");
   EXPECT_NEAR(crc.bound_s, crc.host_cpu_s, 1e-12);
+  // The parts the probe reports (model_terms) add up to the whole.
+  EXPECT_NEAR(crc.host_cpu_device_s, crc.compute_s, 1e-12);
+  EXPECT_NEAR(crc.host_cpu_copy_s, sim.host_cpu_s - plain.host_cpu_s, 1e-9);
+  EXPECT_NEAR(crc.host_cpu_s,
+              crc.cpu_optim_s + crc.host_cpu_device_s + crc.host_cpu_copy_s + crc.host_cpu_disk_s, 1e-12);
 }
 
 TEST(Planner, ParamsThatDoNotFitOnHostGoToNvmeWithTheirStatesAndCountedStaging) {

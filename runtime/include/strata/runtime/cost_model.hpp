@@ -92,11 +92,15 @@ struct StepCost {
   std::uint64_t bytes_host_memory = 0;  //!< Note [Host memory as a resource]
   double compute_s = 0, h2d_s = 0, d2h_s = 0, disk_read_s = 0, disk_write_s = 0, cpu_optim_s = 0,
          gpu_optim_s = 0, host_memory_s = 0, disk_s = 0;
-  double host_cpu_s = 0;   //!< Note [Host cores as a resource]
-  double bound_s = 0;      //!< busiest resource
-  double tail_s = 0;       //!< what cannot overlap
-  double step_s = 0;       //!< predicted = bound_s + tail_s
-  std::string bottleneck;  //!< name of the busiest resource
+  double host_cpu_s = 0;         //!< Note [Host cores as a resource]: the sum of the optimizer's
+                                 //!< time and the three shares below
+  double host_cpu_device_s = 0;  //!< the device's compute and kernels where they run on the host
+  double host_cpu_copy_s = 0;    //!< memcpy copies
+  double host_cpu_disk_s = 0;    //!< the CPU time of the disk's bytes
+  double bound_s = 0;            //!< busiest resource
+  double tail_s = 0;             //!< what cannot overlap
+  double step_s = 0;             //!< predicted = bound_s + tail_s
+  std::string bottleneck;        //!< name of the busiest resource
 };
 
 //! Forward FLOPs of a dense layer of `params` parameters over `tokens` tokens: a
