@@ -248,7 +248,7 @@ double tail_seconds(const PlanInput& in, const Plan& plan, const Rates& rates, l
 // all bytes at that rate. The share is by family count (the families of a
 // placement are of one size where this matters); params on NVMe are read in
 // forward too and are not counted here.
-double nvme_window_seconds(const PlanInput& in, const Plan& plan, const Rates& rates) {
+double nvme_window_seconds(const PlanInput& in, const Plan& plan, double rate) {
   std::uint64_t families = 0, state_bytes = 0;
   for (std::size_t i = 0; i < in.families.size(); ++i) {
     if (in.families[i].numel == 0 || plan.families[i].optim_home != Tier::kNvme) continue;
@@ -256,7 +256,6 @@ double nvme_window_seconds(const PlanInput& in, const Plan& plan, const Rates& r
     state_bytes += 2 * in.families[i].optim_bytes;  // read and written
   }
   const std::uint64_t places = in.options.nvme_families_in_flight;
-  const double rate = rates.disk_mixed_bytes_per_s;
   if (families <= places || rate <= 0) return 0.0;
   double forward_s = 0.0;
   for (const FamilyUse& use : in.trace.uses) {
@@ -264,6 +263,40 @@ double nvme_window_seconds(const PlanInput& in, const Plan& plan, const Rates& r
   }
   const double share = static_cast<double>(families - places) / static_cast<double>(families);
   return forward_s + share * static_cast<double>(state_bytes) / rate;
+}
+
+// Note [Disk rate by family size]
+// The mixed rate (Rates::disk_mixed_bytes_per_s) is measured with the optimizer
+// pipeline's shape (Note [Probe disk pipeline pass]): each place reads a family's
+// states, waits, runs the kernel, writes them and waits, so every family costs the
+// disk a drain and the threads' hops besides its bytes. Those hops cost a fixed
+// time a family, so what they cost a byte falls as families grow. So the mixed
+// rate is read as two parts: the disk's own rate for equal reads and writes one
+// after the other (the separately measured read and write rates) and a cost a
+// byte that scales with disk_mixed_family_bytes / the plan's mean NVMe family's
+// state bytes. At 3.2 B params with bf16 params (105 MB chunks), the probe's
+// pass with 32 MiB families measured 2.1 GiB/s where the run moved 2.8 GB/s; the
+// serial rates alone gave 30.2 s for the 28.9 s step (docs/scale.md). Where the
+// pass ran faster than the serial rates (reads overlapping writes), or a rate is
+// missing, the mixed rate is used as measured.
+double mixed_disk_rate(const PlanInput& in, const Plan& plan, const Rates& rates) {
+  const double mixed = rates.disk_mixed_bytes_per_s;
+  if (mixed <= 0 || rates.disk_mixed_family_bytes <= 0 || rates.disk_read_bytes_per_s <= 0 ||
+      rates.disk_write_bytes_per_s <= 0) {
+    return mixed;
+  }
+  double families = 0, state_bytes = 0;
+  for (std::size_t i = 0; i < in.families.size(); ++i) {
+    if (in.families[i].numel == 0 || plan.families[i].optim_home != Tier::kNvme) continue;
+    families += 1;
+    state_bytes += static_cast<double>(in.families[i].optim_bytes);
+  }
+  if (families == 0 || state_bytes <= 0) return mixed;
+  const double serial_s_per_byte = 0.5 / rates.disk_read_bytes_per_s + 0.5 / rates.disk_write_bytes_per_s;
+  const double hops_s_per_byte = 1.0 / mixed - serial_s_per_byte;  // at the pass's family size
+  if (hops_s_per_byte <= 0) return mixed;
+  const double mean_family = state_bytes / families;
+  return 1.0 / (serial_s_per_byte + hops_s_per_byte * rates.disk_mixed_family_bytes / mean_family);
 }
 
 // Note [Host cores as a resource]: each piece of host work's share of all cores,
@@ -302,10 +335,9 @@ StepCost predict_step(const PlanInput& in, const Plan& plan, const Rates& rates)
   c.disk_write_s = seconds(static_cast<double>(c.bytes_disk_write), rates.disk_write_bytes_per_s);
   c.cpu_optim_s = seconds(static_cast<double>(c.params_cpu_optim), rates.cpu_optim_params_per_s);
   c.gpu_optim_s = seconds(static_cast<double>(c.params_gpu_optim), rates.gpu_optim_params_per_s);
-  c.disk_s = rates.disk_mixed_bytes_per_s > 0
-                 ? static_cast<double>(c.bytes_disk_read + c.bytes_disk_write) / rates.disk_mixed_bytes_per_s
-                 : 0.0;
-  c.disk_s = std::max(c.disk_s, nvme_window_seconds(in, plan, rates));  // Note [NVMe pipeline window]
+  const double mixed = mixed_disk_rate(in, plan, rates);  // Note [Disk rate by family size]
+  c.disk_s = mixed > 0 ? static_cast<double>(c.bytes_disk_read + c.bytes_disk_write) / mixed : 0.0;
+  c.disk_s = std::max(c.disk_s, nvme_window_seconds(in, plan, mixed));  // Note [NVMe pipeline window]
   c.host_memory_s = rates.host_memory_bytes_per_s > 0
                         ? static_cast<double>(c.bytes_host_memory) / rates.host_memory_bytes_per_s
                         : 0.0;

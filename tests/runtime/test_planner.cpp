@@ -192,6 +192,46 @@ TEST(CostModel, HostMemoryAndSharedDiskAreResources) {
   EXPECT_GE(cores.bound_s, cores.host_cpu_s);
 }
 
+TEST(CostModel, TheMixedDiskRateScalesWithTheFamilysSize) {
+  // Note [Disk rate by family size]: the pipeline pass's cost a byte beyond the disk's serial
+  // rate is its hops, paid once a family, so it shrinks as the plan's families grow.
+  auto in = layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 1 * kGiB, .nvme_bytes = 8 * kGiB});
+  auto plan = make_plan(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  double families = 0, state_bytes = 0;
+  for (std::size_t i = 0; i < in.families.size(); ++i) {
+    if (plan->families[i].optim_home != Tier::kNvme) continue;
+    families += 1;
+    state_bytes += static_cast<double>(in.families[i].optim_bytes);
+  }
+  ASSERT_GT(families, 0);
+  const double mean = state_bytes / families;
+  // As many pipeline places as families: no forward window (Note [NVMe pipeline window]), so
+  // disk_s is the bytes at the mixed rate alone.
+  in.options.nvme_families_in_flight = static_cast<std::uint32_t>(in.families.size());
+  Rates rates;
+  rates.disk_read_bytes_per_s = 2e9;
+  rates.disk_write_bytes_per_s = 2e9;  // serial: 2e9 bytes a second of equal reads and writes
+  rates.disk_mixed_bytes_per_s = 1e9;  // the pass paid as much again in hops
+  const auto disk_s = [&](double family_bytes) {
+    Rates r = rates;
+    r.disk_mixed_family_bytes = family_bytes;
+    const StepCost c = predict_step(in, *plan, r);
+    return std::pair{c.disk_s, static_cast<double>(c.bytes_disk_read + c.bytes_disk_write)};
+  };
+  const auto [as_measured, bytes] = disk_s(0);  // no family size: the mixed rate as measured
+  ASSERT_GT(bytes, 0);
+  EXPECT_NEAR(as_measured, bytes / 1e9, 1e-9);
+  EXPECT_NEAR(disk_s(mean).first, bytes / 1e9, 1e-9);  // measured at the plan's size: the same
+  // Families 4x the pass's: a quarter of the hops' cost a byte.
+  EXPECT_NEAR(disk_s(mean / 4).first, bytes * (0.5e-9 + 0.25 * 0.5e-9), 1e-9);
+  // Families a quarter of the pass's: 4x.
+  EXPECT_NEAR(disk_s(mean * 4).first, bytes * (0.5e-9 + 4 * 0.5e-9), 1e-9);
+  // A pass faster than the serial rates (reads overlapping writes) is taken as measured.
+  rates.disk_mixed_bytes_per_s = 3e9;
+  EXPECT_NEAR(disk_s(mean / 4).first, bytes / 3e9, 1e-9);
+}
+
 TEST(CostModel, MemcpyCopiesAndChecksumsShareTheHostCores) {
   // Note [Host cores as a resource]: on two cores the sim device's memcpy copies and the
   // disk's checksums and I/O take core time beside the compute and the optimizer.

@@ -42,6 +42,8 @@ struct NvmeInfo {
   //! Reads and writes as the optimizer pipeline does them (Note [Probe disk
   //! pipeline pass] in measure_nvme.cpp): bytes of both a second.
   double mixed_bytes_per_s = 0;
+  //! The state bytes each family of that pass read and wrote per hop.
+  std::uint64_t mixed_family_bytes = 0;
   //! The process's CPU time (user and system) per byte of the timed write and read
   //! passes: checksums, the I/O engine and the kernel's side of the transfers.
   double cpu_seconds_per_byte = 0;

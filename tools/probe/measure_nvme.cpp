@@ -269,8 +269,9 @@ Result<std::uint64_t> pipeline_place(const NvmeBench& b, std::size_t place, std:
   return moved;
 }
 
-// Note [Probe disk pipeline pass]: bytes read + written a second.
-Result<double> pipeline_pass(const NvmeBench& b, std::uint32_t slots) {
+// Note [Probe disk pipeline pass]: bytes read + written a second, and the bytes a
+// family moves each way per hop.
+Result<std::pair<double, std::uint64_t>> pipeline_pass(const NvmeBench& b, std::uint32_t slots) {
   const std::uint32_t half = std::max<std::uint32_t>(slots / 2, 1);
   if (slots < 2) return internal_error("--nvme {}: the pipeline pass needs 2 slots, has {}", b.dir, slots);
   const std::size_t pieces = std::clamp<std::size_t>(half / kPipelinePlaces, 1, kPipelinePieces);
@@ -296,7 +297,7 @@ Result<double> pipeline_pass(const NvmeBench& b, std::uint32_t slots) {
   }
   if (!first_error.ok()) return first_error;
   report(b.progress, "nvme pipeline", 1.0);
-  return static_cast<double>(moved) / since(start);
+  return std::pair{static_cast<double>(moved) / since(start), std::uint64_t{pieces} * b.slot_bytes};
 }
 
 // The passes over every slot: a warm-up write, then timed write and read passes
@@ -315,7 +316,9 @@ Status nvme_passes(const NvmeBench& b, std::uint32_t slots, NvmeInfo& info) {
   STRATA_ASSIGN_OR_RETURN(Pass written,
                           timed_pass(b, write_op, warm.transfers, "nvme write", b.in_flight_max));
   STRATA_ASSIGN_OR_RETURN(Pass read, timed_pass(b, read_op, written.transfers, "nvme read", b.in_flight_max));
-  STRATA_ASSIGN_OR_RETURN(info.mixed_bytes_per_s, pipeline_pass(b, slots));
+  STRATA_ASSIGN_OR_RETURN(auto mixed, pipeline_pass(b, slots));
+  info.mixed_bytes_per_s = mixed.first;
+  info.mixed_family_bytes = mixed.second;
   info.bytes_tested = std::uint64_t{written.transfers} * b.slot_bytes;
   const std::uint64_t read_bytes = std::uint64_t{read.transfers} * b.slot_bytes;
   info.write_bytes_per_s = static_cast<double>(info.bytes_tested) / written.seconds;

@@ -50,6 +50,7 @@ nlohmann::json machine_json(const Machine& m) {
                                     {"read_gib_s", gib(nvme->read_bytes_per_s)},
                                     {"write_gib_s", gib(nvme->write_bytes_per_s)},
                                     {"mixed_gib_s", gib(nvme->mixed_bytes_per_s)},
+                                    {"mixed_family_bytes", nvme->mixed_family_bytes},
                                     {"cpu_s_per_gib", nvme->cpu_seconds_per_byte * static_cast<double>(kGiB)}}
                    : nlohmann::json(nullptr)},
       {"cpu_optimizer_mparams_per_s", m.cpu_params_per_s / 1e6},

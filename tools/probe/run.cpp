@@ -82,6 +82,7 @@ runtime::Rates measured_rates(const Machine& m) {
     rates.disk_read_bytes_per_s = m.nvme->read_bytes_per_s;
     rates.disk_write_bytes_per_s = m.nvme->write_bytes_per_s;
     rates.disk_mixed_bytes_per_s = m.nvme->mixed_bytes_per_s;
+    rates.disk_mixed_family_bytes = static_cast<double>(m.nvme->mixed_family_bytes);
   } else {
     rates.disk_read_bytes_per_s = rates.disk_write_bytes_per_s = 0;
   }

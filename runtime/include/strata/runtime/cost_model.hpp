@@ -66,6 +66,10 @@ struct Rates {
   //! Reads and writes in flight together on one disk, bytes of both a second;
   //! 0 = not measured (reads and writes then overlap perfectly).
   double disk_mixed_bytes_per_s = 0;
+  //! The state bytes a family read (and wrote) per hop when disk_mixed_bytes_per_s
+  //! was measured; 0 = the mixed rate holds at every family size (Note [Disk rate by
+  //! family size] in cost_model.cpp).
+  double disk_mixed_family_bytes = 0;
   double cpu_optim_params_per_s = 400e6;
   double gpu_optim_params_per_s = 20e9;
   //! Host memory traffic a second (read + write bytes); 0 = not modelled.
