@@ -5,7 +5,9 @@
 // Each resource — device compute, host->device link, device->host link, disk read,
 // disk write, CPU optimizer, GPU optimizer — is busy for (work / rate) per step.
 // Reads and writes share one disk: with a measured mixed rate, the disk as a
-// whole is one more resource, busy for (read + write bytes) / mixed rate.
+// whole is one more resource, busy for (read + write bytes) / mixed rate, the
+// rate taken at the plan's family size (Note [Disk rate by family size] in
+// cost_model.cpp).
 // With perfect overlap the step takes as long as the busiest resource (`bound_s`).
 // What cannot overlap is added as a tail: the optimizer step of the family whose
 // gradients complete last (it starts only when backward ends) and the upload of
