@@ -226,8 +226,12 @@ def probe_prediction(args, nvme_dir, d, layers, chunk_elems, cfg, host, compute_
            "--precision", args.dtype, "--nvme", nvme_dir, "--nvme-bytes", "256MiB", "--nvme-seconds", "1",
            "--device", "sim", "--device-budget", str(cfg["device"]["budget"]), "--host-budget", str(host),
            "--tflops", f"{tflops:.6g}", "--link", "1000GiB"]
-    out = subprocess.run(cmd, capture_output=True, text=True)
     result = {"probe_cmd": " ".join(cmd), "probe_step_s": None, "probe_placement": None}
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # it takes seconds
+    except subprocess.TimeoutExpired:
+        result["probe_error"] = "strata-probe ran over 600 s"
+        return result
     if out.returncode != 0:
         result["probe_error"] = out.stderr.strip() or f"exit code {out.returncode}"
         return result

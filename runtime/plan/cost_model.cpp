@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "strata/common/assert.hpp"
@@ -235,6 +236,18 @@ double tail_seconds(const PlanInput& in, const Plan& plan, const Rates& rates, l
   return tail_s;
 }
 
+// The trainable families whose optimizer states live on NVMe: how many, and their
+// state bytes (each way).
+std::pair<std::uint64_t, std::uint64_t> nvme_state_families(const PlanInput& in, const Plan& plan) {
+  std::uint64_t families = 0, optim_bytes = 0;
+  for (std::size_t i = 0; i < in.families.size(); ++i) {
+    if (in.families[i].numel == 0 || plan.families[i].optim_home != Tier::kNvme) continue;
+    ++families;
+    optim_bytes += in.families[i].optim_bytes;
+  }
+  return {families, optim_bytes};
+}
+
 // Note [NVMe pipeline window]
 // The optimizer pipeline's NVMe I/O does not spread over the whole step. A
 // family's states are written back only after its gradient exists (backward),
@@ -249,12 +262,8 @@ double tail_seconds(const PlanInput& in, const Plan& plan, const Rates& rates, l
 // placement are of one size where this matters); params on NVMe are read in
 // forward too and are not counted here.
 double nvme_window_seconds(const PlanInput& in, const Plan& plan, double rate) {
-  std::uint64_t families = 0, state_bytes = 0;
-  for (std::size_t i = 0; i < in.families.size(); ++i) {
-    if (in.families[i].numel == 0 || plan.families[i].optim_home != Tier::kNvme) continue;
-    ++families;
-    state_bytes += 2 * in.families[i].optim_bytes;  // read and written
-  }
+  const auto [families, optim_bytes] = nvme_state_families(in, plan);
+  const std::uint64_t state_bytes = 2 * optim_bytes;  // read and written
   const std::uint64_t places = in.options.nvme_families_in_flight;
   if (families <= places || rate <= 0) return 0.0;
   double forward_s = 0.0;
@@ -285,17 +294,12 @@ double mixed_disk_rate(const PlanInput& in, const Plan& plan, const Rates& rates
       rates.disk_write_bytes_per_s <= 0) {
     return mixed;
   }
-  double families = 0, state_bytes = 0;
-  for (std::size_t i = 0; i < in.families.size(); ++i) {
-    if (in.families[i].numel == 0 || plan.families[i].optim_home != Tier::kNvme) continue;
-    families += 1;
-    state_bytes += static_cast<double>(in.families[i].optim_bytes);
-  }
-  if (families == 0 || state_bytes <= 0) return mixed;
+  const auto [families, state_bytes] = nvme_state_families(in, plan);
+  if (families == 0 || state_bytes == 0) return mixed;
   const double serial_s_per_byte = 0.5 / rates.disk_read_bytes_per_s + 0.5 / rates.disk_write_bytes_per_s;
   const double hops_s_per_byte = 1.0 / mixed - serial_s_per_byte;  // at the pass's family size
   if (hops_s_per_byte <= 0) return mixed;
-  const double mean_family = state_bytes / families;
+  const double mean_family = static_cast<double>(state_bytes) / static_cast<double>(families);
   return 1.0 / (serial_s_per_byte + hops_s_per_byte * rates.disk_mixed_family_bytes / mean_family);
 }
 
