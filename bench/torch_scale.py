@@ -371,6 +371,11 @@ def run(args, nvme_dir):
         "chunk_elems": layout["chunk_elems"], "padding_fraction": round(layout["padding_fraction"], 4),
         "init_s": round(init_s, 2), "step_times_s": [round(t, 3) for t in times], "step_s": round(step_s, 3),
         "disk_read_bytes_per_step": read_b, "disk_write_bytes_per_step": write_b,
+        # Of the reads: NVMe-homed params read for forward and backward, and read again beside their states for
+        # the optimizer (Note [NVMe-homed params] in runtime/src/residency/residency.hpp).
+        "disk_read_param_uses_bytes_per_step": stats[mid]["bytes_disk_read_param_uses"],
+        "disk_read_param_updates_bytes_per_step": stats[mid]["bytes_disk_read_param_updates"],
+        "plan": layout.get("plan_summary"),
         # Where the median step's time went (item 4 of #28: what the bound leaves on the table).
         "median_step_split_s": {k: round(stats[mid][k], 3) for k in ("forward_s", "backward_s", "step_call_s",
                                                                      "stall_s", "user_s", "system_s",

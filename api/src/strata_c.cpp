@@ -239,7 +239,9 @@ strata_status strata_step(strata_runtime* runtime, strata_step_stats* out, size_
                                    st->gpu_high_water_bytes,
                                    st->host_high_water_bytes,
                                    st->nvme_bytes,
-                                   st->prefetch_errors};
+                                   st->prefetch_errors,
+                                   st->bytes_disk_read_param_uses,
+                                   st->bytes_disk_read_param_updates};
       std::memcpy(out, &full, std::min(out_size, sizeof full));
     }
     return ok();

@@ -31,6 +31,8 @@ void put_traffic(py::dict& d, const S& s) {
   d["bytes_h2d"] = s.bytes_h2d;
   d["bytes_d2h"] = s.bytes_d2h;
   d["bytes_disk_read"] = s.bytes_disk_read;
+  d["bytes_disk_read_param_uses"] = s.bytes_disk_read_param_uses;
+  d["bytes_disk_read_param_updates"] = s.bytes_disk_read_param_updates;
   d["bytes_disk_write"] = s.bytes_disk_write;
 }
 
@@ -157,6 +159,7 @@ py::dict Engine::layout() {
   d["plan_gpu_bytes"] = plan.gpu_bytes;  // the plan in effect (its bytes per tier)
   d["plan_host_bytes"] = plan.host_bytes;
   d["plan_nvme_bytes"] = plan.nvme_bytes;
+  d["plan_summary"] = plan.summary();
   // The host tier's pinned region, what it holds resident: budgets.host and the room its
   // allocator needs beside it (Note [Host store arena] in runtime/src/core/stores.cpp).
   d["host_region_bytes"] = runtime::host_store_region_bytes(rt_->config().runtime.budgets.host_bytes);

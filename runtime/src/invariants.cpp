@@ -40,6 +40,7 @@ void Residency::check_staging_invariants() const {
   int reading = 0;
   for (FamilyId f : staged_) {
     STRATA_CHECK(staging_[f].state != Staging::kNone);
+    STRATA_CHECK(staging_[f].lent == 0 || staging_[f].state == Staging::kReady);
     STRATA_CHECK(core_.plan().families[f].param_home == Tier::kNvme);
     reading += staging_[f].state == Staging::kReading ? 1 : 0;
   }

@@ -148,6 +148,8 @@ void Runtime::Impl::add_to_totals(const StepStats& st) {
   t.bytes_h2d += st.bytes_h2d;
   t.bytes_d2h += st.bytes_d2h;
   t.bytes_disk_read += st.bytes_disk_read;
+  t.bytes_disk_read_param_uses += st.bytes_disk_read_param_uses;
+  t.bytes_disk_read_param_updates += st.bytes_disk_read_param_updates;
   t.bytes_disk_write += st.bytes_disk_write;
   t.stall_s += st.stall_s;
   t.step_s += st.step_s;

@@ -187,6 +187,43 @@ TEST_P(NvmeParamsExact, BitIdenticalToAllOnHostWithWritesOutlivingStep) {
   EXPECT_LT(host.losses.back(), host.losses.front());
 }
 
+// Note [NVMe-homed params]: a steady step reads an NVMe-homed param for its forward
+// and backward uses at most, and the optimizer copies the backward's copy (staging
+// or device) rather than read it a third time where it still can; the counters
+// split the reads so a user can tell.
+TEST(NvmeParams, TheOptimizerCopiesAParamsBackwardCopyRatherThanReadItAgain) {
+  TempDir dir;
+  RuntimeOptions o = nvme_params(dir.path, 0);
+  constexpr int kSteps = 6;
+  Trained nvme = train(o, kSteps);
+  Trained host = train(on_host(), kSteps);
+  ASSERT_EQ(nvme.stats.size(), static_cast<std::size_t>(kSteps));
+  std::uint64_t param_bytes = 0;  // every param's chunk is on NVMe (host_params 0)
+  for (std::size_t f = 0; f < nvme.plan.families.size(); ++f) {
+    ASSERT_EQ(nvme.plan.families[f].param_home, Tier::kNvme);
+    param_bytes += kChunkBytes;
+  }
+  std::uint64_t update_reads = 0;
+  for (int s = 2; s < kSteps; ++s) {  // steady steps, past the warm-up's and the plan's first
+    const StepStats& st = nvme.stats[static_cast<std::size_t>(s)];
+    SCOPED_TRACE(fmt::format("step {}: uses {} updates {} all {}", st.step, st.bytes_disk_read_param_uses,
+                             st.bytes_disk_read_param_updates, st.bytes_disk_read));
+    EXPECT_GT(st.bytes_disk_read_param_uses, 0u);
+    EXPECT_LE(st.bytes_disk_read_param_uses, 2 * param_bytes);
+    EXPECT_LE(st.bytes_disk_read_param_updates, param_bytes);
+    update_reads += st.bytes_disk_read_param_updates;
+    // The rest of the reads are the two Adam states, once each.
+    EXPECT_EQ(st.bytes_disk_read - st.bytes_disk_read_param_uses - st.bytes_disk_read_param_updates,
+              2 * param_bytes);
+  }
+  // Here 6 of the 8 families a step: copied from staging or from the device.
+  // Timing decides which (a use on demand may take a buffer back), so the test
+  // asks for fewer reads than one a family on average.
+  EXPECT_LT(update_reads, (kSteps - 2) * param_bytes);
+  EXPECT_EQ(nvme.losses, host.losses);
+  EXPECT_TRUE(nvme.state == host.state) << "params or optimizer states differ from the all-on-host run";
+}
+
 INSTANTIATE_TEST_SUITE_P(Engines, NvmeParamsExact,
                          ::testing::Values(ExactCase{"posix", 0}, ExactCase{"uring", 0},
                                            ExactCase{"posix", 3}, ExactCase{"uring", 3}),

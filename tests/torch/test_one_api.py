@@ -13,7 +13,8 @@ from harness import config, run, tiered_config
 from models import make
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-TOTALS_KEYS = ("steps", "bytes_h2d", "bytes_d2h", "bytes_disk_read", "bytes_disk_write", "stall_s")
+TOTALS_KEYS = ("steps", "bytes_h2d", "bytes_d2h", "bytes_disk_read", "bytes_disk_read_param_uses",
+               "bytes_disk_read_param_updates", "bytes_disk_write", "stall_s")
 
 
 def test_state_kinds_are_the_cpp_enums():

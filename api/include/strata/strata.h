@@ -44,7 +44,7 @@ extern "C" {
 /** The version of this header's ABI. It rises when a function or struct changes. Structs that the
  * library fills grow only at their end, and the caller passes the size it was compiled with, so an
  * older caller keeps working with a newer library (it gets the fields it knows of). */
-#define STRATA_ABI_VERSION 2
+#define STRATA_ABI_VERSION 3
 
 /** Outcome of a call; the values match strata::StatusCode's order and are stable. */
 typedef enum strata_status {
@@ -90,6 +90,9 @@ typedef struct strata_step_stats {
   uint64_t bytes_h2d, bytes_d2h, bytes_disk_read, bytes_disk_write;
   uint64_t gpu_high_water_bytes, host_high_water_bytes, nvme_bytes;
   uint64_t prefetch_errors; /**< failed reads ahead of use this step (not fatal; see strata::StepStats) */
+  /** Of bytes_disk_read: NVMe-homed params read for their forward and backward uses, and read again
+   * by the optimizer beside their states (ABI 3; see strata::StepStats). */
+  uint64_t bytes_disk_read_param_uses, bytes_disk_read_param_updates;
 } strata_step_stats;
 
 /** The ABI version of the library that is loaded (STRATA_ABI_VERSION of the headers it was built

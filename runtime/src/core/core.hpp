@@ -99,6 +99,11 @@ class Core {
   ChunkTable chunks;
   //! begin_micro_batch(false) was called: gradients accumulate across micro-batches.
   bool accumulation_seen = false;
+  //! NVMe reads of NVMe-homed params, since creation (under mu): for their forward and
+  //! backward uses (into param staging), and by the optimizer pipeline beside their
+  //! states (StepStats::bytes_disk_read_param_uses / _param_updates).
+  std::uint64_t param_use_read_bytes = 0;
+  std::uint64_t param_update_read_bytes = 0;
   const std::uint32_t state_count;  //!< optimizer states per element (kernels::optimizer_state_count)
   const bool separate_master;       //!< the fp32 master is its own chunk (compute dtype is not fp32)
 

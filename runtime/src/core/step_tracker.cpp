@@ -82,6 +82,10 @@ void StepTracker::finish_stats(StepStats& stats, std::uint64_t gpu_high_water) {
   stats.bytes_d2h = d2h.bytes - prev_d2h_bytes_;
   prev_h2d_bytes_ = h2d.bytes;
   prev_d2h_bytes_ = d2h.bytes;
+  stats.bytes_disk_read_param_uses = core_.param_use_read_bytes - prev_param_use_reads_;
+  stats.bytes_disk_read_param_updates = core_.param_update_read_bytes - prev_param_update_reads_;
+  prev_param_use_reads_ = core_.param_use_read_bytes;
+  prev_param_update_reads_ = core_.param_update_read_bytes;
   for (std::size_t t = 0; t < kTrackCount; ++t) {
     TrackStats ts = core_.timeline.stats(static_cast<Track>(t));
     stats.busy_s[t] = ts.busy_s - prev_tracks_[t].busy_s;

@@ -73,6 +73,7 @@ class StepTracker {
   std::uint64_t step_index_ = 0;
   double step_start_us_ = 0.0;
   std::uint64_t prev_h2d_bytes_ = 0, prev_d2h_bytes_ = 0;
+  std::uint64_t prev_param_use_reads_ = 0, prev_param_update_reads_ = 0;
   TrackStats prev_tracks_[kTrackCount] = {};
   double prev_stall_s_ = 0.0;
   std::mutex compute_mu_;               //!< guards compute_by_use_ (Note [Lock discipline])

@@ -53,6 +53,7 @@ void OptimizerPipeline::take_nvme_place(FamilyId f) {
 
 void OptimizerPipeline::release_nvme_place(FamilyId f) {
   FamilyRun& run = runs_[f];
+  run.param_deferred = false;
   if (run.place == NvmePlace::kNone) return;
   for (std::size_t k = 0; k < run.staging.size(); ++k) {
     if (run.staging[k] != nullptr)
@@ -72,11 +73,21 @@ void OptimizerPipeline::cancel_read_ahead(FamilyId f) {
   release_nvme_place(f);
 }
 
+void OptimizerPipeline::add_read_pieces(const Chunk& c, std::byte* buffer,
+                                        std::vector<NvmePiece>& pieces) const {
+  const std::uint64_t piece = core_.nvme.store().slot_bytes();
+  for (std::size_t i = 0; i < c.nvme_slots.size(); ++i) {
+    const std::uint64_t begin = i * piece;
+    pieces.push_back({c.nvme_slots[i],
+                      std::span<std::byte>(buffer + begin, std::min<std::uint64_t>(piece, c.bytes - begin))});
+  }
+}
+
 void OptimizerPipeline::read_states(FamilyId f) {
   FamilyRun& run = runs_[f];
   run.staging.assign(kStateKindCount, nullptr);
-  run.pieces.clear();  // keeps its capacity (Note [Allocation-free hot paths] in leases.cpp)
-  const std::uint64_t piece = core_.nvme.store().slot_bytes();
+  run.pieces.clear();                 // keeps its capacity (Note [Allocation-free hot paths] in leases.cpp)
+  const Chunk* param_read = nullptr;  // an NVMe-homed param's value, on NVMe
   for (std::size_t k = 0; k < kStateKindCount; ++k) {
     Chunk& c = core_.chunks.at(f, static_cast<StateKind>(k));
     if (c.bytes == 0 || (!is_optim_kind(c.kind) && c.kind != StateKind::kParam)) continue;
@@ -105,19 +116,89 @@ void OptimizerPipeline::read_states(FamilyId f) {
       std::memset(*buffer, 0, c.bytes);  // never written: zeros
       continue;
     }
-    for (std::size_t i = 0; i < c.nvme_slots.size(); ++i) {
-      const std::uint64_t begin = i * piece;
-      run.pieces.push_back(
-          {c.nvme_slots[i],
-           std::span<std::byte>(*buffer + begin, std::min<std::uint64_t>(piece, c.bytes - begin))});
+    if (c.kind == StateKind::kParam) {
+      param_read = &c;  // once every buffer is had
+      continue;
     }
+    add_read_pieces(c, *buffer, run.pieces);
   }
-  if (run.pieces.empty()) {
+  if (param_read != nullptr) {
+    // Staged for a use: copied from there, not read again (Note [NVMe-homed
+    // params]); else it waits for the gradients, by when its backward use has
+    // staged it (maybe_compute).
+    run.lent_param = residency_.lend_staged(f);
+    run.param_deferred = run.lent_param == nullptr;
+  }
+  if (run.pieces.empty() && run.lent_param == nullptr) {
     run.move_place(NvmePlace::kReady);
     maybe_compute(f);
     return;
   }
-  run.io_pending = static_cast<int>(run.pieces.size());
+  start_reads(f);
+}
+
+void OptimizerPipeline::fetch_deferred_param(FamilyId f) {
+  FamilyRun& run = runs_[f];
+  STRATA_CHECK(run.param_deferred && run.io_pending == 0);
+  run.param_deferred = false;
+  run.pieces.clear();  // the states' reads ended
+  run.lent_param = residency_.lend_staged(f);
+  const Chunk& p = core_.chunk(f, StateKind::kParam);
+  if (run.lent_param == nullptr && p.device_copy && p.device_slot >= 0) {
+    // Its backward use found the forward's device copy: copied back from there.
+    if (Status st = copy_param_from_device(f); !st.ok()) finish_family(f, st);
+    return;
+  }
+  if (run.lent_param == nullptr) {
+    // Neither staged nor on the device (a use on demand took the buffer back): read once more.
+    core_.param_update_read_bytes += p.bytes;
+    add_read_pieces(p, run.staging[static_cast<std::size_t>(StateKind::kParam)], run.pieces);
+  }
+  start_reads(f);
+}
+
+Status OptimizerPipeline::copy_param_from_device(FamilyId f) {
+  FamilyRun& run = runs_[f];
+  Chunk& p = core_.chunk(f, StateKind::kParam);
+  DeviceSlot& slot = residency_.slot_of(p);
+  // A reader of the slot (Note [Chunk state machine]): after its load and its
+  // users, and the slot's next writer after it.
+  Status st = core_.device.wait(core_.d2h, slot.fence);
+  if (st.ok()) st = core_.device.wait(core_.d2h, slot.ready);
+  if (st.ok())
+    st = core_.timed_copy(core_.d2h, Track::kD2H, run.staging[static_cast<std::size_t>(StateKind::kParam)],
+                          slot.ptr, p.bytes, memory::CopyKind::kDeviceToHost, SpanName{"d2h", f, "param"});
+  if (st.ok()) st = core_.device.record(slot.fence, core_.d2h);
+  if (st.ok()) {
+    run.io_pending = 1;
+    run.io_status = Status::Ok();
+    ++io_families_;
+    run.move_place(NvmePlace::kReading);
+    st = core_.device.launch_host(core_.d2h, [this, f] {
+      // Device-stream callbacks never take the mutex (Note [Runtime threading]).
+      core_.pool->post([this, f] {
+        std::lock_guard lock(core_.mu);
+        read_piece_done(f, Status::Ok());
+      });
+    });
+    if (!st.ok()) {
+      run.io_pending = 0;
+      --io_families_;
+      run.move_place(NvmePlace::kReady);
+    }
+  }
+  if (!st.ok()) {
+    core_.device.synchronize(core_.d2h).ignore();  // nothing may still copy into the staging
+    st.with_context(fmt::format("copying family {}'s param from its device copy for its optimizer", f));
+  }
+  return st;
+}
+
+void OptimizerPipeline::start_reads(FamilyId f) {
+  FamilyRun& run = runs_[f];
+  run.io_pending = static_cast<int>(run.pieces.size()) + (run.lent_param != nullptr ? 1 : 0);
+  STRATA_CHECK(run.io_pending > 0);
+  if (run.place == NvmePlace::kReady) run.move_place(NvmePlace::kReading);  // a deferred param
   run.io_status = Status::Ok();
   ++io_families_;
   // Submitted from a pool thread, without the lock: a store may call back on the
@@ -125,9 +206,30 @@ void OptimizerPipeline::read_states(FamilyId f) {
   // The task gets the pieces' address and count, not the vector: nothing
   // changes them until the last piece completed (NvmeTier::submit_pieces).
   const double enqueued = core_.timeline.now_us();
-  core_.pool->post([this, f, enqueued, pieces = std::span<const NvmePiece>(run.pieces)] {
-    core_.nvme.submit_pieces(NvmeIo::kRead, pieces, &OptimizerPipeline::nvme_read_done, this, f, enqueued);
-  });
+  if (!run.pieces.empty()) {
+    core_.pool->post([this, f, enqueued, pieces = std::span<const NvmePiece>(run.pieces)] {
+      core_.nvme.submit_pieces(NvmeIo::kRead, pieces, &OptimizerPipeline::nvme_read_done, this, f, enqueued);
+    });
+  }
+  if (run.lent_param != nullptr) {
+    const Chunk& p = core_.chunk(f, StateKind::kParam);
+    // Nothing frees either buffer until staged_param_copied: the lend holds the
+    // source, the family's place the destination.
+    core_.pool->post([this, f, dst = run.staging[static_cast<std::size_t>(StateKind::kParam)],
+                      src = run.lent_param, bytes = p.bytes] {
+      std::memcpy(dst, src, bytes);
+      staged_param_copied(f);
+    });
+  }
+}
+
+void OptimizerPipeline::staged_param_copied(FamilyId f) {
+  std::lock_guard lock(core_.mu);
+  FamilyRun& run = runs_[f];
+  residency_.give_back_staged(f);
+  run.lent_param = nullptr;
+  read_piece_done(f, Status::Ok());
+  core_.cv.notify_all();  // drop_staging or a staging buffer's taker may wait for the lend
 }
 
 void OptimizerPipeline::nvme_read_done(void* self, FamilyId f, Status status, double enqueued_us,
@@ -145,6 +247,10 @@ void OptimizerPipeline::io_done(FamilyId f, Status status, Track track, double e
   const double end = core_.timeline.now_us();
   core_.timeline.add(track, SpanName{"nvme read", f}, enqueued_us, end, bytes);
   std::lock_guard lock(core_.mu);
+  read_piece_done(f, std::move(status));
+}
+
+void OptimizerPipeline::read_piece_done(FamilyId f, Status status) {
   FamilyRun& run = runs_[f];
   if (!status.ok() && run.io_status.ok()) {
     status.with_context(fmt::format("NVMe read of family {}'s optimizer states", f));

@@ -293,7 +293,11 @@ void OptimizerPipeline::land_gradient(FamilyId f) {
 void OptimizerPipeline::maybe_compute(FamilyId f) {
   FamilyRun& run = runs_[f];
   if (run.phase != FamilyPhase::kWaiting || run.grad != GradStaging::kReady) return;
-  if (core_.on_nvme(f) && run.place != NvmePlace::kReady) return;
+  if (core_.on_nvme(f) && (run.place != NvmePlace::kReady || run.io_pending > 0)) return;
+  if (run.param_deferred) {
+    fetch_deferred_param(f);  // its end calls this again
+    return;
+  }
   run.move_phase(FamilyPhase::kComputing);
   core_.pool->post([this, f] { compute_family(f); });
 }

@@ -33,7 +33,9 @@ class Residency;
 //   grad (its grad staging buffer): none -> copying (d2h in flight) -> ready;
 //          none -> ready (the gradient was on host); copying|ready -> none.
 //   place (its NVMe place, Note [Pipeline places]): none -> reading -> ready;
-//          none -> ready (nothing to read); reading -> cancelling (a read-ahead
+//          none -> ready (nothing to read); ready -> reading (an NVMe-homed param
+//          fetched once the gradients are in, Note [NVMe-homed params]);
+//          reading -> cancelling (a read-ahead
 //          given up: released when the reads end); any -> none (released, or
 //          handed to the write-back).
 
@@ -59,7 +61,7 @@ constexpr bool place_move_allowed(NvmePlace from, NvmePlace to) {
     case N::kReading:
       return to != N::kReading;
     case N::kReady:
-      return to == N::kNone;
+      return to == N::kNone || to == N::kReading;
     case N::kCancelling:
       return to == N::kNone || to == N::kCancelling;
   }
@@ -76,6 +78,12 @@ struct FamilyRun {
   bool grad_host_owned_by_chunk = false;  //!< grad_host is the grad chunk's own host copy
   std::vector<std::byte*> staging;        //!< per kind: NVMe states and the param being updated
   std::vector<NvmePiece> pieces;          //!< the NVMe reads of read_states (in flight while io_pending)
+  //! The NVMe-homed param's staging copy read_states copies instead of reading the
+  //! disk (Residency::lend_staged; one of io_pending until given back).
+  const std::byte* lent_param = nullptr;
+  //! The states are read (or being read) and the NVMe-homed param is not: it is
+  //! copied from its staging buffer, or read, once the gradients are in (maybe_compute).
+  bool param_deferred = false;
   int io_pending = 0;
   Status io_status;
   std::vector<TensorId> updated;  //!< tensors the kernel updated (committed with the param)
@@ -225,6 +233,9 @@ class OptimizerPipeline final : public PipelineProgress {
   bool claims_gradient(FamilyId f) const override { return runs_[f].launched(); }
   //! Family f's optimizer step is requested and not finished.
   bool updating(FamilyId f) const override { return runs_[f].running(); }
+  //! Its states are read (or being read) and its param waits for the gradients: at
+  //! most one such family per NVMe place.
+  bool awaits_staged_param(FamilyId f) const override { return runs_[f].param_deferred; }
   //! Optimizer steps started so far (launch_optimizer calls that launched one).
   std::uint64_t launches() const { return launches_; }
   //! Some optimizer step is in flight (it will free slots and notify Core::cv).
@@ -282,13 +293,26 @@ class OptimizerPipeline final : public PipelineProgress {
   void release_nvme_place(FamilyId f);
   void cancel_read_ahead(FamilyId f);
   void read_states(FamilyId f);
+  //! Posts run.pieces' reads and run.lent_param's copy (io_pending counts them).
+  void start_reads(FamilyId f);
+  //! Brings a deferred NVMe-homed param into the family's staging (maybe_compute).
+  void fetch_deferred_param(FamilyId f);
+  //! Copies family f's param from its clean device copy into its staging (d2h
+  //! stream; the copy's end readies the family like a read).
+  Status copy_param_from_device(FamilyId f);
+  //! Appends the NVMe reads of chunk c's value into `buffer`, one per slot.
+  void add_read_pieces(const Chunk& c, std::byte* buffer, std::vector<NvmePiece>& pieces) const;
   void land_gradient(FamilyId f);
   void maybe_compute(FamilyId f);
   void compute_family(FamilyId f);  // pool thread; takes mu
   //! Writes family f's updated NVMe states to fresh slots after its kernel; unlocks `lock`.
   void write_back(FamilyId f, std::unique_lock<std::mutex>& lock);
   void io_done(FamilyId f, Status status, Track track, double enqueued_us, std::uint64_t bytes);  // takes mu
-  void writeback_done(FamilyId f, Status status, double enqueued_us, std::uint64_t bytes);        // takes mu
+  //! One of read_states' pieces ended (mu held): the last one readies the family.
+  void read_piece_done(FamilyId f, Status status);
+  //! The param's copy from its residency staging buffer ended (pool thread; takes mu).
+  void staged_param_copied(FamilyId f);
+  void writeback_done(FamilyId f, Status status, double enqueued_us, std::uint64_t bytes);  // takes mu
   //! NvmePieceDone trampolines to io_done (reads) and writeback_done (writes).
   static void nvme_read_done(void* self, FamilyId f, Status status, double enqueued_us, std::uint64_t bytes);
   static void nvme_write_done(void* self, FamilyId f, Status status, double enqueued_us, std::uint64_t bytes);

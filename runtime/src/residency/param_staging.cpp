@@ -24,16 +24,23 @@ bool Residency::staged(const Chunk& c) const {
 std::int64_t Residency::staging_victim(std::size_t window) const {
   const bool planned = tracker_.following() && tracker_.next_use().length() > 0;
   const std::size_t here = tracker_.here();
-  for (std::size_t i = 0; i < staged_.size(); ++i) {
-    const FamilyId f = staged_[i];
-    if (staging_[f].state != Staging::kReady) continue;  // its read is in flight
-    const Chunk& c = core_.chunk(f, StateKind::kParam);
-    if (planned && window > 0 && tracker_.next_use().distance(f, here) <= window) continue;
-    if (c.host_read.valid()) {
-      auto done = core_.device.query(c.host_read);
-      if (!done.ok() || !*done) continue;  // a load still copies from it
+  // Oldest first; a buffer the optimizer will copy from (Note [NVMe-homed params])
+  // only when nothing else can go, and never to a read ahead.
+  for (const bool awaited : {false, true}) {
+    if (awaited && window > 0) break;
+    for (std::size_t i = 0; i < staged_.size(); ++i) {
+      const FamilyId f = staged_[i];
+      if (staging_[f].state != Staging::kReady) continue;  // its read is in flight
+      if (staging_[f].lent > 0) continue;                  // the pipeline copies from it
+      if (pipeline_->awaits_staged_param(f) != awaited) continue;
+      const Chunk& c = core_.chunk(f, StateKind::kParam);
+      if (planned && window > 0 && tracker_.next_use().distance(f, here) <= window) continue;
+      if (c.host_read.valid()) {
+        auto done = core_.device.query(c.host_read);
+        if (!done.ok() || !*done) continue;  // a load still copies from it
+      }
+      return static_cast<std::int64_t>(i);
     }
-    return static_cast<std::int64_t>(i);
   }
   return -1;
 }
@@ -47,7 +54,10 @@ void Residency::adopt(const Plan& p) {
 }
 
 void Residency::release_staging() {
-  for (FamilyId f : staged_) core_.chunk(f, StateKind::kParam).host = nullptr;
+  for (FamilyId f : staged_) {
+    STRATA_CHECK(staging_[f].lent == 0);
+    core_.chunk(f, StateKind::kParam).host = nullptr;
+  }
   staged_.clear();
   for (std::byte* b : staging_buffers_) core_.host->free(b, staging_buffer_bytes_);
   staging_buffers_.clear();
@@ -56,7 +66,7 @@ void Residency::release_staging() {
 
 void Residency::free_staging(FamilyId f) {
   Chunk& c = core_.chunk(f, StateKind::kParam);
-  STRATA_CHECK(staging_[f].state == Staging::kReady);
+  STRATA_CHECK(staging_[f].state == Staging::kReady && staging_[f].lent == 0);
   staging_free_.push_back(c.host);  // back to the pool
   c.host = nullptr;
   staging_[f].reset();
@@ -131,6 +141,7 @@ void Residency::staging_read_done(FamilyId f, Status status, double enqueued_us,
   core_.timeline.add(Track::kDiskRead, SpanName{"nvme read param", f}, enqueued_us, core_.timeline.now_us(),
                      bytes);
   std::lock_guard lock(core_.mu);
+  core_.param_use_read_bytes += bytes;
   ParamStaging& st = staging_[f];
   if (!status.ok() && st.status.ok()) st.status = std::move(status);
   if (--st.io_pending > 0) return;
@@ -170,6 +181,10 @@ Status Residency::wait_staged(std::unique_lock<std::mutex>& lock, Chunk& c) {
     }
     // Every buffer is read and a load still copies from it: wait for the loads.
     for (FamilyId g : staged_) STRATA_RETURN_IF_ERROR(wait_host_reads(core_.chunk(g, StateKind::kParam)));
+    if (staging_victim(0) < 0 && lent_buffers() > 0) {
+      core_.cv.wait(lock);  // the pipeline's copy from one ends (give_back_staged)
+      continue;
+    }
     if (staging_victim(0) < 0) {
       return internal_error("family {}: none of the {} param staging buffers can be taken back", c.family,
                             staging_max_);
@@ -183,7 +198,7 @@ Status Residency::wait_staged(std::unique_lock<std::mutex>& lock, Chunk& c) {
 Status Residency::drop_staging(std::unique_lock<std::mutex>& lock, Chunk& c) {
   if (c.kind != StateKind::kParam || c.family >= staging_.size()) return Status::Ok();
   const FamilyId f = c.family;
-  core_.cv.wait(lock, [&] { return staging_[f].state != Staging::kReading; });
+  core_.cv.wait(lock, [&] { return staging_[f].state != Staging::kReading && staging_[f].lent == 0; });
   if (staging_[f].state != Staging::kReady) return Status::Ok();
   STRATA_RETURN_IF_ERROR(wait_host_reads(c));
   free_staging(f);
@@ -192,6 +207,25 @@ Status Residency::drop_staging(std::unique_lock<std::mutex>& lock, Chunk& c) {
 
 void Residency::wait_staging_reads(std::unique_lock<std::mutex>& lock) {
   core_.cv.wait(lock, [&] { return staging_reads_ == 0; });
+}
+
+const std::byte* Residency::lend_staged(FamilyId f) {
+  if (f >= staging_.size()) return nullptr;
+  const Chunk& c = core_.chunk(f, StateKind::kParam);
+  if (!staged(c) || c.value != ChunkValue::kNvme) return nullptr;
+  ++staging_[f].lent;
+  return c.host;
+}
+
+void Residency::give_back_staged(FamilyId f) {
+  STRATA_CHECK(f < staging_.size() && staging_[f].lent > 0);
+  --staging_[f].lent;
+}
+
+int Residency::lent_buffers() const {
+  int n = 0;
+  for (FamilyId f : staged_) n += staging_[f].lent > 0 ? 1 : 0;
+  return n;
 }
 
 Status Residency::read_params_ahead() {

@@ -19,6 +19,9 @@ class PipelineProgress {
   //! Family f's optimizer step is requested and not finished (its param is not
   //! prefetched nor evicted into a stale copy).
   virtual bool updating(FamilyId f) const = 0;
+  //! Family f's optimizer will copy its NVMe-homed param from its staging buffer
+  //! (Note [NVMe-homed params]): a read ahead keeps that buffer if it can.
+  virtual bool awaits_staged_param(FamilyId f) const = 0;
   //! Some optimizer step is in flight: it will free slots and notify Core::cv.
   virtual bool busy() const = 0;
   //! Families some of whose trainable tensors handed their gradient over in this

@@ -27,7 +27,17 @@
 // states, updates it there, and writes it back copy-on-write with them (Note
 // [Copy-on-write NVMe slots]); until those writes end the updated param is an
 // ordinary host copy (kHost) that loads read, so the next forward does not wait
-// for the disk.
+// for the disk. When the param is still staged for its backward use as the
+// pipeline reads the states (the usual case: a family's states are read as its
+// gradients complete), the pipeline copies the staging buffer (lend_staged)
+// instead of reading the param from the disk a third time in the step: the step
+// reads an NVMe-homed param twice, for forward and for backward, as the cost
+// model counts (StepStats::bytes_disk_read_param_updates says when it could not).
+// Keeping the forward copy for backward instead of the second read costs a buffer
+// of host room per family kept, and saves that family's param bytes of reads; the
+// planner gives host room to param homes first (Note [NVMe param staging] in
+// planner.cpp), which save three or four times their bytes, so a forward copy
+// is kept only as the staging pool happens to hold it.
 
 #include <cstdint>
 #include <mutex>
@@ -97,6 +107,13 @@ class Residency {
   Status drop_staging(std::unique_lock<std::mutex>& lock, Chunk& c);
   //! Waits (unlocking) until no staging read is in flight.
   void wait_staging_reads(std::unique_lock<std::mutex>& lock);
+  //! f's staging copy of its NVMe-homed param, when it holds the NVMe value (read,
+  //! not absent), lent to the caller (the optimizer pipeline, which copies it rather
+  //! than read the disk again: Note [NVMe-homed params]); nullptr when it has none.
+  //! The buffer is not taken back, nor dropped, until give_back_staged(f).
+  const std::byte* lend_staged(FamilyId f);
+  //! Ends a lend_staged(f); the caller notifies Core::cv (drop_staging may wait).
+  void give_back_staged(FamilyId f);
   //! Takes the plan's staging pool size (its buffers are taken from the host
   //! store on first use and kept: no churn in the pinned arena).
   void adopt(const Plan& p);
@@ -145,6 +162,8 @@ class Residency {
   //! whose loads are done; -1 when none.
   std::int64_t staging_victim(std::size_t window) const;
   void free_staging(FamilyId f);
+  //! Staging buffers lent to the pipeline now.
+  int lent_buffers() const;
   void staging_read_done(FamilyId f, Status status, double enqueued_us, std::uint64_t bytes);  // takes mu
   //! NvmePieceDone trampoline to staging_read_done.
   static void nvme_staging_done(void* self, FamilyId f, Status status, double enqueued_us,
@@ -157,6 +176,7 @@ class Residency {
     Staging state = Staging::kNone;
     int io_pending = 0;
     bool ahead = false;  //!< started by read_params_ahead (a prefetch), not by a use
+    int lent = 0;        //!< lend_staged()s not yet given back: the buffer stays
     Status status;
     std::vector<NvmePiece> pieces;  //!< the NVMe reads (in flight while io_pending)
 

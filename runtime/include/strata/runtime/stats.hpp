@@ -17,6 +17,10 @@ struct StepStats {
   bool followed_plan = false;  //!< the step followed the traced order (prefetch + Belady)
   double step_s = 0.0;         //!< wall time since the previous step() returned
   std::uint64_t bytes_h2d = 0, bytes_d2h = 0, bytes_disk_read = 0, bytes_disk_write = 0;
+  //! Of bytes_disk_read: NVMe-homed params read for their forward and backward uses,
+  //! and read by the optimizer beside their states (Note [NVMe-homed params] in
+  //! runtime/src/residency/residency.hpp); the rest are optimizer states.
+  std::uint64_t bytes_disk_read_param_uses = 0, bytes_disk_read_param_updates = 0;
   double stall_s = 0.0;             //!< host time blocked inside acquire()
   double busy_s[kTrackCount] = {};  //!< per track
   std::uint64_t gpu_high_water_bytes = 0;
@@ -58,6 +62,7 @@ struct RunStats {
   std::uint64_t steps = 0;
   std::uint64_t steps_skipped = 0;  //!< Inf/NaN gradients with loss scaling
   std::uint64_t bytes_h2d = 0, bytes_d2h = 0, bytes_disk_read = 0, bytes_disk_write = 0;
+  std::uint64_t bytes_disk_read_param_uses = 0, bytes_disk_read_param_updates = 0;  //!< as in StepStats
   double stall_s = 0.0;  //!< host time blocked inside acquire()
   double step_s = 0.0;   //!< wall time in steps
   std::uint64_t gpu_high_water_bytes = 0, host_high_water_bytes = 0, nvme_bytes = 0;
