@@ -1,6 +1,7 @@
 // strata-probe's NVMe measurement (measure_nvme in measure.hpp): the --nvme
 // directory's checks, the test size, timed write and read passes through strata's
 // own IoEngine + SwapStore, and the pipeline pass.
+#include <fmt/ranges.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -307,13 +308,21 @@ double median_of(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+std::vector<double> scaled(std::vector<double> v) {
+  for (double& x : v) x /= static_cast<double>(kGiB);
+  return v;
+}
+
 // Note [Probe disk rounds]
 // A disk shared with other work moves from one pass to the next: on this project's
 // machine the read pass gave 1.24 to 2.04 GiB/s in four probe runs a few seconds
 // apart (2026-12-06), and the 3.2 B prediction moved from 31.7 to 46.9 s with it.
 // So the write, read and pipeline passes run kDiskRounds times, in turn, and each
 // rate is the median of its rounds: one slow pass no longer decides the prediction.
-// Each pass is still bounded by --nvme-seconds.
+// Each pass is still bounded by --nvme-seconds. Six runs afterwards gave 30.3 to
+// 33.2 s, the rounds of one run differing by up to 10 % (a debug log line lists
+// them); not interleaved with the old probe, so part of that may be a quieter disk.
+// What the median cannot remove is a disk that is slower for a whole run.
 constexpr int kDiskRounds = 3;
 
 // The passes over every slot: a warm-up write, then kDiskRounds rounds of timed write
@@ -347,6 +356,9 @@ Status nvme_passes(const NvmeBench& b, std::uint32_t slots, NvmeInfo& info) {
     cpu_seconds += written.cpu_seconds + read.cpu_seconds;
     bytes_moved += written_bytes + read_bytes;
   }
+  STRATA_LOG_DEBUG("probe: nvme rounds (GiB/s): write {:.3f}, read {:.3f}, pipeline {:.3f}",
+                   fmt::join(scaled(write_rates), " "), fmt::join(scaled(read_rates), " "),
+                   fmt::join(scaled(mixed_rates), " "));
   info.write_bytes_per_s = median_of(write_rates);
   info.read_bytes_per_s = median_of(read_rates);
   info.mixed_bytes_per_s = median_of(mixed_rates);
