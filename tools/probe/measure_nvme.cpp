@@ -302,12 +302,6 @@ Result<std::pair<double, std::uint64_t>> pipeline_pass(const NvmeBench& b, std::
   return std::pair{static_cast<double>(moved) / since(start), std::uint64_t{pieces} * b.slot_bytes};
 }
 
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 std::vector<double> scaled(std::vector<double> v) {
   for (double& x : v) x /= static_cast<double>(kGiB);
   return v;
@@ -359,9 +353,9 @@ Status nvme_passes(const NvmeBench& b, std::uint32_t slots, NvmeInfo& info) {
   STRATA_LOG_DEBUG("probe: nvme rounds (GiB/s): write {:.3f}, read {:.3f}, pipeline {:.3f}",
                    fmt::join(scaled(write_rates), " "), fmt::join(scaled(read_rates), " "),
                    fmt::join(scaled(mixed_rates), " "));
-  info.write_bytes_per_s = median_of(write_rates);
-  info.read_bytes_per_s = median_of(read_rates);
-  info.mixed_bytes_per_s = median_of(mixed_rates);
+  info.write_bytes_per_s = median3(write_rates);
+  info.read_bytes_per_s = median3(read_rates);
+  info.mixed_bytes_per_s = median3(mixed_rates);
   // Note [Host cores as a resource]: what a disk byte costs the host's cores.
   info.cpu_seconds_per_byte = cpu_seconds / bytes_moved;
   return Status::Ok();

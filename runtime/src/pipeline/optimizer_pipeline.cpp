@@ -293,7 +293,7 @@ void OptimizerPipeline::land_gradient(FamilyId f) {
 void OptimizerPipeline::maybe_compute(FamilyId f) {
   FamilyRun& run = runs_[f];
   if (run.phase != FamilyPhase::kWaiting || run.grad != GradStaging::kReady) return;
-  if (core_.on_nvme(f) && (run.place != NvmePlace::kReady || run.io_pending > 0)) return;
+  if (core_.on_nvme(f) && run.place != NvmePlace::kReady) return;  // (ready: no read in flight)
   if (run.param_deferred) {
     fetch_deferred_param(f);  // its end calls this again
     return;
