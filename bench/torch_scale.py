@@ -11,19 +11,25 @@ init]). It trains `--steps` AdamW steps (5: the loss of each is reported; step_s
 steps 2-4), with a linear learning-rate warm-up over --warmup steps to --lr (default by width:
 default_lr). Progress goes to stderr, one line per phase with the process's RSS.
 The bound, measured in the same run:
-  - compute_s: forward + backward of one Block, resident in torch memory, median of BLOCK_RUNS
-    after a warm-up, times the number of blocks (embeddings and head are left out: < 1% here),
-    measured before the model is built; compute_s_range is the fastest and slowest run, scaled.
+  - compute_s: forward + backward of one Block of the same shape, resident in torch memory, times
+    the number of blocks (embeddings and head are left out: < 1% here), measured between the training
+    steps (Note [Compute paired with the steps]): each measured step's compute is the mean of the
+    bursts before and after it (compute_s_per_step), compute_s their median. compute_s_before_build
+    (and its _range) is the median of BLOCK_RUNS runs before the model is built, as before.
     torch's AdamW (torch_adamw_s) and strata's fused AdamW (strata_adamw_s) on the block, scaled
     alike, are reported beside it;
   - disk_s: the median step's disk read and write bytes (strata's own counts) at the read and
     write rates `strata-bench io` measures on --nvme-dir at the runtime's piece size (4 MiB) and
     queue depth (32 pieces), the median of 5 runs;
-  - bound_s = max(compute_s, disk_s); bound_ratio = step_s / bound_s;
+  - bound_s = max(compute_s, disk_s); bound_ratio = step_s / bound_s; bound_ratio_per_step: each
+    measured step against its own compute and bytes;
   - shared_core_bound_s = max(compute_s + strata_adamw_s, disk_s): on the sim device forward,
     backward and strata's optimizer share the same cores;
   - probe_step_s, probe_ratio: strata-probe's prediction of this run (same shape, budgets and
     chunk size; its compute rate from compute_s), reported, not checked.
+median_step_disk: that step's forward, backward and optimizer.step() as the kernel saw the disk under
+--nvme-dir (/proc/diskstats: bytes, and the fraction of the phase it had I/O in flight; Note [Disk seen
+by the kernel]); disk_device names it.
 Peak RSS is compared with rss_bound_bytes: the process before the model, the host tier's pinned
 region (host_region_bytes), the sim device's memory, activations, init scratch and 128 MiB.
 exact_small_copy: a copy of --small-params (20M) trained 3 steps with its states on NVMe and again
@@ -58,6 +64,13 @@ def parse_count(text):
     if not m:
         raise argparse.ArgumentTypeError(f"{text!r}: a parameter count such as 50M, 1.2B or 3B")
     return int(float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9}[m.group(2).lower()])
+
+
+def parse_setting(text):
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--set {text!r}: give KEY=VALUE, e.g. plan.nvme_families_in_flight=3")
+    return key, int(value) if value.isdigit() else value
 
 
 def shape_for(params):
@@ -116,6 +129,55 @@ def swap_file_bytes(nvme_dir):
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
+class DiskSampler:
+    """The block device under a directory, read from /proc/diskstats (Note [Disk seen by the kernel]).
+
+    Note [Disk seen by the kernel]
+    strata's own counts say how many bytes a step moved; the kernel's say when the disk had them in
+    flight. A snapshot at each phase boundary of a step gives, per phase, the sectors read and written
+    and io_ticks: the milliseconds the device had at least one request in flight. busy_fraction =
+    io_ticks / the phase's wall time says whether the disk idled during the phase (a fraction below 1
+    is time the disk waited for work); it does not say the device was saturated (it serves several
+    requests at once). The counts are the device's, every process's: on a shared disk another job's I/O
+    shows here. Where the directory's device has no line (overlay or tmpfs), `device` is None and
+    nothing is reported."""
+
+    def __init__(self, path):
+        st_dev = os.stat(path).st_dev
+        self.key = (os.major(st_dev), os.minor(st_dev))
+        self.device = None
+        for parts in self._lines():
+            if (int(parts[0]), int(parts[1])) == self.key:
+                self.device = parts[2]
+
+    @staticmethod
+    def _lines():
+        try:
+            with open("/proc/diskstats") as f:
+                return [line.split() for line in f if len(line.split()) >= 13]
+        except OSError:
+            return []
+
+    def snapshot(self):
+        """(bytes read, bytes written, io_ticks ms) so far, or None."""
+        if self.device is None:
+            return None
+        for parts in self._lines():
+            if (int(parts[0]), int(parts[1])) == self.key:
+                return (int(parts[5]) * 512, int(parts[9]) * 512, int(parts[12]))
+        return None
+
+    @staticmethod
+    def phase(a, b, seconds):
+        """One phase's figures between snapshots a and b over `seconds` of wall time."""
+        if a is None or b is None or seconds <= 0:
+            return None
+        return {"read_bytes": b[0] - a[0], "write_bytes": b[1] - a[1],
+                "busy_fraction": round(min(1.0, (b[2] - a[2]) / 1000 / seconds), 3),
+                "read_gb_s": round((b[0] - a[0]) / seconds / 1e9, 3),
+                "write_gb_s": round((b[1] - a[1]) / seconds / 1e9, 3)}
+
+
 def build(d, layers, seq, cfg, lr, dtype=torch.float32):
     """The GPT on the meta device (in `dtype`: bf16 params and gradients keep fp32 masters and states in strata),
     wrapped; the optimizer's build runs deferred init."""
@@ -134,35 +196,57 @@ def config(n, d, args, nvme_dir, host, all_host=False):
            # Gradients go to strata during backward from the first step on: with "auto" the first step keeps
            # every gradient in torch memory (Note [Gradients in torch]), the model's size in RSS.
            "grad_reads": False}
+    for key, value in getattr(args, "set", []):  # --set plan.nvme_families_in_flight=3: a knob of the runtime, for this run
+        node = cfg
+        *path, leaf = key.split(".")
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = value
     if not all_host:
         cfg["budgets"]["nvme"] = "1TiB"  # a cap: the swap files grow to what the plan needs (#28 item 2)
         cfg["nvme"] = {"dirs": [nvme_dir]}
     return cfg
 
 
-def train(model, opt, data, args, steps):
+def train(model, opt, data, args, steps, disk=None, paired=None):
     it = batches(data, args.batch, args.seq, seed=1)
+    snap = disk.snapshot if disk is not None else (lambda: None)
+    if paired is not None:
+        paired.burst()
     losses, times, stats = [], [], []
     for i in range(steps):
         for g in opt.param_groups:  # linear warm-up: lr x (i + 1) / warmup for the first `warmup` steps
             g["lr"] = args.lr * min(1.0, (i + 1) / max(1, args.warmup))
         x, y = next(it)
         c0 = resource.getrusage(resource.RUSAGE_SELF)
+        d0 = snap()
         t0 = time.perf_counter()
         logits = model(x)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
         t1 = time.perf_counter()
+        d1 = snap()
         loss.backward()
         t2 = time.perf_counter()
+        d2 = snap()
         stats.append(dict(opt.step() or model.strata.last_stats))
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t0)
+        d3 = snap()
         c1 = resource.getrusage(resource.RUSAGE_SELF)
         stats[-1].update(forward_s=t1 - t0, backward_s=t2 - t1, step_call_s=times[-1] - (t2 - t0),
                          user_s=c1.ru_utime - c0.ru_utime, system_s=c1.ru_stime - c0.ru_stime,
                          minor_faults=c1.ru_minflt - c0.ru_minflt)
+        # Note [Disk seen by the kernel]
+        stats[-1]["disk_phases"] = {"forward": DiskSampler.phase(d0, d1, t1 - t0),
+                                    "backward": DiskSampler.phase(d1, d2, t2 - t1),
+                                    "step_call": DiskSampler.phase(d2, d3, times[-1] - (t2 - t0)),
+                                    "step": DiskSampler.phase(d0, d3, times[-1])}
         losses.append(loss.item())
-        progress(f"step {len(losses)}: loss {losses[-1]:.4f}, {times[-1]:.2f} s")
+        if paired is not None:  # Note [Compute paired with the steps]: untimed, between the steps
+            paired.burst(model)
+            stats[-1]["compute_s"] = paired.around(i)
+        progress(f"step {len(losses)}: loss {losses[-1]:.4f}, {times[-1]:.2f} s"
+                 + (f", compute {stats[-1]['compute_s']:.2f} s" if paired is not None else ""))
     return losses, times, stats
 
 
@@ -197,6 +281,49 @@ def compute_bound(d, layers, args):
 
 
 BLOCK_RUNS = 7  # timed runs of the resident block after one warm-up (their median is scaled)
+BURST_RUNS = 3  # timed runs of the paired block between two training steps (Note [Compute paired with the steps])
+
+
+class PairedCompute:
+    """A resident Block timed between the training steps (Note [Compute paired with the steps]).
+
+    Note [Compute paired with the steps]
+    This machine's speed moves by more than the effect the bound ratio reports: at 3.2 B fp32 one
+    block's forward and backward scattered 27.6-46.6 s (scaled) over seven runs in half a minute, and
+    the same code's step_s 43-54 s between runs minutes apart (docs/scale.md). A compute bound
+    measured once, before the 3-minute build, was paired with steps it had not seen. So a resident
+    Block of the same shape and dtype also runs between the training steps: strata's write-backs are
+    flushed first (untimed, so the block shares the cores with nothing of strata's), then BURST_RUNS
+    forward and backward passes, their median times the number of blocks. A measured step's compute
+    is the mean of the bursts just before and just after it. The flush takes from the next step's
+    forward the overlap of the last families' write-backs (about 0.2 GB at 3.2 B fp32, 0.1 s of the
+    disk), a bias of well under 1 % in strata's favour; the block's gradient is freed after each
+    pass, and its parameter and gradient bytes are in rss_bound_bytes (block_bytes)."""
+
+    def __init__(self, d, layers, args):
+        torch.manual_seed(1)
+        dtype = DTYPES[args.dtype]
+        self.block = Block(d, max(1, d // 64), args.seq).to(dtype)
+        self.x = torch.randn(args.batch, args.seq, d, dtype=dtype, requires_grad=True)
+        self.layers = layers
+        self.bytes = 2 * sum(p.numel() * p.element_size() for p in self.block.parameters())  # param + grad
+        self.bursts = []
+
+    def burst(self, model=None):
+        if model is not None:
+            model.strata.engine.flush()
+        times = []
+        for i in range(BURST_RUNS + (1 if not self.bursts else 0)):  # the first burst warms up once
+            t0 = time.perf_counter()
+            self.block(self.x).square().mean().backward()
+            times.append(time.perf_counter() - t0)
+            self.block.zero_grad(set_to_none=True)
+            self.x.grad = None
+        self.bursts.append(statistics.median(times[-BURST_RUNS:]) * self.layers)
+
+    def around(self, i):
+        """The compute seconds of step i (0-based): the mean of the bursts before and after it."""
+        return (self.bursts[i] + self.bursts[i + 1]) / 2
 
 
 def io_rates(args, nvme_dir, io_bytes):
@@ -283,6 +410,9 @@ def main():
     ap.add_argument("--strata-probe", default=os.path.join(ROOT, "build", "release", "tools", "probe", "strata-probe"))
     ap.add_argument("--io-bytes", type=int, default=None, help="bytes for strata-bench io (default: 1 GiB max)")
     ap.add_argument("--no-small-copy", action="store_true")
+    ap.add_argument("--set", type=parse_setting, action="append", default=[], metavar="KEY=VALUE",
+                    help="a strata.torch config key for every model the run trains (the small copy too), e.g. "
+                         "plan.nvme_families_in_flight=3; repeatable")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 unless the loss falls, exact_small_copy holds, peak RSS is within the host budget plus "
@@ -323,8 +453,9 @@ def run(args, nvme_dir):
     host = int(fraction * state_bytes)
     # The compute bound first, on a quiet heap (after the model is closed, the kernel is still taking back
     # its memory, and the block's times scatter more).
-    compute_s, adamw_s, strata_adamw_s, compute_range = compute_bound(d, layers, args)
+    alone_s, adamw_s, strata_adamw_s, alone_range = compute_bound(d, layers, args)
     progress("measured one resident block")
+    paired = PairedCompute(d, layers, args)  # held through training: its parameters are in rss_start
     torch.manual_seed(0)
     t0 = time.perf_counter()
     rss_start = rss_now()  # (not ru_maxrss: that holds the block's peak, which is gone)
@@ -334,12 +465,15 @@ def run(args, nvme_dir):
     progress(f"built and initialised in {init_s:.1f} s")
     params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     layout = model.strata.engine.layout()
-    losses, times, stats = train(model, opt, data, args, args.steps)
+    disk = DiskSampler(nvme_dir)
+    losses, times, stats = train(model, opt, data, args, args.steps, disk, paired)
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     nvme_alloc = swap_file_bytes(nvme_dir)
     plan_nvme = model.strata.engine.layout()["plan_nvme_bytes"]
     mid = sorted(range(1, 4), key=lambda i: times[i])[1]
     step_s = times[mid]
+    measured = range(1, 4)
+    compute_s = statistics.median(stats[i]["compute_s"] for i in measured)
     read_b, write_b = stats[mid]["bytes_disk_read"], stats[mid]["bytes_disk_write"]
     model.strata.close(restore=False)  # 4 B a parameter back in torch memory would not fit beside the host tier
     del model, opt
@@ -352,6 +486,9 @@ def run(args, nvme_dir):
     if probe["probe_step_s"] is not None:
         probe["probe_ratio"] = round(step_s / probe["probe_step_s"], 3)
     bound_s = max(compute_s, disk_s)
+    # Each measured step against its own paired compute and its own bytes (Note [Compute paired with the steps]).
+    per_step_ratios = [times[i] / max(stats[i]["compute_s"], stats[i]["bytes_disk_read"] / read_rate
+                                      + stats[i]["bytes_disk_write"] / write_rate) for i in measured]
     # On the sim device forward, backward and strata's optimizer run on the same cores: their sum is the
     # compute this machine must do each step (docs/scale.md, "Two bounds").
     shared_bound_s = max(compute_s + strata_adamw_s, disk_s)
@@ -366,7 +503,9 @@ def run(args, nvme_dir):
         # before they are handed over).
         "host_region_bytes": layout["host_region_bytes"],
         "rss_bound_bytes": rss_start + layout["host_region_bytes"] + cfg["device"]["budget"]
-        + activations(d, layers, args) + 2 * 4 * (4 * d * d + layout["chunk_elems"]) + (128 << 20),
+        + activations(d, layers, args) + 2 * 4 * (4 * d * d + layout["chunk_elems"]) + (128 << 20)
+        + paired.bytes // 2,  # the paired block's gradient (its parameters are in rss_start)
+        "block_bytes": paired.bytes,
         "nvme_bytes_allocated": nvme_alloc, "nvme_bytes_planned": plan_nvme,
         "chunk_elems": layout["chunk_elems"], "padding_fraction": round(layout["padding_fraction"], 4),
         "init_s": round(init_s, 2), "step_times_s": [round(t, 3) for t in times], "step_s": round(step_s, 3),
@@ -380,11 +519,17 @@ def run(args, nvme_dir):
         "median_step_split_s": {k: round(stats[mid][k], 3) for k in ("forward_s", "backward_s", "step_call_s",
                                                                      "stall_s", "user_s", "system_s",
                                                                      "minor_faults")},
+        # The same step as the kernel saw the disk (Note [Disk seen by the kernel]).
+        "disk_device": disk.device, "median_step_disk": stats[mid]["disk_phases"],
         "io_read_bytes_s": read_rate, "io_write_bytes_s": write_rate, "io_bench": " ".join(io_cmd),
-        "compute_s": round(compute_s, 3), "compute_s_range": [round(t, 3) for t in compute_range],
+        "compute_s": round(compute_s, 3),
+        "compute_s_per_step": [round(stats[i]["compute_s"], 3) for i in measured],
+        "compute_bursts_s": [round(t, 3) for t in paired.bursts],
+        "compute_s_before_build": round(alone_s, 3), "compute_s_before_build_range": [round(t, 3) for t in alone_range],
         "torch_adamw_s": round(adamw_s, 3),
         "strata_adamw_s": round(strata_adamw_s, 3), "disk_s": round(disk_s, 3),
         "bound_s": round(bound_s, 3), "bound_ratio": round(step_s / bound_s, 3),
+        "bound_ratio_per_step": [round(r, 3) for r in per_step_ratios],
         "shared_core_bound_s": round(shared_bound_s, 3), "shared_core_bound_ratio": round(step_s / shared_bound_s, 3),
         **probe,
         "dtype": args.dtype, "lr": args.lr, "warmup_steps": args.warmup, "losses": [round(x, 5) for x in losses],
