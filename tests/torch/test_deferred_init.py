@@ -156,7 +156,7 @@ def test_init_that_leaves_a_parameter_unset_is_refused():
 
 
 class Meddler(nn.Module):
-    """Its reset touches a child's parameter (as nn.MultiheadAttention's does)."""
+    """Its reset writes a child's parameter after the child's own reset (as nn.MultiheadAttention's does)."""
 
     def __init__(self):
         super().__init__()
@@ -165,14 +165,69 @@ class Meddler(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self):
-        nn.init.zeros_(self.own)
+        nn.init.normal_(self.own)
         nn.init.zeros_(self.child.bias)
+        with torch.no_grad():
+            self.child.weight.mul_(2.0)  # reads the child's value so far, and draws nothing
 
 
-def test_init_touching_another_modules_parameter_is_refused():
+def deferred_equals_eager(build, seed=3):
+    torch.manual_seed(seed)
+    want = values(build())
+    after_eager = torch.rand(4)
+    torch.manual_seed(seed)
     with st.init():
-        model = Meddler()
-    with pytest.raises(ValueError, match=r"reset_parameters\(\) of module '<root>' \(Meddler\) used parameter"):
+        model = build()
+    model = st.wrap(model, cfg())
+    opt = st.SGD(model.parameters(), lr=0.1)
+    assert_identical(want, values(model))
+    assert torch.equal(torch.rand(4), after_eager)  # the retried reset drew from the RNG once
+    return model, opt
+
+
+def test_reset_writing_a_descendants_parameter_is_bit_identical_to_eager():
+    model, _ = deferred_equals_eager(Meddler)
+    assert torch.equal(model.child.bias.detach(), torch.zeros(4))
+    model.strata.close()
+
+
+def test_multihead_attention_and_transformer_layer_are_bit_identical_to_eager():
+    model, opt = deferred_equals_eager(lambda: nn.TransformerEncoderLayer(16, 4, dim_feedforward=32, dropout=0.0,
+                                                                          batch_first=True))
+    assert torch.equal(model.self_attn.out_proj.bias.detach(), torch.zeros(16))  # MHA's reset wrote it
+    x = torch.randn(2, 5, 16)
+    model(x).square().mean().backward()
+    opt.step()  # and it trains
+    model.strata.close()
+    model, _ = deferred_equals_eager(lambda: nn.MultiheadAttention(8, 2, kdim=6, vdim=4))  # separate q, k, v
+    model.strata.close()
+
+
+class Sibling(nn.Module):
+    """The second child's reset writes the first child's parameter: outside its own subtree."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = Poker(self.a)
+
+
+class Poker(nn.Module):
+    def __init__(self, other):
+        super().__init__()
+        self.own = nn.Parameter(torch.empty(4))
+        self.other = [other]  # not a child
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.zeros_(self.own)
+        nn.init.zeros_(self.other[0].bias)
+
+
+def test_reset_touching_a_parameter_outside_its_subtree_is_refused():
+    with st.init():
+        model = Sibling()
+    with pytest.raises(ValueError, match=r"reset_parameters\(\) of module 'b' \(Poker\) used parameter\(s\) 'a.bias'"):
         st.SGD(st.wrap(model, cfg()).parameters(), lr=0.1)
 
 

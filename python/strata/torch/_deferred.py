@@ -21,6 +21,13 @@ The values are torch's eager ones, bit for bit, under this contract:
      earlier (head.weight = wte.weight after construction) is reset on a scratch copy
      that is thrown away: eager's reset wrote the module's own, later discarded, tensor,
      so the RNG moves by the same amount.
+     A reset may also write its descendants' parameters, as nn.MultiheadAttention's
+     zeroes out_proj.bias after out_proj's own reset: eager construction runs the
+     parent's reset after its children's, so the parent's values win. The first run
+     gives the reset its own parameters only; when the poison check names parameters of
+     its descendants, the RNG is put back and the reset runs again with scratch copies
+     of those too, holding their values so far, and every copy is written back. A
+     parameter outside the module's subtree is refused (below). Pass B does not retry.
   2. Pass B (only with wrap(..., init=fn)) replays the model's own init loop:
      fn(module) for every module in `model.modules()` order (pre-order, as
      `for m in self.modules(): fn(m)` at the end of __init__), or in `model.apply`
@@ -34,8 +41,8 @@ The values are torch's eager ones, bit for bit, under this contract:
 Refused, with an error naming the module and what to do: a module that owns parameters
 but has neither reset_parameters nor an init fn; an init that leaves a parameter unset
 (scratch copies start as NaN, and a NaN left after both passes is refused); an init that
-touches a parameter outside the module it was called for (the real parameters are
-poison during init, the poison check names it); buffers on the meta device (strata
+touches a parameter outside the module it was called for, or for a reset outside its
+subtree (the real parameters are poison during init, the poison check names it); buffers on the meta device (strata
 keeps buffers in torch: build them on the CPU, e.g. with strata.torch.init()).
 """
 
@@ -45,6 +52,15 @@ import warnings
 import torch
 
 _ORDERS = ("modules", "apply")
+
+
+class Touched(ValueError):
+    """An init used parameters it was not given (`names`); a reset that touched its descendants' runs again with
+    them (Note [Deferred init])."""
+
+    def __init__(self, names, message):
+        super().__init__(message)
+        self.names = list(names)
 
 
 @contextlib.contextmanager
@@ -187,16 +203,36 @@ class Deferred:
                 "defines no reset_parameters(), so deferred init cannot give them values. Pass init=fn to "
                 "strata.torch.wrap (fn(module) sets a module's own parameters; Note [Deferred init]), add a "
                 "reset_parameters() method, or build the model on the CPU")
-        scratch = self._swap_in(module, own, lambda p: torch.full(p.shape, float("nan"), dtype=p.dtype))
-        self.current = ("reset_parameters()", self._where(w, module))
-        try:
-            if reset is not None:
-                with torch.no_grad():
-                    reset()
-            self._check_poison(w, engine, module, "reset_parameters()")
-        finally:
-            self.current = None
-            self._swap_out(module, own)
+        rng = torch.get_rng_state()
+        below = []  # (submodule, name, Parameter, pid) of descendants the reset writes (Note [Deferred init])
+        while True:
+            scratch = self._swap_in(module, own, lambda p: torch.full(p.shape, float("nan"), dtype=p.dtype))
+            below_scratch = self._swap_in_below(engine, below)
+            self.current = ("reset_parameters()", self._where(w, module))
+            try:
+                try:
+                    if reset is not None:
+                        with torch.no_grad():
+                            reset()
+                except Touched as e:  # a torch call on a parameter it was not given (its lazy class)
+                    engine.poison_hits()  # rearmed: this run is discarded
+                    hits = e.names
+                else:
+                    hits = engine.poison_hits()
+            finally:
+                self._swap_out(module, own)
+                for sub, pname, p, _ in below:
+                    sub._parameters[pname] = p
+            if not hits:
+                self.current = None
+                break
+            more = self._descendants_hit(w, module, hits)
+            if more is None or any(m[3] in {b[3] for b in below} for m in more):
+                raise self.touched(hits)
+            below = below + more  # run it again from the same RNG state, those parameters given too
+            torch.set_rng_state(rng)
+        for (_, _, _, pid), s in zip(below, below_scratch):
+            self._put(engine, pid, s)
         for (pname, p, pid), s in zip(own, scratch):
             if pid in done:
                 continue  # tied to an earlier module's: eager discarded this reset's values
@@ -244,6 +280,27 @@ class Deferred:
             self._check_set(w, module, pname, s, "reset_parameters() or init")
             self._put(engine, pid, s)
 
+    def _descendants_hit(self, w, module, hits):
+        """The deferred parameters of `module`'s strict descendants named in `hits`, as (submodule, name,
+        Parameter, pid); None when a hit is not one of them."""
+        found = {}
+        for sub in module.modules():
+            if sub is module:
+                continue
+            for pname, p in sub._parameters.items():
+                if p is not None and id(p) in self.meta and w.names[w._pid[id(p)]] in hits:
+                    found.setdefault(w._pid[id(p)], (sub, pname, p, w._pid[id(p)]))
+        named = {w.names[pid] for pid in found}
+        return list(found.values()) if all(h in named for h in hits) else None
+
+    def _swap_in_below(self, engine, below):
+        scratch = []
+        for sub, pname, p, pid in below:
+            s = torch.nn.Parameter(self._current_value(engine, pid, p.dtype), requires_grad=p.requires_grad)
+            sub._parameters[pname] = s
+            scratch.append(s)
+        return scratch
+
     def _swap_in(self, module, own, make, engine=None):
         scratch = []
         for pname, p, pid in own:
@@ -262,13 +319,16 @@ class Deferred:
         hits = engine.poison_hits()
         if hits:
             self.current = (by, self._where(w, module))
-            raise self.touched(", ".join(repr(h) for h in hits))
+            raise self.touched(hits)
 
     def touched(self, names):
-        """The error for an init that used parameters outside its module (self.current: what ran, where)."""
+        """The error for an init that used parameters `names` outside its module (self.current: what ran,
+        where)."""
         by, where = self.current
-        return ValueError(
-            f"strata.torch.wrap: {by} of {where} used parameter(s) {names} that it does not own; deferred init "
+        return Touched(
+            names,
+            f"strata.torch.wrap: {by} of {where} used parameter(s) {', '.join(repr(n) for n in names)} that it does "
+            "not own; deferred init "
             "gives each module's init its own parameters only (Note [Deferred init]). Initialise those parameters "
             "in their own module's reset_parameters() or in init=fn when fn is called for that module")
 

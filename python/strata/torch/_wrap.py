@@ -1020,7 +1020,7 @@ class Wrapped:
         p = self.params[pid]
         if self.engine is None and self._deferred is not None and self._deferred.pending:
             if self._deferred.current is not None:  # an init touched a parameter it does not own
-                raise self._deferred.touched(self.names[pid])
+                raise self._deferred.touched([self.names[pid]])
             raise RuntimeError(
                 f"strata.torch: parameter {self.names[pid]!r} has no value yet ({what}): it was built on the meta "
                 "device and deferred init runs when the engine is built (the strata optimizer's creation or the "
