@@ -220,14 +220,15 @@ class Deferred:
                 else:
                     hits = engine.poison_hits()
             finally:
+                self.current = None
                 self._swap_out(module, own)
                 for sub, pname, p, _ in below:
                     sub._parameters[pname] = p
             if not hits:
-                self.current = None
                 break
             more = self._descendants_hit(w, module, hits)
             if more is None or any(m[3] in {b[3] for b in below} for m in more):
+                self.current = ("reset_parameters()", self._where(w, module))
                 raise self.touched(hits)
             below = below + more  # run it again from the same RNG state, those parameters given too
             torch.set_rng_state(rng)
