@@ -306,7 +306,7 @@ class PairedCompute:
         self.block = Block(d, max(1, d // 64), args.seq).to(dtype)
         self.x = torch.randn(args.batch, args.seq, d, dtype=dtype, requires_grad=True)
         self.layers = layers
-        self.bytes = 2 * sum(p.numel() * p.element_size() for p in self.block.parameters())  # param + grad
+        self.param_bytes = sum(p.numel() * p.element_size() for p in self.block.parameters())
         self.bursts = []
 
     def burst(self, model=None):
@@ -504,8 +504,8 @@ def run(args, nvme_dir):
         "host_region_bytes": layout["host_region_bytes"],
         "rss_bound_bytes": rss_start + layout["host_region_bytes"] + cfg["device"]["budget"]
         + activations(d, layers, args) + 2 * 4 * (4 * d * d + layout["chunk_elems"]) + (128 << 20)
-        + paired.bytes // 2,  # the paired block's gradient (its parameters are in rss_start)
-        "block_bytes": paired.bytes,
+        + paired.param_bytes,  # the paired block's gradient (its parameters are in rss_start)
+        "block_bytes": 2 * paired.param_bytes,  # its parameters and gradient
         "nvme_bytes_allocated": nvme_alloc, "nvme_bytes_planned": plan_nvme,
         "chunk_elems": layout["chunk_elems"], "padding_fraction": round(layout["padding_fraction"], 4),
         "init_s": round(init_s, 2), "step_times_s": [round(t, 3) for t in times], "step_s": round(step_s, 3),

@@ -207,7 +207,8 @@ class Deferred:
         below = []  # (submodule, name, Parameter, pid) of descendants the reset writes (Note [Deferred init])
         while True:
             scratch = self._swap_in(module, own, lambda p: torch.full(p.shape, float("nan"), dtype=p.dtype))
-            below_scratch = self._swap_in_below(engine, below)
+            below_scratch = [self._swap_in(sub, [(pname, p, pid)], None, engine=engine)[0]
+                             for sub, pname, p, pid in below]
             self.current = ("reset_parameters()", self._where(w, module))
             try:
                 try:
@@ -222,12 +223,12 @@ class Deferred:
             finally:
                 self.current = None
                 self._swap_out(module, own)
-                for sub, pname, p, _ in below:
-                    sub._parameters[pname] = p
+                for sub, pname, p, pid in below:
+                    self._swap_out(sub, [(pname, p, pid)])
             if not hits:
                 break
             more = self._descendants_hit(w, module, hits)
-            if more is None or any(m[3] in {b[3] for b in below} for m in more):
+            if more is None or {m[3] for m in more} & {b[3] for b in below}:
                 self.current = ("reset_parameters()", self._where(w, module))
                 raise self.touched(hits)
             below = below + more  # run it again from the same RNG state, those parameters given too
@@ -293,14 +294,6 @@ class Deferred:
                     found.setdefault(w._pid[id(p)], (sub, pname, p, w._pid[id(p)]))
         named = {w.names[pid] for pid in found}
         return list(found.values()) if all(h in named for h in hits) else None
-
-    def _swap_in_below(self, engine, below):
-        scratch = []
-        for sub, pname, p, pid in below:
-            s = torch.nn.Parameter(self._current_value(engine, pid, p.dtype), requires_grad=p.requires_grad)
-            sub._parameters[pname] = s
-            scratch.append(s)
-        return scratch
 
     def _swap_in(self, module, own, make, engine=None):
         scratch = []
