@@ -7,14 +7,14 @@ time with the machine's bound (issue #28; docs/scale.md).
 
 The model (examples/torch_gpt.py's Gpt, byte vocabulary, batch x seq tokens, --dtype fp32 or bf16)
 is built inside strata.torch.init() and initialised straight into strata's chunks (Note [Deferred
-init]). It trains `--steps` AdamW steps (5: the loss of each is reported; step_s is the median of
-steps 2-4), with a linear learning-rate warm-up over --warmup steps to --lr (default by width:
+init]). It trains `--steps` AdamW steps (7: the loss of each is reported; step_s is the median of
+steps 2, 4 and 6, each the second of a pair: Note [Compute paired with the steps]), with a linear learning-rate warm-up over --warmup steps to --lr (default by width:
 default_lr). Progress goes to stderr, one line per phase with the process's RSS.
 The bound, measured in the same run:
   - compute_s: forward + backward of one Block of the same shape, resident in torch memory, times
     the number of blocks (embeddings and head are left out: < 1% here), measured between the training
     steps (Note [Compute paired with the steps]): each measured step's compute is the mean of the
-    bursts before and after it (compute_s_per_step), compute_s their median. compute_s_before_build
+    bursts before and after its pair of steps (compute_s_per_step), compute_s their median. compute_s_before_build
     (and its _range) is the median of BLOCK_RUNS runs before the model is built, as before.
     torch's AdamW (torch_adamw_s) and strata's fused AdamW (strata_adamw_s) on the block, scaled
     alike, are reported beside it;
@@ -242,11 +242,13 @@ def train(model, opt, data, args, steps, disk=None, paired=None):
                                     "step_call": DiskSampler.phase(d2, d3, times[-1] - (t2 - t0)),
                                     "step": DiskSampler.phase(d0, d3, times[-1])}
         losses.append(loss.item())
-        if paired is not None:  # Note [Compute paired with the steps]: untimed, between the steps
+        if paired is not None and (i % 2 == 1 or i == steps - 1):
+            # Note [Compute paired with the steps]: untimed, after each pair of steps
             paired.burst(model)
-            stats[-1]["compute_s"] = paired.around(i)
+            for j in range(i - i % 2, i + 1):
+                stats[j]["compute_s"] = paired.around(j)
         progress(f"step {len(losses)}: loss {losses[-1]:.4f}, {times[-1]:.2f} s"
-                 + (f", compute {stats[-1]['compute_s']:.2f} s" if paired is not None else ""))
+                 + (f", compute {stats[-1]['compute_s']:.2f} s" if "compute_s" in stats[-1] else ""))
     return losses, times, stats
 
 
@@ -281,6 +283,7 @@ def compute_bound(d, layers, args):
 
 
 BLOCK_RUNS = 7  # timed runs of the resident block after one warm-up (their median is scaled)
+MEASURED_STEPS = (1, 3, 5)  # 0-based: the second step of each of the first three pairs
 BURST_RUNS = 3  # timed runs of the paired block between two training steps (Note [Compute paired with the steps])
 
 
@@ -292,12 +295,15 @@ class PairedCompute:
     block's forward and backward scattered 27.6-46.6 s (scaled) over seven runs in half a minute, and
     the same code's step_s 43-54 s between runs minutes apart (docs/scale.md). A compute bound
     measured once, before the 3-minute build, was paired with steps it had not seen. So a resident
-    Block of the same shape and dtype also runs between the training steps: strata's write-backs are
-    flushed first (untimed, so the block shares the cores with nothing of strata's), then BURST_RUNS
-    forward and backward passes, their median times the number of blocks. A measured step's compute
-    is the mean of the bursts just before and just after it. The flush takes from the next step's
-    forward the overlap of the last families' write-backs (about 0.2 GB at 3.2 B fp32, 0.1 s of the
-    disk), a bias of well under 1 % in strata's favour; the block's gradient is freed after each
+    Block of the same shape and dtype also runs between the training steps: strata's background work
+    is flushed first (untimed, so the block shares the cores with nothing of strata's), then BURST_RUNS
+    forward and backward passes, their median times the number of blocks. The bursts come after
+    every second step, and only the second step of each pair is measured (steps 2, 4 and 6): the
+    flush ends the updates deferred into the next forward (plan.deferred_updates, Note [Deferred
+    updates] in runtime/src/pipeline/optimizer_pipeline.cpp) and the write-backs that overlap it, so
+    the step after a flush starts lighter than a step of a training loop does; the second of a pair
+    starts with its predecessor's deferred work as in training. A measured step's compute is the mean
+    of the bursts just before and just after its pair. The block's gradient is freed after each
     pass, and its parameter and gradient bytes are in rss_bound_bytes (block_bytes)."""
 
     def __init__(self, d, layers, args):
@@ -322,8 +328,8 @@ class PairedCompute:
         self.bursts.append(statistics.median(times[-BURST_RUNS:]) * self.layers)
 
     def around(self, i):
-        """The compute seconds of step i (0-based): the mean of the bursts before and after it."""
-        return (self.bursts[i] + self.bursts[i + 1]) / 2
+        """The compute seconds of step i (0-based): the mean of the bursts before and after its pair."""
+        return (self.bursts[i // 2] + self.bursts[i // 2 + 1]) / 2
 
 
 def io_rates(args, nvme_dir, io_bytes):
@@ -392,7 +398,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--params", type=parse_count, default=parse_count("50M"))
     ap.add_argument("--small-params", type=parse_count, default=parse_count("20M"))
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--host-fraction", type=float, default=None,
@@ -418,8 +424,8 @@ def main():
                     help="exit 1 unless the loss falls, exact_small_copy holds, peak RSS is within the host budget plus "
                          "the stated overhead and the swap files hold no more than the plan (docs/scale.md)")
     args = ap.parse_args()
-    if args.steps < 5:
-        raise SystemExit("torch_scale: --steps must be >= 5 (step_s is the median of steps 2-4)")
+    if args.steps < 6:
+        raise SystemExit("torch_scale: --steps must be >= 6 (step_s is the median of steps 2, 4 and 6)")
     nvme_root = args.nvme_dir or tempfile.gettempdir()
     with tempfile.TemporaryDirectory(prefix="strata-scale-", dir=nvme_root) as nvme_dir:
         result = run(args, nvme_dir)
@@ -470,9 +476,9 @@ def run(args, nvme_dir):
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     nvme_alloc = swap_file_bytes(nvme_dir)
     plan_nvme = model.strata.engine.layout()["plan_nvme_bytes"]
-    mid = sorted(range(1, 4), key=lambda i: times[i])[1]
+    measured = MEASURED_STEPS  # the second of each pair (Note [Compute paired with the steps])
+    mid = sorted(measured, key=lambda i: times[i])[1]
     step_s = times[mid]
-    measured = range(1, 4)
     compute_s = statistics.median(stats[i]["compute_s"] for i in measured)
     read_b, write_b = stats[mid]["bytes_disk_read"], stats[mid]["bytes_disk_write"]
     model.strata.close(restore=False)  # 4 B a parameter back in torch memory would not fit beside the host tier

@@ -233,7 +233,8 @@ void add_plan_keys(std::vector<Key>& k) {
        {std::pair<const char*, std::uint32_t P::*>{"prefetch_depth_max", &P::prefetch_depth_max},
         {"nvme_families_in_flight", &P::nvme_families_in_flight},
         {"grad_staging_slots", &P::grad_staging_slots},
-        {"micro_batches", &P::micro_batches}})
+        {"micro_batches", &P::micro_batches},
+        {"deferred_updates", &P::deferred_updates}})
     k.push_back(
         {fmt::format("plan.{}", name), Kind::kInteger, integer_into(field, &runtime::RuntimeOptions::plan)});
   k.push_back(

@@ -322,6 +322,7 @@ py::dict Engine::step() {
   py::dict d;
   d["step"] = stats->step;
   d["applied"] = stats->applied;
+  d["updates_deferred"] = stats->updates_deferred;  // run during the next forward (Note [Deferred updates])
   d["followed_plan"] = stats->followed_plan;
   d["step_s"] = stats->step_s;
   d["stall_s"] = stats->stall_s;

@@ -37,12 +37,17 @@ std::string Plan::summary() const {
     ++param[static_cast<int>(f.param_home)];
     resident += f.param_resident_gpu ? 1 : 0;
   }
+  const std::string deferred =
+      deferred_update_families > 0
+          ? fmt::format(", {} updates deferred into the next forward", deferred_update_families)
+          : std::string();
   return fmt::format(
       "{} families; {}; params home gpu/host/nvme = {}/{}/{} ({} resident on GPU); optimizer states "
-      "gpu/host/nvme = {}/{}/{}; {} GPU chunk slots, prefetch depth {}; planned bytes gpu {} host {} nvme {}",
+      "gpu/host/nvme = {}/{}/{}; {} GPU chunk slots, prefetch depth {}{}; planned bytes gpu {} host {} nvme "
+      "{}",
       families.size(), all_gpu ? "everything on the GPU" : "streaming", param[0], param[1], param[2],
-      resident, optim[0], optim[1], optim[2], gpu_cache_slots, prefetch_depth, format_bytes(gpu_bytes),
-      format_bytes(host_bytes), format_bytes(nvme_bytes));
+      resident, optim[0], optim[1], optim[2], gpu_cache_slots, prefetch_depth, deferred,
+      format_bytes(gpu_bytes), format_bytes(host_bytes), format_bytes(nvme_bytes));
 }
 
 std::uint64_t nvme_slot_bytes(std::uint64_t largest_chunk_bytes) {
@@ -133,6 +138,27 @@ Status no_nvme_tier(std::uint64_t host, std::uint64_t params, std::uint64_t stat
       format_bytes(host), format_bytes(params), format_bytes(states), format_bytes(room));
 }
 
+// Updates deferred into the next forward (Note [Deferred updates] in
+// runtime/src/pipeline/optimizer_pipeline.cpp): none when the optimizers wait for step().
+std::uint32_t deferred_updates(const PlanInput& in) {
+  return in.deferred_step ? 0 : in.options.deferred_updates;
+}
+
+// The NVMe pipeline's host room: per family in flight its states and the param
+// updated beside them, and per deferred update its gradient, held across step().
+std::uint64_t nvme_pipeline_room(const PlanInput& in, const Extents& e) {
+  return std::uint64_t{in.options.nvme_families_in_flight} * (e.optim_max + e.param_max) +
+         std::uint64_t{deferred_updates(in)} * e.grad_max;
+}
+
+// How a refusal names the deferred updates' room ("" when there are none).
+std::string deferred_room_words(const PlanInput& in, const Extents& e) {
+  const std::uint32_t k = deferred_updates(in);
+  if (k == 0) return "";
+  return fmt::format(" + {} deferred updates' gradients x {} (plan.deferred_updates: lower it)", k,
+                     format_bytes(e.grad_max));
+}
+
 // 3. Host: the rooms of Note [Host room] first, then param homes.
 //
 // Note [Host room]
@@ -151,7 +177,8 @@ Status no_nvme_tier(std::uint64_t host, std::uint64_t params, std::uint64_t stat
 //    finds the room full waits for the optimizer pipeline to consume one;
 //  - param homes and optimizer states kept on host;
 //  - param staging (Note [NVMe param staging]) and the NVMe pipeline's staging (per
-//    family in flight: its states and the param updated beside them);
+//    family in flight: its states and the param updated beside them; per deferred
+//    update, PlanOptions::deferred_updates, its gradient held across step());
 //  - one chunk's temporary host copy when anything lives on NVMe (read_tensor,
 //    write_tensor, init_tensor and state_dict of an NVMe chunk, between steps);
 //  - plan.host_reserve.
@@ -184,8 +211,7 @@ Status place_params(const PlanInput& in, const Extents& e, Plan& plan, Usage& us
   // exceeded by staging the plan did not count.
   // Params spill when they do not fit beside what the optimizer states need at
   // least: all of them, or the NVMe pipeline's staging when they go to NVMe.
-  const std::uint64_t optim_staging =
-      std::uint64_t{opt.nvme_families_in_flight} * (e.optim_max + e.param_max);
+  const std::uint64_t optim_staging = nvme_pipeline_room(in, e);
   const std::uint64_t with_params = used.host + e.params_total;
   const std::uint64_t optim_least =
       with_params + e.optim_total <= budget.host_bytes ? e.optim_total : optim_staging;
@@ -200,12 +226,12 @@ Status place_params(const PlanInput& in, const Extents& e, Plan& plan, Usage& us
       return out_of_budget(
           "host_budget {} is smaller than the staging NVMe-homed params need: {} = {} param staging buffers "
           "x "
-          "{} + {} NVMe families in flight x {} (states and param), on top of {} for gradient landing slots, "
-          "gradient host copies and the reserve (Note [Host room]); raise host_budget (or shrink the chunk "
-          "size)",
+          "{} + {} NVMe families in flight x {} (states and param){}, on top of {} for gradient landing "
+          "slots, gradient host copies and the reserve (Note [Host room]); raise host_budget (or shrink the "
+          "chunk size)",
           format_bytes(budget.host_bytes), format_bytes(param_staging + optim_staging), param_buffers,
           format_bytes(e.param_max), opt.nvme_families_in_flight, format_bytes(e.optim_max + e.param_max),
-          format_bytes(used.host));
+          deferred_room_words(in, e), format_bytes(used.host));
     }
     used.host += param_staging + optim_staging;
     used.optim_staging_reserved = true;
@@ -245,12 +271,12 @@ Status place_optimizer_states(const PlanInput& in, const Extents& e, Plan& plan,
   // Some optimizer states go to NVMe: reserve the pipeline's staging first
   // (states, and the param updated beside them until they are written).
   plan.nvme_staging_families = opt.nvme_families_in_flight;
-  if (!used.optim_staging_reserved)
-    used.host += std::uint64_t{opt.nvme_families_in_flight} * (e.optim_max + e.param_max);
+  plan.deferred_update_families = deferred_updates(in);
+  if (!used.optim_staging_reserved) used.host += nvme_pipeline_room(in, e);
   if (used.host > budget.host_bytes) {
-    return budget_error(
-        "host_budget", budget.host_bytes, used.host,
-        fmt::format("staging for {} NVMe optimizer families in flight", opt.nvme_families_in_flight));
+    return budget_error("host_budget", budget.host_bytes, used.host,
+                        fmt::format("staging for {} NVMe optimizer families in flight{}",
+                                    opt.nvme_families_in_flight, deferred_room_words(in, e)));
   }
   // Families completing last in backward stay on host (Note [Placement policy]).
   std::vector<long> done = last_backward_use(in.trace, n);

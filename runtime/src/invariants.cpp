@@ -50,11 +50,19 @@ void Residency::check_staging_invariants() const {
 }
 
 void OptimizerPipeline::check_invariants() const {
-  int running = 0, staging = 0, places = 0, reading = 0, writing = 0;
+  int running = 0, staging = 0, held = 0, parked = 0, carried = 0, places = 0, reading = 0, writing = 0;
   for (FamilyId f = 0; f < runs_.size(); ++f) {
     const FamilyRun& run = runs_[f];
     running += run.running() ? 1 : 0;
-    staging += run.grad != GradStaging::kNone ? 1 : 0;
+    staging += run.grad != GradStaging::kNone && !run.grad_held ? 1 : 0;
+    held += run.grad != GradStaging::kNone && run.grad_held ? 1 : 0;
+    parked += run.parked ? 1 : 0;
+    carried += run.carried ? 1 : 0;
+    // Note [Deferred updates]: a parked run is a deferred family's, placeless until
+    // step() ends; a carried one runs on; a held gradient is a running run's.
+    if (run.parked) STRATA_CHECK(run.running() && defer_[f] && run.place == NvmePlace::kNone && !run.carried);
+    if (run.carried) STRATA_CHECK(run.running());
+    if (run.grad_held) STRATA_CHECK(run.running());
     places += run.place != NvmePlace::kNone ? 1 : 0;
     reading += run.io_pending > 0 ? 1 : 0;
     writing += writebacks_[f].active ? 1 : 0;
@@ -69,6 +77,10 @@ void OptimizerPipeline::check_invariants() const {
   STRATA_CHECK(running == tasks_in_flight_);
   STRATA_CHECK(staging == grad_staging_used_);
   STRATA_CHECK(grad_staging_used_ <= grad_staging_max_);
+  STRATA_CHECK(held == held_grads_);
+  STRATA_CHECK(held_grads_ <= held_max_);
+  STRATA_CHECK(parked == parked_);
+  STRATA_CHECK(carried == carried_);
   // A write-back keeps its family's place until its writes end (Note [Write-back after step]).
   STRATA_CHECK(places + writing == nvme_places_used_);
   STRATA_CHECK(nvme_places_used_ <= nvme_places_max_);

@@ -145,7 +145,9 @@ Result<std::byte*> place(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, C
                          const TensorInfo& info, Access access, Where where) {
   // Rank 0's initial params, another rank's updated param still arriving (Note [Chunk events]).
   if (m.events != nullptr) STRATA_RETURN_IF_ERROR(m.events->on_use(lock, c));
-  // A family whose optimizer is running is waited for (only an unplanned access can meet one).
+  // A family whose optimizer is running is waited for: an update carried into this
+  // forward (Note [Deferred updates]), or an unplanned access; a parked one goes now.
+  m.pipeline.release_parked(c.family);
   if (m.pipeline.updating(c.family)) {
     const double t0 = m.core.timeline.now_us();
     m.core.cv.wait(lock, [&] { return !m.pipeline.updating(c.family); });

@@ -86,6 +86,11 @@ Status validate_plan(const RuntimeOptions& o) {
     return invalid_argument("plan.micro_batches = {}: use 1 .. {} (backward passes per step)",
                             p.micro_batches, 1u << 20);
   }
+  if (p.deferred_updates > kDeferredUpdatesMax) {
+    return invalid_argument(
+        "plan.deferred_updates = {}: use 0 .. {} (NVMe families whose update runs in the next forward)",
+        p.deferred_updates, kDeferredUpdatesMax);
+  }
   if (p.host_reserve_bytes >= o.budgets.host_bytes) {
     return invalid_argument("plan.host_reserve = {} must be below budgets.host = {}",
                             format_bytes(p.host_reserve_bytes), format_bytes(o.budgets.host_bytes));

@@ -196,6 +196,7 @@ Result<StepStats> Runtime::Impl::run_step(std::unique_lock<std::mutex>& lock) {
   if (!skip) STRATA_RETURN_IF_ERROR(m.dp.gather_params(lock));
   m.dp.count_traffic(stats);  // since the last step ended: the reductions during backward count
   stats.applied = !skip && m.pipeline.all_applied();
+  stats.updates_deferred = static_cast<std::uint32_t>(m.pipeline.parked());
   stats.grad_check_host_bytes = m.pipeline.take_host_check_bytes();
   if (!stats.applied && !skip) {
     STRATA_LOG_WARN("runtime: step {}: some families had Inf/NaN gradients and were not updated",

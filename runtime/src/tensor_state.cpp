@@ -215,10 +215,16 @@ Result<Runtime::StateRange> Runtime::state_range(TensorId tensor) const {
 }
 
 Result<std::int64_t> Runtime::tensor_steps(TensorId tensor) const {
-  std::lock_guard lock(impl_->core.mu);
-  if (tensor >= impl_->core.tensors.size())
+  Impl& m = *impl_;
+  std::unique_lock lock(m.core.mu);
+  if (tensor >= m.core.tensors.size())
     return invalid_argument("tensor_steps: tensor id {} is not registered", tensor);
-  return impl_->core.tensors[tensor].updates;
+  // The last step's updates carried into this forward count once they ran (Note [Deferred updates]).
+  if (m.pipeline.carried() > 0) {
+    const FamilyId f = m.core.layout().slots[tensor].family;
+    m.core.cv.wait(lock, [&] { return !m.pipeline.updating(f) || !m.core.errors.background().ok(); });
+  }
+  return m.core.tensors[tensor].updates;
 }
 
 Status Runtime::set_tensor_steps(TensorId tensor, std::int64_t steps) {
@@ -249,11 +255,13 @@ Status Runtime::set_tensor_group(TensorId tensor, std::uint32_t group) {
     return invalid_argument("set_tensor_group(\"{}\", {}): group ids are below 65536",
                             m.core.tensors[tensor].spec.name, group);
   }
-  if (m.leases_out > 0 || m.pipeline.busy()) {
+  if (m.leases_out > 0 || m.pipeline.busy_this_step()) {
     return failed_precondition(
         "set_tensor_group(\"{}\"): only between steps (leases or optimizer steps in flight)",
         m.core.tensors[tensor].spec.name);
   }
+  // The last step's updates carried into this forward keep its groups (Note [Deferred updates]).
+  STRATA_RETURN_IF_ERROR(m.pipeline.wait_step_work(lock));
   m.core.tensors[tensor].group = group;
   return Status::Ok();
 }
@@ -268,7 +276,8 @@ Status Runtime::set_group_hyper(std::uint32_t group, float lr, float weight_deca
         "set_group_hyper(group {}): lr = {} and weight_decay = {} must be finite and >= 0", group, lr,
         weight_decay);
   }
-  if (m.pipeline.busy()) {
+  // (The last step's updates carried into this forward took its values: Note [Deferred updates].)
+  if (m.pipeline.busy_this_step()) {
     return failed_precondition(
         "set_group_hyper(group {}): an optimizer step is running; set lr and weight decay between step() "
         "and backward (Note [Parameter groups])",

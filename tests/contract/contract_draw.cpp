@@ -151,6 +151,7 @@ Draw draw_run(std::uint64_t seed, bool uring, int steps) {
   if (r.chance(0.35)) {
     for (TensorDraw& t : d.model.tensors) t.late = r.chance(0.5);
   }
+  if (r.chance(0.5)) d.config.deferred_updates = static_cast<std::uint32_t>(r.range(1, 4));
   return d;
 }
 
@@ -169,7 +170,7 @@ Budgets budgets_for(const ConfigDraw& c, const ModelSizes& s) {
     // What the planner reserves before it places homes when states go to NVMe
     // (planner.cpp: landing slots, param staging, NVMe families in flight).
     const double in_flight = static_cast<double>(c.nvme_families_in_flight);
-    const double staging = static_cast<double>(c.grad_staging_slots) * slot +
+    const double staging = static_cast<double>(c.grad_staging_slots + c.deferred_updates) * slot +
                            in_flight * (static_cast<double>(s.optim_max) + slot) +
                            (c.allow_nvme_params ? static_cast<double>(c.prefetch_depth_max + 2) * slot : 0.0);
     // Below the landing slots, params and states: something must go to NVMe.
@@ -227,7 +228,8 @@ nlohmann::json to_json(const Draw& d) {
             {"threads", c.threads},
             {"nvme", c.nvme},
             {"seek_minimum", c.seek_minimum == 0 ? "no" : (c.seek_minimum == 1 ? "host" : "gpu")},
-            {"nvme_window", c.nvme_window}}}};
+            {"nvme_window", c.nvme_window},
+            {"deferred_updates", c.deferred_updates}}}};
 }
 
 }  // namespace strata::contract

@@ -104,6 +104,9 @@ struct ConfigDraw {
   //! from the NVMe pipeline's staging up to the params and states (drawn last, so the
   //! draws before it stay as the regression seeds recorded them).
   bool nvme_window = false;
+  //! plan.deferred_updates (Note [Deferred updates] in
+  //! runtime/src/pipeline/optimizer_pipeline.cpp); drawn last, after nvme_window's reason.
+  std::uint32_t deferred_updates = 0;
 };
 
 struct Draw {

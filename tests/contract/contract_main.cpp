@@ -361,6 +361,8 @@ void Campaign::record(const Job& job, const nlohmann::json& r) {
       if (run.value("late", false)) ++counts_["passed_late"];
       // Passed with unused tensors declared at backward's end (Runtime::no_gradient).
       if (run.value("declared_no_gradient", std::uint64_t{0}) > 0) ++counts_["passed_declaring_unused"];
+      // Passed with updates run in the next forward (Note [Deferred updates]).
+      if (run.value("updates_deferred", std::uint64_t{0}) > 0) ++counts_["passed_deferring_updates"];
     }
     if (r.value("budget_overrun", false)) fail(job, "budget_overruns", r.value("overrun_reason", ""), "");
     if (r.value("above_plan", false)) fail(job, "above_plan", r.value("above_plan_reason", ""), "");
@@ -396,6 +398,7 @@ nlohmann::json Campaign::summary(double seconds) const {
                       {"passed_late", count("passed_late")},
                       {"passed_keeping_gradients", count("passed_keeping_gradients")},
                       {"passed_declaring_unused", count("passed_declaring_unused")},
+                      {"passed_deferring_updates", count("passed_deferring_updates")},
                       {"failed_after_accept", count("failed_after_accept")},
                       {"hangs", count("hangs")},
                       {"budget_overruns", count("budget_overruns")},

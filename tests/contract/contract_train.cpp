@@ -83,6 +83,7 @@ struct Trained {
   bool late = false;                       //!< some gradients came late (TensorDraw::late)
   std::uint64_t kept_gradients = 0;        //!< kept back by runtime::GradientOrder (late gradients)
   std::uint64_t declared_no_gradient = 0;  //!< unused tensors declared at backward's end
+  std::uint64_t updates_deferred = 0;      //!< updates step() left to the next forward (StepStats)
   bool all_gpu = false;
   std::string plan_summary;
 };
@@ -128,6 +129,7 @@ Result<Config> make_config(const Draw& d, const Budgets3& b, const std::string& 
     cfg.runtime.plan.prefetch_depth_max = c.prefetch_depth_max;
     cfg.runtime.plan.grad_staging_slots = c.grad_staging_slots;
     cfg.runtime.plan.nvme_families_in_flight = c.nvme_families_in_flight;
+    cfg.runtime.plan.deferred_updates = c.deferred_updates;
     cfg.runtime.plan.allow_nvme_params = c.allow_nvme_params;
     cfg.runtime.plan.allow_gpu_optimizer = c.allow_gpu_optimizer;
     cfg.runtime.plan.host_reserve_bytes = b.host_reserve;
@@ -426,6 +428,7 @@ Status train_steps(Runtime& rt, const Draw& d, const std::vector<TensorId>& ids,
     enter(fmt::format("{}: step {} step()", who, step + 1));
     STRATA_ASSIGN_OR_RETURN(StepStats st, rt.step());
     out.applied.push_back(st.applied);
+    out.updates_deferred += st.updates_deferred;
     sample(rt, out);
   }
   out.late = m.any_late();
@@ -646,7 +649,8 @@ nlohmann::json trained_json(const Trained& t) {
           {"plan", t.plan_summary},
           {"late", t.late},
           {"kept_gradients", t.kept_gradients},
-          {"declared_no_gradient", t.declared_no_gradient}};
+          {"declared_no_gradient", t.declared_no_gradient},
+          {"updates_deferred", t.updates_deferred}};
 }
 
 void compare_with_reference(const Draw& d, const Trained& run, const ModelSizes& sizes, const PhaseFn& phase,

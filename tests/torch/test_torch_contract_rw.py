@@ -30,12 +30,17 @@ def pair(name, tmp_path, nvme=False, opt=("sgd", {"lr": 0.125}), **extra):
                                                           **hyper), kind
 
 
-def nvme_params_pair(tmp_path):
-    """pair() for "deep" with a host budget that holds only 4 of its 16 param chunks: 12 live on NVMe."""
+def nvme_params_pair(tmp_path, deferred=0):
+    """pair() for "deep" with a host budget that holds only 4 of its 16 param chunks: 12 live on NVMe;
+    `deferred` of their updates run in the next forward (plan.deferred_updates), with room for their
+    gradients."""
     ref, kind = make("deep")
     model, _ = make("deep")
     cfg = config(model, tmp_path, "posix")
     cfg["budgets"]["host"] = 224 * 1024
+    if deferred:
+        cfg["plan"] = {"deferred_updates": deferred}
+        cfg["budgets"]["host"] += deferred * 16 * 1024
     model = st.wrap(model, cfg)
     return ref, torch.optim.SGD(ref.parameters(), lr=0.125), model, st.SGD(model.parameters(), lr=0.125), kind
 
@@ -66,6 +71,11 @@ def assert_same_params(ref, model):
 # --- 1. reads between steps ----------------------------------------------------------------------
 
 
+def assert_updates_deferred(model):
+    """The last step left updates to the next forward (Note [Deferred updates]): the case tests them."""
+    assert model.strata.last_stats["updates_deferred"] > 0, model.strata.engine.describe()
+
+
 @pytest.mark.parametrize("where", ["host", "nvme_states"])
 def test_reads_between_steps_see_current_values(where, tmp_path):
     ref, ref_opt, model, opt, kind = pair("mlp", tmp_path, nvme=where != "host")
@@ -87,10 +97,13 @@ def test_reads_between_steps_see_current_values(where, tmp_path):
     assert model.strata.engine.poison_hits() == []
 
 
-def test_reads_of_nvme_homed_params(tmp_path):
-    ref, ref_opt, model, opt, kind = nvme_params_pair(tmp_path)
+@pytest.mark.parametrize("deferred", [0, 3])
+def test_reads_of_nvme_homed_params(deferred, tmp_path):
+    ref, ref_opt, model, opt, kind = nvme_params_pair(tmp_path, deferred)
     for step in range(3):
         step_both(ref, ref_opt, model, opt, kind, step)
+        if deferred:
+            assert_updates_deferred(model)
         assert_same_params(ref, model)
     assert_params_on_nvme(model)
 
@@ -156,8 +169,10 @@ def test_writes_between_steps_are_used_by_the_next_forward(how, tmp_path):
     assert_same_params(ref, model)
 
 
-def test_writes_reach_nvme_homed_params(tmp_path):
-    ref, ref_opt, model, opt, kind = nvme_params_pair(tmp_path)
+@pytest.mark.parametrize("deferred", [0, 3])
+def test_writes_reach_nvme_homed_params(deferred, tmp_path):
+    # deferred: a write right after step() lands after the updates carried into the next forward.
+    ref, ref_opt, model, opt, kind = nvme_params_pair(tmp_path, deferred)
     for step in range(4):
         if step == 2:
             with torch.no_grad():

@@ -8,8 +8,11 @@
 //   use that failed with nothing changed. It is logged, counted for StepStats,
 //   and returned once by the next public call; the use reads it again.
 
+#include <fmt/format.h>
+
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "strata/common/status.hpp"
@@ -20,6 +23,11 @@ class ErrorState {
  public:
   //! Records the first background error (and logs it); later ones are dropped.
   void fail(Status status);
+  //! Adds what else the background error left undone to its message ("...; more").
+  void append(std::string_view more) {
+    if (!background_.ok())
+      background_ = Status(background_.code(), fmt::format("{}; {}", background_.message(), more));
+  }
   //! Records a failed prefetch: logged, counted, kept for the next public call.
   void prefetch_failed(Status status);
   //! What a public call returns before it does anything: the background error,

@@ -339,7 +339,7 @@ void OptimizerPipeline::write_back(FamilyId f, std::unique_lock<std::mutex>& loc
   wb.active = true;
   wb.staging.swap(run.staging);  // run.staging gets wb's emptied list (and its capacity)
   wb.io_pending = static_cast<int>(wb.writes.size());
-  wb.step = steps_done_ + 1;
+  wb.step = run.carried ? steps_done_ : steps_done_ + 1;  // (a carried update is its last step's)
   ++writebacks_in_flight_;
   // The place (and its staging memory) goes with the write-back.
   run.staging.clear();

@@ -16,6 +16,33 @@
 // place takes one from a read-ahead family that is not launched yet, so an
 // out-of-order step cannot wait on a read-ahead that waits on it.
 //
+// Note [Deferred updates]
+// During forward the disk has little to do: a family's states can only be read
+// into host room, and its update waits for its gradient, which backward makes.
+// The families whose gradients complete first in backward (the last layers) are
+// the ones the next forward uses last, so their updates can wait for it
+// (PlanOptions::deferred_updates of them, the first of the NVMe completion order):
+//   - in backward such a family is launched as any other, but *parked*: its
+//     gradient lands on host in a room of its own (the plan counts one largest
+//     gradient per deferred family, Note [Host room]) and it takes no NVMe place,
+//     so the other families' states go first;
+//   - step() waits for every other family, not for the parked ones (their
+//     gradients landed), and then *carries* them: they take NVMe places in the
+//     order the next forward uses them, read their states, update and write back
+//     while that forward computes. Their lr, weight decay and gradient scale are
+//     the ones of the step they belong to, captured when it ended, so a scheduler
+//     stepped after optimizer.step() changes the next step, as without deferral;
+//   - a use of a carried family's param waits for its update (Runtime::acquire's
+//     wait for a family whose optimizer runs), so the math is the same update,
+//     before the same use. Whatever reads or changes state between steps
+//     (read_tensor, write_tensor, init_tensor, checkpoints, tensor_steps,
+//     set_tensor_group, flush, the destructor) waits for them first;
+//   - a failure in a carried update surfaces from the next call, as a failed
+//     write-back does (Note [Write-back after step]); an access in the step itself
+//     that needs a parked family (release_parked), any wait_all and any failure
+//     end the parking: the update then runs in its own step, as without deferral.
+// Not with loss scaling, clipping or data parallelism (the optimizers run at step()).
+//
 #include "pipeline/optimizer_pipeline.hpp"
 
 #include <algorithm>
@@ -30,6 +57,7 @@ namespace strata::runtime {
 void OptimizerPipeline::init(std::size_t family_count) {
   runs_.assign(family_count, FamilyRun{});
   writebacks_.assign(family_count, WriteBack{});
+  defer_.assign(family_count, 0);
   trainable.assign(family_count, 0);
   grads_written_.assign(family_count, 0);
   grads_none_.assign(family_count, 0);
@@ -58,6 +86,13 @@ void OptimizerPipeline::adopt(const StepTrace& trace) {
     const long lb = last[b] < 0 ? std::numeric_limits<long>::max() : last[b];
     return la < lb;
   });
+  // The first to complete are deferred (Note [Deferred updates]); adopted with nothing in flight.
+  STRATA_CHECK(held_grads_ == 0 && parked_ == 0 && carried_ == 0);
+  std::fill(defer_.begin(), defer_.end(), 0);
+  const std::size_t deferred =
+      core_.deferred() ? 0 : std::min<std::size_t>(core_.plan().deferred_update_families, nvme_order_.size());
+  for (std::size_t i = 0; i < deferred; ++i) defer_[nvme_order_[i]] = 1;
+  held_max_ = static_cast<int>(deferred);
 }
 
 bool OptimizerPipeline::gradients_complete(FamilyId f) const {
@@ -104,12 +139,65 @@ void OptimizerPipeline::drop_read_ahead(FamilyId f) {
 void OptimizerPipeline::end_step() {
   std::fill(grads_written_.begin(), grads_written_.end(), 0);
   std::fill(grads_none_.begin(), grads_none_.end(), 0);
-  launch_fifo_.clear();
-  grad_queue_.clear();
+  // The parked runs go on, in the order the next forward uses them: the reverse of
+  // their gradients' completion (Note [Deferred updates]).
+  std::size_t kept = 0;
+  for (FamilyId f : launch_fifo_) {
+    if (runs_[f].parked) launch_fifo_[kept++] = f;
+  }
+  launch_fifo_.resize(kept);
+  std::reverse(launch_fifo_.begin(), launch_fifo_.end());
+  for (FamilyId f : launch_fifo_) carry(f);
+  grad_queue_.clear();  // (a parked run's gradient has landed)
   read_ahead_cursor_ = 0;
-  for (FamilyRun& run : runs_) run.reset();
-  for (GradCheckResult& check : checks_) check.valid = false;  // span_sq keeps its capacity
+  for (FamilyId f = 0; f < runs_.size(); ++f) {
+    if (runs_[f].carried) continue;
+    runs_[f].reset();
+    checks_[f].valid = false;  // span_sq keeps its capacity
+  }
+  park_ = true;
   ++steps_done_;
+  if (carried_ > 0) pump();
+}
+
+void OptimizerPipeline::carry(FamilyId f) {
+  FamilyRun& run = runs_[f];
+  STRATA_CHECK(run.parked && run.grad == GradStaging::kReady && run.place == NvmePlace::kNone);
+  run.parked = false;
+  --parked_;
+  run.carried = true;
+  ++carried_;
+  // What compute_family would have taken in this step (Note [Deferred updates]).
+  const GradCheckResult& check = checks_[f];
+  run.carried_scale = check.valid && !core_.deferred() ? check.scale : step_scale;
+  std::uint32_t groups = 1;
+  for (TensorId t : core_.layout().families[f].tensors) groups = std::max(groups, core_.tensors[t].group + 1);
+  KernelCall& call = calls_[f];
+  call.hypers.clear();
+  for (std::uint32_t g = 0; g < groups; ++g) call.hypers.push_back(core_.hyper(g));
+}
+
+void OptimizerPipeline::unpark(FamilyId f) {
+  FamilyRun& run = runs_[f];
+  if (!run.parked) return;
+  run.parked = false;
+  --parked_;
+}
+
+void OptimizerPipeline::release_parked(FamilyId f) {
+  if (!runs_[f].parked) return;
+  unpark(f);
+  pump();
+}
+
+bool OptimizerPipeline::busy() const {
+  return tasks_in_flight_ > 0 && (parked_ == 0 || !only_parked_left());
+}
+
+bool OptimizerPipeline::only_parked_left() const {
+  int parked = 0;
+  for (const FamilyRun& run : runs_) parked += run.parked && run.grad == GradStaging::kReady ? 1 : 0;
+  return parked == tasks_in_flight_;
 }
 
 void OptimizerPipeline::abandon_step() {
@@ -123,8 +211,12 @@ void OptimizerPipeline::abandon_step() {
 }
 
 bool OptimizerPipeline::all_applied() const {
-  for (const FamilyRun& run : runs_) {
-    if (run.launched() && !run.applied) return false;
+  for (FamilyId f = 0; f < runs_.size(); ++f) {
+    const FamilyRun& run = runs_[f];
+    if (!launched_this_step(f)) continue;  // (a carried run applied in its own step's count)
+    // A parked run applies later, unless its check on the device found Inf/NaN
+    // (Note [Deferred updates]); without a check its kernel says so when it runs.
+    if (run.parked ? checks_[f].valid && !checks_[f].finite : !run.applied) return false;
   }
   return true;
 }
@@ -140,13 +232,21 @@ void OptimizerPipeline::launch_optimizer(FamilyId f) {
   if (!any) return;
   Chunk& g = core_.chunk(f, StateKind::kGrad);
   if (g.writers > 0) return;  // release() launches it
-  if (run.launched()) {       // a second completion in one step (a later last micro-batch)
-    run = FamilyRun{};
+  if (run.launched()) {
+    // A second completion in one step (a later last micro-batch), or a run carried
+    // over from the last step that has ended (Note [Deferred updates]): one entry a run.
+    launch_fifo_.erase(std::remove(launch_fifo_.begin(), launch_fifo_.end(), f), launch_fifo_.end());
+    run.reset();
     checks_[f].valid = false;  // the first gradient's check
   }
   run.move_phase(FamilyPhase::kWaiting);
+  run.launched_in = steps_done_;
   ++tasks_in_flight_;
   ++launches_;
+  if (defer_[f] && park_) {  // Note [Deferred updates]
+    run.parked = true;
+    ++parked_;
+  }
   if (core_.plan().families[f].optim_home == Tier::kGpu) {
     launch_device_optimizer(f);
     return;
@@ -161,18 +261,27 @@ void OptimizerPipeline::pump() {
     // Nothing new starts after a failure (Note [Copy-on-write NVMe slots]);
     // families waiting for a place or a gradient end here, untouched.
     grad_queue_.clear();
+    std::string dropped;  // updates carried from the last step that will not run
     for (FamilyId f : launch_fifo_) {
       FamilyRun& run = runs_[f];
       // (A gradient still being copied to host ends here when its copy lands.)
-      if (run.phase == FamilyPhase::kWaiting && run.io_pending == 0 && run.grad != GradStaging::kCopying)
+      if (run.phase == FamilyPhase::kWaiting && run.io_pending == 0 && run.grad != GradStaging::kCopying) {
+        if (run.carried) dropped += fmt::format("{}{}", dropped.empty() ? "" : ", ", f);
         finish_family(f, Status::Ok());
+      }
+    }
+    if (!dropped.empty()) {
+      core_.errors.append(fmt::format(
+          "step {}'s updates of families {} were deferred into the next forward and did not run: their "
+          "params and states are as before step {} (Note [Deferred updates])",
+          steps_done_, dropped, steps_done_));
     }
     return;
   }
   // 1. NVMe places: launched families first, in launch order.
   for (FamilyId f : launch_fifo_) {
     FamilyRun& run = runs_[f];
-    if (!core_.on_nvme(f) || run.place != NvmePlace::kNone || !run.running()) continue;
+    if (!core_.on_nvme(f) || run.place != NvmePlace::kNone || !run.running() || run.parked) continue;
     if (writebacks_[f].active) continue;  // writeback_done pumps again
     if (!no_room_.ok()) break;            // Note [Backpressure]
     if (nvme_places_used_ >= nvme_places_max_) {
@@ -194,17 +303,26 @@ void OptimizerPipeline::pump() {
          ++read_ahead_cursor_) {
       FamilyId f = nvme_order_[read_ahead_cursor_];
       FamilyRun& run = runs_[f];
-      if (run.place != NvmePlace::kNone || run.phase == FamilyPhase::kDone) continue;
+      if (run.place != NvmePlace::kNone || run.phase == FamilyPhase::kDone || defer_[f]) continue;
       if (writebacks_[f].active) break;  // its last step's states are still being written
       take_nvme_place(f);
     }
   }
   // 2. Gradient slots, first come first served. (A vector reserved for every
   // family: a deque's blocks came and went as the queue moved.)
-  while (!grad_queue_.empty() && grad_staging_used_ < grad_staging_max_ && no_room_.ok()) {
-    const FamilyId f = grad_queue_.front();
-    grad_queue_.erase(grad_queue_.begin());
-    if (runs_[f].running()) land_gradient(f);
+  // A parked run's lands in a deferred update's room (Note [Deferred updates]).
+  for (std::size_t i = 0; i < grad_queue_.size() && no_room_.ok();) {
+    const FamilyId f = grad_queue_[i];
+    FamilyRun& run = runs_[f];
+    if (run.parked && held_grads_ >= held_max_) unpark(f);  // (one room per deferred family)
+    if (run.running() && !run.parked && grad_staging_used_ >= grad_staging_max_) {
+      ++i;
+      continue;
+    }
+    grad_queue_.erase(grad_queue_.begin() + static_cast<std::ptrdiff_t>(i));
+    if (!run.running()) continue;
+    run.grad_held = run.parked;
+    land_gradient(f);
   }
   if (no_room_.ok()) return;
   // Note [Backpressure]: a request that found no host room waits for pipeline work
@@ -238,13 +356,16 @@ void OptimizerPipeline::land_gradient(FamilyId f) {
   FamilyRun& run = runs_[f];
   Chunk& g = core_.chunk(f, StateKind::kGrad);
   run.move_grad(GradStaging::kCopying);
-  ++grad_staging_used_;
+  ++(run.grad_held ? held_grads_ : grad_staging_used_);
   if (g.dirty()) {
     auto buffer = core_.host->allocate(g.bytes);
     if (!buffer.ok()) {
-      // No room: back to the queue's head until pipeline work frees some (Note [Backpressure]).
+      // No room: back to the queue's head until pipeline work frees some (Note [Backpressure]);
+      // a parked run goes ahead in this step then, through a grad staging buffer.
       run.move_grad(GradStaging::kNone);
-      --grad_staging_used_;
+      --(run.grad_held ? held_grads_ : grad_staging_used_);
+      run.grad_held = false;
+      unpark(f);
       grad_queue_.insert(grad_queue_.begin(), f);
       note_no_room(buffer.status(), fmt::format("gradient staging for family {}", f));
       return;
@@ -267,6 +388,8 @@ void OptimizerPipeline::land_gradient(FamilyId f) {
           if (landed.grad == GradStaging::kCopying) landed.move_grad(GradStaging::kReady);
           if (core_.errors.background().ok()) {
             maybe_compute(f);
+            // A parked run's landed gradient is what step() waits for (Note [Deferred updates]).
+            if (landed.parked) core_.cv.notify_all();
           } else {
             pump();  // ends this family, untouched, now that its staging is free to reuse
             core_.cv.notify_all();
@@ -318,8 +441,9 @@ void OptimizerPipeline::release_gradient(FamilyId f, bool consumed) {
   }
   if (run.grad != GradStaging::kNone) {
     run.move_grad(GradStaging::kNone);
-    --grad_staging_used_;
+    --(run.grad_held ? held_grads_ : grad_staging_used_);
   }
+  run.grad_held = false;
 }
 
 void OptimizerPipeline::finish_family(FamilyId f, Status status) {
@@ -334,6 +458,11 @@ void OptimizerPipeline::finish_family(FamilyId f, Status status) {
   if (run.grad != GradStaging::kNone) release_gradient(f, /*consumed=*/false);
   release_nvme_place(f);
   if (!status.ok()) core_.errors.fail(status);
+  unpark(f);
+  if (run.carried) {
+    run.carried = false;
+    --carried_;
+  }
   run.move_phase(FamilyPhase::kDone);
   --tasks_in_flight_;
   pump();
@@ -365,12 +494,17 @@ void OptimizerPipeline::commit_param(FamilyId f) {
 Status OptimizerPipeline::wait_step_work(std::unique_lock<std::mutex>& lock) {
   core_.cv.wait(lock, [&] {
     if (!core_.errors.background().ok()) pump();
-    return tasks_in_flight_ == 0 && io_families_ == 0;
+    return io_families_ == 0 && (tasks_in_flight_ == 0 || only_parked_left());
   });
   return core_.errors.background();
 }
 
 Status OptimizerPipeline::wait_all(std::unique_lock<std::mutex>& lock) {
+  if (parked_ > 0) {  // they run now (Note [Deferred updates])
+    park_ = false;
+    for (FamilyId f : launch_fifo_) unpark(f);
+    pump();
+  }
   core_.cv.wait(lock, [&] {
     if (!core_.errors.background().ok()) pump();
     return tasks_in_flight_ == 0 && io_families_ == 0 && writebacks_in_flight_ == 0;

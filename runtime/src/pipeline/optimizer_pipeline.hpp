@@ -84,6 +84,17 @@ struct FamilyRun {
   //! The states are read (or being read) and the NVMe-homed param is not: it is
   //! copied from its staging buffer, or read, once the gradients are in (maybe_compute).
   bool param_deferred = false;
+  //! Note [Deferred updates]: launched this step, its update held for the next
+  //! forward; its gradient lands in a deferred update's room, and it takes no NVMe
+  //! place until step() ends.
+  bool parked = false;
+  //! A parked run whose step has ended: it runs during the next forward, with its
+  //! step's hyperparameters (calls_[f].hypers, captured then) and carried_scale.
+  bool carried = false;
+  //! Its gradient is in a deferred update's room, not a grad staging buffer.
+  bool grad_held = false;
+  float carried_scale = 1.0f;
+  std::uint64_t launched_in = 0;  //!< OptimizerPipeline::steps_done_ when launched (its step's index - 1)
   int io_pending = 0;
   Status io_status;
   std::vector<TensorId> updated;  //!< tensors the kernel updated (committed with the param)
@@ -221,16 +232,22 @@ class OptimizerPipeline final : public PipelineProgress {
   //! Forgets a discarded step (Note [Failed steps]): end_step's resets, the
   //! micro-batch counts, and no step counted. Call once wait_all returned.
   void abandon_step();
-  //! Waits for this step's optimizer work (not for NVMe write-backs).
+  //! Waits for this step's optimizer work (not for NVMe write-backs, nor for the
+  //! updates parked for the next forward: Note [Deferred updates]).
   Status wait_step_work(std::unique_lock<std::mutex>& lock);
-  //! Waits for everything in the background, NVMe write-backs included.
+  //! Waits for everything in the background, NVMe write-backs included; parked
+  //! updates run now.
   Status wait_all(std::unique_lock<std::mutex>& lock);
   //! States read ahead for family `f` become stale (a host write replaces them).
   void drop_read_ahead(FamilyId f);
 
   // --- queries ---
   //! Family f's optimizer has been requested this step: its gradient is the pipeline's.
-  bool claims_gradient(FamilyId f) const override { return runs_[f].launched(); }
+  //! (A run carried over from the last step, ended or not, claims none of this step's.)
+  bool claims_gradient(FamilyId f) const override { return launched_this_step(f); }
+  bool launched_this_step(FamilyId f) const {
+    return runs_[f].launched() && runs_[f].launched_in == steps_done_;
+  }
   //! Family f's optimizer step is requested and not finished.
   bool updating(FamilyId f) const override { return runs_[f].running(); }
   //! Its states are read (or being read) and its param waits for the gradients: at
@@ -238,8 +255,20 @@ class OptimizerPipeline final : public PipelineProgress {
   bool awaits_staged_param(FamilyId f) const override { return runs_[f].param_deferred; }
   //! Optimizer steps started so far (launch_optimizer calls that launched one).
   std::uint64_t launches() const { return launches_; }
-  //! Some optimizer step is in flight (it will free slots and notify Core::cv).
-  bool busy() const override { return tasks_in_flight_ > 0; }
+  //! Some optimizer step is in flight (it will free slots and notify Core::cv); a
+  //! parked one whose gradient has landed frees nothing before step() ends (Note
+  //! [Deferred updates]).
+  bool busy() const override;
+  //! An optimizer step of the current step is launched and not finished (a run
+  //! carried over from the last step, which keeps that step's hyperparameters, is not).
+  bool busy_this_step() const { return tasks_in_flight_ > carried_; }
+  //! Runs carried over from the last step still running, and runs parked for the
+  //! next forward (Note [Deferred updates]).
+  int carried() const { return carried_; }
+  int parked() const { return parked_; }
+  //! A use needs family f's update now (an access after its gradients completed in
+  //! the same step): a parked run goes ahead at once.
+  void release_parked(FamilyId f);
   //! Family f's updated NVMe states are still on their way to fresh slots (Note
   //! [Write-back after step]): its chunks' slots hold the value before the step
   //! until the write-back ends (and notifies Core::cv).
@@ -317,6 +346,13 @@ class OptimizerPipeline final : public PipelineProgress {
   static void nvme_read_done(void* self, FamilyId f, Status status, double enqueued_us, std::uint64_t bytes);
   static void nvme_write_done(void* self, FamilyId f, Status status, double enqueued_us, std::uint64_t bytes);
   void release_gradient(FamilyId f, bool consumed);
+  //! A parked run goes ahead in this step.
+  void unpark(FamilyId f);
+  //! At step()'s end a parked run becomes carried: its step's lr, weight decay and
+  //! gradient scale are captured for its kernel (Note [Deferred updates]).
+  void carry(FamilyId f);
+  //! Every running run is parked with its gradient landed (wait_step_work's end).
+  bool only_parked_left() const;
   //! A request found no host room (Note [Backpressure]): pump() stops starting work
   //! and fails the runtime when no work in flight can free room.
   void note_no_room(Status status, std::string what);
@@ -352,6 +388,11 @@ class OptimizerPipeline final : public PipelineProgress {
       grad_queue_;  //!< launched families waiting for a grad staging buffer, in launch order
   std::vector<FamilyId> launch_fifo_;  //!< launched this step, in order
   std::vector<FamilyId> nvme_order_;   //!< NVMe families by traced gradient completion
+  std::vector<char> defer_;            //!< per family: its update is deferred (Note [Deferred updates])
+  int held_grads_ = 0, held_max_ = 0;  //!< deferred updates' gradients on host, and their room
+  int parked_ = 0;                     //!< runs parked this step
+  int carried_ = 0;                    //!< runs carried over from the last step, still running
+  bool park_ = true;                   //!< this step parks deferred families (wait_all clears it)
   std::size_t read_ahead_cursor_ = 0;
   bool read_ahead_ = false;  //!< read NVMe states ahead this step
   int grad_staging_used_ = 0, grad_staging_max_ = 2;

@@ -70,14 +70,19 @@ void OptimizerPipeline::prepare_call(FamilyId f, const FamilyPtrs& ptrs, KernelC
   std::vector<TensorId>& updated = runs_[f].updated;
   spans_for(f, ptrs, &call.spans, &updated);
   call.keys.clear();
-  call.hypers.clear();
   std::uint32_t groups_used = 1;
   for (const kernels::Span& s : call.spans) {
     const TensorInfo& info = core_.tensors[s.tensor];
     call.keys.push_back((static_cast<std::int64_t>(info.group) << 48) | (info.updates + 1));
     groups_used = std::max(groups_used, info.group + 1);
   }
-  for (std::uint32_t g = 0; g < groups_used; ++g) call.hypers.push_back(core_.hyper(g));
+  if (runs_[f].carried) {
+    // Its step's hyperparameters, captured when that step ended (Note [Deferred updates]).
+    STRATA_CHECK(groups_used <= call.hypers.size());
+  } else {
+    call.hypers.clear();
+    for (std::uint32_t g = 0; g < groups_used; ++g) call.hypers.push_back(core_.hyper(g));
+  }
   call.elems = 0;
   for (const kernels::Span& s : call.spans) call.elems += s.n;
   // The distinct keys, in order: one kernel call each.
@@ -352,7 +357,7 @@ void OptimizerPipeline::compute_family(FamilyId f) {
   // step() uses the scale its check took when it started; a deferred one the
   // step's (x the clip coefficient <= 1: finite stays finite).
   const GradCheckResult& check = checks_[f];
-  call.scale = check.valid && !core_.deferred() ? check.scale : step_scale;
+  call.scale = run.carried ? run.carried_scale : check.valid && !core_.deferred() ? check.scale : step_scale;
   std::optional<kernels::GradStats> checked;
   if (check.valid) {
     checked = kernels::GradStats{.sum_squares = check.sum_squares(), .finite = check.finite};
@@ -384,6 +389,12 @@ void OptimizerPipeline::compute_family(FamilyId f) {
     return;
   }
   run.applied = r->applied;  // (run.updated was filled by prepare_call)
+  if (run.carried && !r->applied) {
+    STRATA_LOG_WARN(
+        "runtime: step {}: family {} had Inf/NaN gradients and was not updated (its update ran "
+        "in the next forward: Note [Deferred updates])",
+        steps_done_, f);
+  }
   if (!nvme_family || !r->applied) {
     if (r->applied) commit_param(f);
     finish_family(f, Status::Ok());

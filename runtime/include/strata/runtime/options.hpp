@@ -25,6 +25,8 @@ namespace strata::runtime {
 
 //! Bound on prefetch depth, NVMe families in flight and grad staging slots.
 inline constexpr std::uint32_t kPlanCountMax = 64;
+//! The most NVMe families plan.deferred_updates may defer into the next forward.
+inline constexpr std::uint32_t kDeferredUpdatesMax = 4096;
 //! Bound on CPU workers.
 inline constexpr std::size_t kThreadsMax = 4096;
 //! Bound on recorded trace events.

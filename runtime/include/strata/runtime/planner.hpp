@@ -92,6 +92,12 @@ struct PlanOptions {
   //! The torch binding sets it from gradient_accumulation_steps; a runtime that sees
   //! begin_micro_batch(false) counts accumulation from its next plan on.
   std::uint32_t micro_batches = 1;
+  //! NVMe families whose optimizer update is deferred into the next step's forward
+  //! (Note [Deferred updates] in runtime/src/pipeline/optimizer_pipeline.cpp): the
+  //! ones whose gradients complete first in backward, whose params the next forward
+  //! uses last. Each holds its gradient on host across step(), so the plan counts
+  //! this many of the largest gradient chunk. 0: none (every update ends in its step).
+  std::uint32_t deferred_updates = 0;
 };
 
 //! What the plan decides for one family.
@@ -119,6 +125,9 @@ struct Plan {
   std::uint64_t gpu_cache_slots = 0;  //!< streaming slots (0 when everything is GPU-resident)
   std::uint32_t prefetch_depth = 0;   //!< uses ahead
   std::uint32_t nvme_staging_families = 0;
+  //! NVMe families whose update runs in the next forward (PlanOptions::deferred_updates
+  //! when optimizer states go to NVMe and the optimizers do not wait for step(); else 0).
+  std::uint32_t deferred_update_families = 0;
   //! Host buffers NVMe-homed params are read ahead into (0 when every param is on host).
   std::uint32_t param_staging_buffers = 0;
   //! Host room for gradients' host copies (written back from the device before their

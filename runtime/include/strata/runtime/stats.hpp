@@ -12,8 +12,12 @@ namespace strata::runtime {
 
 //! What one step did. All byte counts are this step's.
 struct StepStats {
-  std::uint64_t step = 0;      //!< 1-based index of the step just finished
-  bool applied = false;        //!< the optimizer ran (false: skipped for Inf/NaN)
+  std::uint64_t step = 0;  //!< 1-based index of the step just finished
+  bool applied = false;    //!< the optimizer ran (false: skipped for Inf/NaN)
+  //! NVMe families whose update this step() left to run during the next forward
+  //! (PlanOptions::deferred_updates; Note [Deferred updates] in
+  //! runtime/src/pipeline/optimizer_pipeline.cpp). `applied` covers the others.
+  std::uint32_t updates_deferred = 0;
   bool followed_plan = false;  //!< the step followed the traced order (prefetch + Belady)
   double step_s = 0.0;         //!< wall time since the previous step() returned
   std::uint64_t bytes_h2d = 0, bytes_d2h = 0, bytes_disk_read = 0, bytes_disk_write = 0;
