@@ -7,8 +7,8 @@ time with the machine's bound (issue #28; docs/scale.md).
 
 The model (examples/torch_gpt.py's Gpt, byte vocabulary, batch x seq tokens, --dtype fp32 or bf16)
 is built inside strata.torch.init() and initialised straight into strata's chunks (Note [Deferred
-init]). It trains `--steps` AdamW steps (7: the loss of each is reported; step_s is the median of
-steps 2, 4 and 6, each the second of a pair: Note [Compute paired with the steps]), with a linear learning-rate warm-up over --warmup steps to --lr (default by width:
+init]). It trains `--steps` AdamW steps (8: the loss of each is reported; step_s is the median of
+steps 4, 6 and 8, each the second of a pair: Note [Compute paired with the steps]), with a linear learning-rate warm-up over --warmup steps to --lr (default by width:
 default_lr). Progress goes to stderr, one line per phase with the process's RSS.
 The bound, measured in the same run:
   - compute_s: forward + backward of one Block of the same shape, resident in torch memory, times
@@ -18,9 +18,11 @@ The bound, measured in the same run:
     (and its _range) is the median of BLOCK_RUNS runs before the model is built, as before.
     torch's AdamW (torch_adamw_s) and strata's fused AdamW (strata_adamw_s) on the block, scaled
     alike, are reported beside it;
-  - disk_s: the median step's disk read and write bytes (strata's own counts) at the read and
+  - disk_s: each measured step's disk read and write bytes (strata's own counts) at the read and
     write rates `strata-bench io` measures on --nvme-dir at the runtime's piece size (4 MiB) and
-    queue depth (32 pieces), the median of 5 runs;
+    queue depth (32 pieces) beside the compute bursts (Note [Compute paired with the steps]), the
+    mean of those before and after the step's pair; disk_s is their median (disk_s_per_step each),
+    disk_s_after_close the older figure (5 runs after the model is closed);
   - bound_s = max(compute_s, disk_s); bound_ratio = step_s / bound_s; bound_ratio_per_step: each
     measured step against its own compute and bytes;
   - shared_core_bound_s = max(compute_s + strata_adamw_s, disk_s): on the sim device forward,
@@ -283,7 +285,8 @@ def compute_bound(d, layers, args):
 
 
 BLOCK_RUNS = 7  # timed runs of the resident block after one warm-up (their median is scaled)
-MEASURED_STEPS = (1, 3, 5)  # 0-based: the second step of each of the first three pairs
+PAIRED_IO_BYTES = 1 << 30  # each way, in each burst: strata-bench io's rates beside the steps
+MEASURED_STEPS = (3, 5, 7)  # 0-based: the second step of each pair after the first (steps 4, 6 and 8)
 BURST_RUNS = 3  # timed runs of the paired block between two training steps (Note [Compute paired with the steps])
 
 
@@ -298,15 +301,24 @@ class PairedCompute:
     Block of the same shape and dtype also runs between the training steps: strata's background work
     is flushed first (untimed, so the block shares the cores with nothing of strata's), then BURST_RUNS
     forward and backward passes, their median times the number of blocks. The bursts come after
-    every second step, and only the second step of each pair is measured (steps 2, 4 and 6): the
+    every second step, and only the second step of each pair is measured (steps 4, 6 and 8): the
     flush ends the updates deferred into the next forward (plan.deferred_updates, Note [Deferred
     updates] in runtime/src/pipeline/optimizer_pipeline.cpp) and the write-backs that overlap it, so
     the step after a flush starts lighter than a step of a training loop does; the second of a pair
-    starts with its predecessor's deferred work as in training. A measured step's compute is the mean
+    starts with its predecessor's deferred work as in training. The first pair is not measured: its
+    second step follows the warm-up step, whose re-plan runs every update before step() returns. A measured step's compute is the mean
     of the bursts just before and just after its pair. The block's gradient is freed after each
-    pass, and its parameter and gradient bytes are in rss_bound_bytes (block_bytes)."""
+    pass, and its parameter and gradient bytes are in rss_bound_bytes (block_bytes).
+    The disk moved as much: strata-bench io's read rate on --nvme-dir was 1.68 GB/s in one 3.2 B run
+    and 2.20 GB/s in the next (fifteenth session), which moved disk_s by 24 % between runs whose steps
+    moved 5 %. So each burst also runs strata-bench io once (PAIRED_IO_BYTES each way, 4 MiB pieces,
+    32 in flight), and a measured step's disk seconds are its own bytes at the mean of the rates
+    before and after its pair (disk_s_per_step; disk_s their median). The old figure, 5 runs after
+    the model is closed, is disk_s_after_close."""
 
-    def __init__(self, d, layers, args):
+    def __init__(self, d, layers, args, nvme_dir=None):
+        self.io = (args, nvme_dir) if nvme_dir is not None else None
+        self.rates = []  # (read, write) bytes/s of PAIRED_IO_BYTES each way after each burst
         torch.manual_seed(1)
         dtype = DTYPES[args.dtype]
         self.block = Block(d, max(1, d // 64), args.seq).to(dtype)
@@ -326,19 +338,27 @@ class PairedCompute:
             self.block.zero_grad(set_to_none=True)
             self.x.grad = None
         self.bursts.append(statistics.median(times[-BURST_RUNS:]) * self.layers)
+        if self.io is not None:  # the disk's rates beside it (Note [Compute paired with the steps])
+            io, _ = io_rates(*self.io, PAIRED_IO_BYTES, runs=1)
+            self.rates.append((io_rate(io, "read"), io_rate(io, "write")))
 
     def around(self, i):
         """The compute seconds of step i (0-based): the mean of the bursts before and after its pair."""
         return (self.bursts[i // 2] + self.bursts[i // 2 + 1]) / 2
 
+    def disk_around(self, i, read_bytes, write_bytes):
+        """The disk seconds of step i's bytes at the mean of the rates measured before and after its pair."""
+        (r0, w0), (r1, w1) = self.rates[i // 2], self.rates[i // 2 + 1]
+        return read_bytes / ((r0 + r1) / 2) + write_bytes / ((w0 + w1) / 2)
 
-def io_rates(args, nvme_dir, io_bytes):
-    """(read, write) bytes/s of `strata-bench io` (uring, 4 MiB pieces, 32 in flight) on nvme_dir."""
+
+def io_rates(args, nvme_dir, io_bytes, runs=5):
+    """(strata-bench io's JSON, its command): uring, 4 MiB pieces, 32 in flight, on nvme_dir."""
     if not args.strata_bench or not os.path.exists(args.strata_bench):
         raise SystemExit(f"torch_scale: --strata-bench {args.strata_bench!r} not found; build the strata-bench "
                          "target (cmake --build --preset release --target strata-bench) and pass its path")
     cmd = [args.strata_bench, "io", "--dir", nvme_dir, "--bytes", str(io_bytes), "--block", "4MiB",
-           "--request", "4MiB", "--qd", "32", "--runs", "5", "--engines", "uring", "--skip-fio", "--json"]
+           "--request", "4MiB", "--qd", "32", "--runs", str(runs), "--engines", "uring", "--skip-fio", "--json"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     r = json.loads(out.stdout[out.stdout.index("{"):])
     return r, cmd
@@ -359,6 +379,9 @@ def probe_prediction(args, nvme_dir, d, layers, chunk_elems, cfg, host, compute_
            "--precision", args.dtype, "--nvme", nvme_dir, "--nvme-bytes", "256MiB", "--nvme-seconds", "1",
            "--device", "sim", "--device-budget", str(cfg["device"]["budget"]), "--host-budget", str(host),
            "--tflops", f"{tflops:.6g}", "--link", "1000GiB"]
+    deferred = dict(getattr(args, "set", [])).get("plan.deferred_updates")
+    if deferred:  # the trainer's plan.deferred_updates (Note [Deferred updates])
+        cmd += ["--deferred-updates", str(deferred)]
     result = {"probe_cmd": " ".join(cmd), "probe_step_s": None, "probe_placement": None}
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # it takes seconds
@@ -398,7 +421,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--params", type=parse_count, default=parse_count("50M"))
     ap.add_argument("--small-params", type=parse_count, default=parse_count("20M"))
-    ap.add_argument("--steps", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--host-fraction", type=float, default=None,
@@ -424,8 +447,8 @@ def main():
                     help="exit 1 unless the loss falls, exact_small_copy holds, peak RSS is within the host budget plus "
                          "the stated overhead and the swap files hold no more than the plan (docs/scale.md)")
     args = ap.parse_args()
-    if args.steps < 6:
-        raise SystemExit("torch_scale: --steps must be >= 6 (step_s is the median of steps 2, 4 and 6)")
+    if args.steps < 8:
+        raise SystemExit("torch_scale: --steps must be >= 8 (step_s is the median of steps 4, 6 and 8)")
     nvme_root = args.nvme_dir or tempfile.gettempdir()
     with tempfile.TemporaryDirectory(prefix="strata-scale-", dir=nvme_root) as nvme_dir:
         result = run(args, nvme_dir)
@@ -461,7 +484,7 @@ def run(args, nvme_dir):
     # its memory, and the block's times scatter more).
     alone_s, adamw_s, strata_adamw_s, alone_range = compute_bound(d, layers, args)
     progress("measured one resident block")
-    paired = PairedCompute(d, layers, args)  # held through training: its parameters are in rss_start
+    paired = PairedCompute(d, layers, args, nvme_dir)  # held through training: its parameters are in rss_start
     torch.manual_seed(0)
     t0 = time.perf_counter()
     rss_start = rss_now()  # (not ru_maxrss: that holds the block's peak, which is gone)
@@ -487,14 +510,17 @@ def run(args, nvme_dir):
     io_bytes = args.io_bytes or max(256 << 20, min(1 << 30, (read_b + write_b) // 4 // (4 << 20) * (4 << 20)))
     io, io_cmd = io_rates(args, nvme_dir, io_bytes)
     read_rate, write_rate = io_rate(io, "read"), io_rate(io, "write")
-    disk_s = read_b / read_rate + write_b / write_rate
+    disk_s_after_close = read_b / read_rate + write_b / write_rate
+    # Each measured step's bytes at the rates measured beside it (Note [Compute paired with the steps]).
+    disk_s_per_step = [paired.disk_around(i, stats[i]["bytes_disk_read"], stats[i]["bytes_disk_write"])
+                       for i in measured]
+    disk_s = statistics.median(disk_s_per_step)
     probe = probe_prediction(args, nvme_dir, d, layers, layout["chunk_elems"], cfg, host, compute_s)
     if probe["probe_step_s"] is not None:
         probe["probe_ratio"] = round(step_s / probe["probe_step_s"], 3)
     bound_s = max(compute_s, disk_s)
     # Each measured step against its own paired compute and its own bytes (Note [Compute paired with the steps]).
-    per_step_ratios = [times[i] / max(stats[i]["compute_s"], stats[i]["bytes_disk_read"] / read_rate
-                                      + stats[i]["bytes_disk_write"] / write_rate) for i in measured]
+    per_step_ratios = [times[i] / max(stats[i]["compute_s"], disk_s_per_step[k]) for k, i in enumerate(measured)]
     # On the sim device forward, backward and strata's optimizer run on the same cores: their sum is the
     # compute this machine must do each step (docs/scale.md, "Two bounds").
     shared_bound_s = max(compute_s + strata_adamw_s, disk_s)
@@ -528,6 +554,9 @@ def run(args, nvme_dir):
         # The same step as the kernel saw the disk (Note [Disk seen by the kernel]).
         "disk_device": disk.device, "median_step_disk": stats[mid]["disk_phases"],
         "io_read_bytes_s": read_rate, "io_write_bytes_s": write_rate, "io_bench": " ".join(io_cmd),
+        "disk_s_after_close": round(disk_s_after_close, 3),
+        "disk_s_per_step": [round(t, 3) for t in disk_s_per_step],
+        "paired_io_rates_bytes_s": [[round(r), round(w)] for r, w in paired.rates],
         "compute_s": round(compute_s, 3),
         "compute_s_per_step": [round(stats[i]["compute_s"], 3) for i in measured],
         "compute_bursts_s": [round(t, 3) for t in paired.bursts],

@@ -241,7 +241,8 @@ strata_status strata_step(strata_runtime* runtime, strata_step_stats* out, size_
                                    st->nvme_bytes,
                                    st->prefetch_errors,
                                    st->bytes_disk_read_param_uses,
-                                   st->bytes_disk_read_param_updates};
+                                   st->bytes_disk_read_param_updates,
+                                   st->updates_deferred};
       std::memcpy(out, &full, std::min(out_size, sizeof full));
     }
     return ok();

@@ -264,18 +264,25 @@ std::pair<std::uint64_t, std::uint64_t> nvme_state_families(const PlanInput& in,
 // compute plus the states' bytes past the places' share at the disk's rate, not
 // all bytes at that rate. The share is by family count (the families of a
 // placement are of one size where this matters); params on NVMe are read in
-// forward too and are not counted here.
+// forward too and are not counted here. Updates deferred into the next forward
+// (Plan::deferred_update_families, Note [Deferred updates]) move their families'
+// state traffic into forward too: forward then lasts at least as long as the
+// disk takes for that share, and the rest follows.
 double nvme_window_seconds(const PlanInput& in, const Plan& plan, double rate) {
   const auto [families, optim_bytes] = nvme_state_families(in, plan);
   const std::uint64_t state_bytes = 2 * optim_bytes;  // read and written
   const std::uint64_t places = in.options.nvme_families_in_flight;
-  if (families <= places || rate <= 0) return 0.0;
+  const std::uint64_t in_forward = places + plan.deferred_update_families;
+  if (families <= in_forward || rate <= 0) return 0.0;
   double forward_s = 0.0;
   for (const FamilyUse& use : in.trace.uses) {
     if (use.phase == Phase::kForward) forward_s += use.compute_s;
   }
-  const double share = static_cast<double>(families - places) / static_cast<double>(families);
-  return forward_s + share * static_cast<double>(state_bytes) / rate;
+  const double share = static_cast<double>(families - in_forward) / static_cast<double>(families);
+  const double rest_s = share * static_cast<double>(state_bytes) / rate;
+  if (plan.deferred_update_families == 0) return forward_s + rest_s;
+  const double forward_disk_s = (1.0 - share) * static_cast<double>(state_bytes) / rate;
+  return std::max(forward_s, forward_disk_s) + rest_s;
 }
 
 // Note [Disk rate by family size]

@@ -162,6 +162,8 @@ int main(void) {
           "param reads %llu + %llu with nothing on NVMe",
           (unsigned long long)out.stats.bytes_disk_read_param_uses,
           (unsigned long long)out.stats.bytes_disk_read_param_updates);
+    /* ABI 4: no update deferred (plan.deferred_updates is 0): filled, not the caller's garbage */
+    CHECK(out.stats.updates_deferred == 0, "updates_deferred %u", (unsigned)out.stats.updates_deferred);
   }
   CHECK(strata_flush(rt) == STRATA_OK, "flush");
   CHECK(strata_flush(NULL) != STRATA_OK, "flush(NULL) is an error");

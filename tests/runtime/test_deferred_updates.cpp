@@ -74,7 +74,7 @@ struct Trained {
 };
 
 struct Schedule {
-  bool read_between = false;  //!< read every state after each step()
+  bool read_between = false;   //!< read every state after each step()
   bool lr_after_step = false;  //!< a scheduler: a new lr set after each step()
 };
 
@@ -151,7 +151,8 @@ TEST(DeferredUpdates, ReadsAndAnLrSetBetweenStepsAreAsWithoutDeferral) {
   const Trained u = train(undeferred, kSteps, schedule);
   ASSERT_EQ(d.between.size(), static_cast<std::size_t>(kSteps));
   ASSERT_EQ(u.between.size(), static_cast<std::size_t>(kSteps));
-  for (int s = 0; s < kSteps; ++s) EXPECT_EQ(d.stats[static_cast<std::size_t>(s)].updates_deferred, kDeferred);
+  for (int s = 0; s < kSteps; ++s)
+    EXPECT_EQ(d.stats[static_cast<std::size_t>(s)].updates_deferred, kDeferred);
   for (int s = 0; s < kSteps; ++s) {
     EXPECT_TRUE(d.between[static_cast<std::size_t>(s)] == u.between[static_cast<std::size_t>(s)])
         << "the state read after step " << s + 1 << " differs";
@@ -251,7 +252,8 @@ TEST(DeferredUpdates, AFailedCarriedWriteIsTheNextCallsError) {
   }
   EXPECT_GT(at3, 0) << "the failed write's family keeps its update";
   if (at3 < static_cast<int>(after.param.size())) {
-    EXPECT_NE(failed.message().find("did not run"), std::string::npos) << "names the updates it dropped: " << failed;
+    EXPECT_NE(failed.message().find("did not run"), std::string::npos)
+        << "names the updates it dropped: " << failed;
   }
 }
 

@@ -232,6 +232,44 @@ TEST(CostModel, TheMixedDiskRateScalesWithTheFamilysSize) {
   EXPECT_NEAR(disk_s(mean / 4).first, bytes / 3e9, 1e-9);
 }
 
+TEST(CostModel, UpdatesDeferredIntoTheNextForwardMoveTheirStatesIntoItsWindow) {
+  // Note [NVMe pipeline window]: forward gives the disk the places' share of the states'
+  // traffic; deferred updates (Note [Deferred updates]) add theirs, and forward lasts at
+  // least as long as the disk takes for that share.
+  auto in = layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 1 * kGiB, .nvme_bytes = 8 * kGiB});
+  Rates rates;
+  rates.disk_mixed_bytes_per_s = 1e9;
+  const auto disk_s = [&](std::uint32_t deferred, std::uint64_t* nvme_families, double* state_bytes) {
+    PlanInput with = in;
+    with.options.deferred_updates = deferred;
+    with.budgets.host_bytes += std::uint64_t{deferred} * with.families[0].grad_bytes;  // their held gradients
+    auto plan = make_plan(with);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->deferred_update_families, deferred);
+    *nvme_families = 0;
+    *state_bytes = 0;
+    for (std::size_t i = 0; i < with.families.size(); ++i) {
+      if (plan->families[i].optim_home != Tier::kNvme) continue;
+      ++*nvme_families;
+      *state_bytes += 2.0 * static_cast<double>(with.families[i].optim_bytes);
+    }
+    return predict_step(with, *plan, rates).disk_s;
+  };
+  std::uint64_t families = 0;
+  double bytes = 0;
+  const double places = in.options.nvme_families_in_flight;
+  const double forward_s = 24 * 0.01;
+  const double none = disk_s(0, &families, &bytes);
+  ASSERT_GT(families, 8u);
+  EXPECT_NEAR(none, std::max(bytes / 1e9, forward_s + (families - places) / families * bytes / 1e9), 1e-9);
+  // Four deferred: their share is more than forward's compute, so forward waits for the disk.
+  const double four = disk_s(4, &families, &bytes);
+  const double in_forward = (places + 4) / static_cast<double>(families);
+  ASSERT_GT(in_forward * bytes / 1e9, forward_s);
+  EXPECT_NEAR(four, std::max(bytes / 1e9, in_forward * bytes / 1e9 + (1 - in_forward) * bytes / 1e9), 1e-9);
+  EXPECT_LT(four, none + 1e-12);
+}
+
 TEST(CostModel, MemcpyCopiesAndChecksumsShareTheHostCores) {
   // Note [Host cores as a resource]: on two cores the sim device's memcpy copies and the
   // disk's checksums and I/O take core time beside the compute and the optimizer.

@@ -64,6 +64,7 @@ Result<TrainSpec> model_spec(const Settings& s) {
     STRATA_ASSIGN_OR_RETURN(std::uint64_t n, parse_count(s.params.empty() ? "1.3B" : s.params));
     STRATA_ASSIGN_OR_RETURN(spec.shape, shape_for_params(n, s.seq, s.batch, s.vocab));
   }
+  spec.deferred_updates = s.deferred_updates;
   if (!s.chunk_elems.empty()) {
     STRATA_ASSIGN_OR_RETURN(spec.chunk_elems, parse_count(s.chunk_elems, "--chunk-elems"));
     // The larger of a layer and the embedding: both are split alike (Note [Probe chunk size]).
@@ -167,6 +168,9 @@ int cli_main(int argc, char** argv) {
   app.add_option("--chunk-elems", s.chunk_elems,
                  "the runtime's chunk size in elements, as a trainer's layout search chose it (e.g. 26M): "
                  "layers split into families of at most this size (default: one family per layer)");
+  app.add_option("--deferred-updates", s.deferred_updates,
+                 "the trainer's plan.deferred_updates: NVMe families whose update runs in the next forward")
+      ->check(CLI::Range(0u, runtime::kDeferredUpdatesMax));
   app.add_flag("--verbose", s.verbose, "also print each placement's plan (or the planner's full reason)");
   app.add_flag("--needs", s.needs,
                "also print the least gpu/host/nvme budgets your model needs per placement");

@@ -35,9 +35,10 @@ struct Settings {
   int verify_steps = 3;
   bool needs = false;
   bool verbose = false;
-  std::uint32_t ranks = 1;           // data-parallel ranks (Note [Sharded step])
-  std::uint32_t ranks_per_node = 0;  // ranks sharing this machine's host RAM and NVMe (0: all of them)
-  std::string chunk_elems;           // the runtime's chunk size in elements (empty: a family per layer)
+  std::uint32_t ranks = 1;             // data-parallel ranks (Note [Sharded step])
+  std::uint32_t ranks_per_node = 0;    // ranks sharing this machine's host RAM and NVMe (0: all of them)
+  std::string chunk_elems;             // the runtime's chunk size in elements (empty: a family per layer)
+  std::uint32_t deferred_updates = 0;  // the trainer's plan.deferred_updates
 };
 
 //! The flags' values once checked (Note [One validation per input kind] in

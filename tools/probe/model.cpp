@@ -282,6 +282,7 @@ Result<runtime::PlanInput> plan_input(const TrainSpec& spec, std::uint64_t layer
   in.options.allow_gpu_optimizer = placement == Placement::kAllGpu && spec.gpu_optimizer;
   // Only all-nvme lets params spill to NVMe (Note [Probe placements]).
   in.options.allow_nvme_params = placement == Placement::kAllNvme;
+  in.options.deferred_updates = spec.deferred_updates;
   if (placement == Placement::kOptimNvme || placement == Placement::kAllNvme) {
     in.budgets.nvme_bytes = capacity.nvme_bytes;
   }

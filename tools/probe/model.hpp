@@ -97,6 +97,9 @@ struct TrainSpec {
   //! layout search chose it (strata.torch reports it): each layer and the embedding
   //! are split evenly into families of at most this many elements.
   std::uint64_t chunk_elems = 0;
+  //! plan.deferred_updates of the trainer (Note [Deferred updates] in
+  //! runtime/src/pipeline/optimizer_pipeline.cpp): NVMe families updated during the next forward.
+  std::uint32_t deferred_updates = 0;
 };
 
 //! Families a layer (or the embedding) of `numel` elements splits into at chunk_elems

@@ -44,7 +44,7 @@ extern "C" {
 /** The version of this header's ABI. It rises when a function or struct changes. Structs that the
  * library fills grow only at their end, and the caller passes the size it was compiled with, so an
  * older caller keeps working with a newer library (it gets the fields it knows of). */
-#define STRATA_ABI_VERSION 3
+#define STRATA_ABI_VERSION 4
 
 /** Outcome of a call; the values match strata::StatusCode's order and are stable. */
 typedef enum strata_status {
@@ -93,6 +93,9 @@ typedef struct strata_step_stats {
   /** Of bytes_disk_read: NVMe-homed params read for their forward and backward uses, and read again
    * by the optimizer beside their states (ABI 3; see strata::StepStats). */
   uint64_t bytes_disk_read_param_uses, bytes_disk_read_param_updates;
+  /** NVMe families whose update this step left to run during the next forward (plan.deferred_updates;
+   * ABI 4; see strata::StepStats). */
+  uint32_t updates_deferred;
 } strata_step_stats;
 
 /** The ABI version of the library that is loaded (STRATA_ABI_VERSION of the headers it was built

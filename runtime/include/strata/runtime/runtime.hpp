@@ -37,7 +37,11 @@
 // optimizer is *deferred* to step(), not rolled back. With data parallelism
 // (RuntimeOptions::comm) every optimizer step is deferred to step() as well,
 // where the ranks reduce gradients and gather params (Note [Sharded step] in
-// runtime/src/dp/data_parallel.cpp).
+// runtime/src/dp/data_parallel.cpp). With PlanOptions::deferred_updates the
+// updates of the families whose gradients complete first run during the next
+// forward instead (Note [Deferred updates] in
+// runtime/src/pipeline/optimizer_pipeline.cpp): every use and every read between
+// steps waits for them, so the values are those of updates that ended in step().
 
 #include <cstdint>
 #include <functional>
@@ -325,7 +329,8 @@ class Runtime {
   Status no_gradient(TensorId tensor);
 
   //! Ends the step: waits for (or runs) every family's optimizer step (not for
-  //! the NVMe write-backs of updated states: see flush()), checks
+  //! the NVMe write-backs of updated states: see flush(); nor for the updates
+  //! deferred into the next forward, StepStats::updates_deferred), checks
   //! Inf/NaN, advances the step counter, and after the warm-up step (or a step
   //! that departed from the trace) re-plans. Blocks. Fails with the first error of
   //! a background task (an NVMe EIO, a corrupt chunk); the state of the last
