@@ -303,7 +303,7 @@ class PairedCompute:
     forward and backward passes, their median times the number of blocks. The bursts come after
     every second step, and only the second step of each pair is measured (steps 4, 6 and 8): the
     flush ends the updates deferred into the next forward (plan.deferred_updates, Note [Deferred
-    updates] in runtime/src/pipeline/optimizer_pipeline.cpp) and the write-backs that overlap it, so
+    updates] in runtime/src/pipeline/deferred_updates.cpp) and the write-backs that overlap it, so
     the step after a flush starts lighter than a step of a training loop does; the second of a pair
     starts with its predecessor's deferred work as in training. The first pair is not measured: its
     second step follows the warm-up step, whose re-plan runs every update before step() returns. A measured step's compute is the mean

@@ -139,7 +139,7 @@ Status no_nvme_tier(std::uint64_t host, std::uint64_t params, std::uint64_t stat
 }
 
 // Updates deferred into the next forward (Note [Deferred updates] in
-// runtime/src/pipeline/optimizer_pipeline.cpp): none when the optimizers wait for step().
+// runtime/src/pipeline/deferred_updates.cpp): none when the optimizers wait for step().
 std::uint32_t deferred_updates(const PlanInput& in) {
   return in.deferred_step ? 0 : in.options.deferred_updates;
 }

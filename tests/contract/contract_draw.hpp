@@ -105,7 +105,7 @@ struct ConfigDraw {
   //! draws before it stay as the regression seeds recorded them).
   bool nvme_window = false;
   //! plan.deferred_updates (Note [Deferred updates] in
-  //! runtime/src/pipeline/optimizer_pipeline.cpp); drawn last, after nvme_window's reason.
+  //! runtime/src/pipeline/deferred_updates.cpp); drawn last, after nvme_window's reason.
   std::uint32_t deferred_updates = 0;
 };
 

@@ -1,5 +1,5 @@
 // Updates deferred into the next forward (Note [Deferred updates] in
-// runtime/src/pipeline/optimizer_pipeline.cpp): with plan.deferred_updates the
+// runtime/src/pipeline/deferred_updates.cpp): with plan.deferred_updates the
 // families whose gradients complete first are updated while the next forward
 // runs, and training stays bit-identical to a run without deferral: every read
 // between steps, an lr changed after step(), tensor_steps and a failure in a

@@ -98,7 +98,7 @@ struct TrainSpec {
   //! are split evenly into families of at most this many elements.
   std::uint64_t chunk_elems = 0;
   //! plan.deferred_updates of the trainer (Note [Deferred updates] in
-  //! runtime/src/pipeline/optimizer_pipeline.cpp): NVMe families updated during the next forward.
+  //! runtime/src/pipeline/deferred_updates.cpp): NVMe families updated during the next forward.
   std::uint32_t deferred_updates = 0;
 };
 

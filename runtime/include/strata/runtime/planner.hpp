@@ -93,7 +93,7 @@ struct PlanOptions {
   //! begin_micro_batch(false) counts accumulation from its next plan on.
   std::uint32_t micro_batches = 1;
   //! NVMe families whose optimizer update is deferred into the next step's forward
-  //! (Note [Deferred updates] in runtime/src/pipeline/optimizer_pipeline.cpp): the
+  //! (Note [Deferred updates] in runtime/src/pipeline/deferred_updates.cpp): the
   //! ones whose gradients complete first in backward, whose params the next forward
   //! uses last. Each holds its gradient on host across step(), so the plan counts
   //! this many of the largest gradient chunk. 0: none (every update ends in its step).

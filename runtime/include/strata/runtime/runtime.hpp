@@ -40,7 +40,7 @@
 // runtime/src/dp/data_parallel.cpp). With PlanOptions::deferred_updates the
 // updates of the families whose gradients complete first run during the next
 // forward instead (Note [Deferred updates] in
-// runtime/src/pipeline/optimizer_pipeline.cpp): every use and every read between
+// runtime/src/pipeline/deferred_updates.cpp): every use and every read between
 // steps waits for them, so the values are those of updates that ended in step().
 
 #include <cstdint>

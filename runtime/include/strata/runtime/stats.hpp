@@ -16,7 +16,7 @@ struct StepStats {
   bool applied = false;    //!< the optimizer ran (false: skipped for Inf/NaN)
   //! NVMe families whose update this step() left to run during the next forward
   //! (PlanOptions::deferred_updates; Note [Deferred updates] in
-  //! runtime/src/pipeline/optimizer_pipeline.cpp). `applied` covers the others.
+  //! runtime/src/pipeline/deferred_updates.cpp). `applied` covers the others.
   std::uint32_t updates_deferred = 0;
   bool followed_plan = false;  //!< the step followed the traced order (prefetch + Belady)
   double step_s = 0.0;         //!< wall time since the previous step() returned
