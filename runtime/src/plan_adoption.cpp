@@ -28,7 +28,29 @@ bool gpu_optimizer_supported(memory::DeviceKind kind, kernels::Optimizer o) {
   return o != kernels::Optimizer::kLamb && o != kernels::Optimizer::kLars && o != kernels::Optimizer::kCame;
 }
 
-Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace trace) {
+// Note [A re-plan refused keeps the plan]
+// The plan adopted at the first use is made from the registration order; the one
+// after the warm-up step from the traced order, which may send other families to
+// NVMe: larger ones, needing more whole slots than the budget holds (found by
+// strata-contract: 3.00 MiB of NVMe against a 2.90 MiB budget the first plan fit).
+// A plan the runtime accepted is a promise that training runs, and the step just
+// traced ran within the current plan. So when the budgets refuse the re-plan, the
+// current plan stays: a warning says what the re-plan needed and which budget lets
+// the planner follow the traced order. Not when the current plan lacks a room the
+// step showed (micro-batches undeclared and unplanned: step.cpp's `uncounted`), where
+// the refusal stands. Later steps try again (the trace may change); the warning is
+// logged once per refusal run.
+void Runtime::Impl::keep_plan(const Status& refused) {
+  if (replans_refused++ == 0) {
+    STRATA_LOG_WARN(
+        "runtime: the plan from the traced step is refused by the budgets, so the current plan (which this "
+        "step trained within) stays, and its placement follows the registration order (Note [A re-plan "
+        "refused keeps the plan]): {}",
+        refused.message());
+  }
+}
+
+Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace trace, bool may_keep) {
   PlanInput in{.families = {core.chunks.family_bytes().begin(), core.chunks.family_bytes().end()},
                .trace = trace,
                .budgets = core.opt.budgets,
@@ -57,7 +79,14 @@ Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace t
     }
   }
   const bool first = !core.finalized();
-  STRATA_ASSIGN_OR_RETURN(Plan p, make_plan(in));
+  Result<Plan> made = make_plan(in);
+  if (!made.ok()) {
+    if (first || !may_keep || made.status().code() != StatusCode::kOutOfBudget) return made.status();
+    keep_plan(made.status());
+    return Status::Ok();
+  }
+  Plan p = *std::move(made);
+  replans_refused = 0;
   if (p.nvme_bytes > 0) STRATA_RETURN_IF_ERROR(core.ensure_nvme_store(p.nvme_bytes));
   if (first) {
     // Homes start where the plan puts them: nothing to migrate.
@@ -76,43 +105,105 @@ Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace t
   return Status::Ok();
 }
 
+// Note [Migration order]
+// A re-plan moves some chunks to NVMe and others off it. Both plans fit the budgets,
+// but the way between them need not: moved in family order, a chunk written to NVMe
+// before another is read back holds slots the old plan and the new one each count
+// once (found by strata-contract: the NVMe tier full at step 1 with 36 planned slots
+// of 37); read back first, a chunk takes host room before another frees it. So each
+// pass makes every move whose destination has room now within the larger of the two
+// plans (the promise the contract checks: no tier above its plan), and the next pass
+// retries the rest: the chunks read off NVMe free slots for the ones written to it,
+// and those free host room for the reads. Where no move has room within the plans,
+// one move is made within the budgets alone (the stores refuse past them), and the
+// passes go on. A move that finds no room changes nothing. A pass in which nothing
+// moves ends the migration with the last refusal: never reached while both plans fit,
+// since the copy-on-write room and the pipeline's staging, idle between steps, are in
+// both.
 Status Runtime::Impl::migrate_homes(std::unique_lock<std::mutex>& lock, const Plan& p) {
+  struct Move {
+    FamilyId family;
+    StateKind kind;
+    Tier to;
+  };
+  std::vector<Move> moves;
   for (FamilyId f = 0; f < p.families.size(); ++f) {
     for (StateKind k : {StateKind::kParam, StateKind::kMaster, StateKind::kState0, StateKind::kState1}) {
       const bool param = k == StateKind::kParam;
       const Tier from = param ? core.plan().families[f].param_home : core.plan().families[f].optim_home;
       const Tier to = param ? p.families[f].param_home : p.families[f].optim_home;
       if (from == to || (to != Tier::kNvme && from != Tier::kNvme)) continue;
-      Chunk& c = core.chunk(f, k);
-      if (c.bytes == 0) continue;
-      if (param) {
-        // Its staging copy goes; a clean device copy stays valid (Note [NVMe-homed params]).
-        STRATA_RETURN_IF_ERROR(residency.drop_staging(lock, c));
-        STRATA_RETURN_IF_ERROR(residency.wait_host_reads(c));
-      }
-      if (to == Tier::kNvme) {
-        if (!c.absent()) {
-          STRATA_RETURN_IF_ERROR(residency.ensure_on_host(c));
-          STRATA_RETURN_IF_ERROR(core.nvme_transfer(lock, true, {c.host, c.bytes}, c.nvme_slots));
-          c.move_value(ChunkValue::kNvme);
-        }
-        if (c.host != nullptr) core.host->free(c.host, c.bytes);
-        c.host = nullptr;
-      } else if (from == Tier::kNvme) {
-        if (c.value == ChunkValue::kNvme) {
-          STRATA_ASSIGN_OR_RETURN(std::byte * buffer, core.host_buffer(c));
-          STRATA_RETURN_IF_ERROR(core.nvme_transfer(lock, false, {buffer, c.bytes}, c.nvme_slots));
-          for (std::uint32_t s : c.nvme_slots) core.nvme.free_slot(s);
-          c.nvme_slots.clear();
-          c.move_value(ChunkValue::kHost);
-        } else if (param && c.absent()) {
-          // A host-homed param always has its home copy (zeros until init_tensor).
-          STRATA_ASSIGN_OR_RETURN(std::byte * buffer, core.host_buffer(c));
-          std::memset(buffer, 0, c.bytes);
-          c.move_value(ChunkValue::kHost);
-        }
-      }
+      if (core.chunk(f, k).bytes == 0) continue;
+      moves.push_back({f, k, to});
     }
+  }
+  const std::uint64_t host_limit = std::max(p.host_bytes, core.plan().host_bytes);
+  const std::uint64_t nvme_limit = std::max(p.nvme_bytes, core.plan().nvme_bytes);
+  const auto within_plans = [&](const Move& m) {
+    const Chunk& c = core.chunk(m.family, m.kind);
+    if (m.to != Tier::kNvme) return c.host != nullptr || core.host->used_bytes() + c.bytes <= host_limit;
+    const std::uint64_t slot = core.nvme.store().slot_bytes();
+    return c.absent() || core.nvme.store().used_bytes() + (c.bytes + slot - 1) / slot * slot <= nvme_limit;
+  };
+  bool strict = true;
+  while (!moves.empty()) {
+    Status refused;
+    const std::size_t before = moves.size();
+    for (auto it = moves.begin(); it != moves.end();) {
+      if (strict && !within_plans(*it)) {
+        ++it;
+        continue;
+      }
+      const Status st =
+          migrate_chunk(lock, core.chunk(it->family, it->kind), it->kind == StateKind::kParam, it->to);
+      if (!st.ok() && st.code() != StatusCode::kOutOfBudget) return st;
+      if (!st.ok()) {
+        refused = st;
+        ++it;
+        continue;
+      }
+      it = moves.erase(it);
+      if (!strict) break;  // one move past the plans, then within them again
+    }
+    if (moves.size() < before) {
+      strict = true;
+    } else if (strict) {
+      strict = false;
+    } else {
+      refused.with_context(fmt::format("re-plan: {} chunks could not move to their new homes", moves.size()));
+      return refused;
+    }
+  }
+  return Status::Ok();
+}
+
+Status Runtime::Impl::migrate_chunk(std::unique_lock<std::mutex>& lock, Chunk& c, bool param, Tier to) {
+  if (param) {
+    // Its staging copy goes; a clean device copy stays valid (Note [NVMe-homed params]).
+    STRATA_RETURN_IF_ERROR(residency.drop_staging(lock, c));
+    STRATA_RETURN_IF_ERROR(residency.wait_host_reads(c));
+  }
+  if (to == Tier::kNvme) {
+    if (!c.absent()) {
+      STRATA_RETURN_IF_ERROR(residency.ensure_on_host(c));
+      STRATA_RETURN_IF_ERROR(core.nvme_transfer(lock, true, {c.host, c.bytes}, c.nvme_slots));
+      c.move_value(ChunkValue::kNvme);
+    }
+    if (c.host != nullptr) core.host->free(c.host, c.bytes);
+    c.host = nullptr;
+    return Status::Ok();
+  }
+  if (c.value == ChunkValue::kNvme) {  // (from NVMe)
+    STRATA_ASSIGN_OR_RETURN(std::byte * buffer, core.host_buffer(c));
+    STRATA_RETURN_IF_ERROR(core.nvme_transfer(lock, false, {buffer, c.bytes}, c.nvme_slots));
+    for (std::uint32_t s : c.nvme_slots) core.nvme.free_slot(s);
+    c.nvme_slots.clear();
+    c.move_value(ChunkValue::kHost);
+  } else if (param && c.absent()) {
+    // A host-homed param always has its home copy (zeros until init_tensor).
+    STRATA_ASSIGN_OR_RETURN(std::byte * buffer, core.host_buffer(c));
+    std::memset(buffer, 0, c.bytes);
+    c.move_value(ChunkValue::kHost);
   }
   return Status::Ok();
 }

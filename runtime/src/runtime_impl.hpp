@@ -104,10 +104,19 @@ struct Runtime::Impl {
   //! (once, at the first acquire/init/step). Caller holds `lock`.
   Status finalize(std::unique_lock<std::mutex>& lock);
   //! Plans from `trace`, moves optimizer states whose home changes, rebuilds the
-  //! device slots and makes the tracker and the pipeline follow the new plan.
-  Status adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace trace);
-  //! Moves optimizer states whose home changes between the current plan and `p`.
+  //! device slots and makes the tracker and the pipeline follow the new plan. With
+  //! `may_keep`, a re-plan the budgets refuse keeps the current plan (Note [A re-plan
+  //! refused keeps the plan], plan_adoption.cpp).
+  Status adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace trace, bool may_keep = false);
+  //! Moves the chunks whose home changes between the current plan and `p`
+  //! (Note [Migration order]).
   Status migrate_homes(std::unique_lock<std::mutex>& lock, const Plan& p);
+  //! Moves one chunk to its new home `to`; OutOfBudget, changing nothing, where `to` has no room.
+  Status migrate_chunk(std::unique_lock<std::mutex>& lock, Chunk& c, bool param, Tier to);
+  //! Keeps the current plan after `refused` (Note [A re-plan refused keeps the plan]).
+  void keep_plan(const Status& refused);
+  //! Re-plans refused and kept since the last plan adopted (Note [A re-plan refused keeps the plan]).
+  std::uint64_t replans_refused = 0;
   //! Gradients to host and one global check (clipping, loss scaling); sets the
   //! pipeline's step scale. *skip is set when an Inf/NaN skips the step.
   Status deferred_prepass(std::unique_lock<std::mutex>& lock, bool* skip);

@@ -209,7 +209,7 @@ Result<StepStats> Runtime::Impl::run_step(std::unique_lock<std::mutex>& lock) {
   // A plan made before micro-batches were seen lacks their host room (Note [Host room]).
   const bool uncounted = m.core.accumulation_seen && !m.core.accumulation_planned();
   if (!m.tracker.warm() || m.tracker.deviated() || uncounted) {
-    if (!trace.uses.empty()) STRATA_RETURN_IF_ERROR(m.adopt_plan(lock, std::move(trace)));
+    if (!trace.uses.empty()) STRATA_RETURN_IF_ERROR(m.adopt_plan(lock, std::move(trace), !uncounted));
     m.tracker.set_warm();
   } else {
     m.tracker.refresh(std::move(trace));  // keep the freshest compute times

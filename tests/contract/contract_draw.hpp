@@ -39,6 +39,11 @@ class Rng {
   std::uint64_t state_;
 };
 
+//! The most elements a widened model holds (Note [Widened for NVMe]); narrow ones hold 400 000.
+inline constexpr std::uint64_t kWidenedMaxElems = 600000;
+//! The largest tensor of a widened model, in elements.
+inline constexpr std::uint64_t kWidenedLargest = 16384;
+
 //! The seed of run `index` of a campaign started with `seed`.
 std::uint64_t run_seed(std::uint64_t seed, std::uint64_t index);
 
@@ -107,6 +112,9 @@ struct ConfigDraw {
   //! plan.deferred_updates (Note [Deferred updates] in
   //! runtime/src/pipeline/deferred_updates.cpp); drawn last, after nvme_window's reason.
   std::uint32_t deferred_updates = 0;
+  //! The model was widened with many small tensors in small chunks, so that states go to
+  //! NVMe (Note [Widened for NVMe] in contract_draw.cpp); drawn last.
+  bool widened = false;
 };
 
 struct Draw {
@@ -135,6 +143,9 @@ struct Budgets {
 //! Budgets from the draw's positions: each spans from below the smallest working
 //! set (so some runs are refused) to past everything fitting.
 Budgets budgets_for(const ConfigDraw& c, const ModelSizes& s);
+
+//! A budget between lo and hi at the draw's position pos (log-scaled, whole 4 KiB pages).
+std::uint64_t between(double lo, double hi, double pos);
 
 nlohmann::json to_json(const Draw& d);
 

@@ -66,6 +66,7 @@ struct Options {
   std::string tmp;
   std::string artifacts;
   std::string inject = "none";
+  std::uint64_t min_states_on_nvme = 0;
 };
 
 //! One run to make: its seed and whether it came from the regression file.
@@ -363,6 +364,9 @@ void Campaign::record(const Job& job, const nlohmann::json& r) {
       if (run.value("declared_no_gradient", std::uint64_t{0}) > 0) ++counts_["passed_declaring_unused"];
       // Passed with updates run in the next forward (Note [Deferred updates]).
       if (run.value("updates_deferred", std::uint64_t{0}) > 0) ++counts_["passed_deferring_updates"];
+      // Passed with optimizer states (or params) homed on NVMe (Note [Widened for NVMe]).
+      if (run.value("nvme_state_families", std::uint64_t{0}) > 0) ++counts_["passed_states_on_nvme"];
+      if (run.value("nvme_param_families", std::uint64_t{0}) > 0) ++counts_["passed_params_on_nvme"];
     }
     if (r.value("budget_overrun", false)) fail(job, "budget_overruns", r.value("overrun_reason", ""), "");
     if (r.value("above_plan", false)) fail(job, "above_plan", r.value("above_plan_reason", ""), "");
@@ -399,6 +403,8 @@ nlohmann::json Campaign::summary(double seconds) const {
                       {"passed_keeping_gradients", count("passed_keeping_gradients")},
                       {"passed_declaring_unused", count("passed_declaring_unused")},
                       {"passed_deferring_updates", count("passed_deferring_updates")},
+                      {"passed_states_on_nvme", count("passed_states_on_nvme")},
+                      {"passed_params_on_nvme", count("passed_params_on_nvme")},
                       {"failed_after_accept", count("failed_after_accept")},
                       {"hangs", count("hangs")},
                       {"budget_overruns", count("budget_overruns")},
@@ -477,6 +483,11 @@ void print_text(const nlohmann::json& s) {
               s["accepted"].get<unsigned long long>(), s["passed"].get<unsigned long long>(),
               s["refused"].get<unsigned long long>());
   std::printf(
+      "  passed with optimizer states on NVMe %llu, with params on NVMe %llu, deferring updates %llu\n",
+      s["passed_states_on_nvme"].get<unsigned long long>(),
+      s["passed_params_on_nvme"].get<unsigned long long>(),
+      s["passed_deferring_updates"].get<unsigned long long>());
+  std::printf(
       "  failed_after_accept %llu, hangs %llu, budget_overruns %llu, above_plan %llu, inexact %llu, "
       "bad_refusals %llu\n",
       s["failed_after_accept"].get<unsigned long long>(), s["hangs"].get<unsigned long long>(),
@@ -514,6 +525,9 @@ int main(int argc, char** argv) {
   app.add_option("--artifacts", o.artifacts, "directory for hung runs' full backtraces");
   app.add_option("--inject", o.inject, "make every run fail on purpose, to test the checks")
       ->check(CLI::IsMember({"none", "inexact", "hang", "crash", "above-plan", "overrun"}));
+  app.add_option("--min-states-on-nvme", o.min_states_on_nvme,
+                 "fail unless at least this many runs passed with optimizer states on NVMe (the "
+                 "campaign's reach: Note [Widened for NVMe])");
   CLI11_PARSE(app, argc, argv);
   if (!o.verbose) ::setenv("STRATA_LOG_LEVEL", "critical", 0);  // errors are in the results
   auto jobs = make_jobs(o);
@@ -548,5 +562,15 @@ int main(int argc, char** argv) {
     print_text(s);
   }
   if (g_stop != 0) return 130;
+  const auto on_nvme = s["passed_states_on_nvme"].get<std::uint64_t>();
+  if (on_nvme < o.min_states_on_nvme) {
+    std::fprintf(stderr,
+                 "strata-contract: %llu passed runs trained with optimizer states on NVMe, fewer than "
+                 "--min-states-on-nvme %llu: the campaign no longer reaches the NVMe paths; widen the "
+                 "draws (Note [Widened for NVMe] in contract_draw.cpp)\n",
+                 static_cast<unsigned long long>(on_nvme),
+                 static_cast<unsigned long long>(o.min_states_on_nvme));
+    return 1;
+  }
   return campaign.failures() > 0 ? 1 : 0;
 }

@@ -29,7 +29,11 @@ namespace strata::contract {
 //    carry a message. With seek_minimum the targeted budget starts tiny and each
 //    refusal's suggestion ("raise host_budget to at least X", "... needs X; raise
 //    gpu_budget") is applied as printed; a suggestion refused again for the same
-//    budget breaks the promise that the suggested minimum trains.
+//    budget breaks the promise that the suggested minimum trains. A widened model in
+//    the NVMe window (Note [Widened for NVMe] in contract_draw.cpp) takes its host budget
+//    from the planner: two creations at a tiny host budget, with and without the NVMe
+//    budget, are refused with the smallest host budget that plans; the run's host budget
+//    lies between the two, where params and states must go to NVMe.
 // 3. Past acceptance, K steps of synthetic forward and backward (gradients computed
 //    from the params read through leases, so the trajectory depends on every update)
 //    must end without an error, within every tier's budget and within the largest
@@ -84,6 +88,8 @@ struct Trained {
   std::uint64_t kept_gradients = 0;        //!< kept back by runtime::GradientOrder (late gradients)
   std::uint64_t declared_no_gradient = 0;  //!< unused tensors declared at backward's end
   std::uint64_t updates_deferred = 0;      //!< updates step() left to the next forward (StepStats)
+  std::uint64_t nvme_state_families = 0;   //!< the most families an adopted plan homed states on NVMe
+  std::uint64_t nvme_param_families = 0;   //!< the same for params
   bool all_gpu = false;
   std::string plan_summary;
 };
@@ -238,13 +244,23 @@ Status each_backward_use(Runtime& rt, const ModelDraw& m, const std::vector<Tens
 Status backward_ordered(Runtime& rt, const Draw& d, const std::vector<TensorId>& ids, int step, int mb,
                         Scratch& scratch, std::vector<bool>& written);
 
+// Gradients go through runtime::GradientOrder when some come late, and in a widened
+// model, whose families each pack several tensors used at random points of forward
+// (Note [Widened for NVMe]): handed as backward reaches them, they would leave more
+// families incomplete at once than the plan's room holds, which the runtime refuses
+// naming the order (Runtime::incomplete_gradients_max); a caller hands them as
+// GradientOrder does, as strata.torch's binding does.
+bool ordered_gradients(const Draw& d) {
+  return d.model.any_late() || d.config.widened;
+}
+
 // Backward in reverse forward order. A tied tensor's uses are summed by the caller
 // (in Scratch::pending) and its gradient handed over once per micro-batch, at its
 // last use (Note [Gradient completion] in runtime/src/runtime_impl.hpp: a second
 // write lease in one micro-batch is refused, as torch accumulates tied uses first).
 Status backward(Runtime& rt, const Draw& d, const std::vector<TensorId>& ids, int step, int mb,
                 Scratch& scratch, std::vector<bool>& written) {
-  if (d.model.any_late()) return backward_ordered(rt, d, ids, step, mb, scratch, written);
+  if (ordered_gradients(d)) return backward_ordered(rt, d, ids, step, mb, scratch, written);
   const ModelDraw& m = d.model;
   const DType dt = dtype_of(m.compute);
   const float scale = m.loss_scaling ? m.loss_scale : 1.0f;
@@ -385,6 +401,13 @@ void sample(Runtime& rt, Trained& out) {
   out.plan_nvme = std::max(out.plan_nvme, plan.nvme_bytes);
   out.all_gpu = plan.all_gpu;
   out.plan_summary = plan.summary();
+  std::uint64_t states = 0, params = 0;
+  for (const runtime::FamilyPlan& f : plan.families) {
+    states += f.optim_home == runtime::Tier::kNvme ? 1 : 0;
+    params += f.param_home == runtime::Tier::kNvme ? 1 : 0;
+  }
+  out.nvme_state_families = std::max(out.nvme_state_families, states);
+  out.nvme_param_families = std::max(out.nvme_param_families, params);
 }
 
 Status read_back(Runtime& rt, const Draw& d, const std::vector<TensorId>& ids, Trained& out) {
@@ -445,7 +468,7 @@ Attempt train(const Draw& d, Config cfg, const PhaseFn& phase, const std::string
   auto scratch = std::make_unique<Scratch>();  // outlives the runtime (its stream's launches use it)
   scratch->loss.assign(static_cast<std::size_t>(d.model.steps * d.model.micro_batches), 0.0);
   for (const TensorDraw& t : d.model.tensors)
-    scratch->pending.emplace_back(t.tied || d.model.any_late() ? t.numel : 0);
+    scratch->pending.emplace_back(t.tied || ordered_gradients(d) ? t.numel : 0);
   std::unique_ptr<Runtime> rt;
   std::vector<TensorId> ids;
   a.status = create_model(d, std::move(cfg), rt, ids, phase, who);
@@ -474,7 +497,7 @@ Attempt train(const Draw& d, Config cfg, const PhaseFn& phase, const std::string
 
 //! The sizes the budgets are drawn against, from a runtime with room for everything.
 Result<ModelSizes> size_model(const Draw& d, const std::string& nvme_dir, const PhaseFn& phase) {
-  // Room for any drawn model (at most 400 000 elements, Note [Contract run]) on the
+  // Room for any drawn model (at most kWidenedMaxElems, Note [Widened for NVMe]) on the
   // GPU, and for its host copies; a small host budget is quick to pin.
   const Budgets3 roomy{.gpu = 256 * kMiB, .host = 24 * kMiB, .nvme = 0};
   STRATA_ASSIGN_OR_RETURN(Config cfg, make_config(d, roomy, nvme_dir, true, 0));
@@ -550,6 +573,35 @@ std::string first_line(const std::string& s) {
 
 std::uint64_t& budget_of(Budgets3& b, char which) {
   return which == 'g' ? b.gpu : (which == 'h' ? b.host : b.nvme);
+}
+
+//! The smallest host budget that plans under `b`'s GPU and NVMe budgets, as the planner's
+//! refusal at a tiny host budget states it ("... the smallest that plans"), or 0.
+std::uint64_t smallest_host(const Draw& d, Budgets3 b, const std::string& nvme_dir, const PhaseFn& phase) {
+  b.host = b.host_reserve + 4096;
+  auto cfg = make_config(d, b, nvme_dir, false, 0);
+  if (!cfg.ok()) return 0;
+  std::unique_ptr<Runtime> rt;
+  std::vector<TensorId> ids;
+  const Status st = create_model(d, *std::move(cfg), rt, ids, phase, "nvme window");
+  static const std::regex re(
+      R"(raise host_budget to at least [^(]*\(([0-9]+) bytes\), the smallest that plans)");
+  std::smatch m;
+  const std::string message = st.message();
+  if (st.ok() || !std::regex_search(message, m, re)) return 0;
+  return std::stoull(m[1].str());
+}
+
+//! A widened model's host budget in the NVMe window (Note [Contract run], 2).
+void host_in_nvme_window(const Draw& d, Budgets3& b, const std::string& nvme_dir, const PhaseFn& phase,
+                         RunReport& r) {
+  const std::uint64_t lo = smallest_host(d, b, nvme_dir, phase);
+  Budgets3 without_nvme = b;
+  without_nvme.nvme = 0;
+  const std::uint64_t hi = smallest_host(d, without_nvme, nvme_dir, phase);
+  r.details["nvme_window"] = {{"smallest_host", lo}, {"smallest_host_without_nvme", hi}};
+  if (lo == 0 || hi <= lo + 4096) return;  // no window: the drawn host budget stands
+  b.host = between(static_cast<double>(lo), static_cast<double>(hi - 4096), d.config.host_pos);
 }
 
 //! Trains under `b`; with seek_minimum the targeted budget starts tiny and each
@@ -650,7 +702,9 @@ nlohmann::json trained_json(const Trained& t) {
           {"late", t.late},
           {"kept_gradients", t.kept_gradients},
           {"declared_no_gradient", t.declared_no_gradient},
-          {"updates_deferred", t.updates_deferred}};
+          {"updates_deferred", t.updates_deferred},
+          {"nvme_state_families", t.nvme_state_families},
+          {"nvme_param_families", t.nvme_param_families}};
 }
 
 void compare_with_reference(const Draw& d, const Trained& run, const ModelSizes& sizes, const PhaseFn& phase,
@@ -698,6 +752,8 @@ RunReport execute_run(const Draw& d, const std::string& nvme_dir, const PhaseFn&
                         {"all_bytes", sizes->all_bytes},       {"slot_bytes", sizes->slot_bytes},
                         {"params_bytes", sizes->params_bytes}, {"optim_bytes", sizes->optim_bytes},
                         {"optim_max", sizes->optim_max}};
+  if (d.config.widened && d.config.nvme_window && d.config.seek_minimum == 0)
+    host_in_nvme_window(d, b, nvme_dir, phase, r);
   Attempt a = run_under_test(d, b, nvme_dir, phase, r);
   r.details["budgets"] = {
       {"gpu", b.gpu}, {"host", b.host}, {"nvme", b.nvme}, {"host_reserve", b.host_reserve}};
