@@ -36,6 +36,9 @@ Peak RSS is compared with rss_bound_bytes: the process before the model, the hos
 region (host_region_bytes), the sim device's memory, activations, init scratch and 128 MiB.
 exact_small_copy: a copy of --small-params (20M) trained 3 steps with its states on NVMe and again
 all on host: losses and final parameters bit-identical.
+OPENBLAS_CORETYPE is set from the CPU's flags before torch loads unless the environment sets it
+(openblas_coretype reports it): Debian's OpenBLAS picks its SSE3 kernels on this project's machines
+(Note [OpenBLAS core type] in bench/blas_env.py).
 """
 
 import argparse
@@ -49,11 +52,17 @@ import sys
 import tempfile
 import time
 
-import torch
-import torch.nn.functional as F
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from blas_env import set_openblas_coretype  # noqa: E402
+
+# Note [OpenBLAS core type] (bench/blas_env.py): before torch loads.
+OPENBLAS_CORETYPE = set_openblas_coretype()
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 from torch_gpt import Block, Gpt, batches, corpus, init_weights  # noqa: E402
 
@@ -450,6 +459,9 @@ def main():
     if args.steps < 8:
         raise SystemExit("torch_scale: --steps must be >= 8 (step_s is the median of steps 4, 6 and 8)")
     nvme_root = args.nvme_dir or tempfile.gettempdir()
+    if not os.path.isdir(nvme_root):
+        raise SystemExit(f"torch_scale: --nvme-dir {nvme_root} is not a directory; create it (mkdir -p) or "
+                         "name another on the disk to measure")
     with tempfile.TemporaryDirectory(prefix="strata-scale-", dir=nvme_root) as nvme_dir:
         result = run(args, nvme_dir)
     if args.json:
@@ -571,6 +583,7 @@ def run(args, nvme_dir):
         "loss_decreasing": losses[-1] < losses[0],
         "exact_small_copy": None if args.no_small_copy else small_copy(args, data, nvme_dir),
         "load_avg": os.getloadavg(),
+        "openblas_coretype": OPENBLAS_CORETYPE,
     }
 
 
