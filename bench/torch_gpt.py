@@ -72,6 +72,11 @@ import time
 
 # Note [OpenMP waits in the bench]: before torch (and its OpenMP runtime) loads.
 OMP_WAIT_POLICY = os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Note [OpenBLAS core type] (bench/blas_env.py): before torch (and OpenBLAS) load.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from blas_env import set_openblas_coretype  # noqa: E402
+
+OPENBLAS_CORETYPE = set_openblas_coretype()
 
 import torch  # noqa: E402
 import torch.nn.functional as F
@@ -371,7 +376,7 @@ def main():
         shutil.rmtree(nvme_dir, ignore_errors=True)
     out = {"device": "sim", "threads": args.threads, "batch": args.batch, "seq": args.seq,
            "warmup": args.warmup, "load_avg_1m": round(os.getloadavg()[0], 2),
-           "omp_wait_policy": OMP_WAIT_POLICY,
+           "omp_wait_policy": OMP_WAIT_POLICY, "openblas_coretype": OPENBLAS_CORETYPE,
            "sizes": results, "bit_identical_sgd": identical}
     met = identical and all(r["fit_overhead"]["median"] <= 1.10 and r["state_over_device_budget"] >= 4 and
                             r["fit_counters"]["bytes_moved"] == 0 for r in results.values())
