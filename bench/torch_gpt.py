@@ -31,7 +31,10 @@ has work: torch alone, the 0.8 M GPT's step took 0.22 s (IQR 0.17-0.26 s) by def
 bench therefore sets OMP_WAIT_POLICY=PASSIVE before torch loads, for every variant alike,
 unless the environment already sets it (the policy in effect is reported as
 omp_wait_policy). It is a property of the machine, not of strata: strata's own workers are
-its ThreadPool's and do not spin.
+its ThreadPool's and do not spin. Likewise glibc keeps freed memory in the process (Note [Freed
+memory on these VMs] in bench/malloc_env.py; reported as malloc_freed_memory): torch's AdamW faults
+its temporaries in again each step, at a cost that drifts with the host (±10 % across invocations
+at 100 M otherwise).
 Variants:
   plain           torch only, everything in memory, torch.optim.AdamW (its fastest, foreach);
   strata_fit      strata.torch with budgets where everything fits (all chunks on the device);
@@ -77,6 +80,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from blas_env import set_openblas_coretype  # noqa: E402
 
 OPENBLAS_CORETYPE = set_openblas_coretype()
+# Note [Freed memory on these VMs] (bench/malloc_env.py): before torch allocates anything.
+from malloc_env import keep_freed_memory  # noqa: E402
+
+MALLOC_FREED = keep_freed_memory(enabled="--malloc-returns-memory" not in sys.argv)
 
 import torch  # noqa: E402
 import torch.nn.functional as F
@@ -356,6 +363,9 @@ def main():
     ap.add_argument("--offload-ratio", type=int, default=4, help="model state / device budget")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    ap.add_argument("--malloc-returns-memory", action="store_true",
+                    help="leave glibc's default of giving freed memory back (read before torch loads; "
+                         "Note [Freed memory on these VMs] in bench/malloc_env.py)")
     ap.add_argument("--access-ab", action="store_true",
                     help="also run strata without torch's contract between steps (#25) and report its cost")
     args = ap.parse_args()
@@ -377,6 +387,7 @@ def main():
     out = {"device": "sim", "threads": args.threads, "batch": args.batch, "seq": args.seq,
            "warmup": args.warmup, "load_avg_1m": round(os.getloadavg()[0], 2),
            "omp_wait_policy": OMP_WAIT_POLICY, "openblas_coretype": OPENBLAS_CORETYPE,
+           "malloc_freed_memory": MALLOC_FREED,
            "sizes": results, "bit_identical_sgd": identical}
     met = identical and all(r["fit_overhead"]["median"] <= 1.10 and r["state_over_device_budget"] >= 4 and
                             r["fit_counters"]["bytes_moved"] == 0 for r in results.values())

@@ -13,7 +13,6 @@ absolute figures, not a ratio: compare two invocations by what they count (fault
 by their wall times, whose difference is within the spread this measures."""
 
 import argparse
-import ctypes
 import json
 import os
 import resource
@@ -22,9 +21,10 @@ import sys
 import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from malloc_env import keep_freed_memory  # noqa: E402
 
 SIZES = {"0.8M": (128, 4), "25M": (512, 8), "100M": (768, 14)}  # as torch_gpt.py
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 
 
 def steal_and_total():
@@ -41,9 +41,7 @@ def main():
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.mallopt:
-        libc = ctypes.CDLL("libc.so.6")
-        if not (libc.mallopt(M_MMAP_THRESHOLD, 1 << 30) and libc.mallopt(M_TRIM_THRESHOLD, (1 << 31) - 1)):
-            raise SystemExit("torch_plain_scatter: mallopt refused the thresholds")
+        keep_freed_memory()  # Note [Freed memory on these VMs] in malloc_env.py
     import torch  # noqa: PLC0415 - after mallopt and OMP_WAIT_POLICY
     import torch.nn.functional as F  # noqa: PLC0415, N812
 
