@@ -42,7 +42,8 @@ def test_example_gpt_padding_through_wrap(tmp_path):
 
 def layout_of(model, cfg):
     """The runtime's layout for `model`'s parameter shapes (meta tensors: no values, no init)."""
-    cfg = _layout.search_bounds({k: v for k, v in cfg.items() if k != "grad_reads"}, "fp32")  # binding keys out
+    largest = max(p.numel() for p in model.parameters())
+    cfg = _layout.search_bounds({k: v for k, v in cfg.items() if k != "grad_reads"}, "fp32", largest)  # as wrap
     cfg["optimizer"] = {"name": "sgd"}
     engine = _C.Engine(json.dumps(cfg))
     try:
@@ -84,3 +85,31 @@ def test_bounds_follow_the_gpu_budget():
     assert cfg["layout"] == {"chunk_elems_min": 4096, "chunk_elems_max": 262144}  # 3 slots of 1 MiB
     cfg = _layout.search_bounds({"budgets": {"gpu": "64GiB"}}, "bf16")
     assert cfg["layout"]["chunk_elems_max"] == 1 << 26
+
+
+def test_bounds_prefer_the_planners_slots():
+    """Note [Chunks for a streaming plan] in _layout.py: 2 + 2 x prefetch_depth_max slots where the largest
+    tensor allows, never above three slots, never below twice the largest tensor."""
+    mib = 1 << 20
+    cfg = _layout.search_bounds({"budgets": {"gpu": 100 * mib}}, "fp32", 1 << 20)
+    assert cfg["layout"]["chunk_elems_max"] == 1 << 21  # 12 slots of 8 MiB (10 wanted), not 3 of 32 MiB
+    cfg = _layout.search_bounds({"budgets": {"gpu": 100 * mib}, "plan": {"prefetch_depth_max": 1}}, "fp32", 1 << 16)
+    assert cfg["layout"]["chunk_elems_max"] == 1 << 22  # 4 slots wanted: 6 of 16 MiB
+    cfg = _layout.search_bounds({"budgets": {"gpu": 100 * mib}}, "fp32", 5 << 20)
+    assert cfg["layout"]["chunk_elems_max"] == 1 << 23  # the largest tensor's room wins over the slots
+    cfg = _layout.search_bounds({"budgets": {"gpu": "3MiB"}}, "fp32", 1 << 20)
+    assert cfg["layout"]["chunk_elems_max"] == 262144  # never above three slots
+
+
+def test_offloaded_25m_gpt_streams_with_prefetch():
+    """bench/torch_gpt.py's 25 M GPT with a device budget of a quarter of its state: many chunks, so that the
+    plan's 10 slots fit (3 slots of a quarter of the model before: prefetch depth 1, #29)."""
+    with torch.device("meta") if hasattr(torch.device("cpu"), "__enter__") else st.init():
+        model = Gpt(d=512, layers=8, seq=64)
+    n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    gpu = 16 * n // 4
+    cfg = {"device": {"kind": "sim", "budget": 1 << 30}, "budgets": {"gpu": gpu, "host": 16 * n, "nvme": 0},
+           "threads": 2}
+    layout = layout_of(model, cfg)
+    assert gpu // (4 * layout["chunk_elems"]) >= 10, layout
+    assert layout["families"] >= 10 and layout["padding_fraction"] <= 0.05, layout

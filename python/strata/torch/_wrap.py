@@ -510,7 +510,8 @@ class Wrapped:
                              f"parameters are {self.dtype}; leave it out or convert the model")
         precision["compute"] = want
         cfg["precision"] = precision
-        _layout.search_bounds(cfg, want)  # Note [Chunk search bounds] in _layout.py
+        largest = max((p.numel() for p in self.params), default=None)
+        _layout.search_bounds(cfg, want, largest)  # Note [Chunk search bounds] in _layout.py
         plan = dict(cfg.get("plan", {})) if isinstance(cfg.get("plan"), dict) else cfg.get("plan", {})
         if isinstance(plan, dict):
             # Gradients wait on host between micro-batches (Note [Host room] in runtime/plan/planner.cpp).
