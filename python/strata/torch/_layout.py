@@ -9,7 +9,8 @@ must leave 3 slots within budgets.gpu, and a minimum above the model's size leav
 one chunk, mostly padding. So unless the config sets them, strata.torch passes
   - chunk_elems_min = 4096 (the alignment): the search starts at the largest tensor;
   - chunk_elems_max = the largest power of two with 3 slots within budgets.gpu,
-    at most 2^26 (and at least the minimum).
+    at most 2^26 (and at least the minimum), or fewer where the planner wants more
+    slots (Note [Chunks for a streaming plan]).
 A fixed layout.chunk_elems is kept as given (examples no longer compute one).
 
 Note [Chunks for a streaming plan]
@@ -26,8 +27,9 @@ torch's alone (seventeenth session). So the maximum prefers the planner's wanted
     examples/torch_gpt.py's GPT at 64 K elements, 7.8 % with room for two), and none is
     alone in an oversized family that the three-slot bound would have avoided,
   - and never above the three-slot bound.
-Where everything fits on the device the plan keeps every chunk resident and the size
-matters only for padding, which the search still minimises within the range.
+Where everything fits on the device the plan keeps every chunk resident; the number of
+chunks then sets how early in backward strata's optimizer starts (per chunk family whose
+gradients are complete), and the search still minimises padding within the range.
 """
 
 import re
