@@ -57,8 +57,9 @@ fit_counters / offload_counters: strata's extra work per measured step (bytes mo
 tiers, Python hook calls, parameter leases taken); where everything fits the bytes are 0.
 bit_identical_sgd trains a smaller copy with SGD (power-of-two lr) both ways in this process
 and compares every loss and parameter with torch.equal.
---check exits 1 when a target is missed (fit_overhead <= 1.10 at every size,
-state_over_device_budget >= 4, bit_identical_sgd, no bytes moved by a fit step).
+--check exits 1 when a target is missed (#29's: the medians fit_overhead <= 1.05 and
+offload_over_plain <= 1.15 at every size; and state_over_device_budget >= 4, bit_identical_sgd,
+no bytes moved by a fit step).
 """
 
 import argparse
@@ -369,6 +370,9 @@ def main():
     ap.add_argument("--access-ab", action="store_true",
                     help="also run strata without torch's contract between steps (#25) and report its cost")
     args = ap.parse_args()
+    if args.malloc_returns_memory and MALLOC_FREED == "kept":  # an abbreviation argparse took, read too late
+        ap.error("--malloc-returns-memory must be spelled in full: it is read before torch loads "
+                 "(Note [Freed memory on these VMs] in bench/malloc_env.py)")
     if args.pairs is None and not 0 < args.ci < 1:
         ap.error("--ci must be a fraction in (0, 1), e.g. 0.01")
     if min(args.pairs or 1, args.min_pairs, args.batch, args.offload_ratio) < 1 or args.warmup < 2:
@@ -389,8 +393,9 @@ def main():
            "omp_wait_policy": OMP_WAIT_POLICY, "openblas_coretype": OPENBLAS_CORETYPE,
            "malloc_freed_memory": MALLOC_FREED,
            "sizes": results, "bit_identical_sgd": identical}
-    met = identical and all(r["fit_overhead"]["median"] <= 1.10 and r["state_over_device_budget"] >= 4 and
-                            r["fit_counters"]["bytes_moved"] == 0 for r in results.values())
+    met = identical and all(r["fit_overhead"]["median"] <= 1.05 and r["offload_over_plain"]["median"] <= 1.15 and
+                            r["state_over_device_budget"] >= 4 and r["fit_counters"]["bytes_moved"] == 0
+                            for r in results.values())
     out["targets_met"] = met
     if args.json:
         print(json.dumps(out))
