@@ -15,11 +15,15 @@
 #                      without a reason comment (scripts/check-function-length; make test runs it)
 #   make notes-check   fail on a `Note [X]` cited but defined nowhere (scripts/check-notes;
 #                      make test runs it; also ctest check_notes, label unit)
+#   make docs-check    fail on a doc the tree contradicts: folder READMEs' May call / Called by
+#                      vs the #includes, docs/config.md vs Config::keys(), links of README.md and
+#                      docs/ (scripts/check-docs; make test runs it; also ctest check_docs, label unit)
 
 JOBS ?= $(shell nproc)
 PRESETS := release debug asan tsan
 
-.PHONY: demo test deps bench-deps $(PRESETS) clean format format-check function-length-check notes-check gpu-check
+.PHONY: demo test deps bench-deps $(PRESETS) clean format format-check function-length-check notes-check docs-check \
+	gpu-check
 
 # clang-format's output changes between major versions: the check pins 14.
 CLANG_FORMAT ?= $(shell command -v clang-format-14 || command -v clang-format)
@@ -38,7 +42,7 @@ $(PRESETS):
 demo: deps release
 	scripts/demo build/release
 
-test: deps format-check function-length-check notes-check
+test: deps format-check function-length-check notes-check docs-check
 	cmake --preset release -DSTRATA_REQUIRE_TORCH2=ON >/dev/null
 	$(MAKE) release
 	ctest --preset release
@@ -52,6 +56,9 @@ function-length-check:
 
 notes-check:
 	scripts/check-notes
+
+docs-check:
+	scripts/check-docs
 
 gpu-check:
 	scripts/gpu-check
