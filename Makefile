@@ -17,6 +17,9 @@
 #                      without a reason comment (scripts/check-function-length; make test runs it)
 #   make notes-check   fail on a `Note [X]` cited but defined nowhere (scripts/check-notes;
 #                      make test runs it; also ctest check_notes, label unit)
+#   make docs-check    fail on a doc the tree contradicts: folder READMEs' May call / Called by
+#                      vs the #includes, docs/config.md vs Config::keys(), links of README.md and
+#                      docs/ (scripts/check-docs; make test runs it; also ctest check_docs, label unit)
 
 # Note [Sanitizer builds]: the asan and tsan presets build only what their unit tests run (the
 # target unit_tests, Note [Unit targets] in tests/CMakeLists.txt), at -Og (ASan+UBSan) and -O1
@@ -27,7 +30,8 @@
 JOBS ?= $(shell nproc)
 PRESETS := release debug asan tsan
 
-.PHONY: demo test deps bench-deps $(PRESETS) clean format format-check function-length-check notes-check gpu-check
+.PHONY: demo test deps bench-deps $(PRESETS) clean format format-check function-length-check notes-check docs-check \
+	gpu-check
 
 # clang-format's output changes between major versions: the check pins 14.
 CLANG_FORMAT ?= $(shell command -v clang-format-14 || command -v clang-format)
@@ -53,7 +57,7 @@ demo:
 	cmake --build --preset demo -j $(JOBS)
 	scripts/demo build/demo
 
-test: deps format-check function-length-check notes-check
+test: deps format-check function-length-check notes-check docs-check
 	cmake --preset release -DSTRATA_REQUIRE_TORCH2=ON >/dev/null
 	$(MAKE) release
 	ctest --preset release
@@ -67,6 +71,9 @@ function-length-check:
 
 notes-check:
 	scripts/check-notes
+
+docs-check:
+	scripts/check-docs
 
 gpu-check:
 	scripts/gpu-check
