@@ -164,7 +164,7 @@ py::dict Engine::layout() {
   // allocator needs beside it (Note [Host store arena] in runtime/src/core/stores.cpp).
   d["host_region_bytes"] = runtime::host_store_region_bytes(rt_->config().runtime.budgets.host_bytes);
   // Whether every family's params stay on the device for the whole step (Note [Holding
-  // parameters where everything fits] in _wrap.py); false before the first plan.
+  // parameters where everything fits] in _hooks.py); false before the first plan.
   d["plan_params_resident"] = !plan.families.empty() &&
                               std::all_of(plan.families.begin(), plan.families.end(),
                                           [](const runtime::FamilyPlan& f) { return f.param_resident_gpu; });

@@ -213,7 +213,7 @@ class ModelState:
 
     def _bound_by_active(self, pid):
         """Bound by a call whose forward is running (unbound only after this read's backward), not only held by a
-        finished one (Note [Holding parameters where everything fits] in _wrap.py): such a read binds for itself."""
+        finished one (Note [Holding parameters where everything fits] in _hooks.py): such a read binds for itself."""
         return any(c is not None and pid in c.pids for _, c, _ in reversed(self.active))
 
     def poison_context(self):

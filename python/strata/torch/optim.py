@@ -3,7 +3,7 @@
 The optimizer runs inside strata's runtime, on whichever tier each chunk family's
 states live (GPU, pinned host, NVMe), overlapping backward; gradients live in strata's
 grad chunks, and p.grad is a placeholder, or torch's own gradient while torch code reads
-gradients (Note [Gradients in torch] in _wrap.py). Param groups carry their own lr and
+gradients (Note [Gradients in torch] in _grads.py). Param groups carry their own lr and
 weight_decay (read at each step, so torch LR schedulers work unchanged); every
 other hyperparameter is shared by all groups. Gradient clipping by global norm
 (``max_grad_norm``) and a loss scale (``loss_scale``: strata divides the gradients
@@ -178,7 +178,7 @@ class _StrataOptimizer(torch.optim.Optimizer):
         """torch.optim's zero_grad, with the running torch's default (torch 1.x: set_to_none=False, a parameter
         that got a gradient keeps a zero one, so the next step updates it even without a new gradient; torch
         2.x: True, its gradient is dropped and a step without a new one skips it; Note [Zero gradients] in
-        strata/torch/_wrap.py)."""
+        strata/torch/_grads.py)."""
         if set_to_none is None:
             set_to_none = _TORCH_SET_TO_NONE
         self._wrapped.zero_grad([p for g in self.param_groups for p in g["params"]], set_to_none)
