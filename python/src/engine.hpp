@@ -3,7 +3,8 @@
 // handed to it. Python's hooks call bind/unbind/hand_grad
 // (python/strata/torch/_hooks.py, _grads.py). What it does with a parameter's storage between
 // steps is param_views.cpp (param.hpp), how it hands gradients over is
-// grad_handoff.cpp; the methods are in engine.cpp, the module in binding.cpp.
+// grad_handoff.cpp; the methods are in engine.cpp and param_binds.cpp (binds), the module in
+// binding.cpp.
 
 #include <torch/extension.h>
 

@@ -4,7 +4,7 @@ Wrapped takes these methods from _Hooks.
 Note [Hooks]
 Each module that owns parameters gets a forward pre-hook and a forward hook:
   - before its forward, its parameters are bound: their storage points at the
-    param chunk's lease (Note [Rebinding storage] in python/src/engine.cpp);
+    param chunk's lease (Note [Rebinding storage] in python/src/param_binds.cpp);
   - after its forward, they are unbound (their storage points at a poison
     region, Note [Poisoned parameters] in python/src/poison.hpp), and when grad
     is on, a hook on every output tensor that requires grad binds them again as
