@@ -26,23 +26,12 @@ import warnings
 
 import torch
 
-from . import _wrap
+from . import _C, _wrap
 
-# The names torch.optim gives each state, in strata's state order (state0, state1).
 # torch.optim.Optimizer.zero_grad's default: False up to torch 1.13, True from torch 2.0. A strata optimizer
 # zeroes as the torch it runs under does, or training diverges from torch's silently (momentum applied on
 # steps where torch skips a parameter).
 _TORCH_SET_TO_NONE = inspect.signature(torch.optim.Optimizer.zero_grad).parameters["set_to_none"].default
-
-_STATE_NAMES = {
-    "adamw": ("exp_avg", "exp_avg_sq"),
-    "adam": ("exp_avg", "exp_avg_sq"),
-    "lamb": ("exp_avg", "exp_avg_sq"),
-    "lars": ("momentum_buffer",),
-    "sgd": ("momentum_buffer",),
-    "lion": ("exp_avg",),
-    "adagrad": ("sum",),
-}
 
 
 # Note [Optimizer state in torch's format]
@@ -369,10 +358,9 @@ class _StrataOptimizer(torch.optim.Optimizer):
             w.engine.set_steps(pid, step)
 
     def _state_names(self):
-        names = _STATE_NAMES[self._name]
-        if self._name == "sgd" and self.param_groups[0]["momentum"] == 0:
-            return ()
-        return names
+        """The names of the states strata's kernel keeps for this optimizer, in state order (STATE0, STATE1),
+        from the binding (Note [Optimizer state names] in python/src/functional.cpp)."""
+        return _C.optimizer_states(self._name, self._hyper(self.param_groups[0]))
 
 
 class AdamW(_StrataOptimizer):
