@@ -23,7 +23,7 @@ Trainer does with them, and what strata needs for it:
   - checkpoints: `model.state_dict()` goes to safetensors, `optimizer.state_dict()` (torch.optim's
     format) to optimizer.pt; `resume_from_checkpoint` loads them back with
     `model.load_state_dict(sd, strict=False)` and `optimizer.load_state_dict`, both strata's
-    (Notes in _state.py and optim.py), after the optimizer exists. Resuming is exact.
+    (Notes in _state.py and _optim_state.py), after the optimizer exists. Resuming is exact.
   - the param groups are Trainer's own (`get_decay_parameter_names`: no weight decay for
     biases and norms); strata's groups may differ in lr and weight decay, which is all they do.
 """
