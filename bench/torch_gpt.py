@@ -42,7 +42,7 @@ Variants:
                   stream through the device, optimizer states on host and NVMe;
   --access-ab adds strata_fit_no_access and strata_offload_no_access: the same with the binding
                   as before #25 (STRATA_TORCH_BENCH_NO_ACCESS=1: parameters not readable or
-                  writable between steps, Note [Lazy parameters] in strata/torch/_wrap.py).
+                  writable between steps, Note [Lazy parameters] in strata/torch/_views.py).
 Per size (--sizes: 0.8M, 25M, 100M or DxL, the GPT's width and depth), as {median, iqr}:
   fit_overhead          step time strata_fit / plain (1.0 = strata costs nothing);
   offload_over_plain    step time strata_offload / plain;

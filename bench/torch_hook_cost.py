@@ -15,7 +15,7 @@ Three figures, each the median of --trials trials of --calls calls:
                       were swapped for dynamo-disabled ones, as every hook was before #29;
   fit_step_ms_held / fit_step_ms_not_held / held_over_not_held
                       a training step of that model with parameters held from forward to backward
-                      (Note [Holding parameters where everything fits] in _wrap.py) and without,
+                      (Note [Holding parameters where everything fits] in _hooks.py) and without,
                       alternating trial by trial, and the median of the per-trial ratios.
 The first two isolate the wrapper; the third is what a user's forward pays. Run it on each torch
 (/usr/bin/python3 for 1.13, the torch2 venv's python for 2.x) and on two builds to compare.
@@ -80,7 +80,7 @@ def _time_steps(model, opt, x, steps):
 
 def hold_ab(model, opt, x, trials, steps):
     """Training steps (ms) with parameters held from forward to backward and without (Note [Holding
-    parameters where everything fits] in strata/torch/_wrap.py), alternating trial by trial."""
+    parameters where everything fits] in strata/torch/_hooks.py), alternating trial by trial."""
     w = model.strata
     held, plain = [], []
     for _ in range(trials):

@@ -1,17 +1,9 @@
-// strata.torch._C.Engine (engine.hpp): a runtime and the torch parameters handed to it.
-//
-// Note [Rebinding storage]
-// A parameter keeps its torch.nn.Parameter object and its StorageImpl for its
-// whole life; only the StorageImpl's data pointer changes: to the param chunk's
-// lease (bind) or to the parameter's poison region (unbind, Note [Poisoned
-// parameters]). Views autograd saved share the StorageImpl, so they follow. A
-// parameter bound by several modules at once (tied weights, a layer called twice)
-// keeps one lease and a count of binds.
+// strata.torch._C.Engine (engine.hpp): a runtime and the torch parameters handed to it. Binding a
+// parameter's storage to its lease and back is param_binds.cpp (Note [Rebinding storage]).
 #include "engine.hpp"
 
 #include <algorithm>
 #include <optional>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -164,7 +156,7 @@ py::dict Engine::layout() {
   // allocator needs beside it (Note [Host store arena] in runtime/src/core/stores.cpp).
   d["host_region_bytes"] = runtime::host_store_region_bytes(rt_->config().runtime.budgets.host_bytes);
   // Whether every family's params stay on the device for the whole step (Note [Holding
-  // parameters where everything fits] in _wrap.py); false before the first plan.
+  // parameters where everything fits] in _hooks.py); false before the first plan.
   d["plan_params_resident"] = !plan.families.empty() &&
                               std::all_of(plan.families.begin(), plan.families.end(),
                                           [](const runtime::FamilyPlan& f) { return f.param_resident_gpu; });
@@ -183,65 +175,6 @@ void Engine::restore(std::uint32_t id) {
   impl->set_data_ptr_noswap(std::move(fresh));
 }
 
-void Engine::bind(std::uint32_t id) {
-  ++crossings_;
-  Param& p = param(id);
-  if (p.binds == 0 && (p.poison.in_view() || replaced(p))) drop_view(p);
-  if (p.binds++ > 0) return;
-  py::gil_scoped_release release;  // acquire may wait for the chunk's optimizer, wait for its load
-  bind_now(p);
-  order_.torch_after_strata();  // Note [Torch's stream]
-}
-
-void Engine::bind_many(const std::vector<std::uint32_t>& ids) {
-  ++crossings_;
-  std::vector<Param*> first_binds;
-  first_binds.reserve(ids.size());
-  for (std::uint32_t id : ids) {
-    Param& p = param(id);
-    if (p.binds == 0 && (p.poison.in_view() || replaced(p))) drop_view(p);
-    if (p.binds++ == 0) first_binds.push_back(&p);
-  }
-  if (first_binds.empty()) return;
-  std::size_t done = 0;
-  try {
-    py::gil_scoped_release release;
-    for (; done < first_binds.size(); ++done) bind_now(*first_binds[done]);
-    order_.torch_after_strata();  // one order for the whole batch (Note [Torch's stream])
-  } catch (...) {
-    for (std::size_t i = done + 1; i < first_binds.size(); ++i)
-      --first_binds[i]->binds;  // bind_now undid its own
-    throw;
-  }
-}
-
-bool Engine::unbind_many(const std::vector<std::uint32_t>& ids) {
-  ++crossings_;
-  bool ordered = false;  // one order for the whole batch (Note [Torch's stream])
-  for (std::uint32_t id : ids) {
-    Param& p = param(id);
-    if (p.binds > 0 && --p.binds == 0) unbind_now(p, &ordered);
-  }
-  return any_poison_hit();
-}
-
-void Engine::unbind(std::uint32_t id) {
-  ++crossings_;
-  Param& p = param(id);
-  if (p.binds == 0) return;
-  if (--p.binds == 0) unbind_now(p);
-}
-
-void Engine::unbind_all() {
-  bool ordered = false;  // one order for all (Note [Torch's stream])
-  for (Param& p : params_) unbind_now(p, &ordered);
-}
-
-void Engine::set_torch_stream(std::uintptr_t stream) {
-  check_open();
-  order_.set_torch_stream(stream);
-}
-
 void Engine::hand_grad(std::uint32_t id, const at::Tensor& grad, bool accumulate) {
   ++crossings_;
   param(id);  // checks the engine is open and the id
@@ -252,19 +185,6 @@ std::vector<std::uint32_t> Engine::end_backward(const std::vector<bool>& zero_if
   ++crossings_;
   check_open();
   return grads_.end_backward(zero_if_missing);
-}
-
-std::vector<std::string> Engine::poison_hits() {
-  std::vector<std::string> names;
-  if (!any_poison_hit()) return names;
-  for (Param& p : params_) {
-    if (p.poison.hit()) {
-      names.push_back(p.name);
-      p.poison.rearm();
-    }
-  }
-  clear_any_poison_hit();
-  return names;
 }
 
 void Engine::begin_micro_batch(bool last) {
@@ -457,57 +377,6 @@ void Engine::refresh_view(Param& p) {
 void Engine::drop_view(Param& p) {
   push_written(*rt_, p);
   restore_home(p);
-}
-
-void Engine::bind_now(Param& p) {
-  ++param_leases_;
-  auto lease = rt_->acquire(p.id, StateKind::kParam, Access::kRead, Where::kDevice);
-  if (!lease.ok()) {
-    --p.binds;
-    Status st = lease.status();
-    st.with_context(fmt::format("binding parameter \"{}\"", p.name));
-    if (st.code() == StatusCode::kOutOfBudget) st = Status(st.code(), st.message() + working_set_note());
-    throw_if(st);
-  }
-  // On the sim device torch computes on this thread: wait here. On cuda torch's stream
-  // waits instead, once the caller has acquired all it binds (Note [Torch's stream]).
-  Status st = order_.active() ? Status::Ok() : rt_->wait(*lease);
-  if (!st.ok()) {
-    --p.binds;
-    throw_if(st);
-  }
-  storage(p)->set_data_ptr_noswap(at::DataPtr(lease->data(), device_));
-  p.lease = std::move(lease).value();
-}
-
-std::string Engine::working_set_note() const {
-  const runtime::ChunkLayout& l = rt_->layout();
-  std::vector<const Param*> bound;
-  std::set<std::uint32_t> families;
-  for (const Param& q : params_) {
-    if (!q.lease.has_value()) continue;
-    bound.push_back(&q);
-    if (q.id < l.slots.size()) families.insert(l.slots[q.id].family);
-  }
-  constexpr std::size_t kNamed = 6;
-  std::string names;
-  for (std::size_t i = 0; i < std::min(bound.size(), kNamed); ++i)
-    names += fmt::format("{}\"{}\"", i == 0 ? "" : ", ", bound[i]->name);
-  if (bound.size() > kNamed) names += fmt::format(" and {} more", bound.size() - kNamed);
-  return fmt::format(
-      ". strata.torch held {} parameters of {} chunk families bound at this point ({}), each family in "
-      "a GPU slot: the modules running at once and the parameters they read (the working set, "
-      "docs/torch.md); it shows only when the model runs, so wrap() cannot check it up front",
-      bound.size(), families.size(), names);
-}
-
-void Engine::unbind_now(Param& p, bool* ordered) {
-  p.binds = 0;
-  if (!p.lease.has_value()) return;
-  if (ordered == nullptr || !*ordered) order_.strata_after_torch();  // the release's fence after torch's use
-  if (ordered != nullptr) *ordered = true;
-  if (p.poison.data() != nullptr) storage(p)->set_data_ptr_noswap(at::DataPtr(p.poison.data(), device_));
-  p.lease.reset();
 }
 
 }  // namespace strata::torch_binding

@@ -1,9 +1,10 @@
 #pragma once
 // Engine: strata.torch._C.Engine, one strata::Runtime and the torch parameters
 // handed to it. Python's hooks call bind/unbind/hand_grad
-// (python/strata/torch/_wrap.py). What it does with a parameter's storage between
+// (python/strata/torch/_hooks.py, _grads.py). What it does with a parameter's storage between
 // steps is param_views.cpp (param.hpp), how it hands gradients over is
-// grad_handoff.cpp; the methods are in engine.cpp, the module in binding.cpp.
+// grad_handoff.cpp; the methods are in engine.cpp and param_binds.cpp (binds), the module in
+// binding.cpp.
 
 #include <torch/extension.h>
 
@@ -158,10 +159,10 @@ class Engine {
   std::vector<std::string> sync_views();
 
   //! sync_views(), then every view back to poison: the runtime is about to change
-  //! the values (step()); _wrap.py makes the parameters lazy again.
+  //! the values (step()); _views.py makes the parameters lazy again.
   void drop_views();
 
-  //! The binding's work so far (Note [Step counters] in _wrap.py): calls from hooks
+  //! The binding's work so far (Note [Step counters] in _grads.py): calls from hooks
   //! (bind, unbind, hand_grad; a batched call counts once) and param leases taken.
   py::dict counters() const;
 

@@ -7,6 +7,7 @@
 #include <torch/extension.h>
 
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -48,14 +49,10 @@ constexpr BoolKey kBoolKeys[] = {{"nesterov", &kernels::Hyper::nesterov},
 
 //! kernels::Hyper for `optimizer` from a dict of torch-style names: the optimizer's
 //! defaults (kernels::optimizer_defaults, as the runtime's config has them), then
-//! every key given.
-kernels::Hyper parse_hyper(const std::string& optimizer, const py::dict& hyper) {
+//! every key given. `caller` opens the errors.
+kernels::Hyper hyper_of(const char* caller, const std::string& optimizer, const py::dict& hyper) {
   Result<kernels::Optimizer> parsed = kernels::parse_optimizer(optimizer);
-  if (!parsed.ok()) throw py::value_error(fmt::format("fused_step: {}", parsed.status().message()));
-  if (*parsed == kernels::Optimizer::kCame)
-    throw py::value_error(
-        "fused_step: came keeps factored second moments per whole tensor (kernels::came_step), which this "
-        "one-flat-tensor step does not take; train with strata.torch's optimizer, or pick another optimizer");
+  if (!parsed.ok()) throw py::value_error(fmt::format("{}: {}", caller, parsed.status().message()));
   kernels::Hyper h = kernels::optimizer_defaults(*parsed);
   for (auto item : hyper) {
     const std::string key = py::str(item.first);
@@ -72,9 +69,59 @@ kernels::Hyper parse_hyper(const std::string& optimizer, const py::dict& hyper) 
         known = true;
       }
     }
-    if (!known) throw py::value_error(fmt::format("fused_step: unknown hyperparameter \"{}\"", key));
+    if (!known) throw py::value_error(fmt::format("{}: unknown hyperparameter \"{}\"", caller, key));
   }
   return h;
+}
+
+//! hyper_of for fused_step, which refuses came.
+kernels::Hyper parse_hyper(const std::string& optimizer, const py::dict& hyper) {
+  Result<kernels::Optimizer> parsed = kernels::parse_optimizer(optimizer);
+  if (parsed.ok() && *parsed == kernels::Optimizer::kCame)
+    throw py::value_error(
+        "fused_step: came keeps factored second moments per whole tensor (kernels::came_step), which this "
+        "one-flat-tensor step does not take; train with strata.torch's optimizer, or pick another optimizer");
+  return hyper_of("fused_step", optimizer, hyper);
+}
+
+// Note [Optimizer state names]
+// The full-size states each optimizer's kernel keeps, in state order (Span::state[0], [1]: the
+// runtime's STATE0, STATE1), as kernels/hyper.hpp lists them, under the names torch.optim's
+// state_dict gives them (the kernels follow torch.optim's rules, and strata.torch's optimizers
+// read and write torch's format, optim.py). How many an optimizer keeps for given
+// hyperparameters (SGD without momentum: none) is kernels::optimizer_state_count's answer, not
+// this table's. _C.optimizer_states is the one place strata.torch takes them from.
+struct StateNames {
+  kernels::Optimizer optimizer;
+  const char* names[2];
+};
+constexpr StateNames kStateNames[] = {{kernels::Optimizer::kAdam, {"exp_avg", "exp_avg_sq"}},
+                                      {kernels::Optimizer::kAdamW, {"exp_avg", "exp_avg_sq"}},
+                                      {kernels::Optimizer::kLamb, {"exp_avg", "exp_avg_sq"}},
+                                      {kernels::Optimizer::kLars, {"momentum_buffer", nullptr}},
+                                      {kernels::Optimizer::kSgd, {"momentum_buffer", nullptr}},
+                                      {kernels::Optimizer::kLion, {"exp_avg", nullptr}},
+                                      {kernels::Optimizer::kAdagrad, {"sum", nullptr}}};
+
+//! The names of the states `optimizer` keeps with hyperparameters `hyper` (torch-style names, as
+//! fused_step takes them), in state order (Note [Optimizer state names]). Throws ValueError for
+//! an unknown optimizer or hyperparameter, and for came (its second moments are factored per
+//! tensor, came.hpp: no flat state to name).
+py::tuple optimizer_states(const std::string& optimizer, const py::dict& hyper) {
+  const kernels::Hyper h = hyper_of("optimizer_states", optimizer, hyper);
+  const std::uint32_t count = kernels::optimizer_state_count(h);
+  for (const StateNames& s : kStateNames) {
+    if (s.optimizer != h.optimizer) continue;
+    py::list names;
+    for (std::uint32_t k = 0; k < count; ++k) {
+      if (k >= std::size(s.names) || s.names[k] == nullptr)
+        throw StrataError(fmt::format("optimizer_states: {} keeps {} states, {} named", optimizer, count, k));
+      names.append(s.names[k]);
+    }
+    return py::tuple(names);
+  }
+  throw py::value_error(
+      fmt::format("optimizer_states: {} keeps no flat states (kernels/hyper.hpp)", optimizer));
 }
 
 kernels::DType kernel_dtype(const at::Tensor& t) {
@@ -180,6 +227,7 @@ void register_functional(py::module_& m) {
   m.def("fused_step", &fused_step, py::arg("optimizer"), py::arg("param"), py::arg("grad"), py::arg("states"),
         py::arg("step"), py::arg("hyper"), py::arg("grad_scale") = 1.0f, py::arg("param_copy") = std::nullopt,
         py::arg("threads") = 1, py::arg("grad_checked") = false);
+  m.def("optimizer_states", &optimizer_states, py::arg("optimizer"), py::arg("hyper"));
 }
 
 }  // namespace strata::torch_binding

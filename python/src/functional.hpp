@@ -6,7 +6,8 @@
 
 namespace strata::torch_binding {
 
-//! Defines _C.fused_step on the extension module (called from its init).
+//! Defines _C.fused_step and _C.optimizer_states (Note [Optimizer state names]) on the
+//! extension module (called from its init).
 void register_functional(pybind11::module_& m);
 
 }  // namespace strata::torch_binding

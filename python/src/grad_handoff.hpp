@@ -42,7 +42,7 @@ class GradientHandoff {
   //! Backward ended: hands every gradient kept back and completes every family some
   //! of whose gradients came. A tensor of one that got no gradient is declared
   //! gradient-less (Runtime::no_gradient), or, where torch's p.grad would be a zero
-  //! tensor (`zero_if_missing[pid]`: Note [Zero gradients] in _wrap.py), handed a zero
+  //! tensor (`zero_if_missing[pid]`: Note [Zero gradients] in _grads.py), handed a zero
   //! gradient. Returns the pids handed zeros.
   std::vector<std::uint32_t> end_backward(const std::vector<bool>& zero_if_missing);
   //! A micro-batch starts: what is still kept is handed, and the order takes the

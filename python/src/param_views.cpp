@@ -5,8 +5,8 @@
 // code that reads or writes it there (p.data, print(p), p.norm(), ema.copy_(p),
 // nn.init.*, p.mul_ under no_grad) must see and change strata's value:
 //   - Reads materialise on demand. Between steps (after step(), after wrap, after a
-//     no_grad forward) _wrap.py switches each parameter's Python class to a
-//     subclass with __torch_function__ (Note [Lazy parameters] in _wrap.py); the
+//     no_grad forward) _views.py switches each parameter's Python class to a
+//     subclass with __torch_function__ (Note [Lazy parameters] in _views.py); the
 //     first torch call on it calls materialise(): open_view() maps fresh pages over
 //     the region, read_tensor copies the current value in (from whichever tier holds
 //     it: host, the sim device, NVMe) and seal_view() makes it read-only. The
@@ -29,12 +29,12 @@
 //     storage is swapped back after its values are taken (a wrong shape or dtype is
 //     dropped and raises, naming the parameter). Views end where the runtime's value
 //     changes or a lease takes over: bind() (the next forward) and step() hand what was
-//     written and put the region back to poison (_wrap.py makes the parameters lazy
+//     written and put the region back to poison (_views.py makes the parameters lazy
 //     again after step()); write() and load_checkpoint() read an existing view again.
 //   - The read window: between step() and the next forward, and after a no_grad
 //     forward. Between the last backward of a step and step() strata's optimizer may
 //     already have updated a parameter (it overlaps backward) while torch would show
-//     the old value, so a read there raises, naming the parameter (_wrap.py).
+//     the old value, so a read there raises, naming the parameter (_views.py).
 //   - CUDA: the region is host memory, so a read raises at the read naming
 //     model.strata.read_param and model.state_dict() (not served yet).
 #include <fmt/ranges.h>

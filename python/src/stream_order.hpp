@@ -14,7 +14,7 @@
 // waits for torch's stream (so the release's fence comes after torch's last use). One
 // event does both, recorded and waited at once (Note [Event semantics] in
 // strata/memory/device.hpp). Torch's stream is the one current when the root module's
-// forward starts (_wrap.py sets it); torch runs a backward node on its forward's stream,
+// forward starts (_hooks.py sets it); torch runs a backward node on its forward's stream,
 // so backward's hooks use the same one. A forward that switches streams inside itself is
 // not ordered: strata.torch cannot see it.
 

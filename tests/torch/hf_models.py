@@ -37,7 +37,7 @@ NAMES = ("gpt2", "llama", "bert", "t5")
 # call, Note [Parameters read by another module], which holds it through that module's backward).
 # It needed 8 while such a read was bound for the whole forward, and while the cross-attention k
 # and v stayed bound until the encoder output's whole gradient was computed (Note [Module-local
-# input gradients] in _wrap.py).
+# input gradients] in _hooks.py).
 GPU_SLOTS = {"gpt2": 3, "llama": 3, "bert": 3, "t5": 4}
 
 

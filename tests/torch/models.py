@@ -196,7 +196,7 @@ class CrossBlock(nn.Module):
 class SharedInput(nn.Module):
     """Six blocks whose k takes the same tensor (T5's encoder output in every decoder block's
     cross-attention): each k is unbound once its own part of that tensor's gradient is computed
-    (Note [Module-local input gradients] in _wrap.py), not once the whole of it is, after the last
+    (Note [Module-local input gradients] in _hooks.py), not once the whole of it is, after the last
     block's backward (#27). Its first layer takes an input without a gradient: unbound once its
     parameters' gradients are computed."""
 

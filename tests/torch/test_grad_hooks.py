@@ -1,4 +1,4 @@
-"""Note [Gradient hooks] in _wrap.py: on torch >= 2.1 the gradient hooks are torch's supported
+"""Note [Gradient hooks] in _grads.py: on torch >= 2.1 the gradient hooks are torch's supported
 register_post_accumulate_grad_hook (no autograd internals), removed by close(); on torch 1.13 they
 sit on the AccumulateGrad nodes. Either way training is bit-identical to torch alone (test_exact_sgd)."""
 

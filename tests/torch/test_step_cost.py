@@ -1,4 +1,4 @@
-"""strata.torch's own work per step (issue #29, Note [Step counters] in strata/torch/_wrap.py):
+"""strata.torch's own work per step (issue #29, Note [Step counters] in strata/torch/_grads.py):
 where everything fits a step moves no bytes between tiers, and the binding crosses from Python
 once per module hook (Note [Batched binds] in python/src/engine.hpp), not once per parameter.
 Offloaded steps move bytes, so the counters are live. bench/torch_gpt.py reports the same
@@ -96,7 +96,7 @@ def test_bench_smoke(tmp_path):
     assert s["fit_counters"]["bytes_moved"] == 0 and s["offload_counters"]["bytes_moved"] > 0, s
 
 
-# --- Note [Holding parameters where everything fits] in strata/torch/_wrap.py -----------------------
+# --- Note [Holding parameters where everything fits] in strata/torch/_hooks.py -----------------------
 
 def _fit_config(name):
     from harness import config  # noqa: PLC0415

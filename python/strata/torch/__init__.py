@@ -8,11 +8,11 @@
         loss = loss_fn(model(x), y)
         loss.backward()      # gradients go to strata's grad chunks; optimizer steps overlap backward
         opt.step()           # strata's step: the rest of the optimizer, re-planning
-        opt.zero_grad()      # torch's semantics (Note [Zero gradients] in _wrap.py)
+        opt.zero_grad()      # torch's semantics (Note [Zero gradients] in _grads.py)
     torch.save(model.state_dict(), "model.pt")   # plain torch tensors
 
 wrap() keeps the model's Parameter objects; their storage is rebound to strata's memory
-while their module runs (see Note [Hooks] in _wrap.py); between steps they read and write
+while their module runs (see Note [Hooks] in _hooks.py); between steps they read and write
 strata's values (Note [Lazy parameters]), and torch's clip_grad_norm_ works on them
 (Note [Gradients in torch]). state_dict()/load_state_dict()
 of the model and the optimizer use torch's formats.

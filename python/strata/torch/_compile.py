@@ -2,7 +2,7 @@
 
 Note [torch.compile]
 strata's work happens in hooks: module forward pre-/post-hooks bind and unbind parameters
-(Note [Hooks] in _wrap.py), tensor hooks rebind them when backward reaches a module, and the
+(Note [Hooks] in _hooks.py), tensor hooks rebind them when backward reaches a module, and the
 gradient hooks hand each gradient over. TorchDynamo inlines module hooks into the graph it
 traces. Left alone it traces them too: their Python side effects are replayed after the graph
 runs instead of when the module runs, so a parameter is read while it points at its poison

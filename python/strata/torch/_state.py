@@ -3,7 +3,7 @@ parameters a module reads without owning them (Wrapped.__init__ installs all of 
 
 Note [state_dict of a wrapped model]
 Between steps a parameter's storage points at its poison region (Note [Rebinding storage] in
-python/src/engine.cpp), so torch's state_dict (the parameter, detached) would hold no values.
+python/src/param_binds.cpp), so torch's state_dict (the parameter, detached) would hold no values.
 A state_dict hook on every module that owns strata parameters puts each one's current value
 (read from the runtime, on the CPU, in the parameter's dtype) under that module's keys. The hook
 runs once per path torch walks, so a module shared by two parents fills both of its keys, and a
@@ -213,7 +213,7 @@ class ModelState:
 
     def _bound_by_active(self, pid):
         """Bound by a call whose forward is running (unbound only after this read's backward), not only held by a
-        finished one (Note [Holding parameters where everything fits] in _wrap.py): such a read binds for itself."""
+        finished one (Note [Holding parameters where everything fits] in _hooks.py): such a read binds for itself."""
         return any(c is not None and pid in c.pids for _, c, _ in reversed(self.active))
 
     def poison_context(self):

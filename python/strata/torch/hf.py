@@ -16,14 +16,14 @@ Trainer does with them, and what strata needs for it:
     `scheduler.step()` and `model.zero_grad()`; with `max_grad_norm` 0 it still calls
     `clip_grad_norm_(..., inf)` for the logged norm. So the wrap config must say the same
     `gradient_accumulation_steps` (the binding refuses an extra micro-batch), and gradients are
-    read in torch every step: `grad_reads: true` (Note [Gradients in torch] in _wrap.py;
+    read in torch every step: `grad_reads: true` (Note [Gradients in torch] in _grads.py;
     "auto" would find that out in the first step anyway, true says it up front).
   - the scheduler changes the groups' lr after `optimizer.step()`, in time for the next
     step's first forward (Note [When lr is read] in optim.py).
   - checkpoints: `model.state_dict()` goes to safetensors, `optimizer.state_dict()` (torch.optim's
     format) to optimizer.pt; `resume_from_checkpoint` loads them back with
     `model.load_state_dict(sd, strict=False)` and `optimizer.load_state_dict`, both strata's
-    (Notes in _state.py and optim.py), after the optimizer exists. Resuming is exact.
+    (Notes in _state.py and _optim_state.py), after the optimizer exists. Resuming is exact.
   - the param groups are Trainer's own (`get_decay_parameter_names`: no weight decay for
     biases and norms); strata's groups may differ in lr and weight decay, which is all they do.
 """
