@@ -9,19 +9,11 @@
 
 #include "strata/strata.h"
 
+#define C_CHECK_NAME "test_c_abi"
+#include "c_check.h"
+
 #define N 64
 #define BATCH 8
-
-static int failures = 0;
-#define CHECK(cond, ...)                                           \
-  do {                                                             \
-    if (!(cond)) {                                                 \
-      fprintf(stderr, "test_c_abi: FAIL %s: ", #cond);             \
-      fprintf(stderr, __VA_ARGS__);                                \
-      fprintf(stderr, " (last error: %s)\n", strata_last_error()); \
-      ++failures;                                                  \
-    }                                                              \
-  } while (0)
 
 typedef struct {
   float x[BATCH * N];
