@@ -55,7 +55,7 @@ static void backward(void* user) {
 int main(void) {
   /* Errors: codes and messages, never a crash. */
   strata_config* bad = NULL;
-  strata_status st = strata_config_from_json("{\"budgets\": {\"gpx\": \"1GiB\"}}", &bad);
+  strata_status st = strata_config_from_json_text("{\"budgets\": {\"gpx\": \"1GiB\"}}", &bad);
   CHECK(st == STRATA_INVALID_ARGUMENT, "unknown key gives %s", strata_status_name(st));
   CHECK(strstr(strata_last_error(), "budgets.gpx") != NULL, "message names the key");
   CHECK(bad == NULL, "no handle on failure");
