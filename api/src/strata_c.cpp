@@ -92,18 +92,18 @@ strata_status strata_config_new(strata_config** out) {
   });
 }
 
-strata_status strata_config_from_json(const char* json_text, strata_config** out) {
-  if (json_text == nullptr) return null_argument("json_text");
+strata_status strata_config_from_json_text(const char* text, strata_config** out) {
+  if (text == nullptr) return null_argument("text");
   if (out == nullptr) return null_argument("out");
   return guarded([&] {
-    auto c = strata::Config::from_json_text(json_text);
+    auto c = strata::Config::from_json_text(text);
     if (!c.ok()) return fail(c.status());
     *out = new strata_config{std::move(c).value()};
     return ok();
   });
 }
 
-strata_status strata_config_from_file(const char* path, strata_config** out) {
+strata_status strata_config_from_json_file(const char* path, strata_config** out) {
   if (path == nullptr) return null_argument("path");
   if (out == nullptr) return null_argument("out");
   return guarded([&] {
@@ -139,55 +139,6 @@ void strata_runtime_free(strata_runtime* runtime) {
   delete runtime;
 }
 
-strata_status strata_register_tensor(strata_runtime* runtime, const char* name, const int64_t* shape,
-                                     size_t ndim, int frozen, uint32_t* id_out) {
-  if (runtime == nullptr || name == nullptr || id_out == nullptr)
-    return null_argument("runtime, name and id_out");
-  if (shape == nullptr && ndim > 0) return null_argument("shape");
-  return guarded([&] {
-    auto id = runtime->rt->register_tensor(name, std::vector<std::int64_t>(shape, shape + ndim), frozen != 0);
-    if (!id.ok()) return fail(id.status());
-    *id_out = *id;
-    return ok();
-  });
-}
-
-strata_status strata_init_tensor(strata_runtime* runtime, uint32_t tensor, const float* values,
-                                 uint64_t count) {
-  if (runtime == nullptr || values == nullptr) return null_argument("runtime and values");
-  return guarded(
-      [&] { return from(runtime->rt->init_tensor(tensor, std::span<const float>(values, count))); });
-}
-
-strata_status strata_read_tensor(strata_runtime* runtime, uint32_t tensor, strata_state state, float* out,
-                                 uint64_t count) {
-  if (runtime == nullptr || out == nullptr) return null_argument("runtime and out");
-  if (state < STRATA_PARAM || state > STRATA_STATE1)
-    return fail(strata::invalid_argument("state {} is not a strata_state", static_cast<int>(state)));
-  return guarded([&] {
-    return from(runtime->rt->read_tensor(tensor, static_cast<strata::StateKind>(state),
-                                         std::span<float>(out, count)));
-  });
-}
-
-strata_status strata_acquire(strata_runtime* runtime, uint32_t tensor, strata_state state,
-                             strata_access access, strata_where where, strata_lease** out) {
-  if (runtime == nullptr || out == nullptr) return null_argument("runtime and out");
-  if (state < STRATA_PARAM || state > STRATA_STATE1 || access < STRATA_READ || access > STRATA_ACCUMULATE ||
-      where < STRATA_ON_DEVICE || where > STRATA_ON_HOST) {
-    return fail(strata::invalid_argument("strata_acquire: state {}, access {} or where {} out of range",
-                                         static_cast<int>(state), static_cast<int>(access),
-                                         static_cast<int>(where)));
-  }
-  return guarded([&] {
-    auto lease = runtime->rt->acquire(tensor, static_cast<strata::StateKind>(state),
-                                      static_cast<strata::Access>(access), static_cast<strata::Where>(where));
-    if (!lease.ok()) return fail(lease.status());
-    *out = new strata_lease{std::move(lease).value()};
-    return ok();
-  });
-}
-
 void* strata_lease_data(const strata_lease* lease) {
   return lease == nullptr ? nullptr : lease->lease.data();
 }
@@ -198,20 +149,6 @@ uint64_t strata_lease_numel(const strata_lease* lease) {
 
 void strata_lease_release(strata_lease* lease) {
   delete lease;
-}
-
-strata_status strata_launch(strata_runtime* runtime, void (*fn)(void* user), void* user) {
-  if (runtime == nullptr || fn == nullptr) return null_argument("runtime and fn");
-  return guarded([&] { return from(runtime->rt->launch([fn, user] { fn(user); })); });
-}
-
-strata_status strata_flush(strata_runtime* runtime) {
-  if (runtime == nullptr) return null_argument("runtime");
-  return guarded([&] {
-    strata::Status st = runtime->rt->flush();
-    if (!st.ok()) return fail(st);
-    return ok();
-  });
 }
 
 strata_status strata_step(strata_runtime* runtime, strata_step_stats* out, size_t out_size) {
@@ -253,7 +190,74 @@ uint32_t strata_abi_version(void) {
   return STRATA_ABI_VERSION;
 }
 
-strata_status strata_write_trace(const strata_runtime* runtime, const char* path) {
+// generated from api/ops.py by scripts/gen-api: do not edit (Note [Public operations])
+// clang-format off
+strata_status strata_register_tensor(strata_runtime* runtime, const char* name, const int64_t* shape,
+                                     size_t ndim, int frozen, uint32_t* id_out) {
+  if (runtime == nullptr || name == nullptr || id_out == nullptr)
+    return null_argument("runtime, name and id_out");
+  if (shape == nullptr && ndim > 0) return null_argument("shape");
+  return guarded([&] {
+    auto r = runtime->rt->register_tensor(name, std::vector<std::int64_t>(shape, shape + ndim), frozen != 0);
+    if (!r.ok()) return fail(r.status());
+    *id_out = *r;
+    return ok();
+  });
+}
+
+strata_status strata_init_tensor(strata_runtime* runtime, uint32_t tensor, const float* values,
+                                 uint64_t count) {
+  if (runtime == nullptr || values == nullptr) return null_argument("runtime and values");
+  return guarded([&] {
+    return from(runtime->rt->init_tensor(tensor, std::span<const float>(values, count)));
+  });
+}
+
+strata_status strata_read_tensor(strata_runtime* runtime, uint32_t tensor, strata_state kind, float* out,
+                                 uint64_t count) {
+  if (runtime == nullptr || out == nullptr) return null_argument("runtime and out");
+  if (kind < STRATA_PARAM || kind > STRATA_STATE1)
+    return fail(strata::invalid_argument("state {} is not a strata_state", static_cast<int>(kind)));
+  return guarded([&] {
+    return from(runtime->rt->read_tensor(tensor, static_cast<strata::StateKind>(kind),
+                                         std::span<float>(out, count)));
+  });
+}
+
+strata_status strata_acquire(strata_runtime* runtime, uint32_t tensor, strata_state kind,
+                             strata_access access, strata_where where, strata_lease** out) {
+  if (runtime == nullptr || out == nullptr) return null_argument("runtime and out");
+  if (kind < STRATA_PARAM || kind > STRATA_STATE1 || access < STRATA_READ || access > STRATA_ACCUMULATE ||
+      where < STRATA_ON_DEVICE || where > STRATA_ON_HOST) {
+    return fail(strata::invalid_argument("strata_acquire: state {}, access {} or where {} out of range",
+                                         static_cast<int>(kind), static_cast<int>(access),
+                                         static_cast<int>(where)));
+  }
+  return guarded([&] {
+    auto r = runtime->rt->acquire(tensor, static_cast<strata::StateKind>(kind),
+                                  static_cast<strata::Access>(access), static_cast<strata::Where>(where));
+    if (!r.ok()) return fail(r.status());
+    *out = new strata_lease{std::move(r).value()};
+    return ok();
+  });
+}
+
+strata_status strata_launch(strata_runtime* runtime, void (*fn)(void* user), void* user) {
+  if (runtime == nullptr || fn == nullptr) return null_argument("runtime and fn");
+  return guarded([&] { return from(runtime->rt->launch([fn, user] { fn(user); })); });
+}
+
+strata_status strata_abort_step(strata_runtime* runtime) {
+  if (runtime == nullptr) return null_argument("runtime");
+  return guarded([&] { return from(runtime->rt->abort_step()); });
+}
+
+strata_status strata_flush(strata_runtime* runtime) {
+  if (runtime == nullptr) return null_argument("runtime");
+  return guarded([&] { return from(runtime->rt->flush()); });
+}
+
+strata_status strata_write_chrome_trace(const strata_runtime* runtime, const char* path) {
   if (runtime == nullptr || path == nullptr) return null_argument("runtime and path");
   return guarded([&] { return from(runtime->rt->write_chrome_trace(path)); });
 }
@@ -266,6 +270,11 @@ strata_status strata_lease_wait(strata_runtime* runtime, const strata_lease* lea
 strata_status strata_begin_micro_batch(strata_runtime* runtime, int last) {
   if (runtime == nullptr) return null_argument("runtime");
   return guarded([&] { return from(runtime->rt->begin_micro_batch(last != 0)); });
+}
+
+strata_status strata_no_gradient(strata_runtime* runtime, uint32_t tensor) {
+  if (runtime == nullptr) return null_argument("runtime");
+  return guarded([&] { return from(runtime->rt->no_gradient(tensor)); });
 }
 
 strata_status strata_set_grad_scale(strata_runtime* runtime, float scale) {
@@ -288,13 +297,13 @@ strata_status strata_set_group_hyper(strata_runtime* runtime, uint32_t group, fl
   return guarded([&] { return from(runtime->rt->set_group_hyper(group, lr, weight_decay)); });
 }
 
-strata_status strata_write_tensor(strata_runtime* runtime, uint32_t tensor, strata_state state,
+strata_status strata_write_tensor(strata_runtime* runtime, uint32_t tensor, strata_state kind,
                                   const float* values, uint64_t count) {
   if (runtime == nullptr || values == nullptr) return null_argument("runtime and values");
-  if (state < STRATA_PARAM || state > STRATA_STATE1)
-    return fail(strata::invalid_argument("state {} is not a strata_state", static_cast<int>(state)));
+  if (kind < STRATA_PARAM || kind > STRATA_STATE1)
+    return fail(strata::invalid_argument("state {} is not a strata_state", static_cast<int>(kind)));
   return guarded([&] {
-    return from(runtime->rt->write_tensor(tensor, static_cast<strata::StateKind>(state),
+    return from(runtime->rt->write_tensor(tensor, static_cast<strata::StateKind>(kind),
                                           std::span<const float>(values, count)));
   });
 }
@@ -302,9 +311,9 @@ strata_status strata_write_tensor(strata_runtime* runtime, uint32_t tensor, stra
 strata_status strata_tensor_steps(strata_runtime* runtime, uint32_t tensor, int64_t* out) {
   if (runtime == nullptr || out == nullptr) return null_argument("runtime and out");
   return guarded([&] {
-    auto steps = runtime->rt->tensor_steps(tensor);
-    if (!steps.ok()) return fail(steps.status());
-    *out = *steps;
+    auto r = runtime->rt->tensor_steps(tensor);
+    if (!r.ok()) return fail(r.status());
+    *out = *r;
     return ok();
   });
 }
@@ -333,9 +342,9 @@ strata_status strata_checkpoint_in_flight(strata_runtime* runtime, int* in_fligh
   if (runtime == nullptr || in_flight == nullptr) return null_argument("runtime and in_flight");
   return guarded([&] {
     auto r = runtime->rt->checkpoint_in_flight();
-    if (!r.ok()) return from(r.status());
+    if (!r.ok()) return fail(r.status());
     *in_flight = *r ? 1 : 0;
-    return STRATA_OK;
+    return ok();
   });
 }
 
@@ -343,5 +352,22 @@ strata_status strata_load_checkpoint(strata_runtime* runtime, const char* dir) {
   if (runtime == nullptr || dir == nullptr) return null_argument("runtime and dir");
   return guarded([&] { return from(runtime->rt->load_checkpoint(dir)); });
 }
+
+// Deprecated: the ABI 4 name of strata_config_from_json_text.
+strata_status strata_config_from_json(const char* text, strata_config** out) {
+  return strata_config_from_json_text(text, out);
+}
+
+// Deprecated: the ABI 4 name of strata_config_from_json_file.
+strata_status strata_config_from_file(const char* path, strata_config** out) {
+  return strata_config_from_json_file(path, out);
+}
+
+// Deprecated: the ABI 4 name of strata_write_chrome_trace.
+strata_status strata_write_trace(const strata_runtime* runtime, const char* path) {
+  return strata_write_chrome_trace(runtime, path);
+}
+// clang-format on
+// end of generated
 
 }  // extern "C"

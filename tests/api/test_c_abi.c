@@ -9,19 +9,11 @@
 
 #include "strata/strata.h"
 
+#define C_CHECK_NAME "test_c_abi"
+#include "c_check.h"
+
 #define N 64
 #define BATCH 8
-
-static int failures = 0;
-#define CHECK(cond, ...)                                           \
-  do {                                                             \
-    if (!(cond)) {                                                 \
-      fprintf(stderr, "test_c_abi: FAIL %s: ", #cond);             \
-      fprintf(stderr, __VA_ARGS__);                                \
-      fprintf(stderr, " (last error: %s)\n", strata_last_error()); \
-      ++failures;                                                  \
-    }                                                              \
-  } while (0)
 
 typedef struct {
   float x[BATCH * N];
@@ -63,7 +55,7 @@ static void backward(void* user) {
 int main(void) {
   /* Errors: codes and messages, never a crash. */
   strata_config* bad = NULL;
-  strata_status st = strata_config_from_json("{\"budgets\": {\"gpx\": \"1GiB\"}}", &bad);
+  strata_status st = strata_config_from_json_text("{\"budgets\": {\"gpx\": \"1GiB\"}}", &bad);
   CHECK(st == STRATA_INVALID_ARGUMENT, "unknown key gives %s", strata_status_name(st));
   CHECK(strstr(strata_last_error(), "budgets.gpx") != NULL, "message names the key");
   CHECK(bad == NULL, "no handle on failure");

@@ -9,18 +9,10 @@
 
 #include "strata/strata.h"
 
-#define N 4096
+#define C_CHECK_NAME "test_c_abi_checkpoint"
+#include "c_check.h"
 
-static int failures = 0;
-#define CHECK(cond, ...)                                           \
-  do {                                                             \
-    if (!(cond)) {                                                 \
-      fprintf(stderr, "test_c_abi_checkpoint: FAIL %s: ", #cond);  \
-      fprintf(stderr, __VA_ARGS__);                                \
-      fprintf(stderr, " (last error: %s)\n", strata_last_error()); \
-      ++failures;                                                  \
-    }                                                              \
-  } while (0)
+#define N 4096
 
 static strata_runtime* make_runtime(const char* chunk_elems) {
   strata_config* cfg = NULL;

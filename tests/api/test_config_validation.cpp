@@ -1,5 +1,5 @@
 // What Runtime::create refuses, reached the way a user reaches it: a JSON config
-// file read through the C ABI (strata_config_from_file, strata_runtime_new), and
+// file read through the C ABI (strata_config_from_json_file, strata_runtime_new), and
 // Config::validate(). Each case was once accepted (issue 16); the message must
 // name the key.
 #include <gtest/gtest.h>
@@ -31,13 +31,13 @@ class ConfigValidation : public ::testing::Test {
            budgets + "}" + extra + "}";
   }
 
-  // strata_config_from_file + strata_runtime_new; returns the status of the first
+  // strata_config_from_json_file + strata_runtime_new; returns the status of the first
   // that fails (STRATA_OK when both succeed) and its message.
   strata_status create_through_c(const std::string& text, std::string* message) const {
     const fs::path file = dir_ / "strata.json";
     std::ofstream(file) << text;
     strata_config* cfg = nullptr;
-    strata_status st = strata_config_from_file(file.c_str(), &cfg);
+    strata_status st = strata_config_from_json_file(file.c_str(), &cfg);
     if (st != STRATA_OK) {
       *message = strata_last_error();
       return st;
