@@ -26,9 +26,10 @@
 # is "strata_" + the object's prefix (config_, lease_; none for the runtime) + the
 # name, unless c_name says otherwise and why. A renamed C symbol keeps its old one
 # exported as a deprecated alias (c_old): a C ABI must not break silently. The
-# engine's Python name is the canonical one; py_method names the Engine method
-# that implements it while engine.hpp still uses another name, and py_old keeps
-# the engine's old Python name as an alias while python/strata/torch calls it.
+# engine's Python name (`_C.Engine`) is the canonical one too. For a rename in
+# progress, py_method names the Engine method that implements it while engine.hpp
+# still uses another name, and py_old keeps an old Python name as an alias; no
+# operation uses either today.
 #
 # Abstract argument types (scripts/gen-api, TYPES, maps them per surface):
 #   tensor  TensorId / uint32_t          state   StateKind / strata_state
@@ -126,8 +127,7 @@ OPS = [
        doc="""Sets a tensor's initial value (as many values as its elements); its optimizer states start at
        zero. Between steps; blocks (may read and write NVMe). Fails: InvalidArgument (unknown id, wrong
        count)."""),
-    op("read_tensor", "tensor: tensor, kind: state, out: out", surfaces=(CPP, C, PY), py_method="read",
-       py_old=("read",),
+    op("read_tensor", "tensor: tensor, kind: state, out: out", surfaces=(CPP, C, PY),
        doc="""Copies a tensor's state `kind` as fp32 into out (as many values as its elements). Between steps;
        blocks (flushes, may read NVMe). Fails: InvalidArgument (unknown id, wrong count),
        FailedPrecondition (a state this optimizer does not keep)."""),
@@ -173,7 +173,6 @@ OPS = [
        themselves."""),
     op("write_chrome_trace", "path: path", surfaces=(CPP, C, PY), const=True, c_old=("strata_write_trace",),
        c_doc="(Named strata_write_trace before ABI 5.)",
-       py_method="write_trace", py_old=("write_trace",),
        doc="""Writes the Chrome trace (chrome://tracing, Perfetto) of the recorded timeline to `path`. Blocks on
        the write. Fails: the file's error, naming the path."""),
 
@@ -195,8 +194,7 @@ OPS = [
        c_doc="STRATA_INVALID_ARGUMENT for a scale that is not finite and > 0.",
        doc="""Multiplies every gradient by scale (1/loss_scale) from the next optimizer step on; set it before
        backward."""),
-    op("set_tensor_group", "tensor: tensor, group: u32", surfaces=(CPP, C, PY), py_method="set_group",
-       py_old=("set_group",),
+    op("set_tensor_group", "tensor: tensor, group: u32", surfaces=(CPP, C, PY),
        doc="""Puts a tensor in parameter group `group` (< 65536; 0 by default; Note [Parameter groups]). Before
        the first lease and between steps. Fails: InvalidArgument (unknown id, group too large)."""),
     op("set_group_hyper", "group: u32, lr: f32, weight_decay: f32", surfaces=(CPP, C, PY),
@@ -204,17 +202,14 @@ OPS = [
        effect when a family's optimizer starts are used. Between step and the next backward;
        FailedPrecondition otherwise, InvalidArgument for a bad value."""),
     op("write_tensor", "tensor: tensor, kind: state, values: values", surfaces=(CPP, C, PY),
-       py_method="write", py_old=("write",),
        doc="""Overwrites state `kind` of a tensor (param, master, state0/1; not grad) from fp32 values (as many
        as its elements; a checkpoint's load). Between steps; blocks. Fails: InvalidArgument (unknown id, wrong
        count), FailedPrecondition (leases held, a state it does not have, grad)."""),
-    op("tensor_steps", "tensor: tensor", returns="Result<i64>", surfaces=(CPP, C, PY), py_method="steps",
+    op("tensor_steps", "tensor: tensor", returns="Result<i64>", surfaces=(CPP, C, PY),
        c_doc="The count goes to *out.",
-       py_old=("steps",),
        doc="""The optimizer steps applied to a tensor (its bias-correction step counter). Fails: InvalidArgument
        (unknown id)."""),
-    op("set_tensor_steps", "tensor: tensor, steps: i64", surfaces=(CPP, C, PY), py_method="set_steps",
-       py_old=("set_steps",),
+    op("set_tensor_steps", "tensor: tensor, steps: i64", surfaces=(CPP, C, PY),
        doc="""Sets a tensor's step counter (>= 0; a checkpoint's load). Between steps. Fails: InvalidArgument
        (unknown id, negative)."""),
     op("save_checkpoint", "dir: path", surfaces=(CPP, C, PY),

@@ -67,12 +67,10 @@ PYBIND11_MODULE(_C, m) {
       .def("poison_hits", &Engine::poison_hits)
       // generated from api/ops.py by scripts/gen-api: do not edit (Note [Public operations])
       // clang-format off
-      .def("read_tensor", &Engine::read, py::arg("tensor"), py::arg("kind"),
+      .def("read_tensor", &Engine::read_tensor, py::arg("tensor"), py::arg("kind"),
            "Copies a tensor's state `kind` as fp32 into out (as many values as its elements). Between steps;"
            " blocks (flushes, may read NVMe). Fails: InvalidArgument (unknown id, wrong count), "
            "FailedPrecondition (a state this optimizer does not keep).")
-      .def("read", &Engine::read, py::arg("tensor"), py::arg("kind"),
-           "Deprecated name of read_tensor.")
       .def("step", &Engine::step,
            "Ends the step: runs or waits for every optimizer step, re-plans after the warm-up step. Blocks. "
            "Fails with the first background error (an NVMe EIO, a corrupt chunk); the last completed step's "
@@ -86,43 +84,33 @@ PYBIND11_MODULE(_C, m) {
            "Waits until the last step's states are on their home tiers (NVMe write-backs outlive step). "
            "Returns the first background error. Blocks. read_tensor and freeing the runtime flush by "
            "themselves.")
-      .def("write_chrome_trace", &Engine::write_trace, py::arg("path"),
+      .def("write_chrome_trace", &Engine::write_chrome_trace, py::arg("path"),
            "Writes the Chrome trace (chrome://tracing, Perfetto) of the recorded timeline to `path`. Blocks "
            "on the write. Fails: the file's error, naming the path.")
-      .def("write_trace", &Engine::write_trace, py::arg("path"),
-           "Deprecated name of write_chrome_trace.")
       .def("begin_micro_batch", &Engine::begin_micro_batch, py::arg("last"),
            "Starts a micro-batch: with last false no optimizer runs and gradients are kept for the next "
            "micro-batch to add to (access accumulate). Fails: FailedPrecondition while leases are held.")
       .def("set_grad_scale", &Engine::set_grad_scale, py::arg("scale"),
            "Multiplies every gradient by scale (1/loss_scale) from the next optimizer step on; set it before"
            " backward.")
-      .def("set_tensor_group", &Engine::set_group, py::arg("tensor"), py::arg("group"),
+      .def("set_tensor_group", &Engine::set_tensor_group, py::arg("tensor"), py::arg("group"),
            "Puts a tensor in parameter group `group` (< 65536; 0 by default; Note [Parameter groups]). "
            "Before the first lease and between steps. Fails: InvalidArgument (unknown id, group too large).")
-      .def("set_group", &Engine::set_group, py::arg("tensor"), py::arg("group"),
-           "Deprecated name of set_tensor_group.")
       .def("set_group_hyper", &Engine::set_group_hyper, py::arg("group"), py::arg("lr"),
            py::arg("weight_decay"),
            "Sets a group's lr and weight decay (finite, >= 0), overriding the optimizer's; the values in "
            "effect when a family's optimizer starts are used. Between step and the next backward; "
            "FailedPrecondition otherwise, InvalidArgument for a bad value.")
-      .def("write_tensor", &Engine::write, py::arg("tensor"), py::arg("kind"), py::arg("values"),
+      .def("write_tensor", &Engine::write_tensor, py::arg("tensor"), py::arg("kind"), py::arg("values"),
            "Overwrites state `kind` of a tensor (param, master, state0/1; not grad) from fp32 values (as "
            "many as its elements; a checkpoint's load). Between steps; blocks. Fails: InvalidArgument "
            "(unknown id, wrong count), FailedPrecondition (leases held, a state it does not have, grad).")
-      .def("write", &Engine::write, py::arg("tensor"), py::arg("kind"), py::arg("values"),
-           "Deprecated name of write_tensor.")
-      .def("tensor_steps", &Engine::steps, py::arg("tensor"),
+      .def("tensor_steps", &Engine::tensor_steps, py::arg("tensor"),
            "The optimizer steps applied to a tensor (its bias-correction step counter). Fails: "
            "InvalidArgument (unknown id).")
-      .def("steps", &Engine::steps, py::arg("tensor"),
-           "Deprecated name of tensor_steps.")
-      .def("set_tensor_steps", &Engine::set_steps, py::arg("tensor"), py::arg("steps"),
+      .def("set_tensor_steps", &Engine::set_tensor_steps, py::arg("tensor"), py::arg("steps"),
            "Sets a tensor's step counter (>= 0; a checkpoint's load). Between steps. Fails: InvalidArgument "
            "(unknown id, negative).")
-      .def("set_steps", &Engine::set_steps, py::arg("tensor"), py::arg("steps"),
-           "Deprecated name of set_tensor_steps.")
       .def("save_checkpoint", &Engine::save_checkpoint, py::arg("dir"),
            "Writes a crash-safe checkpoint of every tensor's param, master, optimizer states and step "
            "counter into directory `dir` (created when missing; not inside an NVMe swap directory). A crash "

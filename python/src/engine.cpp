@@ -169,7 +169,7 @@ void Engine::restore(std::uint32_t id) {
   unbind_now(p);
   // read() gives host memory; the storage takes memory of its own device (a CUDA
   // parameter given a host pointer would fault in its first kernel).
-  at::Tensor values = read(id, static_cast<int>(StateKind::kParam)).to(p.tensor.scalar_type()).to(device_);
+  at::Tensor values = read_tensor(id, static_cast<int>(StateKind::kParam)).to(p.tensor.scalar_type()).to(device_);
   auto* impl = storage(p);
   at::DataPtr fresh = values.storage().unsafeGetStorageImpl()->set_data_ptr(at::DataPtr(nullptr, device_));
   impl->set_data_ptr_noswap(std::move(fresh));
@@ -193,7 +193,7 @@ void Engine::begin_micro_batch(bool last) {
   throw_if(rt_->begin_micro_batch(last));
 }
 
-void Engine::set_group(std::uint32_t id, std::uint32_t group) {
+void Engine::set_tensor_group(std::uint32_t id, std::uint32_t group) {
   throw_if(rt_->set_tensor_group(param(id).id, group));
 }
 
@@ -201,7 +201,7 @@ void Engine::set_group_hyper(std::uint32_t group, float lr, float weight_decay) 
   throw_if(rt_->set_group_hyper(group, lr, weight_decay));
 }
 
-at::Tensor Engine::read(std::uint32_t id, int kind) {
+at::Tensor Engine::read_tensor(std::uint32_t id, int kind) {
   Param& p = param(id);
   sync_views();
   at::Tensor out = at::empty(p.tensor.sizes(), at::TensorOptions().dtype(at::kFloat));
@@ -210,7 +210,7 @@ at::Tensor Engine::read(std::uint32_t id, int kind) {
   return out;
 }
 
-void Engine::write(std::uint32_t id, int kind, const at::Tensor& values) {
+void Engine::write_tensor(std::uint32_t id, int kind, const at::Tensor& values) {
   Param& p = param(id);
   if (values.numel() != static_cast<std::int64_t>(p.numel))
     throw py::value_error(
@@ -224,7 +224,7 @@ void Engine::write(std::uint32_t id, int kind, const at::Tensor& values) {
   refresh_view(p);  // this helper's block (Note [Parameters between steps]); a no-op without a view
 }
 
-void Engine::set_steps(std::uint32_t id, std::int64_t steps) {
+void Engine::set_tensor_steps(std::uint32_t id, std::int64_t steps) {
   throw_if(rt_->set_tensor_steps(param(id).id, steps));
 }
 

@@ -110,16 +110,16 @@ class Engine {
 
   void begin_micro_batch(bool last);
   void set_grad_scale(float scale) { rt_->set_grad_scale(scale); }
-  void set_group(std::uint32_t id, std::uint32_t group);
+  void set_tensor_group(std::uint32_t id, std::uint32_t group);
   void set_group_hyper(std::uint32_t group, float lr, float weight_decay);
 
   //! A state of a parameter as a new fp32 CPU tensor of the parameter's shape.
-  at::Tensor read(std::uint32_t id, int kind);
+  at::Tensor read_tensor(std::uint32_t id, int kind);
 
-  void write(std::uint32_t id, int kind, const at::Tensor& values);
+  void write_tensor(std::uint32_t id, int kind, const at::Tensor& values);
 
-  std::int64_t steps(std::uint32_t id) { return value_or_throw(rt_->tensor_steps(param(id).id)); }
-  void set_steps(std::uint32_t id, std::int64_t steps);
+  std::int64_t tensor_steps(std::uint32_t id) { return value_or_throw(rt_->tensor_steps(param(id).id)); }
+  void set_tensor_steps(std::uint32_t id, std::int64_t steps);
 
   //! Ends the step (optimizer, re-planning); the step's figures as a dict.
   py::dict step();
@@ -142,7 +142,7 @@ class Engine {
   std::string device_kind() { return device_.is_cuda() ? "cuda" : "cpu"; }
   //! Whether the runtime keeps a separate fp32 master (compute dtype other than fp32).
   bool separate_master() { return rt_->config().runtime.compute_dtype != runtime::DType::kF32; }
-  void write_trace(const std::string& path) { throw_if(rt_->write_chrome_trace(path)); }
+  void write_chrome_trace(const std::string& path) { throw_if(rt_->write_chrome_trace(path)); }
 
   // --- Parameters between steps (Note [Parameters between steps]) -------------------------------
 

@@ -44,8 +44,8 @@ def make_model():
 def test_a_state_kind_past_the_enum_is_refused():
     _, _, model, _ = run("mlp", 1, config(make_model()))
     with pytest.raises(ValueError, match=f"bad state kind {len(_C.STATE_KINDS)}"):
-        model.strata.engine.read(0, len(_C.STATE_KINDS))
-    model.strata.engine.read(0, _C.PARAM)  # a valid kind reads
+        model.strata.engine.read_tensor(0, len(_C.STATE_KINDS))
+    model.strata.engine.read_tensor(0, _C.PARAM)  # a valid kind reads
     model.strata.close()
 
 

@@ -258,7 +258,7 @@ class Deferred:
         for queued, v in self.queue:
             if queued == pid:
                 return v.clone()
-        return engine.read(pid, 0).to(dtype)
+        return engine.read_tensor(pid, 0).to(dtype)
 
     def _flush(self, engine):
         if self.queue:

@@ -52,17 +52,17 @@ class _TorchFormat:
             # torch.optim.Adagrad holds a state for every parameter from the start, even one without gradients
             return {"step": torch.tensor(0.0), "sum": torch.zeros_like(p, device="cpu")} \
                 if self._name == "adagrad" else None
-        steps = w.engine.steps(pid)
+        steps = w.engine.tensor_steps(pid)
         if steps == 0 and self._name != "adagrad":
             return None
         s = {} if self._name == "sgd" else {"step": torch.tensor(float(steps))}
         if self._name == "sgd" and not names:
             s["momentum_buffer"] = None  # what torch.optim.SGD keeps without momentum
         for k, name in enumerate(names):
-            value = w.engine.read(pid, _C.STATE0 + k)
+            value = w.engine.read_tensor(pid, _C.STATE0 + k)
             s[name] = value.to(p.dtype) if p.dtype != torch.float32 else value
         if w.engine.separate_master():
-            s["master_param"] = w.engine.read(pid, _C.MASTER)
+            s["master_param"] = w.engine.read_tensor(pid, _C.MASTER)
         return s
 
     def load_state_dict(self, state_dict):
@@ -165,18 +165,18 @@ class _TorchFormat:
             if fresh:
                 zeros = torch.zeros(p.shape)
                 for k in range(len(names)):
-                    w.engine.write(pid, _C.STATE0 + k, zeros)
-                w.engine.set_steps(pid, 0)
+                    w.engine.write_tensor(pid, _C.STATE0 + k, zeros)
+                w.engine.set_tensor_steps(pid, 0)
                 continue
             for k, name in enumerate(names):
-                w.engine.write(pid, _C.STATE0 + k, s[name])
+                w.engine.write_tensor(pid, _C.STATE0 + k, s[name])
             if "master_param" in s and w.engine.separate_master():
-                w.engine.write(pid, _C.MASTER, s["master_param"])
+                w.engine.write_tensor(pid, _C.MASTER, s["master_param"])
             step = s.get("step", 0)
             step = int(step.item() if isinstance(step, torch.Tensor) else step)
             if self._name == "sgd":
                 step = max(step, 1)  # torch's buffers carry no step; strata's step 1 would restart the buffer
-            w.engine.set_steps(pid, step)
+            w.engine.set_tensor_steps(pid, step)
 
     def _state_names(self):
         """The names of the states strata's kernel keeps for this optimizer, in state order (STATE0, STATE1),

@@ -251,7 +251,7 @@ class ModelState:
         value = cached() if cached is not None else None
         if value is None:
             p = w.params[pid]
-            value = w.engine.read(pid, _PARAM).to(p.dtype)
+            value = w.engine.read_tensor(pid, _PARAM).to(p.dtype)
             if ref is not None:
                 self._sd_values[pid] = weakref.ref(value)
         return value
@@ -281,7 +281,7 @@ class ModelState:
                 if p is None or id(p) not in w._pid:
                     continue
                 if id(p) not in params:
-                    stand_in = w.engine.read(w._pid[id(p)], _PARAM).to(p.dtype)
+                    stand_in = w.engine.read_tensor(w._pid[id(p)], _PARAM).to(p.dtype)
                     params[id(p)] = [p, stand_in, stand_in._version]
                 slots.append((m._parameters, name, id(p)))
             for name, b in m._buffers.items():
@@ -308,7 +308,7 @@ class ModelState:
             for key, (p, stand_in, version) in params.items():
                 new = replaced.get(key, stand_in)
                 if new is not stand_in or stand_in._version != version:
-                    w.engine.write(w._pid[key], _PARAM, new)
+                    w.engine.write_tensor(w._pid[key], _PARAM, new)
             for key, (b, stand_in, version) in buffers.items():
                 new = replaced.get(key, stand_in)
                 if new is not stand_in or stand_in._version != version:
@@ -339,7 +339,7 @@ class ModelState:
                     continue
                 for p in m._parameters.values():
                     if p is not None and id(p) in w._pid and id(p) not in memo:
-                        value = w.engine.read(w._pid[id(p)], _PARAM).to(dtype=p.dtype, device=p.device)
+                        value = w.engine.read_tensor(w._pid[id(p)], _PARAM).to(dtype=p.dtype, device=p.device)
                         memo[id(p)] = torch.nn.Parameter(value, requires_grad=p.requires_grad)
             return copy.deepcopy(module, memo)
         finally:

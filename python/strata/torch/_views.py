@@ -130,7 +130,7 @@ class _Views:
 
     def read_param(self, pid):
         p = self.params[pid]
-        return self.engine.read(pid, _C.PARAM).to(p.dtype)
+        return self.engine.read_tensor(pid, _C.PARAM).to(p.dtype)
 
     def load_state_dict(self, state_dict, strict=True):
         """torch's Module.load_state_dict for the wrapped model (Note [load_state_dict of a wrapped model]):

@@ -95,7 +95,7 @@ class _StrataOptimizer(_TorchFormat, torch.optim.Optimizer):
         engine = self._wrapped.engine
         for gi, g in enumerate(self.param_groups):
             for p in g["params"]:
-                engine.set_group(self._wrapped._pid[id(p)], gi)
+                engine.set_tensor_group(self._wrapped._pid[id(p)], gi)
         self._push_groups()
 
     def _group_values(self):
