@@ -18,16 +18,20 @@
 // probe takes --tflops). What is not a rate — the I/O engine's name, O_DIRECT, the
 // bytes a pass wrote — comes back beside it as DiskFacts, which both callers print.
 // Each measurement sets the fields it measured and leaves the rest at
-// runtime::Rates' defaults; what models the device rather than measuring it
-// (copy_host_passes, compute_host_threads, gpu_optim_params_per_s on the sim
-// device) is the caller's to set.
+// runtime::Rates' defaults. Of the fields PeakRates did not have, three are
+// measured for both callers (cpu_threads, disk_cpu_seconds_per_byte,
+// disk_mixed_family_bytes: 0 for the bench's interleaved pass) and the bench's
+// bound reads none of them (it takes work counts from the cost model, never
+// times); what models the device rather than measuring it (copy_host_passes,
+// compute_host_threads, gpu_optim_params_per_s on the sim device) is the caller's
+// to set.
 //
 // Where the two measured differently, the difference is a parameter and each caller
 // keeps its own:
 //   what                 strata-bench step (a peak: high)     strata-probe (a prediction: typical)
 //   statistic            the best of 3 runs                   the median (Note [Probe disk rounds],
 //                                                             Note [Probe optimizer samples])
-//   copies               one chunk x 3, best of 3             64 MiB x 3, one run
+//   copies               one chunk x 3, best of 3             64 MiB x 3, one run (no statistic)
 //   disk size            12 chunk-sized slots, 8 in flight    Note [Probe NVMe test size], each pass
 //                                                             bounded by --nvme-seconds
 //   disk warm-up         an untimed write, read and mixed     an untimed write pass
@@ -39,10 +43,11 @@
 //   threads              the hardware's threads               the host's cores
 // What changed for one of them in sharing the code (untimed work, or where a thread
 // sits, not what a figure means):
-// - every kernel and copy runs on a pool of exactly `threads` threads, started on
-//   one of its workers and timed there (as the runtime's optimizer tasks run); the
-//   bench ran them from its own thread joined by threads - 1 workers
-//   (ThreadPool::parallel_for): the same number of threads;
+// - the optimizer step and the host memory copy run on a pool of exactly `threads`
+//   threads, started on one of its workers and timed there (as the runtime's
+//   optimizer tasks run); the bench ran them from its own thread joined by
+//   threads - 1 workers (ThreadPool::parallel_for): the same number of threads;
+//   the probe timed its optimizer step around the post to the worker;
 // - the disk passes run in rounds, a write, a read and a mixed pass each (Note
 //   [Probe disk rounds]); the bench ran its write passes, then its reads, then its
 //   mixed ones. Every pass also measures the process's CPU time per byte
