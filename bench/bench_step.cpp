@@ -72,29 +72,22 @@ struct RunResult {
 //! The bound of Note [Rates lower bound] for one steady step `st` of `rt`.
 void rates_bound(const Runtime& rt, const runtime::StepStats& st, const PeakRates& peaks, double compute_flop,
                  double flops, RunResult& r) {
-  runtime::Rates rates;
-  rates.h2d_bytes_per_s = peaks.h2d_bytes_per_s;
-  rates.d2h_bytes_per_s = peaks.d2h_bytes_per_s;
-  rates.disk_read_bytes_per_s = peaks.disk_read_bytes_per_s;
-  rates.disk_write_bytes_per_s = peaks.disk_write_bytes_per_s;
-  rates.disk_mixed_bytes_per_s = peaks.disk_mixed_bytes_per_s;
-  rates.cpu_optim_params_per_s = peaks.cpu_optimizer_params_per_s;
-  rates.gpu_optim_params_per_s = peaks.cpu_optimizer_params_per_s;  // sim: the same CPU kernel
-  rates.host_memory_bytes_per_s = peaks.host_memory_bytes_per_s;
-  rates.copy_host_passes = 2.0;  // the sim device's copies are memcpy
+  runtime::Rates rates = peaks.rates;
+  rates.gpu_optim_params_per_s = rates.cpu_optim_params_per_s;  // sim: the same CPU kernel
+  rates.copy_host_passes = 2.0;                                 // the sim device's copies are memcpy
   // Only the plan's work counts are used from the cost model, never its times.
   const runtime::StepCost work = rt.predict(rates);
   r.resources = {
       {"compute", compute_flop, "FLOP", flops, 0},
-      {"h2d", double(st.bytes_h2d), "B", peaks.h2d_bytes_per_s, 0},
-      {"d2h", double(st.bytes_d2h), "B", peaks.d2h_bytes_per_s, 0},
-      {"disk_read", double(st.bytes_disk_read), "B", peaks.disk_read_bytes_per_s, 0},
-      {"disk_write", double(st.bytes_disk_write), "B", peaks.disk_write_bytes_per_s, 0},
-      {"disk_read_write", double(st.bytes_disk_read + st.bytes_disk_write), "B", peaks.disk_mixed_bytes_per_s,
+      {"h2d", double(st.bytes_h2d), "B", rates.h2d_bytes_per_s, 0},
+      {"d2h", double(st.bytes_d2h), "B", rates.d2h_bytes_per_s, 0},
+      {"disk_read", double(st.bytes_disk_read), "B", rates.disk_read_bytes_per_s, 0},
+      {"disk_write", double(st.bytes_disk_write), "B", rates.disk_write_bytes_per_s, 0},
+      {"disk_read_write", double(st.bytes_disk_read + st.bytes_disk_write), "B", rates.disk_mixed_bytes_per_s,
        0},
       {"cpu_optimizer", double(work.params_cpu_optim + work.params_gpu_optim), "params",
-       peaks.cpu_optimizer_params_per_s, 0},
-      {"host_memory", double(work.bytes_host_memory), "B", peaks.host_memory_bytes_per_s, 0},
+       rates.cpu_optim_params_per_s, 0},
+      {"host_memory", double(work.bytes_host_memory), "B", rates.host_memory_bytes_per_s, 0},
   };
   r.bound_s = 0;
   for (Resource& res : r.resources) {
@@ -382,8 +375,8 @@ int run(const StepOptions& o) {
     j["resources"][res.name] = {
         {"work", res.work}, {"unit", res.unit}, {"peak_per_s", res.peak_per_s}, {"bound_s", res.seconds}};
   }
-  j["disk_engine"] = last.peaks.disk_engine;
-  j["disk_direct_io"] = last.peaks.disk_direct_io;
+  j["disk_engine"] = last.peaks.disk.engine;
+  j["disk_direct_io"] = last.peaks.disk.direct_io;
   if (o.json) {
     fmt::print("{}\n", j.dump(2));
   } else {

@@ -8,7 +8,9 @@
 // byte counters (h2d, d2h, disk read, disk write) and from the plan (parameters
 // the optimizer updates, host memory traffic: Runtime::predict), never from the
 // timeline's busy spans, so the runtime's own queueing cannot inflate it. The
-// peaks are the best of a few runs of:
+// peaks are measured by the one rate measurer (rates::RateMeasurer, Note [One rate
+// measurer] in runtime/rates/include/strata/rates/rate_measurer.hpp), each the
+// best of a few runs of:
 // - h2d, d2h: chunk-sized copies on the same sim device (its configured throttle);
 // - disk read, disk write: chunk-sized slots through an IoEngine and SwapStore in
 //   the same directory, several in flight (rewrites, after an untimed first write
@@ -19,31 +21,25 @@
 //   kernel alone) over one chunk with the runtime's thread count; on the sim
 //   device the "device" optimizer is the same CPU kernel on the same cores, so
 //   both families' parameters count against this one rate;
-// - host memory: a parallel memcpy with the same threads, read + write bytes;
+// - host memory: a parallel memcpy of one chunk with the same threads, read + write bytes;
 // - compute: the modelled rate itself (the sim's timed kernels sleep for it).
 // Taking the best run makes each peak high and so the bound low: a ratio below
 // 1 would mean a peak was underestimated.
 
 #include <cstdint>
 #include <filesystem>
-#include <string>
 
 #include "strata/common/status.hpp"
 #include "strata/memory/device.hpp"
+#include "strata/rates/rate_measurer.hpp"
+#include "strata/runtime/cost_model.hpp"
 
 namespace strata::bench {
 
-//! Peaks in bytes (or parameters) a second.
+//! The peaks, in the cost model's rates, and what the disk passes found beside them.
 struct PeakRates {
-  double h2d_bytes_per_s = 0;
-  double d2h_bytes_per_s = 0;
-  double disk_read_bytes_per_s = 0;
-  double disk_write_bytes_per_s = 0;
-  double disk_mixed_bytes_per_s = 0;  //!< reads and writes in flight together, bytes of both
-  double cpu_optimizer_params_per_s = 0;
-  double host_memory_bytes_per_s = 0;
-  std::string disk_engine;  //!< the IoEngine's name
-  bool disk_direct_io = false;
+  runtime::Rates rates;  //!< every rate of Note [Rates lower bound] but compute
+  rates::DiskFacts disk;
 };
 
 //! How to measure them.

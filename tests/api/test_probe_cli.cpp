@@ -358,7 +358,7 @@ double nvme_median_ratio(const std::string& args, int runs) {
 // fresh-clone CI run at 0.58 (issue #28): the probe's disk pass then timed one
 // sweep of 64 MiB (~50 ms), its CPU optimizer rate three ~10 ms steps, and both
 // swung 2x between identical runs; the step time was one sample. The passes now
-// run longer (Note [Probe disk pipeline pass] in tools/probe/measure_nvme.cpp, Note
+// run longer (Note [Probe disk pipeline pass] in runtime/rates/disk.cpp, Note
 // [Probe optimizer samples] in tools/probe/measure.cpp) and this takes the median of three. A prediction 2x
 // too slow fails it (0.61 with STRATA_PROBE_TEST_PREDICTION_SCALE=2), and 2x too
 // fast (2.74 with 0.5). The ±25 % itself is VerifyOnNvmePredictsWithin25Percent.

@@ -1,5 +1,6 @@
-// strata-probe's measurements (tools/probe/measure.hpp): the thread count a
-// rate is reported for is the number of threads that did the work.
+// strata-probe's measurements (tools/probe/measure.hpp, through the one rate
+// measurer of runtime/rates/): the thread count a rate is reported for is the
+// number of threads that did the work.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -64,9 +65,11 @@ TEST(ProbeMeasure, CpuOptimizerRateIsMeasuredOnTheThreadsItNames) {
   };
   // Large enough that the timed steps take tens of clock ticks of CPU (at 24M it was
   // a few per worker on this machine).
-  auto rate = measure_cpu_optimizer(48'000'000, kThreads, progress);
-  ASSERT_TRUE(rate.ok()) << rate.status().to_string();
-  EXPECT_GT(*rate, 0.0);
+  rates::RateMeasurer measurer(progress);
+  Status st = measure_cpu_optimizer(measurer, 48'000'000, kThreads);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_GT(measurer.rates().cpu_optim_params_per_s, 0.0);
+  EXPECT_EQ(measurer.rates().cpu_threads, static_cast<double>(kThreads));
   ASSERT_FALSE(before.empty());
   ASSERT_FALSE(after.empty());
   EXPECT_EQ(threads_that_worked(before, after), kThreads);
@@ -79,9 +82,10 @@ TEST(ProbeMeasure, HostMemoryRateIsMeasuredOnTheThreadsItNames) {
     if (fraction == 0.25) before = thread_cpu_ticks();
     if (fraction == 1.0) after = thread_cpu_ticks();
   };
-  auto rate = measure_host_memory(512 * 1024 * 1024, kThreads, progress);
-  ASSERT_TRUE(rate.ok()) << rate.status().to_string();
-  EXPECT_GT(*rate, 0.0);
+  rates::RateMeasurer measurer(progress);
+  Status st = measure_host_memory(measurer, 512 * 1024 * 1024, kThreads);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_GT(measurer.rates().host_memory_bytes_per_s, 0.0);
   EXPECT_EQ(threads_that_worked(before, after), kThreads);
 }
 

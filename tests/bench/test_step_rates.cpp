@@ -35,16 +35,16 @@ TEST(StepRates, MeasuresEveryPeakWithinTheThrottle) {
                                         .disk_in_flight = 2});
   ASSERT_TRUE(peaks.ok()) << peaks.status().to_string();
   // The throttle can only slow copies down (a little over it: timer granularity).
-  EXPECT_GT(peaks->h2d_bytes_per_s, 0);
-  EXPECT_LE(peaks->h2d_bytes_per_s, 1.05 * 2 * kGiB);
-  EXPECT_GT(peaks->d2h_bytes_per_s, 0);
-  EXPECT_LE(peaks->d2h_bytes_per_s, 1.05 * 1 * kGiB);
-  EXPECT_GT(peaks->disk_read_bytes_per_s, 0);
-  EXPECT_GT(peaks->disk_write_bytes_per_s, 0);
-  EXPECT_GT(peaks->disk_mixed_bytes_per_s, 0);
-  EXPECT_GT(peaks->cpu_optimizer_params_per_s, 0);
-  EXPECT_GT(peaks->host_memory_bytes_per_s, 0);
-  EXPECT_FALSE(peaks->disk_engine.empty());
+  EXPECT_GT(peaks->rates.h2d_bytes_per_s, 0);
+  EXPECT_LE(peaks->rates.h2d_bytes_per_s, 1.05 * 2 * kGiB);
+  EXPECT_GT(peaks->rates.d2h_bytes_per_s, 0);
+  EXPECT_LE(peaks->rates.d2h_bytes_per_s, 1.05 * 1 * kGiB);
+  EXPECT_GT(peaks->rates.disk_read_bytes_per_s, 0);
+  EXPECT_GT(peaks->rates.disk_write_bytes_per_s, 0);
+  EXPECT_GT(peaks->rates.disk_mixed_bytes_per_s, 0);
+  EXPECT_GT(peaks->rates.cpu_optim_params_per_s, 0);
+  EXPECT_GT(peaks->rates.host_memory_bytes_per_s, 0);
+  EXPECT_FALSE(peaks->disk.engine.empty());
   EXPECT_TRUE(fs::is_empty(dir->path())) << "the swap file was left behind";
 }
 

@@ -1,26 +1,18 @@
 // strata-probe's measurements of the host, the device, host memory and the CPU
-// optimizer (measure.hpp); the NVMe directory's is measure_nvme.cpp.
+// optimizer (measure.hpp); the NVMe directory's is measure_nvme.cpp. The rates are
+// the one rate measurer's (Note [One rate measurer] in rate_measurer.hpp); what is
+// here is the probe's choice of how.
 #include "measure.hpp"
 
-#include <sys/mman.h>
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <chrono>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 
-#include "measure_util.hpp"
-#include "strata/common/assert.hpp"
 #include "strata/common/bytes.hpp"
-#include "strata/common/log.hpp"
-#include "strata/common/thread_pool.hpp"
-#include "strata/kernels/optim.hpp"
 #include "strata/memory/topology.hpp"
 
 namespace strata::probe {
-using namespace measure_detail;
 
 Result<HostInfo> measure_host() {
   HostInfo h;
@@ -37,9 +29,8 @@ Result<HostInfo> measure_host() {
 }
 
 Result<DeviceInfo> measure_device(memory::DeviceOptions options, std::uint64_t copy_bytes,
-                                  const Progress& progress) {
+                                  rates::RateMeasurer& measurer) {
   DeviceInfo info;
-  report(progress, "device", 0.0);
   std::unique_ptr<memory::Device> device;
   if (options.budget_bytes == 0) {
     // Find the largest budget cuda accepts; sim gets 4 GiB.
@@ -67,88 +58,33 @@ Result<DeviceInfo> measure_device(memory::DeviceOptions options, std::uint64_t c
   info.name = device->name();
   info.throttled = device->kind() == memory::DeviceKind::kSim && options.h2d_bytes_per_s > 0;
 
-  STRATA_ASSIGN_OR_RETURN(memory::DeviceAllocation dev, device->allocate(copy_bytes));
-  AlignedBuffer host(copy_bytes);
-  std::memset(host.data, 1, copy_bytes);
-  STRATA_ASSIGN_OR_RETURN(memory::Stream stream, device->create_stream());
-  auto timed = [&](memory::CopyKind kind, void* dst, const void* src) -> Result<double> {
-    constexpr int kCopies = 3;
-    STRATA_RETURN_IF_ERROR(device->copy_async(stream, dst, src, copy_bytes, kind));  // warm-up
-    STRATA_RETURN_IF_ERROR(device->synchronize(stream));
-    const auto start = Clock::now();
-    for (int i = 0; i < kCopies; ++i)
-      STRATA_RETURN_IF_ERROR(device->copy_async(stream, dst, src, copy_bytes, kind));
-    STRATA_RETURN_IF_ERROR(device->synchronize(stream));
-    return static_cast<double>(copy_bytes) * kCopies / since(start);
-  };
-  STRATA_ASSIGN_OR_RETURN(info.h2d_bytes_per_s,
-                          timed(memory::CopyKind::kHostToDevice, dev.data(), host.data));
-  report(progress, "device", 0.5);
-  STRATA_ASSIGN_OR_RETURN(info.d2h_bytes_per_s,
-                          timed(memory::CopyKind::kDeviceToHost, host.data, dev.data()));
-  report(progress, "device", 1.0);
+  // One run of three copies each way, after one untimed run.
+  STRATA_RETURN_IF_ERROR(measurer.measure_copies(
+      *device, {.bytes = copy_bytes,
+                .sampling = {.statistic = rates::Statistic::kMedian, .runs_min = 1, .runs_max = 1}}));
   return info;
 }
 
-Result<double> measure_host_memory(std::uint64_t bytes, std::size_t threads, const Progress& progress) {
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ThreadPool> pool, ThreadPool::create({.threads = threads}));
-  AlignedBuffer src(bytes), dst(bytes);
-  if (src.data == nullptr || dst.data == nullptr)
-    return out_of_memory("probe: no memory for 2 x {} to measure host memory", format_bytes(bytes));
-  std::memset(src.data, 1, bytes);
-  std::memset(dst.data, 0, bytes);
-  std::vector<double> rates;
-  for (int i = 0; i < 4; ++i) {
-    const double s = on_pool(*pool, [&] {
-      const auto start = Clock::now();
-      pool->parallel_for(bytes / 4096, 0, [&](std::size_t, std::size_t begin, std::size_t end) {
-        std::memcpy(dst.data + begin * 4096, src.data + begin * 4096, (end - begin) * 4096);
-      });
-      return since(start);
-    });
-    if (i > 0) rates.push_back(2.0 * static_cast<double>(bytes) / s);  // the first one warms up
-    report(progress, "host memory", (i + 1) / 4.0);
-  }
-  return median3(rates);
+Status measure_host_memory(rates::RateMeasurer& measurer, std::uint64_t bytes, std::size_t threads) {
+  return measurer.measure_host_memory(
+      {.bytes = bytes,
+       .threads = threads,
+       .sampling = {.statistic = rates::Statistic::kMedian, .runs_min = 3, .runs_max = 3}});
 }
 
-Result<double> measure_cpu_optimizer(std::uint64_t params, std::size_t threads, const Progress& progress) {
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ThreadPool> pool, ThreadPool::create({.threads = threads}));
-  std::vector<float> master(params, 0.5f), grad(params, 1e-3f), m(params, 0.0f), v(params, 0.0f);
-  kernels::Span span;
-  span.master = master.data();
-  span.grad = grad.data();
-  span.state = {m.data(), v.data()};
-  span.n = params;
-  kernels::StepArgs args;
-  args.hyper.optimizer = kernels::Optimizer::kAdamW;
-  args.spans = std::span<const kernels::Span>(&span, 1);
-  args.pool = pool.get();
-  // Note [Probe optimizer samples]: a warm-up step, then at least 3 timed steps
-  // and more, up to kOptimizerSamplesMax, until they have run kOptimizerMinSeconds;
-  // the median. Three steps of the tests' 2M params took ~10 ms each, and one
-  // stretched by the scheduler on a loaded 2-core machine moved the median 2x
-  // between identical probe runs (a verify at optim-nvme then predicted a 1.18 s
-  // step for one that took 0.77 s, ratio 0.66).
-  constexpr int kOptimizerSamplesMax = 15;
-  constexpr double kOptimizerMinSeconds = 0.3;
-  std::vector<double> rates;
-  double timed_s = 0;
-  for (int i = 0; i == 0 || rates.size() < 3 || (timed_s < kOptimizerMinSeconds && i <= kOptimizerSamplesMax);
-       ++i) {
-    args.step = i + 1;
-    const auto start = Clock::now();
-    STRATA_ASSIGN_OR_RETURN(kernels::StepReport r, on_pool(*pool, [&] { return kernels::step(args); }));
-    const double s = since(start);
-    if (!r.applied) return internal_error("probe: the optimizer step on finite gradients was not applied");
-    if (i > 0) {  // the first one warms up
-      rates.push_back(static_cast<double>(params) / s);
-      timed_s += s;
-    }
-    report(progress, "cpu optimizer", i == 0 ? 0.25 : std::min(0.99, 0.25 + 0.25 * static_cast<double>(i)));
-  }
-  report(progress, "cpu optimizer", 1.0);
-  return median3(rates);
+// Note [Probe optimizer samples]
+// A warm-up step, then at least 3 timed steps and more, up to 15, until they have
+// run 0.3 s; the median. Three steps of the tests' 2M params took ~10 ms each, and
+// one stretched by the scheduler on a loaded 2-core machine moved the median 2x
+// between identical probe runs (a verify at optim-nvme then predicted a 1.18 s
+// step for one that took 0.77 s, ratio 0.66).
+Status measure_cpu_optimizer(rates::RateMeasurer& measurer, std::uint64_t params, std::size_t threads) {
+  return measurer.measure_cpu_optimizer(
+      {.params = params,
+       .threads = threads,
+       .check = kernels::GradCheck::kSeparatePass,  // the runtime's own check, as it steps
+       .sampling = {
+           .statistic = rates::Statistic::kMedian, .runs_min = 3, .runs_max = 15, .seconds_min = 0.3}});
 }
 
 }  // namespace strata::probe

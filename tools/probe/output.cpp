@@ -21,8 +21,8 @@ nlohmann::json machine_json(const Machine& m) {
   if (!m.sim) {
     gpus.push_back({{"name", device.name},
                     {"memory_bytes", device.budget_bytes},
-                    {"h2d_gib_s", gib(device.h2d_bytes_per_s)},
-                    {"d2h_gib_s", gib(device.d2h_bytes_per_s)}});
+                    {"h2d_gib_s", gib(m.rates.h2d_bytes_per_s)},
+                    {"d2h_gib_s", gib(m.rates.d2h_bytes_per_s)}});
   }
   const std::optional<NvmeInfo>& nvme = m.nvme;
   return {
@@ -38,24 +38,25 @@ nlohmann::json machine_json(const Machine& m) {
         {"name", device.name},
         {"why", device.why},
         {"budget_bytes", device.budget_bytes},
-        {"h2d_gib_s", gib(device.h2d_bytes_per_s)},
-        {"d2h_gib_s", gib(device.d2h_bytes_per_s)},
+        {"h2d_gib_s", gib(m.rates.h2d_bytes_per_s)},
+        {"d2h_gib_s", gib(m.rates.d2h_bytes_per_s)},
         {"throttled", device.throttled}}},
-      {"nvme", nvme
-                   ? nlohmann::json{{"path", nvme->path},
-                                    {"engine", nvme->engine},
-                                    {"direct_io", nvme->direct_io},
-                                    {"free_bytes", nvme->free_bytes},
-                                    {"bytes_tested", nvme->bytes_tested},
-                                    {"read_gib_s", gib(nvme->read_bytes_per_s)},
-                                    {"write_gib_s", gib(nvme->write_bytes_per_s)},
-                                    {"mixed_gib_s", gib(nvme->mixed_bytes_per_s)},
-                                    {"mixed_family_bytes", nvme->mixed_family_bytes},
-                                    {"cpu_s_per_gib", nvme->cpu_seconds_per_byte * static_cast<double>(kGiB)}}
-                   : nlohmann::json(nullptr)},
-      {"cpu_optimizer_mparams_per_s", m.cpu_params_per_s / 1e6},
+      {"nvme",
+       nvme ? nlohmann::json{{"path", nvme->path},
+                             {"engine", nvme->engine},
+                             {"direct_io", nvme->direct_io},
+                             {"free_bytes", nvme->free_bytes},
+                             {"bytes_tested", nvme->bytes_tested},
+                             {"read_gib_s", gib(m.rates.disk_read_bytes_per_s)},
+                             {"write_gib_s", gib(m.rates.disk_write_bytes_per_s)},
+                             {"mixed_gib_s", gib(m.rates.disk_mixed_bytes_per_s)},
+                             {"mixed_family_bytes",
+                              static_cast<std::uint64_t>(m.rates.disk_mixed_family_bytes)},
+                             {"cpu_s_per_gib", m.rates.disk_cpu_seconds_per_byte * static_cast<double>(kGiB)}}
+            : nlohmann::json(nullptr)},
+      {"cpu_optimizer_mparams_per_s", m.rates.cpu_optim_params_per_s / 1e6},
       {"cpu_optimizer_threads", m.threads},
-      {"host_memory_gib_s", m.memory_bytes_per_s / static_cast<double>(kGiB)},
+      {"host_memory_gib_s", m.rates.host_memory_bytes_per_s / static_cast<double>(kGiB)},
   };
 }
 
@@ -209,28 +210,30 @@ void print_machine(const Flags& f, const Machine& m, const Planned& p) {
         "            placements below are for the sim device: budget {}, copies {} at {:.1f} GiB/s h2d, "
         "{:.1f} GiB/s d2h\n",
         format_bytes(device.budget_bytes), device.throttled ? "throttled" : "memcpy",
-        gib(device.h2d_bytes_per_s), gib(device.d2h_bytes_per_s));
+        gib(m.rates.h2d_bytes_per_s), gib(m.rates.d2h_bytes_per_s));
   } else {
     fmt::print(
         "  GPU       {}: h2d {:.1f} GiB/s, d2h {:.1f} GiB/s (measured); optimizer rate assumed {:.0f} "
         "Gparams/s\n",
-        device.name, gib(device.h2d_bytes_per_s), gib(device.d2h_bytes_per_s),
+        device.name, gib(m.rates.h2d_bytes_per_s), gib(m.rates.d2h_bytes_per_s),
         p.rates.gpu_optim_params_per_s / 1e9);
   }
   if (m.nvme) {
     const NvmeInfo& nvme = *m.nvme;
     fmt::print(
         "  NVMe      {}: write {:.2f} GiB/s, read {:.2f} GiB/s ({} through SwapStore, {}, {}); {} free\n",
-        nvme.path, gib(nvme.write_bytes_per_s), gib(nvme.read_bytes_per_s), format_bytes(nvme.bytes_tested),
-        nvme.engine, nvme.direct_io ? "O_DIRECT" : "buffered", format_bytes(nvme.free_bytes));
+        nvme.path, gib(m.rates.disk_write_bytes_per_s), gib(m.rates.disk_read_bytes_per_s),
+        format_bytes(nvme.bytes_tested), nvme.engine, nvme.direct_io ? "O_DIRECT" : "buffered",
+        format_bytes(nvme.free_bytes));
     fmt::print("            {:.2f} s of CPU a GiB moved (checksums, I/O engine, kernel)\n",
-               nvme.cpu_seconds_per_byte * static_cast<double>(kGiB));
+               m.rates.disk_cpu_seconds_per_byte * static_cast<double>(kGiB));
   } else {
     fmt::print("  NVMe      not measured (give --nvme DIR)\n");
   }
-  fmt::print("  CPU opt   {:.0f} Mparams/s (fp32 AdamW, {} threads)\n", m.cpu_params_per_s / 1e6, m.threads);
+  fmt::print("  CPU opt   {:.0f} Mparams/s (fp32 AdamW, {} threads)\n", m.rates.cpu_optim_params_per_s / 1e6,
+             m.threads);
   fmt::print("  memory    {:.1f} GiB/s of host memory traffic (parallel copy, read + write)\n",
-             m.memory_bytes_per_s / static_cast<double>(kGiB));
+             m.rates.host_memory_bytes_per_s / static_cast<double>(kGiB));
 }
 
 void print_placements(const Settings& s, const Planned& p) {

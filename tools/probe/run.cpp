@@ -47,43 +47,36 @@ Result<Machine> measure_machine(const Settings& s, const Flags& flags, const Pro
     m.nvme_dir = std::move(d);
   }
   STRATA_ASSIGN_OR_RETURN(m.host, measure_host());
+  rates::RateMeasurer measurer(progress);
   if (!s.nvme.empty()) {
     STRATA_ASSIGN_OR_RETURN(
-        m.nvme, measure_nvme(s.nvme, flags.nvme_bytes, flags.nvme_seconds, m.host.cores, progress));
+        m.nvme, measure_nvme(s.nvme, flags.nvme_bytes, flags.nvme_seconds, m.host.cores, measurer));
   }
   memory::DeviceOptions dopt;
   STRATA_RETURN_IF_ERROR(dopt.set("kind", s.device));
   dopt.h2d_bytes_per_s = flags.link;
   dopt.d2h_bytes_per_s = flags.link;
   dopt.budget_bytes = flags.device_budget.value_or(0);
-  STRATA_ASSIGN_OR_RETURN(m.device, measure_device(dopt, 64 * kMiB, progress));
+  STRATA_ASSIGN_OR_RETURN(m.device, measure_device(dopt, 64 * kMiB, measurer));
   m.threads = m.host.cores;  // as the runtime's pool (Topology: cores of a node)
-  STRATA_ASSIGN_OR_RETURN(m.cpu_params_per_s,
-                          measure_cpu_optimizer(flags.optimizer_params, m.threads, progress));
-  STRATA_ASSIGN_OR_RETURN(m.memory_bytes_per_s, measure_host_memory(256 * kMiB, m.threads, progress));
+  STRATA_RETURN_IF_ERROR(measure_cpu_optimizer(measurer, flags.optimizer_params, m.threads));
+  STRATA_RETURN_IF_ERROR(measure_host_memory(measurer, 256 * kMiB, m.threads));
+  m.rates = measurer.rates();
   m.sim = m.device.kind == "sim";
   return m;
 }
 
+// The measured rates, and the model of this device beside them.
 runtime::Rates measured_rates(const Machine& m) {
-  runtime::Rates rates;
-  rates.h2d_bytes_per_s = m.device.h2d_bytes_per_s;
-  rates.d2h_bytes_per_s = m.device.d2h_bytes_per_s;
-  rates.cpu_optim_params_per_s = m.cpu_params_per_s;
-  rates.cpu_threads = static_cast<double>(m.threads);
-  if (m.sim) rates.gpu_optim_params_per_s = m.cpu_params_per_s;  // the sim device's "kernels" run on the host
-  rates.host_memory_bytes_per_s = m.memory_bytes_per_s;
+  runtime::Rates rates = m.rates;
+  if (m.sim)
+    rates.gpu_optim_params_per_s =
+        rates.cpu_optim_params_per_s;          // the sim device's "kernels" run on the host
   rates.copy_host_passes = m.sim ? 2.0 : 1.0;  // the sim device copies with memcpy
   // Note [Host cores as a resource]: on the sim device the trainer's compute runs on the
   // host, on every core (torch's CPU ops).
   if (m.sim) rates.compute_host_threads = static_cast<double>(m.threads);
-  if (m.nvme) {
-    rates.disk_cpu_seconds_per_byte = m.nvme->cpu_seconds_per_byte;
-    rates.disk_read_bytes_per_s = m.nvme->read_bytes_per_s;
-    rates.disk_write_bytes_per_s = m.nvme->write_bytes_per_s;
-    rates.disk_mixed_bytes_per_s = m.nvme->mixed_bytes_per_s;
-    rates.disk_mixed_family_bytes = static_cast<double>(m.nvme->mixed_family_bytes);
-  } else {
+  if (!m.nvme) {
     rates.disk_read_bytes_per_s = rates.disk_write_bytes_per_s = 0;
   }
   return rates;
@@ -176,7 +169,7 @@ Result<VerifyOptions> verify_options(const Settings& s, const Flags& flags, cons
   vo.rates = p.rates;
   if (!m.sim) {  // Note [Verify on the sim device]: its links are the throttle
     vo.rates.h2d_bytes_per_s = vo.rates.d2h_bytes_per_s = static_cast<double>(flags.link);
-    vo.rates.gpu_optim_params_per_s = m.cpu_params_per_s;
+    vo.rates.gpu_optim_params_per_s = m.rates.cpu_optim_params_per_s;
     vo.rates.copy_host_passes = 2.0;
     vo.capacity.gpu_bytes = std::min<std::uint64_t>(p.cap.gpu_bytes, m.host.ram_bytes / 8);
   }

@@ -21,8 +21,10 @@ struct Machine {
   HostInfo host;
   std::optional<NvmeInfo> nvme;
   DeviceInfo device;
-  double cpu_params_per_s = 0;         //!< CPU optimizer rate
-  double memory_bytes_per_s = 0;       //!< host memory traffic
+  //! What the one rate measurer measured (Note [One rate measurer] in
+  //! rate_measurer.hpp): copies, the CPU optimizer, host memory, and the disk's
+  //! rates with --nvme (without it, their defaults: measured_rates in run.cpp zeroes them).
+  runtime::Rates rates;
   std::size_t threads = 0;             //!< the CPU optimizer's threads (the host's cores)
   bool sim = false;                    //!< the device is the sim device
   std::optional<ScratchDir> nvme_dir;  //!< --nvme, opened for the probe's swap files
