@@ -4,6 +4,7 @@
 // runs. Links strata_rates alone: the link fails if it comes to need the runtime.
 // The copies under the sim device's throttle are tests/bench/test_step_rates.cpp's.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <string>
@@ -21,7 +22,10 @@ namespace fs = std::filesystem;
 class RateMeasurerDisk : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto d = ScratchDir::create(fs::temp_directory_path(), "strata-test-rate-measurer");
+    // One directory a process: ctest runs each case as a process of its own, in parallel, and a
+    // case's fixture removes its directory when it ends.
+    auto d = ScratchDir::create(fs::temp_directory_path(),
+                                "strata-test-rate-measurer-" + std::to_string(::getpid()));
     ASSERT_TRUE(d.ok()) << d.status().to_string();
     dir_.emplace(std::move(*d));
   }
