@@ -8,7 +8,7 @@
 //   }};
 //
 // Every benchmark prints what it compared, on which backend, with the baseline
-// measured in the same run (STYLE.md, "Benchmarks are honest").
+// measured in the same run.
 
 #include <CLI/CLI.hpp>
 #include <functional>

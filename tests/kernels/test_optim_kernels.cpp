@@ -1,7 +1,7 @@
 // One parameterised suite: every implementation (scalar, AVX2, AVX-512 where
 // the CPU has them, the emulated CUDA grid) against the double reference, for
 // every optimizer and dtype combination, sizes 0..1023 and 1M+3, aligned and
-// misaligned, over several steps (STYLE.md habit 9).
+// misaligned, over several steps (one test, every implementation, the same inputs).
 #include <gtest/gtest.h>
 
 #include <cmath>

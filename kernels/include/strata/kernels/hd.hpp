@@ -2,7 +2,7 @@
 // Host/device portability for the update rules: STRATA_HD, bit casts and the
 // few scalar math helpers the rules use. This header (with common/half.hpp, which
 // holds STRATA_HD and the casts) is where the CUDA/host split is spelled out;
-// every rule header includes it and stays free of #ifdef (STYLE.md habit 2).
+// every rule header includes it and stays free of #ifdef (platform choice in one place).
 
 #include <cmath>
 #include <cstdint>
