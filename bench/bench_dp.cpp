@@ -158,6 +158,59 @@ Status collect(Result<comm::Handle> h) {
   return h->wait();
 }
 
+//! Rank 0's report: the verdict, the bytes against theory and where the time goes;
+//! `agree` and `counted` are run_rank's reductions over the ranks.
+nlohmann::json dp_report(const DpOptions& o, const comm::Communicator& c, const RankRun& single,
+                         const RankRun& mine, const std::vector<double>& agree,
+                         const std::vector<double>& counted) {
+  const int w = c.size();
+  const std::size_t n = o.tensors * o.tensor_elems;
+  const double steps = static_cast<double>(o.steps);
+  const double param_bytes = static_cast<double>(n) * 4, grad_bytes = param_bytes;
+  const double theory = (w - 1.0) / w * (param_bytes + grad_bytes);
+  const double comm_per_step = static_cast<double>(mine.bytes_comm) / steps;
+  return {
+      {"bench", "dp"},
+      {"backend", std::string(c.backend())},
+      {"device", "sim (host memory; every rank shares this machine's cores)"},
+      {"ranks", w},
+      {"model",
+       {{"tensors", o.tensors},
+        {"params", n},
+        {"families", o.tensors},
+        {"optimizer", "adamw"},
+        {"states_on", "host"},
+        {"samples_per_step", o.samples}}},
+      {"bit_identical_to_single_rank", agree[0] == 0.0 && counted[0] == static_cast<double>(n)},
+      {"state_elements_checked", counted[0]},
+      {"state_bytes_per_rank_ratio", agree[1] / static_cast<double>(single.state_bytes)},
+      {"comm_bytes_per_step_per_rank", comm_per_step},
+      {"comm_bytes_theory", theory},
+      {"comm_bytes_ratio_to_theory", w > 1 ? comm_per_step / theory : 0.0},
+      {"d2h_bytes_per_step_per_rank", static_cast<double>(mine.bytes_d2h) / steps},
+      {"single_rank_d2h_bytes_per_step", static_cast<double>(single.bytes_d2h) / steps},
+      {"step_s", median(mine.step_s)},
+      {"single_rank_step_s", median(single.step_s)},
+      {"where_time_goes_rank0_per_step_s",
+       {{"backward_enqueue", mine.backward_s / steps},
+        {"backward_blocked_in_collectives", mine.backward_comm_s / steps},
+        {"step_call", mine.step_call_s / steps},
+        {"of_which_blocked_in_collectives", mine.comm_s / steps},
+        {"of_which_optimizer_copies_and_compute_drain", (mine.step_call_s - mine.comm_s) / steps}}},
+      {"slowest_rank_per_step_s",
+       {{"blocked_in_collectives", agree[2] / steps},
+        {"step_call", agree[3] / steps},
+        {"backward_enqueue", agree[4] / steps}}},
+      {"steps", o.steps},
+      {"note",
+       "bit identity: W ranks with 1/W of the batch each vs one rank with the whole batch as W micro-batches "
+       "accumulated in rank order (deterministic mode). No speed-up is expected on this machine: the W ranks "
+       "share its cores, so they do W times the work of one rank on the same cores; 'blocked in collectives' "
+       "is mostly waiting for the slower ranks"},
+      {"load_average_1m", load_average_1m()},
+  };
+}
+
 //! One rank's part: rank 0 first runs the single-rank baseline alone, then every
 //! rank trains its part; rank 0's reference is broadcast and every rank checks
 //! its params and its own states against it. Rank 0 fills `report`.
@@ -203,50 +256,7 @@ Status run_rank(const DpOptions& o, std::shared_ptr<comm::Communicator> c, nlohm
   STRATA_RETURN_IF_ERROR(collect(c->all_reduce(counted, comm::ReduceOp::kSum)));
   if (me != 0) return Status::Ok();
 
-  const double steps = static_cast<double>(o.steps);
-  const double param_bytes = static_cast<double>(n) * 4, grad_bytes = param_bytes;
-  const double theory = (w - 1.0) / w * (param_bytes + grad_bytes);
-  const double comm_per_step = static_cast<double>(mine.bytes_comm) / steps;
-  *report = {
-      {"bench", "dp"},
-      {"backend", std::string(c->backend())},
-      {"device", "sim (host memory; every rank shares this machine's cores)"},
-      {"ranks", w},
-      {"model",
-       {{"tensors", o.tensors},
-        {"params", n},
-        {"families", o.tensors},
-        {"optimizer", "adamw"},
-        {"states_on", "host"},
-        {"samples_per_step", o.samples}}},
-      {"bit_identical_to_single_rank", agree[0] == 0.0 && counted[0] == static_cast<double>(n)},
-      {"state_elements_checked", counted[0]},
-      {"state_bytes_per_rank_ratio", agree[1] / static_cast<double>(single.state_bytes)},
-      {"comm_bytes_per_step_per_rank", comm_per_step},
-      {"comm_bytes_theory", theory},
-      {"comm_bytes_ratio_to_theory", w > 1 ? comm_per_step / theory : 0.0},
-      {"d2h_bytes_per_step_per_rank", static_cast<double>(mine.bytes_d2h) / steps},
-      {"single_rank_d2h_bytes_per_step", static_cast<double>(single.bytes_d2h) / steps},
-      {"step_s", median(mine.step_s)},
-      {"single_rank_step_s", median(single.step_s)},
-      {"where_time_goes_rank0_per_step_s",
-       {{"backward_enqueue", mine.backward_s / steps},
-        {"backward_blocked_in_collectives", mine.backward_comm_s / steps},
-        {"step_call", mine.step_call_s / steps},
-        {"of_which_blocked_in_collectives", mine.comm_s / steps},
-        {"of_which_optimizer_copies_and_compute_drain", (mine.step_call_s - mine.comm_s) / steps}}},
-      {"slowest_rank_per_step_s",
-       {{"blocked_in_collectives", agree[2] / steps},
-        {"step_call", agree[3] / steps},
-        {"backward_enqueue", agree[4] / steps}}},
-      {"steps", o.steps},
-      {"note",
-       "bit identity: W ranks with 1/W of the batch each vs one rank with the whole batch as W micro-batches "
-       "accumulated in rank order (deterministic mode). No speed-up is expected on this machine: the W ranks "
-       "share its cores, so they do W times the work of one rank on the same cores; 'blocked in collectives' "
-       "is mostly waiting for the slower ranks"},
-      {"load_average_1m", load_average_1m()},
-  };
+  *report = dp_report(o, *c, single, mine, agree, counted);
   return Status::Ok();
 }
 
