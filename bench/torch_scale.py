@@ -47,10 +47,10 @@ import os
 import re
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -64,10 +64,13 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "examples"))
-from torch_gpt import Block, Gpt, batches, corpus, init_weights  # noqa: E402
+from torch_gpt import Gpt, batches, corpus, init_weights  # noqa: E402
 
 import strata.torch as st  # noqa: E402
-import strata.torch.functional as stf  # noqa: E402
+from scale_bound import (DTYPES, DiskSampler, PairedCompute, activations, compute_bound, io_rate,  # noqa: E402
+                         io_rates, probe_prediction)
+
+MEASURED_STEPS = (3, 5, 7)  # 0-based: the second step of each pair after the first (steps 4, 6 and 8)
 
 
 def parse_count(text):
@@ -135,58 +138,6 @@ def swap_file_bytes(nvme_dir):
         except OSError:
             pass
     return total
-
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-class DiskSampler:
-    """The block device under a directory, read from /proc/diskstats (Note [Disk seen by the kernel]).
-
-    Note [Disk seen by the kernel]
-    strata's own counts say how many bytes a step moved; the kernel's say when the disk had them in
-    flight. A snapshot at each phase boundary of a step gives, per phase, the sectors read and written
-    and io_ticks: the milliseconds the device had at least one request in flight. busy_fraction =
-    io_ticks / the phase's wall time says whether the disk idled during the phase (a fraction below 1
-    is time the disk waited for work); it does not say the device was saturated (it serves several
-    requests at once). The counts are the device's, every process's: on a shared disk another job's I/O
-    shows here. Where the directory's device has no line (overlay or tmpfs), `device` is None and
-    nothing is reported."""
-
-    def __init__(self, path):
-        st_dev = os.stat(path).st_dev
-        self.key = (os.major(st_dev), os.minor(st_dev))
-        self.device = None
-        for parts in self._lines():
-            if (int(parts[0]), int(parts[1])) == self.key:
-                self.device = parts[2]
-
-    @staticmethod
-    def _lines():
-        try:
-            with open("/proc/diskstats") as f:
-                return [line.split() for line in f if len(line.split()) >= 13]
-        except OSError:
-            return []
-
-    def snapshot(self):
-        """(bytes read, bytes written, io_ticks ms) so far, or None."""
-        if self.device is None:
-            return None
-        for parts in self._lines():
-            if (int(parts[0]), int(parts[1])) == self.key:
-                return (int(parts[5]) * 512, int(parts[9]) * 512, int(parts[12]))
-        return None
-
-    @staticmethod
-    def phase(a, b, seconds):
-        """One phase's figures between snapshots a and b over `seconds` of wall time."""
-        if a is None or b is None or seconds <= 0:
-            return None
-        return {"read_bytes": b[0] - a[0], "write_bytes": b[1] - a[1],
-                "busy_fraction": round(min(1.0, (b[2] - a[2]) / 1000 / seconds), 3),
-                "read_gb_s": round((b[0] - a[0]) / seconds / 1e9, 3),
-                "write_gb_s": round((b[1] - a[1]) / seconds / 1e9, 3)}
 
 
 def build(d, layers, seq, cfg, lr, dtype=torch.float32):
@@ -263,152 +214,6 @@ def train(model, opt, data, args, steps, disk=None, paired=None):
     return losses, times, stats
 
 
-def compute_bound(d, layers, args):
-    """(forward + backward, torch AdamW, strata's AdamW) seconds of one step's compute: one resident Block,
-    median of BLOCK_RUNS after a warm-up, times the number of blocks. strata's AdamW is the runtime's fused kernel
-    (strata.torch.functional, --threads threads) on the block's parameters with fp32 states."""
-    torch.manual_seed(0)
-    block = Block(d, max(1, d // 64), args.seq).to(DTYPES[args.dtype])
-    opt = torch.optim.AdamW(block.parameters(), lr=3e-4)
-    x = torch.randn(args.batch, args.seq, d, dtype=DTYPES[args.dtype], requires_grad=True)
-    # strata's kernel steps copies (param, exp_avg, exp_avg_sq), so torch's AdamW keeps its own.
-    copies = [(p.detach().float(), torch.zeros_like(p, dtype=torch.float32), torch.zeros_like(p, dtype=torch.float32))
-              for p in block.parameters()]
-    fwd_bwd, adamw, fused = [], [], []
-    for i in range(1 + BLOCK_RUNS):
-        t0 = time.perf_counter()
-        block(x).square().mean().backward()
-        t1 = time.perf_counter()
-        t2 = time.perf_counter()
-        for (p, m, v), q in zip(copies, block.parameters()):
-            stf.step_("adamw", p, q.grad.float(), [m, v], i + 1, threads=args.threads, lr=3e-4, weight_decay=0.01)
-        fused.append(time.perf_counter() - t2)
-        t3 = time.perf_counter()
-        opt.step()
-        opt.zero_grad(set_to_none=True)  # as a plain torch step would (torch 2.x's default): fresh gradients
-        fwd_bwd.append(t1 - t0)
-        adamw.append(time.perf_counter() - t3)
-    timed = fwd_bwd[1:]
-    return (statistics.median(timed) * layers, statistics.median(adamw[1:]) * layers,
-            statistics.median(fused[1:]) * layers, (min(timed) * layers, max(timed) * layers))
-
-
-BLOCK_RUNS = 7  # timed runs of the resident block after one warm-up (their median is scaled)
-PAIRED_IO_BYTES = 1 << 30  # each way, in each burst: strata-bench io's rates beside the steps
-MEASURED_STEPS = (3, 5, 7)  # 0-based: the second step of each pair after the first (steps 4, 6 and 8)
-BURST_RUNS = 3  # timed runs of the paired block between two training steps (Note [Compute paired with the steps])
-
-
-class PairedCompute:
-    """A resident Block timed between the training steps (Note [Compute paired with the steps]).
-
-    Note [Compute paired with the steps]
-    This machine's speed moves by more than the effect the bound ratio reports: at 3.2 B fp32 one
-    block's forward and backward scattered 27.6-46.6 s (scaled) over seven runs in half a minute, and
-    the same code's step_s 43-54 s between runs minutes apart (docs/scale.md). A compute bound
-    measured once, before the 3-minute build, was paired with steps it had not seen. So a resident
-    Block of the same shape and dtype also runs between the training steps: strata's background work
-    is flushed first (untimed, so the block shares the cores with nothing of strata's), then BURST_RUNS
-    forward and backward passes, their median times the number of blocks. The bursts come after
-    every second step, and only the second step of each pair is measured (steps 4, 6 and 8): the
-    flush ends the updates deferred into the next forward (plan.deferred_updates, Note [Deferred
-    updates] in runtime/src/pipeline/deferred_updates.cpp) and the write-backs that overlap it, so
-    the step after a flush starts lighter than a step of a training loop does; the second of a pair
-    starts with its predecessor's deferred work as in training. The first pair is not measured: its
-    second step follows the warm-up step, whose re-plan runs every update before step() returns. A measured step's compute is the mean
-    of the bursts just before and just after its pair. The block's gradient is freed after each
-    pass, and its parameter and gradient bytes are in rss_bound_bytes (block_bytes).
-    The disk moved as much: strata-bench io's read rate on --nvme-dir was 1.68 GB/s in one 3.2 B run
-    and 2.20 GB/s in the next (fifteenth session), which moved disk_s by 24 % between runs whose steps
-    moved 5 %. So each burst also runs strata-bench io once (PAIRED_IO_BYTES each way, 4 MiB pieces,
-    32 in flight), and a measured step's disk seconds are its own bytes at the mean of the rates
-    before and after its pair (disk_s_per_step; disk_s their median). The old figure, 5 runs after
-    the model is closed, is disk_s_after_close."""
-
-    def __init__(self, d, layers, args, nvme_dir=None):
-        self.io = (args, nvme_dir) if nvme_dir is not None else None
-        self.rates = []  # (read, write) bytes/s of PAIRED_IO_BYTES each way after each burst
-        torch.manual_seed(1)
-        dtype = DTYPES[args.dtype]
-        self.block = Block(d, max(1, d // 64), args.seq).to(dtype)
-        self.x = torch.randn(args.batch, args.seq, d, dtype=dtype, requires_grad=True)
-        self.layers = layers
-        self.param_bytes = sum(p.numel() * p.element_size() for p in self.block.parameters())
-        self.bursts = []
-
-    def burst(self, model=None):
-        if model is not None:
-            model.strata.engine.flush()
-        times = []
-        for i in range(BURST_RUNS + (1 if not self.bursts else 0)):  # the first burst warms up once
-            t0 = time.perf_counter()
-            self.block(self.x).square().mean().backward()
-            times.append(time.perf_counter() - t0)
-            self.block.zero_grad(set_to_none=True)
-            self.x.grad = None
-        self.bursts.append(statistics.median(times[-BURST_RUNS:]) * self.layers)
-        if self.io is not None:  # the disk's rates beside it (Note [Compute paired with the steps])
-            io, _ = io_rates(*self.io, PAIRED_IO_BYTES, runs=1)
-            self.rates.append((io_rate(io, "read"), io_rate(io, "write")))
-
-    def around(self, i):
-        """The compute seconds of step i (0-based): the mean of the bursts before and after its pair."""
-        return (self.bursts[i // 2] + self.bursts[i // 2 + 1]) / 2
-
-    def disk_around(self, i, read_bytes, write_bytes):
-        """The disk seconds of step i's bytes at the mean of the rates measured before and after its pair."""
-        (r0, w0), (r1, w1) = self.rates[i // 2], self.rates[i // 2 + 1]
-        return read_bytes / ((r0 + r1) / 2) + write_bytes / ((w0 + w1) / 2)
-
-
-def io_rates(args, nvme_dir, io_bytes, runs=5):
-    """(strata-bench io's JSON, its command): uring, 4 MiB pieces, 32 in flight, on nvme_dir."""
-    if not args.strata_bench or not os.path.exists(args.strata_bench):
-        raise SystemExit(f"torch_scale: --strata-bench {args.strata_bench!r} not found; build the strata-bench "
-                         "target (cmake --build --preset release --target strata-bench) and pass its path")
-    cmd = [args.strata_bench, "io", "--dir", nvme_dir, "--bytes", str(io_bytes), "--block", "4MiB",
-           "--request", "4MiB", "--qd", "32", "--runs", str(runs), "--engines", "uring", "--skip-fio", "--json"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    r = json.loads(out.stdout[out.stdout.index("{"):])
-    return r, cmd
-
-
-def probe_prediction(args, nvme_dir, d, layers, chunk_elems, cfg, host, compute_s):
-    """strata-probe's prediction of this run's step (#28 item 6): the same shape, chunk size, budgets and
-    precision, its compute rate set so that its compute term is the compute_s measured here. A dict of
-    probe_step_s (None where it cannot say: the probe's reason in probe_error), probe_placement and the
-    command."""
-    if not args.strata_probe or not os.path.exists(args.strata_probe):
-        return {"probe_step_s": None, "probe_error": f"--strata-probe {args.strata_probe!r} not found"}
-    tokens = args.batch * args.seq
-    flops = 6 * (12 * d * d * layers + 256 * d) * tokens  # the probe's forward + backward (runtime::forward_flops)
-    tflops = flops / compute_s / 1e12
-    cmd = [args.strata_probe, "--json", "--layers", str(layers), "--hidden", str(d), "--seq", str(args.seq),
-           "--batch", str(args.batch), "--vocab", "256", "--chunk-elems", str(chunk_elems),
-           "--precision", args.dtype, "--nvme", nvme_dir, "--nvme-bytes", "256MiB", "--nvme-seconds", "1",
-           "--device", "sim", "--device-budget", str(cfg["device"]["budget"]), "--host-budget", str(host),
-           "--tflops", f"{tflops:.6g}", "--link", "1000GiB"]
-    deferred = dict(getattr(args, "set", [])).get("plan.deferred_updates")
-    if deferred:  # the trainer's plan.deferred_updates (Note [Deferred updates])
-        cmd += ["--deferred-updates", str(deferred)]
-    result = {"probe_cmd": " ".join(cmd), "probe_step_s": None, "probe_placement": None}
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # it takes seconds
-    except subprocess.TimeoutExpired:
-        result["probe_error"] = "strata-probe ran over 600 s"
-        return result
-    if out.returncode != 0:
-        result["probe_error"] = out.stderr.strip() or f"exit code {out.returncode}"
-        return result
-    model = json.loads(out.stdout)["model"]
-    result["probe_placement"] = model["fastest_placement"]
-    if model["predicted_step_s"] is None:
-        result["probe_error"] = "the probe fits this model to no placement at these budgets"
-    else:
-        result["probe_step_s"] = round(model["predicted_step_s"], 3)
-    return result
-
-
 def small_copy(args, data, nvme_dir):
     """exact_small_copy: the same code at --small-params, states on NVMe vs all on host."""
     d, layers = shape_for(args.small_params)
@@ -482,6 +287,35 @@ def main():
     return 0
 
 
+def train_measured(args, nvme_dir, data, d, layers, n, host):
+    """The compute bound on its own, then the model built, trained and closed: a namespace of what run
+    reports of them."""
+    m = types.SimpleNamespace()
+    # The compute bound first, on a quiet heap (after the model is closed, the kernel is still taking back
+    # its memory, and the block's times scatter more).
+    m.alone_s, m.adamw_s, m.strata_adamw_s, m.alone_range = compute_bound(d, layers, args)
+    progress("measured one resident block")
+    m.paired = PairedCompute(d, layers, args, nvme_dir)  # held through training: its parameters are in rss_start
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    m.rss_start = rss_now()  # (not ru_maxrss: that holds the block's peak, which is gone)
+    m.cfg = config(n, d, args, nvme_dir, host)
+    model, opt = build(d, layers, args.seq, m.cfg, args.lr, DTYPES[args.dtype])
+    m.init_s = time.perf_counter() - t0
+    progress(f"built and initialised in {m.init_s:.1f} s")
+    m.params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    m.layout = model.strata.engine.layout()
+    m.disk = DiskSampler(nvme_dir)
+    m.losses, m.times, m.stats = train(model, opt, data, args, args.steps, m.disk, m.paired)
+    m.peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    m.nvme_alloc = swap_file_bytes(nvme_dir)
+    m.plan_nvme = model.strata.engine.layout()["plan_nvme_bytes"]
+    model.strata.close(restore=False)  # 4 B a parameter back in torch memory would not fit beside the host tier
+    del model, opt
+    progress("closed the model")
+    return m
+
+
 def run(args, nvme_dir):
     data = corpus(fixed=True)
     d, layers = shape_for(args.params)
@@ -492,114 +326,85 @@ def run(args, nvme_dir):
     ram = mem_total()
     fraction = args.host_fraction if args.host_fraction is not None else min(0.5, 0.35 * ram / state_bytes)
     host = int(fraction * state_bytes)
-    # The compute bound first, on a quiet heap (after the model is closed, the kernel is still taking back
-    # its memory, and the block's times scatter more).
-    alone_s, adamw_s, strata_adamw_s, alone_range = compute_bound(d, layers, args)
-    progress("measured one resident block")
-    paired = PairedCompute(d, layers, args, nvme_dir)  # held through training: its parameters are in rss_start
-    torch.manual_seed(0)
-    t0 = time.perf_counter()
-    rss_start = rss_now()  # (not ru_maxrss: that holds the block's peak, which is gone)
-    cfg = config(n, d, args, nvme_dir, host)
-    model, opt = build(d, layers, args.seq, cfg, args.lr, DTYPES[args.dtype])
-    init_s = time.perf_counter() - t0
-    progress(f"built and initialised in {init_s:.1f} s")
-    params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-    layout = model.strata.engine.layout()
-    disk = DiskSampler(nvme_dir)
-    losses, times, stats = train(model, opt, data, args, args.steps, disk, paired)
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    nvme_alloc = swap_file_bytes(nvme_dir)
-    plan_nvme = model.strata.engine.layout()["plan_nvme_bytes"]
-    measured = MEASURED_STEPS  # the second of each pair (Note [Compute paired with the steps])
-    mid = sorted(measured, key=lambda i: times[i])[1]
-    step_s = times[mid]
-    compute_s = statistics.median(stats[i]["compute_s"] for i in measured)
-    read_b, write_b = stats[mid]["bytes_disk_read"], stats[mid]["bytes_disk_write"]
-    model.strata.close(restore=False)  # 4 B a parameter back in torch memory would not fit beside the host tier
-    del model, opt
-    progress("closed the model")
+    m = train_measured(args, nvme_dir, data, d, layers, n, host)
+    m.measured = measured = MEASURED_STEPS  # the second of each pair (Note [Compute paired with the steps])
+    times, stats = m.times, m.stats
+    m.mid = mid = sorted(measured, key=lambda i: times[i])[1]
+    m.step_s = step_s = times[mid]
+    m.compute_s = compute_s = statistics.median(stats[i]["compute_s"] for i in measured)
+    m.read_b, m.write_b = read_b, write_b = stats[mid]["bytes_disk_read"], stats[mid]["bytes_disk_write"]
     io_bytes = args.io_bytes or max(256 << 20, min(1 << 30, (read_b + write_b) // 4 // (4 << 20) * (4 << 20)))
-    io, io_cmd = io_rates(args, nvme_dir, io_bytes)
-    read_rate, write_rate = io_rate(io, "read"), io_rate(io, "write")
-    disk_s_after_close = read_b / read_rate + write_b / write_rate
+    io, m.io_cmd = io_rates(args, nvme_dir, io_bytes)
+    m.read_rate, m.write_rate = io_rate(io, "read"), io_rate(io, "write")
+    m.disk_s_after_close = read_b / m.read_rate + write_b / m.write_rate
     # Each measured step's bytes at the rates measured beside it (Note [Compute paired with the steps]).
-    disk_s_per_step = [paired.disk_around(i, stats[i]["bytes_disk_read"], stats[i]["bytes_disk_write"])
-                       for i in measured]
-    disk_s = statistics.median(disk_s_per_step)
-    probe = probe_prediction(args, nvme_dir, d, layers, layout["chunk_elems"], cfg, host, compute_s)
-    if probe["probe_step_s"] is not None:
-        probe["probe_ratio"] = round(step_s / probe["probe_step_s"], 3)
-    bound_s = max(compute_s, disk_s)
+    m.disk_s_per_step = [m.paired.disk_around(i, stats[i]["bytes_disk_read"], stats[i]["bytes_disk_write"])
+                         for i in measured]
+    m.disk_s = disk_s = statistics.median(m.disk_s_per_step)
+    m.probe = probe_prediction(args, nvme_dir, d, layers, m.layout["chunk_elems"], m.cfg, host, compute_s)
+    if m.probe["probe_step_s"] is not None:
+        m.probe["probe_ratio"] = round(step_s / m.probe["probe_step_s"], 3)
+    m.bound_s = max(compute_s, disk_s)
     # Each measured step against its own paired compute and its own bytes (Note [Compute paired with the steps]).
-    per_step_ratios = [times[i] / max(stats[i]["compute_s"], disk_s_per_step[k]) for k, i in enumerate(measured)]
+    m.per_step_ratios = [times[i] / max(stats[i]["compute_s"], m.disk_s_per_step[k]) for k, i in enumerate(measured)]
     # On the sim device forward, backward and strata's optimizer run on the same cores: their sum is the
     # compute this machine must do each step (docs/scale.md, "Two bounds").
-    shared_bound_s = max(compute_s + strata_adamw_s, disk_s)
+    m.shared_bound_s = max(compute_s + m.strata_adamw_s, disk_s)
+    return report(args, m, data, nvme_dir, d, layers, host, ram)
+
+
+def report(args, m, data, nvme_dir, d, layers, host, ram):
+    """The run's JSON object from run's measurements `m`; runs the small copy (exact_small_copy) unless
+    --no-small-copy."""
     return {
-        "params": params, "d_model": d, "layers": layers, "batch": args.batch, "seq": args.seq,
-        "state_bytes": 16 * params, "state_over_ram": round(16 * params / ram, 3),
-        "host_budget_bytes": host, "peak_rss_bytes": peak_rss,
+        "params": m.params, "d_model": d, "layers": layers, "batch": args.batch, "seq": args.seq,
+        "state_bytes": 16 * m.params, "state_over_ram": round(16 * m.params / ram, 3),
+        "host_budget_bytes": host, "peak_rss_bytes": m.peak_rss,
         # Stated overhead (docs/scale.md): the process before the model (Python, torch, the corpus), the host
         # tier's pinned region (budgets.host and its allocator's room, 1/4 of it + 8 MiB), the sim device's
         # memory, activations of one step, 2 x (the largest module + one chunk) of init scratch and a fixed
         # 128 MiB (the allocator's retained free memory, the runtime's tables, torch's transient gradients
         # before they are handed over).
-        "host_region_bytes": layout["host_region_bytes"],
-        "rss_bound_bytes": rss_start + layout["host_region_bytes"] + cfg["device"]["budget"]
-        + activations(d, layers, args) + 2 * 4 * (4 * d * d + layout["chunk_elems"]) + (128 << 20)
-        + paired.param_bytes,  # the paired block's gradient (its parameters are in rss_start)
-        "block_bytes": 2 * paired.param_bytes,  # its parameters and gradient
-        "nvme_bytes_allocated": nvme_alloc, "nvme_bytes_planned": plan_nvme,
-        "chunk_elems": layout["chunk_elems"], "padding_fraction": round(layout["padding_fraction"], 4),
-        "init_s": round(init_s, 2), "step_times_s": [round(t, 3) for t in times], "step_s": round(step_s, 3),
-        "disk_read_bytes_per_step": read_b, "disk_write_bytes_per_step": write_b,
+        "host_region_bytes": m.layout["host_region_bytes"],
+        "rss_bound_bytes": m.rss_start + m.layout["host_region_bytes"] + m.cfg["device"]["budget"]
+        + activations(d, layers, args) + 2 * 4 * (4 * d * d + m.layout["chunk_elems"]) + (128 << 20)
+        + m.paired.param_bytes,  # the paired block's gradient (its parameters are in rss_start)
+        "block_bytes": 2 * m.paired.param_bytes,  # its parameters and gradient
+        "nvme_bytes_allocated": m.nvme_alloc, "nvme_bytes_planned": m.plan_nvme,
+        "chunk_elems": m.layout["chunk_elems"], "padding_fraction": round(m.layout["padding_fraction"], 4),
+        "init_s": round(m.init_s, 2), "step_times_s": [round(t, 3) for t in m.times], "step_s": round(m.step_s, 3),
+        "disk_read_bytes_per_step": m.read_b, "disk_write_bytes_per_step": m.write_b,
         # Of the reads: NVMe-homed params read for forward and backward, and read again beside their states for
         # the optimizer (Note [NVMe-homed params] in runtime/src/residency/residency.hpp).
-        "disk_read_param_uses_bytes_per_step": stats[mid]["bytes_disk_read_param_uses"],
-        "disk_read_param_updates_bytes_per_step": stats[mid]["bytes_disk_read_param_updates"],
-        "plan": layout.get("plan_summary"),
+        "disk_read_param_uses_bytes_per_step": m.stats[m.mid]["bytes_disk_read_param_uses"],
+        "disk_read_param_updates_bytes_per_step": m.stats[m.mid]["bytes_disk_read_param_updates"],
+        "plan": m.layout.get("plan_summary"),
         # Where the median step's time went (item 4 of #28: what the bound leaves on the table).
-        "median_step_split_s": {k: round(stats[mid][k], 3) for k in ("forward_s", "backward_s", "step_call_s",
+        "median_step_split_s": {k: round(m.stats[m.mid][k], 3) for k in ("forward_s", "backward_s", "step_call_s",
                                                                      "stall_s", "user_s", "system_s",
                                                                      "minor_faults")},
         # The same step as the kernel saw the disk (Note [Disk seen by the kernel]).
-        "disk_device": disk.device, "median_step_disk": stats[mid]["disk_phases"],
-        "io_read_bytes_s": read_rate, "io_write_bytes_s": write_rate, "io_bench": " ".join(io_cmd),
-        "disk_s_after_close": round(disk_s_after_close, 3),
-        "disk_s_per_step": [round(t, 3) for t in disk_s_per_step],
-        "paired_io_rates_bytes_s": [[round(r), round(w)] for r, w in paired.rates],
-        "compute_s": round(compute_s, 3),
-        "compute_s_per_step": [round(stats[i]["compute_s"], 3) for i in measured],
-        "compute_bursts_s": [round(t, 3) for t in paired.bursts],
-        "compute_s_before_build": round(alone_s, 3), "compute_s_before_build_range": [round(t, 3) for t in alone_range],
-        "torch_adamw_s": round(adamw_s, 3),
-        "strata_adamw_s": round(strata_adamw_s, 3), "disk_s": round(disk_s, 3),
-        "bound_s": round(bound_s, 3), "bound_ratio": round(step_s / bound_s, 3),
-        "bound_ratio_per_step": [round(r, 3) for r in per_step_ratios],
-        "shared_core_bound_s": round(shared_bound_s, 3), "shared_core_bound_ratio": round(step_s / shared_bound_s, 3),
-        **probe,
-        "dtype": args.dtype, "lr": args.lr, "warmup_steps": args.warmup, "losses": [round(x, 5) for x in losses],
-        "loss_decreasing": losses[-1] < losses[0],
+        "disk_device": m.disk.device, "median_step_disk": m.stats[m.mid]["disk_phases"],
+        "io_read_bytes_s": m.read_rate, "io_write_bytes_s": m.write_rate, "io_bench": " ".join(m.io_cmd),
+        "disk_s_after_close": round(m.disk_s_after_close, 3),
+        "disk_s_per_step": [round(t, 3) for t in m.disk_s_per_step],
+        "paired_io_rates_bytes_s": [[round(r), round(w)] for r, w in m.paired.rates],
+        "compute_s": round(m.compute_s, 3),
+        "compute_s_per_step": [round(m.stats[i]["compute_s"], 3) for i in m.measured],
+        "compute_bursts_s": [round(t, 3) for t in m.paired.bursts],
+        "compute_s_before_build": round(m.alone_s, 3), "compute_s_before_build_range": [round(t, 3) for t in m.alone_range],
+        "torch_adamw_s": round(m.adamw_s, 3),
+        "strata_adamw_s": round(m.strata_adamw_s, 3), "disk_s": round(m.disk_s, 3),
+        "bound_s": round(m.bound_s, 3), "bound_ratio": round(m.step_s / m.bound_s, 3),
+        "bound_ratio_per_step": [round(r, 3) for r in m.per_step_ratios],
+        "shared_core_bound_s": round(m.shared_bound_s, 3), "shared_core_bound_ratio": round(m.step_s / m.shared_bound_s, 3),
+        **m.probe,
+        "dtype": args.dtype, "lr": args.lr, "warmup_steps": args.warmup, "losses": [round(x, 5) for x in m.losses],
+        "loss_decreasing": m.losses[-1] < m.losses[0],
         "exact_small_copy": None if args.no_small_copy else small_copy(args, data, nvme_dir),
         "load_avg": os.getloadavg(),
         "openblas_coretype": OPENBLAS_CORETYPE,
     }
-
-
-def activations(d, layers, args):
-    """Bytes of the activations autograd keeps for one step (generous: 40 floats per token and width per layer,
-    plus the attention maps and the logits)."""
-    tokens = args.batch * args.seq
-    return 4 * layers * (40 * tokens * d + 4 * max(1, d // 64) * tokens * args.seq) + 4 * 3 * tokens * 256
-
-
-def io_rate(io, what):
-    """Bytes/s of strata's uring engine for `what` (read or write) in strata-bench io's JSON."""
-    value = io.get(f"uring_{what}_gib_s")
-    if not isinstance(value, (int, float)) or value <= 0:
-        raise SystemExit(f"torch_scale: no uring_{what}_gib_s in strata-bench io's output: {sorted(io)}")
-    return value * (1 << 30)
 
 
 if __name__ == "__main__":
