@@ -141,7 +141,7 @@ class SwapStore {
   //! Random id written in every file header of this run.
   std::uint64_t run_id() const { return run_id_; }
 
-  //! The store's private state (files, slot table), defined in swap_store.cpp.
+  //! The store's private state (files, slot table), defined in swap_store_impl.hpp.
   struct Impl;
 
  private:
