@@ -83,26 +83,32 @@ std::string_view huge_page_mode_name(HugePageMode mode) {
   return "unknown";
 }
 
-Result<HostRegion> HostRegion::map(std::size_t bytes, std::size_t alignment_bytes, bool try_huge_pages,
-                                   bool try_pin, Device* device,
-                                   const std::function<void(void*, std::size_t)>& bind) {
-  STRATA_CHECK(bytes > 0);
-  STRATA_CHECK(is_pow2(alignment_bytes));
-  HostRegion region;
+namespace {
 
+//! A mapping of the region's bytes and the pages that back it.
+struct Mapped {
+  void* data = nullptr;
+  void* mapping = nullptr;  // what munmap gets
+  std::size_t mapping_bytes = 0;
+  HugePageMode huge_pages = HugePageMode::kNone;
+  std::string reason;
+};
+
+//! Maps `bytes`, on huge pages where the system grants them; OutOfMemory when mmap refuses.
+Result<Mapped> map_pages(std::size_t bytes, std::size_t alignment_bytes, bool try_huge_pages) {
   // Note [Huge pages for the pinned region]
   // Explicit huge pages (MAP_HUGETLB) need pages reserved by the administrator
   // (vm.nr_hugepages); they are tried first for regions of whole 2 MiB pages. Otherwise
   // the region is mapped with 4 KiB pages and madvise(MADV_HUGEPAGE) asks for transparent
   // huge pages, which the kernel grants only when THP is not "never". The log says which.
-  void* data = nullptr;
+  Mapped m;
   std::string hugetlb_why = "not tried (pinned.huge_pages=false)";
   if (try_huge_pages && bytes % kHugePageBytes == 0) {
-    data = map_aligned(bytes, std::max(alignment_bytes, kHugePageBytes), MAP_HUGETLB, &region.mapping_,
-                       &region.mapping_bytes_);
-    if (data != nullptr) {
-      region.huge_pages_ = HugePageMode::kHugeTlb;
-      region.huge_pages_reason_ = "MAP_HUGETLB granted";
+    m.data = map_aligned(bytes, std::max(alignment_bytes, kHugePageBytes), MAP_HUGETLB, &m.mapping,
+                         &m.mapping_bytes);
+    if (m.data != nullptr) {
+      m.huge_pages = HugePageMode::kHugeTlb;
+      m.reason = "MAP_HUGETLB granted";
     } else {
       hugetlb_why = fmt::format("MAP_HUGETLB refused ({}; vm.nr_hugepages = {})", std::strerror(errno),
                                 read_first_line("/proc/sys/vm/nr_hugepages"));
@@ -110,33 +116,34 @@ Result<HostRegion> HostRegion::map(std::size_t bytes, std::size_t alignment_byte
   } else if (try_huge_pages) {
     hugetlb_why = "region is not a whole number of 2 MiB pages";
   }
-  if (data == nullptr) {
-    data = map_aligned(bytes, std::max(alignment_bytes, kHugePageBytes), 0, &region.mapping_,
-                       &region.mapping_bytes_);
-    if (data == nullptr) {
-      return out_of_memory("pinned host: mmap of {} refused: {}; lower pinned.budget", format_bytes(bytes),
-                           std::strerror(errno));
-    }
-    const std::string thp = read_first_line("/sys/kernel/mm/transparent_hugepage/enabled");
-    if (try_huge_pages && thp.find("[never]") == std::string::npos &&
-        madvise(data, bytes, MADV_HUGEPAGE) == 0) {
-      region.huge_pages_ = HugePageMode::kTransparent;
-      region.huge_pages_reason_ =
-          fmt::format("{}; transparent huge pages requested (THP: {})", hugetlb_why, thp);
-    } else {
-      region.huge_pages_ = HugePageMode::kNone;
-      region.huge_pages_reason_ = try_huge_pages
-                                      ? fmt::format("huge pages not available: {}; THP: {}", hugetlb_why, thp)
-                                      : hugetlb_why;
-    }
+  if (m.data != nullptr) return m;
+  m.data = map_aligned(bytes, std::max(alignment_bytes, kHugePageBytes), 0, &m.mapping, &m.mapping_bytes);
+  if (m.data == nullptr) {
+    return out_of_memory("pinned host: mmap of {} refused: {}; lower pinned.budget", format_bytes(bytes),
+                         std::strerror(errno));
   }
-  region.data_ = static_cast<std::byte*>(data);
-  region.size_bytes_ = bytes;
-  STRATA_LOG_INFO("pinned host: {} region, {} ({})", format_bytes(bytes),
-                  huge_page_mode_name(region.huge_pages_), region.huge_pages_reason_);
+  const std::string thp = read_first_line("/sys/kernel/mm/transparent_hugepage/enabled");
+  if (try_huge_pages && thp.find("[never]") == std::string::npos &&
+      madvise(m.data, bytes, MADV_HUGEPAGE) == 0) {
+    m.huge_pages = HugePageMode::kTransparent;
+    m.reason = fmt::format("{}; transparent huge pages requested (THP: {})", hugetlb_why, thp);
+  } else {
+    m.huge_pages = HugePageMode::kNone;
+    m.reason =
+        try_huge_pages ? fmt::format("huge pages not available: {}; THP: {}", hugetlb_why, thp) : hugetlb_why;
+  }
+  return m;
+}
 
-  if (bind) bind(data, bytes);  // before mlock/registration touch the pages
+//! How the region is pinned, and why.
+struct Pinned {
+  PinningMode mode = PinningMode::kUnpinned;
+  std::string reason;
+  Device* device = nullptr;  // set when registered with the device
+};
 
+//! Pins [data, data + bytes) as well as the system lets it; never fails.
+Pinned pin_pages(void* data, std::size_t bytes, bool try_pin, Device* device) {
   // Note [Pinning the host region]
   // With the cuda device the region is registered (cudaHostRegister) so copies DMA from it.
   // Otherwise mlock keeps it resident (no page-out under memory pressure, stable for
@@ -144,39 +151,63 @@ Result<HostRegion> HostRegion::map(std::size_t bytes, std::size_t alignment_byte
   // default), and when mlock is refused the region stays plain memory and the log says
   // why and how to raise the limit. Nothing fails: pinning is a speed and stability
   // property, not a correctness one.
+  Pinned p;
   if (!try_pin) {
-    region.pinning_ = PinningMode::kUnpinned;
-    region.pinning_reason_ = "pinning disabled (pinned.pin=false)";
-  } else {
-    std::string register_why;
-    if (device != nullptr) {
-      Result<HostRegistration> reg = device->register_host(data, bytes);
-      if (reg.ok() && *reg == HostRegistration::kRegistered) {
-        region.device_ = device;
-        region.pinning_ = PinningMode::kCudaRegistered;
-        region.pinning_reason_ = fmt::format("registered with {}", device->name());
-      } else {
-        register_why = reg.ok() ? fmt::format("{} needs no registration", device_kind_name(device->kind()))
-                                : fmt::format("cudaHostRegister failed: {}", reg.status().message());
-      }
-    } else {
-      register_why = "no device given";
-    }
-    if (region.device_ == nullptr) {
-      if (lock_pages(data, bytes) == 0) {
-        region.pinning_ = PinningMode::kMlocked;
-        region.pinning_reason_ =
-            fmt::format("{}; mlock granted (RLIMIT_MEMLOCK is {})", register_why, memlock_limit_text());
-      } else {
-        const int err = errno;
-        region.pinning_ = PinningMode::kUnpinned;
-        region.pinning_reason_ = fmt::format(
-            "{}; mlock refused ({}): RLIMIT_MEMLOCK is {}; using unpinned memory (raise with ulimit -l or "
-            "memlock in /etc/security/limits.conf)",
-            register_why, std::strerror(err), memlock_limit_text());
-      }
-    }
+    p.reason = "pinning disabled (pinned.pin=false)";
+    return p;
   }
+  std::string register_why;
+  if (device != nullptr) {
+    Result<HostRegistration> reg = device->register_host(data, bytes);
+    if (reg.ok() && *reg == HostRegistration::kRegistered) {
+      p.device = device;
+      p.mode = PinningMode::kCudaRegistered;
+      p.reason = fmt::format("registered with {}", device->name());
+      return p;
+    }
+    register_why = reg.ok() ? fmt::format("{} needs no registration", device_kind_name(device->kind()))
+                            : fmt::format("cudaHostRegister failed: {}", reg.status().message());
+  } else {
+    register_why = "no device given";
+  }
+  if (lock_pages(data, bytes) == 0) {
+    p.mode = PinningMode::kMlocked;
+    p.reason = fmt::format("{}; mlock granted (RLIMIT_MEMLOCK is {})", register_why, memlock_limit_text());
+  } else {
+    const int err = errno;
+    p.mode = PinningMode::kUnpinned;
+    p.reason = fmt::format(
+        "{}; mlock refused ({}): RLIMIT_MEMLOCK is {}; using unpinned memory (raise with ulimit -l or "
+        "memlock in /etc/security/limits.conf)",
+        register_why, std::strerror(err), memlock_limit_text());
+  }
+  return p;
+}
+
+}  // namespace
+
+Result<HostRegion> HostRegion::map(std::size_t bytes, std::size_t alignment_bytes, bool try_huge_pages,
+                                   bool try_pin, Device* device,
+                                   const std::function<void(void*, std::size_t)>& bind) {
+  STRATA_CHECK(bytes > 0);
+  STRATA_CHECK(is_pow2(alignment_bytes));
+  STRATA_ASSIGN_OR_RETURN(Mapped m, map_pages(bytes, alignment_bytes, try_huge_pages));
+  HostRegion region;
+  region.mapping_ = m.mapping;
+  region.mapping_bytes_ = m.mapping_bytes;
+  region.huge_pages_ = m.huge_pages;
+  region.huge_pages_reason_ = std::move(m.reason);
+  region.data_ = static_cast<std::byte*>(m.data);
+  region.size_bytes_ = bytes;
+  STRATA_LOG_INFO("pinned host: {} region, {} ({})", format_bytes(bytes),
+                  huge_page_mode_name(region.huge_pages_), region.huge_pages_reason_);
+
+  if (bind) bind(m.data, bytes);  // before mlock/registration touch the pages
+
+  Pinned p = pin_pages(m.data, bytes, try_pin, device);
+  region.device_ = p.device;
+  region.pinning_ = p.mode;
+  region.pinning_reason_ = std::move(p.reason);
   if (region.pinning_ == PinningMode::kUnpinned) {
     STRATA_LOG_WARN("pinned host: {} region, {}", format_bytes(bytes), region.pinning_reason_);
   } else {
