@@ -88,6 +88,64 @@ void report_rate(const Device& device, CopyKind kind, std::uint64_t configured_b
         fmt::format("{} throttle within 10% of the configured rate", copy_kind_name(kind)));
 }
 
+//! The copy checks: a chunk host -> device -> host byte-exact, the pools' bounds and
+//! the throttled copy rates; setup_error's code when a slot or stream cannot be had, else 0.
+int check_copies(Device& dev, PinnedHostPool& host, DevicePool& device_pool,
+                 const DeviceOptions& device_options, const Settings& settings, std::size_t chunk) {
+  auto out = host.acquire_slot();
+  auto in = host.acquire_slot();
+  auto on_device = device_pool.acquire_slot();
+  auto stream = dev.create_stream();
+  if (!out.ok()) return setup_error(out.status());
+  if (!in.ok()) return setup_error(in.status());
+  if (!on_device.ok()) return setup_error(on_device.status());
+  if (!stream.ok()) return setup_error(stream.status());
+  for (std::size_t i = 0; i < chunk; ++i) out->data()[i] = static_cast<std::byte>((i * 131 + 7) & 0xff);
+  std::memset(in->data(), 0, chunk);
+  std::memset(on_device->data(), 0,
+              dev.kind() == DeviceKind::kSim ? chunk : 0);  // fault sim pages in first
+
+  const double h2d_s = timed_copies(dev, *stream, on_device->data(), out->data(), chunk, settings.copies,
+                                    CopyKind::kHostToDevice);
+  const double d2h_s = timed_copies(dev, *stream, in->data(), on_device->data(), chunk, settings.copies,
+                                    CopyKind::kDeviceToHost);
+  check(h2d_s > 0 && d2h_s > 0, "copies completed");
+  check(std::memcmp(in->data(), out->data(), chunk) == 0,
+        fmt::format("{} chunk byte-exact after host -> device -> host", format_bytes(chunk)));
+
+  auto buffer = host.allocate(3 * kMiB + 17, 4096);
+  check(buffer.ok() && host.contains(buffer->data(), buffer->size_bytes()),
+        "jemalloc arena buffer lies inside the pinned region");
+  auto extra_slot = device_pool.acquire_slot();
+  auto over_budget = device_pool.acquire_slot();
+  check(!over_budget.ok() && over_budget.status().code() == StatusCode::kOutOfBudget,
+        "device pool refuses a slot past its budget: " + over_budget.status().message());
+
+  std::printf("copy rates (%d x %s per direction)\n", settings.copies, format_bytes(chunk).c_str());
+  if (h2d_s > 0)
+    report_rate(dev, CopyKind::kHostToDevice, device_options.h2d_bytes_per_s, h2d_s, chunk * settings.copies);
+  if (d2h_s > 0)
+    report_rate(dev, CopyKind::kDeviceToHost, device_options.d2h_bytes_per_s, d2h_s, chunk * settings.copies);
+  return 0;
+}
+
+//! The device's and the pools' budgets and high-water marks, each checked against its budget.
+void check_budgets(const Device& dev, const PinnedHostPool& host, const DevicePool& device_pool) {
+  const MemoryInfo info = dev.memory_info();
+  std::printf("budgets and high-water\n");
+  std::printf("  device:        budget %s, in use %s, high-water %s\n",
+              format_bytes(info.budget_bytes).c_str(), format_bytes(info.used_bytes).c_str(),
+              format_bytes(info.high_water_bytes).c_str());
+  std::printf("  device pool:   %s\n", stats_text(device_pool.stats()).c_str());
+  std::printf("  pinned slab:   %s\n", stats_text(host.slab_stats()).c_str());
+  std::printf("  pinned arena:  %s\n", stats_text(host.arena_stats()).c_str());
+  check(info.high_water_bytes <= info.budget_bytes, "device high-water within its budget");
+  check(host.slab_stats().high_water_bytes <= host.slab_stats().budget_bytes,
+        "slab high-water within budget");
+  check(host.arena_stats().high_water_bytes <= host.arena_stats().budget_bytes,
+        "arena high-water within budget");
+}
+
 int run(const Settings& settings) {
   std::printf("strata-selfcheck: a self-check of the device backend and the memory pools\n");
   std::printf("(the runtime and the example trainer are not built yet; this is what runs today)\n\n");
@@ -141,58 +199,9 @@ int run(const Settings& settings) {
 
   std::printf("checks\n");
   const std::size_t chunk = pinned_options.slot_bytes;
-  {
-    auto out = (*host)->acquire_slot();
-    auto in = (*host)->acquire_slot();
-    auto on_device = (*device_pool)->acquire_slot();
-    auto stream = dev.create_stream();
-    if (!out.ok()) return setup_error(out.status());
-    if (!in.ok()) return setup_error(in.status());
-    if (!on_device.ok()) return setup_error(on_device.status());
-    if (!stream.ok()) return setup_error(stream.status());
-    for (std::size_t i = 0; i < chunk; ++i) out->data()[i] = static_cast<std::byte>((i * 131 + 7) & 0xff);
-    std::memset(in->data(), 0, chunk);
-    std::memset(on_device->data(), 0,
-                dev.kind() == DeviceKind::kSim ? chunk : 0);  // fault sim pages in first
+  if (int rc = check_copies(dev, **host, **device_pool, device_options, settings, chunk); rc != 0) return rc;
 
-    const double h2d_s = timed_copies(dev, *stream, on_device->data(), out->data(), chunk, settings.copies,
-                                      CopyKind::kHostToDevice);
-    const double d2h_s = timed_copies(dev, *stream, in->data(), on_device->data(), chunk, settings.copies,
-                                      CopyKind::kDeviceToHost);
-    check(h2d_s > 0 && d2h_s > 0, "copies completed");
-    check(std::memcmp(in->data(), out->data(), chunk) == 0,
-          fmt::format("{} chunk byte-exact after host -> device -> host", format_bytes(chunk)));
-
-    auto buffer = (*host)->allocate(3 * kMiB + 17, 4096);
-    check(buffer.ok() && (*host)->contains(buffer->data(), buffer->size_bytes()),
-          "jemalloc arena buffer lies inside the pinned region");
-    auto extra_slot = (*device_pool)->acquire_slot();
-    auto over_budget = (*device_pool)->acquire_slot();
-    check(!over_budget.ok() && over_budget.status().code() == StatusCode::kOutOfBudget,
-          "device pool refuses a slot past its budget: " + over_budget.status().message());
-
-    std::printf("copy rates (%d x %s per direction)\n", settings.copies, format_bytes(chunk).c_str());
-    if (h2d_s > 0)
-      report_rate(dev, CopyKind::kHostToDevice, device_options.h2d_bytes_per_s, h2d_s,
-                  chunk * settings.copies);
-    if (d2h_s > 0)
-      report_rate(dev, CopyKind::kDeviceToHost, device_options.d2h_bytes_per_s, d2h_s,
-                  chunk * settings.copies);
-  }
-
-  const MemoryInfo info = dev.memory_info();
-  std::printf("budgets and high-water\n");
-  std::printf("  device:        budget %s, in use %s, high-water %s\n",
-              format_bytes(info.budget_bytes).c_str(), format_bytes(info.used_bytes).c_str(),
-              format_bytes(info.high_water_bytes).c_str());
-  std::printf("  device pool:   %s\n", stats_text((*device_pool)->stats()).c_str());
-  std::printf("  pinned slab:   %s\n", stats_text((*host)->slab_stats()).c_str());
-  std::printf("  pinned arena:  %s\n", stats_text((*host)->arena_stats()).c_str());
-  check(info.high_water_bytes <= info.budget_bytes, "device high-water within its budget");
-  check((*host)->slab_stats().high_water_bytes <= (*host)->slab_stats().budget_bytes,
-        "slab high-water within budget");
-  check((*host)->arena_stats().high_water_bytes <= (*host)->arena_stats().budget_bytes,
-        "arena high-water within budget");
+  check_budgets(dev, **host, **device_pool);
 
   std::printf("\nstrata-selfcheck: %s\n", failures == 0 ? "all checks passed" : "SOME CHECKS FAILED");
   return failures == 0 ? 0 : 1;
