@@ -30,8 +30,6 @@
 // The math calls the host BLAS on the lease pointers, which are host-addressable
 // on the sim device only. A cuBLAS path is not built, so the example runs on the
 // sim device and says so when asked for cuda.
-#include <cblas.h>
-
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -42,6 +40,7 @@
 #include <random>
 #include <sstream>
 
+#include "byte_lm_model.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/common/log.hpp"
 #include "strata/common/scratch_dir.hpp"
@@ -51,6 +50,7 @@
 namespace {
 
 using namespace strata;
+using example::Model;
 namespace fs = std::filesystem;
 
 struct Settings {
@@ -66,138 +66,6 @@ struct Settings {
   std::uint64_t seed = 1;
   bool check_loss = false;
 };
-
-// Activations and their gradients, host memory owned by the trainer.
-struct Model {
-  std::size_t C, E, H, D, B;
-  TensorId embed;
-  std::vector<TensorId> w, b;            // D hidden layers + the output layer
-  std::vector<std::vector<float>> act;   // act[0] = gathered input (B x C*E), act[l+1] = layer l output
-  std::vector<std::vector<float>> dact;  // gradients of act
-  std::vector<int> ctx, next;            // B x C input bytes, B targets
-  float loss = 0;
-
-  std::size_t in_dim(std::size_t l) const { return l == 0 ? C * E : H; }
-  std::size_t out_dim(std::size_t l) const { return l == D ? 256 : H; }
-};
-
-void sgemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const float* a, const float* b,
-           float* c, float beta) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a,
-              ta ? static_cast<int>(m) : static_cast<int>(k), b,
-              tb ? static_cast<int>(k) : static_cast<int>(n), beta, c, static_cast<int>(n));
-}
-
-Status build(Runtime& rt, Model& m, std::uint64_t seed) {
-  std::mt19937 rng(static_cast<std::uint32_t>(seed));
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  STRATA_ASSIGN_OR_RETURN(m.embed, rt.register_tensor("embed", {256, static_cast<std::int64_t>(m.E)}));
-  for (std::size_t l = 0; l <= m.D; ++l) {
-    STRATA_ASSIGN_OR_RETURN(
-        TensorId w, rt.register_tensor(fmt::format("l{}.w", l), {static_cast<std::int64_t>(m.in_dim(l)),
-                                                                 static_cast<std::int64_t>(m.out_dim(l))}));
-    STRATA_ASSIGN_OR_RETURN(
-        TensorId b, rt.register_tensor(fmt::format("l{}.b", l), {static_cast<std::int64_t>(m.out_dim(l))}));
-    m.w.push_back(w);
-    m.b.push_back(b);
-  }
-  std::vector<float> e(256 * m.E);
-  for (auto& v : e) v = 0.5f * n(rng);
-  STRATA_RETURN_IF_ERROR(rt.init_tensor(m.embed, e));
-  for (std::size_t l = 0; l <= m.D; ++l) {
-    std::vector<float> w(m.in_dim(l) * m.out_dim(l));
-    const float scale = std::sqrt(2.0f / static_cast<float>(m.in_dim(l))) * (l == m.D ? 0.2f : 1.0f);
-    for (auto& v : w) v = scale * n(rng);
-    STRATA_RETURN_IF_ERROR(rt.init_tensor(m.w[l], w));
-    STRATA_RETURN_IF_ERROR(rt.init_tensor(m.b[l], std::vector<float>(m.out_dim(l), 0.0f)));
-  }
-  m.act.resize(m.D + 2);
-  m.dact.resize(m.D + 2);
-  m.act[0].resize(m.B * m.C * m.E);
-  m.dact[0].resize(m.B * m.C * m.E);
-  for (std::size_t l = 0; l <= m.D; ++l) {
-    m.act[l + 1].resize(m.B * m.out_dim(l));
-    m.dact[l + 1].resize(m.B * m.out_dim(l));
-  }
-  return Status::Ok();
-}
-
-// One training step's forward and backward through leases.
-Status train_step(Runtime& rt, Model& m) {
-  const std::size_t B = m.B, C = m.C, E = m.E;
-  {  // gather the byte embeddings
-    STRATA_ASSIGN_OR_RETURN(Lease e, rt.param(m.embed));
-    const float* table = e.as<float>();
-    STRATA_RETURN_IF_ERROR(rt.launch([&m, table, B, C, E] {
-      for (std::size_t r = 0; r < B; ++r)
-        for (std::size_t c = 0; c < C; ++c)
-          std::copy_n(table + m.ctx[r * C + c] * E, E, m.act[0].data() + (r * C + c) * E);
-    }));
-  }
-  for (std::size_t l = 0; l <= m.D; ++l) {
-    STRATA_ASSIGN_OR_RETURN(Lease w, rt.param(m.w[l]));
-    STRATA_ASSIGN_OR_RETURN(Lease b, rt.param(m.b[l]));
-    const float* W = w.as<float>();
-    const float* bias = b.as<float>();
-    STRATA_RETURN_IF_ERROR(rt.launch([&m, l, W, bias, B] {
-      const std::size_t out = m.out_dim(l);
-      float* y = m.act[l + 1].data();
-      for (std::size_t r = 0; r < B; ++r) std::copy_n(bias, out, y + r * out);
-      sgemm(false, false, B, out, m.in_dim(l), m.act[l].data(), W, y, 1.0f);
-      if (l < m.D) {
-        for (std::size_t i = 0; i < B * out; ++i) y[i] = std::max(y[i], 0.0f);
-      }
-    }));
-  }
-  STRATA_RETURN_IF_ERROR(rt.launch([&m, B] {  // softmax cross-entropy
-    float total = 0;
-    for (std::size_t r = 0; r < B; ++r) {
-      const float* z = m.act[m.D + 1].data() + r * 256;
-      float* dz = m.dact[m.D + 1].data() + r * 256;
-      const float mx = *std::max_element(z, z + 256);
-      float sum = 0;
-      for (int i = 0; i < 256; ++i) sum += std::exp(z[i] - mx);
-      for (int i = 0; i < 256; ++i) dz[i] = std::exp(z[i] - mx) / sum / static_cast<float>(B);
-      dz[m.next[r]] -= 1.0f / static_cast<float>(B);
-      total += std::log(sum) + mx - z[m.next[r]];
-    }
-    m.loss = total / static_cast<float>(B);
-  }));
-  for (std::size_t l = m.D + 1; l-- > 0;) {
-    STRATA_ASSIGN_OR_RETURN(Lease w, rt.param(m.w[l]));
-    STRATA_ASSIGN_OR_RETURN(Lease gw, rt.grad(m.w[l]));
-    STRATA_ASSIGN_OR_RETURN(Lease gb, rt.grad(m.b[l]));
-    const float* W = w.as<float>();
-    float* GW = gw.as<float>();
-    float* GB = gb.as<float>();
-    STRATA_RETURN_IF_ERROR(rt.launch([&m, l, W, GW, GB, B] {
-      const std::size_t in = m.in_dim(l), out = m.out_dim(l);
-      const float* dy = m.dact[l + 1].data();
-      sgemm(true, false, in, out, B, m.act[l].data(), dy, GW, 0.0f);  // dW = x^T dy
-      std::fill_n(GB, out, 0.0f);
-      for (std::size_t r = 0; r < B; ++r)
-        for (std::size_t j = 0; j < out; ++j) GB[j] += dy[r * out + j];
-      float* dx = m.dact[l].data();
-      sgemm(false, true, B, in, out, dy, W, dx, 0.0f);  // dx = dy W^T
-      if (l > 0) {
-        const float* x = m.act[l].data();
-        for (std::size_t i = 0; i < B * in; ++i) dx[i] = x[i] > 0 ? dx[i] : 0.0f;
-      }
-    }));
-  }
-  STRATA_ASSIGN_OR_RETURN(Lease ge, rt.grad(m.embed));
-  float* GE = ge.as<float>();
-  return rt.launch([&m, GE, B, C, E] {  // scatter into the embedding gradient
-    std::fill_n(GE, 256 * E, 0.0f);
-    for (std::size_t r = 0; r < B; ++r)
-      for (std::size_t c = 0; c < C; ++c) {
-        const float* d = m.dact[0].data() + (r * C + c) * E;
-        float* g = GE + m.ctx[r * C + c] * E;
-        for (std::size_t k = 0; k < E; ++k) g[k] += d[k];
-      }
-  });
-}
 
 // Parameters of the model `s` describes (the embedding and every layer's weight and bias).
 std::uint64_t param_count(const Settings& s) {
@@ -269,32 +137,29 @@ Status check_flags(const Settings& s) {
   return Status::Ok();
 }
 
-int run(const Settings& s) {
+// The training text (--text), checked with the flags; 0, or 2 having said why not.
+int load_text(const Settings& s, std::string& text) {
   if (Status st = check_flags(s); !st.ok()) {
     std::fprintf(stderr, "strata-example-lm: %s\n", st.to_string().c_str());
     return 2;
   }
-  auto text = read_text(s.text);
-  if (!text.ok()) {
-    std::fprintf(stderr, "strata-example-lm: %s\n", text.status().to_string().c_str());
+  auto read = read_text(s.text);
+  if (!read.ok()) {
+    std::fprintf(stderr, "strata-example-lm: %s\n", read.status().to_string().c_str());
     return 2;
   }
-  if (text->size() < s.context + 2) {
+  text = std::move(read).value();
+  if (text.size() < s.context + 2) {
     std::fprintf(stderr,
                  "strata-example-lm: --text has only %zu bytes; it needs more than the %zu-byte context\n",
-                 text->size(), s.context);
+                 text.size(), s.context);
     return 2;
   }
-  // Swap files go straight into --nvme, or the stable $TMPDIR/strata-example-lm
-  // (Note [Stable scratch layout]); a crashed run's are reported and reclaimed.
-  auto scratch = runtime::open_tool_nvme_dir(s.nvme, "--nvme", "strata-example-lm");
-  if (!scratch.ok()) {
-    std::fprintf(stderr, "strata-example-lm: %s\n", scratch.status().to_string().c_str());
-    return 2;
-  }
-  const fs::path dir = scratch->path();
+  return 0;
+}
 
-  Config config;
+// The runtime's config: the example's settings, then --config over them; 0, or 2 having said why not.
+int make_config(const Settings& s, const fs::path& dir, Config& config) {
   for (auto [key, value] : {std::pair<std::string, std::string>{"device.kind", "sim"},
                             {"device.h2d_bandwidth", s.link},
                             {"device.d2h_bandwidth", s.link},
@@ -312,36 +177,27 @@ int run(const Settings& s) {
     }
   }
   config.device.budget_bytes = config.runtime.budgets.gpu_bytes + 64 * kMiB;
-  if (!s.config.empty()) {
-    if (Status st = config.update_from_json_file(s.config); !st.ok()) {
-      std::fprintf(stderr, "strata-example-lm: --config: %s\n", st.to_string().c_str());
-      return 2;
-    }
-    if (config.device.kind != memory::DeviceChoice::kSim) {  // Note [Example device]
-      std::fprintf(stderr,
-                   "strata-example-lm: --config: device.kind must be sim for this example (its math "
-                   "needs host-addressable leases)\n");
-      return 2;
-    }
-    if (Status st = check_precision(config); !st.ok()) {
-      std::fprintf(stderr, "strata-example-lm: --config: %s\n", st.to_string().c_str());
-      return 2;
-    }
-  }
-  // The model outlives the runtime: the runtime drains its streams before it goes,
-  // and a failed call drains what was launched before it returns (Note [Failed
-  // steps] in runtime/src/step_abort.cpp), so no queued launch reads a freed model.
-  Model m{.C = s.context, .E = s.embed, .H = s.width, .D = s.depth, .B = s.batch};
-  auto created = Runtime::create(config);
-  if (!created.ok()) {
-    std::fprintf(stderr, "strata-example-lm: %s\n", created.status().to_string().c_str());
+  if (s.config.empty()) return 0;
+  if (Status st = config.update_from_json_file(s.config); !st.ok()) {
+    std::fprintf(stderr, "strata-example-lm: --config: %s\n", st.to_string().c_str());
     return 2;
   }
-  Runtime& rt = **created;
-  if (Status st = build(rt, m, s.seed); !st.ok()) {
-    std::fprintf(stderr, "strata-example-lm: %s\n", st.to_string().c_str());
+  if (config.device.kind != memory::DeviceChoice::kSim) {  // Note [Example device]
+    std::fprintf(stderr,
+                 "strata-example-lm: --config: device.kind must be sim for this example (its math "
+                 "needs host-addressable leases)\n");
     return 2;
   }
+  if (Status st = check_precision(config); !st.ok()) {
+    std::fprintf(stderr, "strata-example-lm: --config: %s\n", st.to_string().c_str());
+    return 2;
+  }
+  return 0;
+}
+
+// The first lines: the model, its state against the budgets (Note [Example sizes]) and the text.
+void print_header(const Settings& s, const Model& m, const Config& config, const fs::path& dir,
+                  std::size_t text_bytes) {
   const std::uint64_t params = param_count(s);
   const std::uint64_t state = params * 16;
   std::printf(
@@ -354,21 +210,22 @@ int run(const Settings& s) {
   std::printf(
       "device: sim (Note [Example device]: the BLAS math needs host-addressable leases); text: %zu files, "
       "%zu bytes\n",
-      s.text.size(), text->size());
+      s.text.size(), text_bytes);
+}
 
+// --steps steps on random windows of the text, a progress line each, into losses; 0, or 1 having said why.
+int train(Runtime& rt, Model& m, const Settings& s, const std::string& text, std::vector<float>& losses) {
   std::mt19937_64 rng(s.seed);
-  std::uniform_int_distribution<std::size_t> pick(0, text->size() - s.context - 1);
+  std::uniform_int_distribution<std::size_t> pick(0, text.size() - s.context - 1);
   m.ctx.resize(m.B * m.C);
   m.next.resize(m.B);
-  std::vector<float> losses;
-  const auto start = std::chrono::steady_clock::now();
   for (int step = 1; step <= s.steps; ++step) {
     for (std::size_t r = 0; r < m.B; ++r) {
       const std::size_t at = pick(rng);
-      for (std::size_t c = 0; c < m.C; ++c) m.ctx[r * m.C + c] = static_cast<unsigned char>((*text)[at + c]);
-      m.next[r] = static_cast<unsigned char>((*text)[at + m.C]);
+      for (std::size_t c = 0; c < m.C; ++c) m.ctx[r * m.C + c] = static_cast<unsigned char>(text[at + c]);
+      m.next[r] = static_cast<unsigned char>(text[at + m.C]);
     }
-    Status st = train_step(rt, m);
+    Status st = example::train_step(rt, m);
     auto stats = st.ok() ? rt.step() : Result<StepStats>(st);
     if (!stats.ok()) {
       std::fprintf(stderr, "strata-example-lm: step %d: %s\n", step, stats.status().to_string().c_str());
@@ -383,6 +240,59 @@ int run(const Settings& s) {
                 format_bytes(stats->bytes_disk_write).c_str(), stats->stall_s);
     std::fflush(stdout);
   }
+  return 0;
+}
+
+// --check-loss: the loss fell and every tier was used; 0, or 1 having said so.
+int check_loss(const std::vector<float>& losses, const Stats& t) {
+  const std::size_t k = std::min<std::size_t>(5, losses.size() / 2);
+  double first = 0, last = 0;
+  for (std::size_t i = 0; i < k; ++i) {
+    first += losses[i] / static_cast<double>(k);
+    last += losses[losses.size() - 1 - i] / static_cast<double>(k);
+  }
+  const bool tiers = t.bytes_h2d > 0 && t.bytes_disk_write > 0 && t.nvme_bytes > 0;
+  std::printf(
+      "check: mean loss of the first %zu steps %.4f, of the last %zu %.4f; all three tiers used: %s\n", k,
+      first, k, last, tiers ? "yes" : "no");
+  if (!(last < first - 0.3) || !tiers) {
+    std::fprintf(stderr, "strata-example-lm: check failed\n");
+    return 1;
+  }
+  return 0;
+}
+
+int run(const Settings& s) {
+  std::string text;
+  if (int rc = load_text(s, text); rc != 0) return rc;
+  // Swap files go straight into --nvme, or the stable $TMPDIR/strata-example-lm
+  // (Note [Stable scratch layout]); a crashed run's are reported and reclaimed.
+  auto scratch = runtime::open_tool_nvme_dir(s.nvme, "--nvme", "strata-example-lm");
+  if (!scratch.ok()) {
+    std::fprintf(stderr, "strata-example-lm: %s\n", scratch.status().to_string().c_str());
+    return 2;
+  }
+  const fs::path dir = scratch->path();
+  Config config;
+  if (int rc = make_config(s, dir, config); rc != 0) return rc;
+  // The model outlives the runtime: the runtime drains its streams before it goes,
+  // and a failed call drains what was launched before it returns (Note [Failed
+  // steps] in runtime/src/step_abort.cpp), so no queued launch reads a freed model.
+  Model m{.C = s.context, .E = s.embed, .H = s.width, .D = s.depth, .B = s.batch};
+  auto created = Runtime::create(config);
+  if (!created.ok()) {
+    std::fprintf(stderr, "strata-example-lm: %s\n", created.status().to_string().c_str());
+    return 2;
+  }
+  Runtime& rt = **created;
+  if (Status st = example::build(rt, m, s.seed); !st.ok()) {
+    std::fprintf(stderr, "strata-example-lm: %s\n", st.to_string().c_str());
+    return 2;
+  }
+  print_header(s, m, config, dir, text.size());
+  std::vector<float> losses;
+  const auto start = std::chrono::steady_clock::now();
+  if (int rc = train(rt, m, s, text, losses); rc != 0) return rc;
   const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const Stats& t = rt.stats();
   std::printf(
@@ -400,23 +310,7 @@ int run(const Settings& s) {
     }
     std::printf("trace: %s (open in chrome://tracing or ui.perfetto.dev)\n", s.trace.c_str());
   }
-  if (s.check_loss) {
-    const std::size_t k = std::min<std::size_t>(5, losses.size() / 2);
-    double first = 0, last = 0;
-    for (std::size_t i = 0; i < k; ++i) {
-      first += losses[i] / static_cast<double>(k);
-      last += losses[losses.size() - 1 - i] / static_cast<double>(k);
-    }
-    const bool tiers = t.bytes_h2d > 0 && t.bytes_disk_write > 0 && t.nvme_bytes > 0;
-    std::printf(
-        "check: mean loss of the first %zu steps %.4f, of the last %zu %.4f; all three tiers used: %s\n", k,
-        first, k, last, tiers ? "yes" : "no");
-    if (!(last < first - 0.3) || !tiers) {
-      std::fprintf(stderr, "strata-example-lm: check failed\n");
-      return 1;
-    }
-  }
-  return 0;
+  return s.check_loss ? check_loss(losses, t) : 0;
 }
 
 }  // namespace
