@@ -137,7 +137,8 @@ def fmt_bytes(n):
         n /= 1024
 
 
-def main():
+def parse_args():
+    """The command line, refused (ap.error) where a size is out of range."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--batch", type=int, default=8)
@@ -159,6 +160,68 @@ def main():
     if args.steps < 1 or args.batch < 1 or args.seq < 2 or args.layers < 1 or args.d_model < 4 or \
             args.d_model % 4 != 0:
         ap.error("--steps, --batch >= 1, --seq >= 2, --layers >= 1, --d-model a multiple of 4")
+    return args
+
+
+def train(model, opt, sched, data, args):
+    """--steps steps with a progress bar on stderr: (losses, the time after the first step, tokens since)."""
+    it = batches(data, args.batch, args.seq)
+    losses, t_start, tokens = [], None, 0
+    width = 30
+    for step in range(args.steps):
+        x, y = next(it)
+        logits = model(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if step == 0:
+            t_start = time.perf_counter()  # the first step traces and plans
+        else:
+            tokens += x.numel()
+        done = (step + 1) / args.steps
+        bar = "#" * int(width * done) + "." * (width - int(width * done))
+        rate = tokens / (time.perf_counter() - t_start) if tokens else 0.0
+        line = f"\r[{bar}] {step + 1}/{args.steps} loss {loss.item():.3f} {rate:,.0f} tok/s"
+        if sys.stderr.isatty() or step + 1 == args.steps or (step + 1) % 25 == 0:
+            print(line, end="" if sys.stderr.isatty() else "\n", file=sys.stderr, flush=True)
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    return losses, t_start, tokens
+
+
+def report(model, args, losses, t_start, tokens, ratio):
+    """Prints the summary (JSON with --json, else one line); (mean loss of the first 5 steps, of the last 5)."""
+    elapsed = time.perf_counter() - t_start
+    tot = model.strata.totals
+    first = sum(losses[:5]) / min(5, len(losses))
+    last = sum(losses[-5:]) / min(5, len(losses))
+    summary = {
+        "steps": args.steps, "loss_first": round(first, 4), "loss_last": round(last, 4),
+        "tokens_per_s": round(tokens / elapsed, 1) if tokens else 0.0,
+        "state_over_device_budget": round(ratio, 2),
+        "bytes_h2d": tot["bytes_h2d"], "bytes_d2h": tot["bytes_d2h"],
+        "bytes_disk_read": tot["bytes_disk_read"], "bytes_disk_write": tot["bytes_disk_write"],
+        "stall_s": round(tot["stall_s"], 3),
+        "gpu_high_water_bytes": model.strata.last_stats["gpu_high_water_bytes"],
+        "host_high_water_bytes": model.strata.last_stats["host_high_water_bytes"],
+        "chunk_padding": round(model.strata.engine.layout()["padding_fraction"], 4),  # the runtime's search
+    }
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        n = max(1, args.steps)
+        print(f"done: {args.steps} steps, loss {first:.3f} -> {last:.3f} (mean of 5 steps), "
+              f"{summary['tokens_per_s']:,.0f} tokens/s; per step h2d {fmt_bytes(tot['bytes_h2d'] / n)}, "
+              f"d2h {fmt_bytes(tot['bytes_d2h'] / n)}, disk read {fmt_bytes(tot['bytes_disk_read'] / n)}, "
+              f"write {fmt_bytes(tot['bytes_disk_write'] / n)}; stall {tot['stall_s']:.2f} s in all; "
+              f"state {ratio:.1f}x the device budget")
+    return first, last
+
+
+def main():
+    args = parse_args()
 
     import strata.torch as st  # noqa: E402 (after argument errors, which need no torch extension)
 
@@ -181,53 +244,8 @@ def main():
               f"params, {len(data) / 1024:.0f} KiB of text; model state {fmt_bytes(state_bytes(model))} = "
               f"{ratio:.1f}x the device budget {cfg['budgets']['gpu']}; {model.strata.engine.describe()}",
               file=sys.stderr)
-        it = batches(data, args.batch, args.seq)
-        losses, t_start, tokens = [], None, 0
-        width = 30
-        for step in range(args.steps):
-            x, y = next(it)
-            logits = model(x)
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
-            loss.backward()
-            opt.step()
-            sched.step()
-            losses.append(loss.item())
-            if step == 0:
-                t_start = time.perf_counter()  # the first step traces and plans
-            else:
-                tokens += x.numel()
-            done = (step + 1) / args.steps
-            bar = "#" * int(width * done) + "." * (width - int(width * done))
-            rate = tokens / (time.perf_counter() - t_start) if tokens else 0.0
-            line = f"\r[{bar}] {step + 1}/{args.steps} loss {loss.item():.3f} {rate:,.0f} tok/s"
-            if sys.stderr.isatty() or step + 1 == args.steps or (step + 1) % 25 == 0:
-                print(line, end="" if sys.stderr.isatty() else "\n", file=sys.stderr, flush=True)
-        if sys.stderr.isatty():
-            print(file=sys.stderr)
-        elapsed = time.perf_counter() - t_start
-        tot = model.strata.totals
-        first = sum(losses[:5]) / min(5, len(losses))
-        last = sum(losses[-5:]) / min(5, len(losses))
-        summary = {
-            "steps": args.steps, "loss_first": round(first, 4), "loss_last": round(last, 4),
-            "tokens_per_s": round(tokens / elapsed, 1) if tokens else 0.0,
-            "state_over_device_budget": round(ratio, 2),
-            "bytes_h2d": tot["bytes_h2d"], "bytes_d2h": tot["bytes_d2h"],
-            "bytes_disk_read": tot["bytes_disk_read"], "bytes_disk_write": tot["bytes_disk_write"],
-            "stall_s": round(tot["stall_s"], 3),
-            "gpu_high_water_bytes": model.strata.last_stats["gpu_high_water_bytes"],
-            "host_high_water_bytes": model.strata.last_stats["host_high_water_bytes"],
-            "chunk_padding": round(model.strata.engine.layout()["padding_fraction"], 4),  # the runtime's search
-        }
-        if args.json:
-            print(json.dumps(summary))
-        else:
-            n = max(1, args.steps)
-            print(f"done: {args.steps} steps, loss {first:.3f} -> {last:.3f} (mean of 5 steps), "
-                  f"{summary['tokens_per_s']:,.0f} tokens/s; per step h2d {fmt_bytes(tot['bytes_h2d'] / n)}, "
-                  f"d2h {fmt_bytes(tot['bytes_d2h'] / n)}, disk read {fmt_bytes(tot['bytes_disk_read'] / n)}, "
-                  f"write {fmt_bytes(tot['bytes_disk_write'] / n)}; stall {tot['stall_s']:.2f} s in all; "
-                  f"state {ratio:.1f}x the device budget")
+        losses, t_start, tokens = train(model, opt, sched, data, args)
+        first, last = report(model, args, losses, t_start, tokens, ratio)
         model.strata.close()
         if args.check_loss and not last < first * 2 / 3:
             print(f"torch_gpt: the loss did not fall by a third ({first:.3f} -> {last:.3f})", file=sys.stderr)
