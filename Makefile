@@ -13,8 +13,9 @@
 #   make format        format every tracked source with clang-format 14 (.clang-format)
 #   make format-check  fail, naming the files, when any tracked source drifts from it
 #                      (make test runs it first, so CI fails on drift)
-#   make function-length-check  fail on a function over 80 lines in runtime/ or api/
-#                      without a reason comment (scripts/check-function-length; make test runs it)
+#   make length-check  fail on a source file over 450 lines, a function over 80 or a class over 400
+#                      in the libraries, tools, python/, bench/ and examples/ (scripts/check-lengths;
+#                      make test runs it; also ctest check_lengths, label unit)
 #   make notes-check   fail on a `Note [X]` cited but defined nowhere (scripts/check-notes;
 #                      make test runs it; also ctest check_notes, label unit)
 #   make docs-check    fail on a doc the tree contradicts: folder READMEs' May call / Called by
@@ -30,7 +31,7 @@
 JOBS ?= $(shell nproc)
 PRESETS := release debug asan tsan
 
-.PHONY: demo test deps bench-deps $(PRESETS) clean format format-check function-length-check notes-check docs-check \
+.PHONY: demo test deps bench-deps $(PRESETS) clean format format-check length-check notes-check docs-check \
 	gpu-check
 
 # clang-format's output changes between major versions: the check pins 14.
@@ -57,7 +58,7 @@ demo:
 	cmake --build --preset demo -j $(JOBS)
 	scripts/demo build/demo
 
-test: deps format-check function-length-check notes-check docs-check
+test: deps format-check length-check notes-check docs-check
 	cmake --preset release -DSTRATA_REQUIRE_TORCH2=ON >/dev/null
 	$(MAKE) release
 	ctest --preset release
@@ -66,8 +67,8 @@ test: deps format-check function-length-check notes-check docs-check
 	$(MAKE) tsan
 	ctest --preset tsan
 
-function-length-check:
-	scripts/check-function-length
+length-check:
+	scripts/check-lengths
 
 notes-check:
 	scripts/check-notes
