@@ -37,15 +37,9 @@ void validate_config(const std::string& config_json) {
   throw_if(Config::from_json_text(config_json).status());
 }
 
-}  // namespace
-}  // namespace strata::torch_binding
-
-PYBIND11_MODULE(_C, m) {
-  using strata::torch_binding::Engine;
-  m.doc() = "strata.torch's C++ engine (see strata/torch/__init__.py)";
-  py::register_exception<strata::torch_binding::StrataError>(m, "StrataError", PyExc_RuntimeError);
-  py::class_<Engine>(m, "Engine")
-      .def(py::init<const std::string&>(), py::arg("config_json"))
+//! The engine's own methods, which strata.torch's hooks and views call (not public operations).
+void define_engine_internals(py::class_<Engine>& engine) {
+  engine.def(py::init<const std::string&>(), py::arg("config_json"))
       .def("close", &Engine::close)
       .def("register_param", &Engine::register_param)
       .def("adopt", &Engine::adopt)
@@ -65,6 +59,20 @@ PYBIND11_MODULE(_C, m) {
       .def("gradients_pending", &Engine::gradients_pending)
       .def("end_backward", &Engine::end_backward)
       .def("poison_hits", &Engine::poison_hits)
+      .def("device_kind", &Engine::device_kind)
+      .def("separate_master", &Engine::separate_master)
+      // Parameters between steps (Note [Parameters between steps]).
+      .def("materialise", &Engine::materialise)
+      .def("sync_views", &Engine::sync_views)
+      .def("drop_views", &Engine::drop_views)
+      .def("is_view", &Engine::is_view)
+      .def("counters", &Engine::counters)
+      .def("totals", &Engine::totals);  // #26: model.strata.totals
+}
+
+//! The engine's public operations: one .def each, written by scripts/gen-api from api/ops.py.
+void define_engine_operations(py::class_<Engine>& engine) {
+  engine
       // generated from api/ops.py by scripts/gen-api: do not edit (Note [Public operations])
       // clang-format off
       .def("read_tensor", &Engine::read_tensor, py::arg("tensor"), py::arg("kind"),
@@ -135,15 +143,19 @@ PYBIND11_MODULE(_C, m) {
            "\"device sim (...); plan: ...\" for a progress line or a log. Never fails.")
       // clang-format on
       // end of generated
-      .def("device_kind", &Engine::device_kind)
-      .def("separate_master", &Engine::separate_master)
-      // Parameters between steps (Note [Parameters between steps]).
-      .def("materialise", &Engine::materialise)
-      .def("sync_views", &Engine::sync_views)
-      .def("drop_views", &Engine::drop_views)
-      .def("is_view", &Engine::is_view)
-      .def("counters", &Engine::counters)
-      .def("totals", &Engine::totals);  // #26: model.strata.totals
+      ;  // the generated chain ends here
+}
+
+}  // namespace
+}  // namespace strata::torch_binding
+
+PYBIND11_MODULE(_C, m) {
+  using strata::torch_binding::Engine;
+  m.doc() = "strata.torch's C++ engine (see strata/torch/__init__.py)";
+  py::register_exception<strata::torch_binding::StrataError>(m, "StrataError", PyExc_RuntimeError);
+  py::class_<Engine> engine(m, "Engine");
+  strata::torch_binding::define_engine_internals(engine);
+  strata::torch_binding::define_engine_operations(engine);
   m.def("zero_totals",
         [] { return strata::torch_binding::totals_dict(strata::Stats{}); });  // before an engine
   strata::torch_binding::export_state_kinds(m);  // #26: PARAM..STATE1 from the C++ enum
