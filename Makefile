@@ -14,7 +14,7 @@
 #   make format-check  fail, naming the files, when any tracked source drifts from it
 #                      (make test runs it first, so CI fails on drift)
 #   make length-check  fail on a source file over 450 lines, a function over 80 or a class over 400
-#                      in the libraries, tools, python/, bench/ and examples/ (scripts/check-lengths;
+#                      in the libraries, tools, python/, bench/, examples/ and scripts/ (scripts/check-lengths;
 #                      make test runs it; also ctest check_lengths, label unit)
 #   make notes-check   fail on a `Note [X]` cited but defined nowhere (scripts/check-notes;
 #                      make test runs it; also ctest check_notes, label unit)
