@@ -169,7 +169,8 @@ void Engine::restore(std::uint32_t id) {
   unbind_now(p);
   // read() gives host memory; the storage takes memory of its own device (a CUDA
   // parameter given a host pointer would fault in its first kernel).
-  at::Tensor values = read_tensor(id, static_cast<int>(StateKind::kParam)).to(p.tensor.scalar_type()).to(device_);
+  at::Tensor values =
+      read_tensor(id, static_cast<int>(StateKind::kParam)).to(p.tensor.scalar_type()).to(device_);
   auto* impl = storage(p);
   at::DataPtr fresh = values.storage().unsafeGetStorageImpl()->set_data_ptr(at::DataPtr(nullptr, device_));
   impl->set_data_ptr_noswap(std::move(fresh));
