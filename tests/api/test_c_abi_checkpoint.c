@@ -25,38 +25,12 @@ static strata_runtime* make_runtime(const char* chunk_elems) {
   CHECK(strata_config_set(cfg, "optimizer.name", "adamw") == STRATA_OK, "optimizer.name");
   CHECK(strata_config_set(cfg, "optimizer.lr", "0.01") == STRATA_OK, "optimizer.lr");
   CHECK(strata_config_set(cfg, "threads", "2") == STRATA_OK, "threads");
-  strata_runtime* rt = NULL;
-  if (strata_runtime_new(cfg, &rt) != STRATA_OK) {
-    fprintf(stderr, "test_c_abi_checkpoint: runtime_new failed: %s\n", strata_last_error());
-    exit(1);
-  }
-  strata_config_free(cfg);
-  const int64_t shape[1] = {N};
-  uint32_t id = 0;
-  CHECK(strata_register_tensor(rt, "a", shape, 1, 0, &id) == STRATA_OK, "register a");
-  CHECK(strata_register_tensor(rt, "b", shape, 1, 0, &id) == STRATA_OK, "register b");
-  static float init[N];
-  for (int i = 0; i < N; ++i) init[i] = 0.001f * (float)(i % 97) - 0.05f;
-  CHECK(strata_init_tensor(rt, 0, init, N) == STRATA_OK, "init a");
-  CHECK(strata_init_tensor(rt, 1, init, N) == STRATA_OK, "init b");
-  return rt;
+  return c_runtime_with_tensors(cfg, N, 2, 0);
 }
 
 /* One step; the gradient is param * 0.5 + 0.01, written on the host thread. */
 static void train_step(strata_runtime* rt) {
-  for (uint32_t t = 0; t < 2; ++t) {
-    strata_lease* p = NULL;
-    strata_lease* g = NULL;
-    CHECK(strata_acquire(rt, t, STRATA_PARAM, STRATA_READ, STRATA_ON_DEVICE, &p) == STRATA_OK, "param");
-    CHECK(strata_acquire(rt, t, STRATA_GRAD, STRATA_WRITE, STRATA_ON_DEVICE, &g) == STRATA_OK, "grad");
-    if (p == NULL || g == NULL) exit(1);
-    CHECK(strata_lease_wait(rt, p) == STRATA_OK && strata_lease_wait(rt, g) == STRATA_OK, "wait");
-    const float* pv = (const float*)strata_lease_data(p);
-    float* gv = (float*)strata_lease_data(g);
-    for (int i = 0; i < N; ++i) gv[i] = pv[i] * 0.5f + 0.01f;
-    strata_lease_release(g);
-    strata_lease_release(p);
-  }
+  for (uint32_t t = 0; t < 2; ++t) c_hand_gradient(rt, t, N);
   CHECK(strata_step(rt, NULL, 0) == STRATA_OK, "step");
 }
 

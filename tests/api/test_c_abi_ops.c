@@ -29,36 +29,7 @@ static strata_runtime* make_runtime(void) {
                                      "\"optimizer\": {\"name\": \"adamw\", \"lr\": 0.01}}",
                                      &cfg) == STRATA_OK,
         "config_from_json_text");
-  strata_runtime* rt = NULL;
-  if (cfg == NULL || strata_runtime_new(cfg, &rt) != STRATA_OK) {
-    fprintf(stderr, "test_c_abi_ops: runtime_new failed: %s\n", strata_last_error());
-    exit(1);
-  }
-  strata_config_free(cfg);
-  const int64_t shape[1] = {N};
-  uint32_t id = 0;
-  CHECK(strata_register_tensor(rt, "a", shape, 1, 0, &id) == STRATA_OK && id == 0, "register a");
-  CHECK(strata_register_tensor(rt, "b", shape, 1, 0, &id) == STRATA_OK && id == 1, "register b");
-  CHECK(strata_register_tensor(rt, "c", shape, 1, 1, &id) == STRATA_OK && id == 2, "register frozen c");
-  static float init[N];
-  for (int i = 0; i < N; ++i) init[i] = 0.001f * (float)(i % 97) - 0.05f;
-  for (uint32_t t = 0; t < 3; ++t) CHECK(strata_init_tensor(rt, t, init, N) == STRATA_OK, "init %u", t);
-  return rt;
-}
-
-/* Writes tensor t's gradient (param * 0.5 + 0.01) on the host thread and hands it over. */
-static void hand_gradient(strata_runtime* rt, uint32_t t) {
-  strata_lease* p = NULL;
-  strata_lease* g = NULL;
-  CHECK(strata_acquire(rt, t, STRATA_PARAM, STRATA_READ, STRATA_ON_DEVICE, &p) == STRATA_OK, "param %u", t);
-  CHECK(strata_acquire(rt, t, STRATA_GRAD, STRATA_WRITE, STRATA_ON_DEVICE, &g) == STRATA_OK, "grad %u", t);
-  if (p == NULL || g == NULL) exit(1);
-  CHECK(strata_lease_wait(rt, p) == STRATA_OK && strata_lease_wait(rt, g) == STRATA_OK, "wait");
-  const float* pv = (const float*)strata_lease_data(p);
-  float* gv = (float*)strata_lease_data(g);
-  for (int i = 0; i < N; ++i) gv[i] = pv[i] * 0.5f + 0.01f;
-  strata_lease_release(g);
-  strata_lease_release(p);
+  return c_runtime_with_tensors(cfg, N, 3, 1u << 2);
 }
 
 static int64_t steps_of(strata_runtime* rt, uint32_t t) {
@@ -82,7 +53,7 @@ static void test_no_gradient(void) {
   read_param(rt, 0, a0);
   read_param(rt, 1, b0);
   for (int step = 0; step < 2; ++step) {
-    hand_gradient(rt, 0);
+    c_hand_gradient(rt, 0, N);
     CHECK(refused(strata_no_gradient(rt, 0), STRATA_FAILED_PRECONDITION, "already handed over"),
           "a tensor whose gradient was handed over is refused");
     CHECK(strata_no_gradient(rt, 1) == STRATA_OK, "no_gradient b (step %d)", step);
@@ -108,7 +79,7 @@ static void test_abort_step(void) {
   read_param(rt, 0, before);
   /* A first micro-batch of two: no optimizer runs, its gradient waits for the second. */
   CHECK(strata_begin_micro_batch(rt, 0) == STRATA_OK, "begin_micro_batch (not last)");
-  hand_gradient(rt, 0);
+  c_hand_gradient(rt, 0, N);
   strata_lease* held = NULL;
   CHECK(strata_acquire(rt, 1, STRATA_PARAM, STRATA_READ, STRATA_ON_DEVICE, &held) == STRATA_OK, "hold b");
   CHECK(refused(strata_abort_step(rt), STRATA_FAILED_PRECONDITION, "leases"),
@@ -126,8 +97,8 @@ static void test_abort_step(void) {
         "no gradient left to accumulate into");
   if (g != NULL) strata_lease_release(g);
   /* The runtime trains on: a whole step after the aborted one. */
-  hand_gradient(rt, 0);
-  hand_gradient(rt, 1);
+  c_hand_gradient(rt, 0, N);
+  c_hand_gradient(rt, 1, N);
   strata_step_stats stats;
   CHECK(strata_step(rt, &stats, sizeof stats) == STRATA_OK, "step after abort");
   CHECK(stats.applied == 1, "the step after the abort applied");
@@ -169,7 +140,7 @@ static void test_renames(void) {
                 "budgets.gpx"),
         "the ABI 4 from_json refuses as the new name does");
   strata_runtime* rt = make_runtime();
-  hand_gradient(rt, 0);
+  c_hand_gradient(rt, 0, N);
   CHECK(strata_step(rt, NULL, 0) == STRATA_OK, "step");
   CHECK(strata_write_trace(rt, old_trace) == STRATA_OK, "the ABI 4 write_trace");
   CHECK(refused(strata_write_trace(rt, NULL), STRATA_INVALID_ARGUMENT, "path"), "ABI 4 name, NULL path");

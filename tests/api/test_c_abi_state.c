@@ -27,21 +27,7 @@ static strata_runtime* make_runtime(const char* optimizer) {
   CHECK(strata_config_set(cfg, "optimizer.name", optimizer) == STRATA_OK, "optimizer.name");
   CHECK(strata_config_set(cfg, "optimizer.lr", "0.01") == STRATA_OK, "optimizer.lr");
   CHECK(strata_config_set(cfg, "threads", "2") == STRATA_OK, "threads");
-  strata_runtime* rt = NULL;
-  if (strata_runtime_new(cfg, &rt) != STRATA_OK) {
-    fprintf(stderr, "test_c_abi_state: runtime_new failed: %s\n", strata_last_error());
-    exit(1);
-  }
-  strata_config_free(cfg);
-  const int64_t shape[1] = {N};
-  uint32_t id = 0;
-  CHECK(strata_register_tensor(rt, "a", shape, 1, 0, &id) == STRATA_OK && id == 0, "register a");
-  CHECK(strata_register_tensor(rt, "b", shape, 1, 0, &id) == STRATA_OK && id == 1, "register b");
-  static float init[N];
-  for (int i = 0; i < N; ++i) init[i] = 0.001f * (float)(i % 97) - 0.05f;
-  CHECK(strata_init_tensor(rt, 0, init, N) == STRATA_OK, "init a");
-  CHECK(strata_init_tensor(rt, 1, init, N) == STRATA_OK, "init b");
-  return rt;
+  return c_runtime_with_tensors(cfg, N, 2, 0);
 }
 
 /* One step of `micro` micro-batches: the gradient of micro-batch k is param * (k + 1) * scale_in,
