@@ -75,7 +75,7 @@ class _TorchFormat:
         if len(groups) != len(self.param_groups):
             raise ValueError(f"load_state_dict: {len(groups)} param groups in the checkpoint, "
                              f"{len(self.param_groups)} in the optimizer")
-        errors, todo = [], []
+        errors, to_write = [], []
         names = self._state_names()
         for gi, (saved, mine) in enumerate(zip(groups, self.param_groups)):
             if len(saved["params"]) != len(mine["params"]):
@@ -86,11 +86,11 @@ class _TorchFormat:
             for index, p in zip(saved["params"], mine["params"]):
                 s = state_dict["state"].get(index)
                 errors.extend(self._check_saved_state(index, s, p, names, saved))
-                todo.append((p, s))
+                to_write.append((p, s))
         if errors:
             raise ValueError(f"{type(self).__name__}.load_state_dict refused, nothing was loaded: " +
                              "; ".join(errors))
-        self._write_states(todo, names)
+        self._write_states(to_write, names)
         for saved, mine in zip(groups, self.param_groups):
             for k, v in saved.items():
                 if k != "params":
@@ -154,10 +154,10 @@ class _TorchFormat:
                               f"the parameter {tuple(p.shape)}")
         return errors
 
-    def _write_states(self, todo, names):
+    def _write_states(self, to_write, names):
         w = self._wrapped
         w.engine.flush()
-        for p, s in todo:
+        for p, s in to_write:
             pid = w._pid[id(p)]
             if w._frozen[pid]:
                 continue
