@@ -33,7 +33,9 @@
 #include <vector>
 
 #include "strata/common/assert.hpp"
-#include "strata/runtime/runtime.hpp"
+#include "strata/memory/device.hpp"
+#include "strata/runtime/state_kind.hpp"
+#include "strata/runtime/tensor.hpp"
 
 namespace strata::runtime {
 

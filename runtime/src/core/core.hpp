@@ -38,7 +38,8 @@
 #include "strata/common/thread_pool.hpp"
 #include "strata/kernels/hyper.hpp"
 #include "strata/runtime/options.hpp"
-#include "strata/runtime/runtime.hpp"
+#include "strata/runtime/runtime_options.hpp"
+#include "strata/runtime/timeline.hpp"
 
 namespace strata::runtime {
 

@@ -14,8 +14,8 @@
 
 #include "core/record_pool.hpp"
 #include "strata/common/status.hpp"
-#include "strata/runtime/runtime.hpp"
 #include "strata/runtime/stores.hpp"
+#include "strata/runtime/tensor.hpp"
 
 namespace strata::runtime {
 

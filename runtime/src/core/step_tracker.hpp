@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/core.hpp"
+#include "strata/runtime/stats.hpp"
 #include "strata/runtime/trace.hpp"
 
 namespace strata::runtime {

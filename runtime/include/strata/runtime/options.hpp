@@ -19,7 +19,7 @@
 #include "strata/common/scratch_dir.hpp"
 #include "strata/common/status.hpp"
 #include "strata/runtime/layout.hpp"
-#include "strata/runtime/runtime.hpp"
+#include "strata/runtime/runtime_options.hpp"
 
 namespace strata::runtime {
 

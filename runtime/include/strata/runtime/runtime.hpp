@@ -57,7 +57,9 @@
 #include "strata/memory/device.hpp"
 #include "strata/runtime/cost_model.hpp"
 #include "strata/runtime/layout.hpp"
+#include "strata/runtime/lease_types.hpp"
 #include "strata/runtime/planner.hpp"
+#include "strata/runtime/runtime_options.hpp"
 #include "strata/runtime/state_kind.hpp"
 #include "strata/runtime/stats.hpp"
 #include "strata/runtime/stores.hpp"
@@ -66,47 +68,7 @@
 
 namespace strata::runtime {
 
-//! What a lease may do with the memory.
-enum class Access : std::uint8_t {
-  kRead,        //!< read only (params in forward and backward)
-  kWrite,       //!< overwrite the whole tensor (a gradient's first micro-batch)
-  kAccumulate,  //!< read-modify-write (later micro-batches add to the gradient)
-};
-
-//! Where the lease's pointer is valid.
-enum class Where : std::uint8_t { kDevice, kHost };
-
-//! Settings of a Runtime. Validated by Runtime::create.
-struct RuntimeOptions {
-  DType compute_dtype = DType::kF32;                  //!< dtype of params and grads (every tensor's)
-  kernels::Hyper hyper;                               //!< optimizer and hyperparameters (not CAME: see docs)
-  kernels::DType state_dtype = kernels::DType::kF32;  //!< optimizer states (bf16 for the Adam family)
-  double clip_max_norm = 0.0;          //!< global grad-norm clipping; 0 = off (forces deferral)
-  bool loss_scaling = false;           //!< Inf/NaN skips the step (Note [Step semantics])
-  Budgets budgets;                     //!< hard limits per tier (gpu = bytes for chunks on the device)
-  std::vector<std::string> nvme_dirs;  //!< NVMe tier directories; empty = none
-  std::string io_engine = "auto";      //!< auto, uring or posix
-  LayoutOptions layout;
-  PlanOptions plan;
-  std::size_t threads = 0;  //!< CPU workers; 0 = hardware concurrency
-  std::size_t timeline_events_max = 1u << 18;
-  //! Tests and embedders may supply their own tiers (e.g. fault-injecting); null = built from the options.
-  std::shared_ptr<HostStore> host_store;
-  std::shared_ptr<NvmeStore> nvme_store;
-  //! Data parallelism: this rank's end of a group of W ranks; null = one rank.
-  //! Every rank registers the same tensors with the same options (checked at the
-  //! first acquire/init/step) and hands over every trainable gradient each step
-  //! (Note [Sharded step] in runtime/src/dp/data_parallel.cpp).
-  std::shared_ptr<comm::Communicator> comm;
-};
-
 class Runtime;
-
-//! What releasing a lease did besides unpinning (Note [Scheduler] in runtime/src/scheduler.cpp).
-enum class Released : std::uint8_t {
-  kUnpinned,          //!< the pin alone (or the lease was already released)
-  kOptimizerStarted,  //!< and its family's gradients became complete: its optimizer step was started (queued)
-};
 
 //! A pinned view of one tensor's state on one tier. Move-only; destroying it
 //! releases the pin (on the device: an event on the compute stream marks when
