@@ -54,15 +54,19 @@ void OptimizerPipeline::check_invariants() const {
   for (FamilyId f = 0; f < runs_.size(); ++f) {
     const FamilyRun& run = runs_[f];
     running += run.running() ? 1 : 0;
-    staging += run.grad != GradStaging::kNone && !run.grad_held ? 1 : 0;
-    held += run.grad != GradStaging::kNone && run.grad_held ? 1 : 0;
-    parked += run.parked ? 1 : 0;
-    carried += run.carried ? 1 : 0;
+    staging += run.room == GradRoom::kStaging ? 1 : 0;
+    held += run.room == GradRoom::kHeld ? 1 : 0;
+    parked += run.parked() ? 1 : 0;
+    carried += run.carried() ? 1 : 0;
     // Note [Deferred updates]: a parked run is a deferred family's, placeless until
     // step() ends; a carried one runs on; a held gradient is a running run's.
-    if (run.parked) STRATA_CHECK(run.running() && defer_[f] && run.place == NvmePlace::kNone && !run.carried);
-    if (run.carried) STRATA_CHECK(run.running());
-    if (run.grad_held) STRATA_CHECK(run.running());
+    if (run.parked()) STRATA_CHECK(run.running() && defer_[f] && run.place == NvmePlace::kNone);
+    if (run.carried()) STRATA_CHECK(run.running());
+    // A landed gradient takes one room; the chunk's own host copy needs no buffer.
+    STRATA_CHECK((run.grad == GradStaging::kNone) == (run.room == GradRoom::kNone));
+    if (run.grad == GradStaging::kNone) STRATA_CHECK(run.grad_host == nullptr);
+    // An NVMe-homed param waits for the gradients only while its family holds a place.
+    if (run.param != ParamRead::kNone) STRATA_CHECK(run.place != NvmePlace::kNone);
     places += run.place != NvmePlace::kNone ? 1 : 0;
     reading += run.io_pending > 0 ? 1 : 0;
     writing += writebacks_[f].active ? 1 : 0;

@@ -36,10 +36,9 @@ namespace strata::runtime {
 
 void OptimizerPipeline::carry(FamilyId f) {
   FamilyRun& run = runs_[f];
-  STRATA_CHECK(run.parked && run.grad == GradStaging::kReady && run.place == NvmePlace::kNone);
-  run.parked = false;
+  STRATA_CHECK(run.parked() && run.grad_landed() && run.place == NvmePlace::kNone);
+  run.move_deferral(Deferral::kCarried);
   --parked_;
-  run.carried = true;
   ++carried_;
   // What compute_family would have taken in this step (Note [Deferred updates]).
   const GradCheckResult& check = checks_[f];
@@ -53,13 +52,13 @@ void OptimizerPipeline::carry(FamilyId f) {
 
 void OptimizerPipeline::unpark(FamilyId f) {
   FamilyRun& run = runs_[f];
-  if (!run.parked) return;
-  run.parked = false;
+  if (!run.parked()) return;
+  run.move_deferral(Deferral::kNone);
   --parked_;
 }
 
 void OptimizerPipeline::release_parked(FamilyId f) {
-  if (!runs_[f].parked) return;
+  if (!runs_[f].parked()) return;
   unpark(f);
   pump();
 }
@@ -70,7 +69,7 @@ bool OptimizerPipeline::busy() const {
 
 bool OptimizerPipeline::only_parked_left() const {
   int parked = 0;
-  for (const FamilyRun& run : runs_) parked += run.parked && run.grad == GradStaging::kReady ? 1 : 0;
+  for (const FamilyRun& run : runs_) parked += run.parked() && run.grad_landed() ? 1 : 0;
   return parked == tasks_in_flight_;
 }
 

@@ -53,7 +53,7 @@ void OptimizerPipeline::take_nvme_place(FamilyId f) {
 
 void OptimizerPipeline::release_nvme_place(FamilyId f) {
   FamilyRun& run = runs_[f];
-  run.param_deferred = false;
+  if (run.param == ParamRead::kAwaitsGradients) run.move_param(ParamRead::kNone);
   if (run.place == NvmePlace::kNone) return;
   for (std::size_t k = 0; k < run.staging.size(); ++k) {
     if (run.staging[k] != nullptr)
@@ -127,7 +127,7 @@ void OptimizerPipeline::read_states(FamilyId f) {
     // params]); else it waits for the gradients, by when its backward use has
     // staged it (maybe_compute).
     run.lent_param = residency_.lend_staged(f);
-    run.param_deferred = run.lent_param == nullptr;
+    if (run.lent_param == nullptr) run.move_param(ParamRead::kAwaitsGradients);
   }
   if (run.pieces.empty() && run.lent_param == nullptr) {
     run.move_place(NvmePlace::kReady);
@@ -139,8 +139,8 @@ void OptimizerPipeline::read_states(FamilyId f) {
 
 void OptimizerPipeline::fetch_deferred_param(FamilyId f) {
   FamilyRun& run = runs_[f];
-  STRATA_CHECK(run.param_deferred && run.io_pending == 0);
-  run.param_deferred = false;
+  STRATA_CHECK(run.io_pending == 0);
+  run.move_param(ParamRead::kNone);
   run.pieces.clear();  // the states' reads ended
   run.lent_param = residency_.lend_staged(f);
   const Chunk& p = core_.chunk(f, StateKind::kParam);
@@ -339,7 +339,7 @@ void OptimizerPipeline::write_back(FamilyId f, std::unique_lock<std::mutex>& loc
   wb.active = true;
   wb.staging.swap(run.staging);  // run.staging gets wb's emptied list (and its capacity)
   wb.io_pending = static_cast<int>(wb.writes.size());
-  wb.step = run.carried ? steps_done_ : steps_done_ + 1;  // (a carried update is its last step's)
+  wb.step = run.carried() ? steps_done_ : steps_done_ + 1;  // (a carried update is its last step's)
   ++writebacks_in_flight_;
   // The place (and its staging memory) goes with the write-back.
   run.staging.clear();

@@ -116,7 +116,7 @@ void OptimizerPipeline::end_step() {
   // their gradients' completion (Note [Deferred updates]).
   std::size_t kept = 0;
   for (FamilyId f : launch_fifo_) {
-    if (runs_[f].parked) launch_fifo_[kept++] = f;
+    if (runs_[f].parked()) launch_fifo_[kept++] = f;
   }
   launch_fifo_.resize(kept);
   std::reverse(launch_fifo_.begin(), launch_fifo_.end());
@@ -124,7 +124,7 @@ void OptimizerPipeline::end_step() {
   grad_queue_.clear();  // (a parked run's gradient has landed)
   read_ahead_cursor_ = 0;
   for (FamilyId f = 0; f < runs_.size(); ++f) {
-    if (runs_[f].carried) continue;
+    if (runs_[f].carried()) continue;
     runs_[f].reset();
     checks_[f].valid = false;  // span_sq keeps its capacity
   }
@@ -149,7 +149,8 @@ bool OptimizerPipeline::all_applied() const {
     if (!launched_this_step(f)) continue;  // (a carried run applied in its own step's count)
     // A parked run applies later, unless its check on the device found Inf/NaN
     // (Note [Deferred updates]); without a check its kernel says so when it runs.
-    if (run.parked ? checks_[f].valid && !checks_[f].finite : !run.applied) return false;
+    if (run.parked() ? checks_[f].valid && !checks_[f].finite : run.outcome != RunOutcome::kApplied)
+      return false;
   }
   return true;
 }
@@ -177,7 +178,7 @@ void OptimizerPipeline::launch_optimizer(FamilyId f) {
   ++tasks_in_flight_;
   ++launches_;
   if (defer_[f] && park_) {  // Note [Deferred updates]
-    run.parked = true;
+    run.move_deferral(Deferral::kParked);
     ++parked_;
   }
   if (core_.plan().families[f].optim_home == Tier::kGpu) {
@@ -199,7 +200,7 @@ void OptimizerPipeline::pump() {
       FamilyRun& run = runs_[f];
       // (A gradient still being copied to host ends here when its copy lands.)
       if (run.phase == FamilyPhase::kWaiting && run.io_pending == 0 && run.grad != GradStaging::kCopying) {
-        if (run.carried) dropped += fmt::format("{}{}", dropped.empty() ? "" : ", ", f);
+        if (run.carried()) dropped += fmt::format("{}{}", dropped.empty() ? "" : ", ", f);
         finish_family(f, Status::Ok());
       }
     }
@@ -214,7 +215,7 @@ void OptimizerPipeline::pump() {
   // 1. NVMe places: launched families first, in launch order.
   for (FamilyId f : launch_fifo_) {
     FamilyRun& run = runs_[f];
-    if (!core_.on_nvme(f) || run.place != NvmePlace::kNone || !run.running() || run.parked) continue;
+    if (!core_.on_nvme(f) || run.place != NvmePlace::kNone || !run.running() || run.parked()) continue;
     if (writebacks_[f].active) continue;  // writeback_done pumps again
     if (!no_room_.ok()) break;            // Note [Backpressure]
     if (nvme_places_used_ >= nvme_places_max_) {
@@ -247,14 +248,13 @@ void OptimizerPipeline::pump() {
   for (std::size_t i = 0; i < grad_queue_.size() && no_room_.ok();) {
     const FamilyId f = grad_queue_[i];
     FamilyRun& run = runs_[f];
-    if (run.parked && held_grads_ >= held_max_) unpark(f);  // (one room per deferred family)
-    if (run.running() && !run.parked && grad_staging_used_ >= grad_staging_max_) {
+    if (run.parked() && held_grads_ >= held_max_) unpark(f);  // (one room per deferred family)
+    if (run.running() && !run.parked() && grad_staging_used_ >= grad_staging_max_) {
       ++i;
       continue;
     }
     grad_queue_.erase(grad_queue_.begin() + static_cast<std::ptrdiff_t>(i));
     if (!run.running()) continue;
-    run.grad_held = run.parked;
     land_gradient(f);
   }
   if (no_room_.ok()) return;
@@ -289,15 +289,16 @@ void OptimizerPipeline::land_gradient(FamilyId f) {
   FamilyRun& run = runs_[f];
   Chunk& g = core_.chunk(f, StateKind::kGrad);
   run.move_grad(GradStaging::kCopying);
-  ++(run.grad_held ? held_grads_ : grad_staging_used_);
+  run.move_room(run.parked() ? GradRoom::kHeld : GradRoom::kStaging);
+  ++room_count(run.room);
   if (g.dirty()) {
     auto buffer = core_.host->allocate(g.bytes);
     if (!buffer.ok()) {
       // No room: back to the queue's head until pipeline work frees some (Note [Backpressure]);
       // a parked run goes ahead in this step then, through a grad staging buffer.
       run.move_grad(GradStaging::kNone);
-      --(run.grad_held ? held_grads_ : grad_staging_used_);
-      run.grad_held = false;
+      --room_count(run.room);
+      run.move_room(GradRoom::kNone);
       unpark(f);
       grad_queue_.insert(grad_queue_.begin(), f);
       note_no_room(buffer.status(), fmt::format("gradient staging for family {}", f));
@@ -322,7 +323,7 @@ void OptimizerPipeline::land_gradient(FamilyId f) {
           if (core_.errors.background().ok()) {
             maybe_compute(f);
             // A parked run's landed gradient is what step() waits for (Note [Deferred updates]).
-            if (landed.parked) core_.cv.notify_all();
+            if (landed.parked()) core_.cv.notify_all();
           } else {
             pump();  // ends this family, untouched, now that its staging is free to reuse
             core_.cv.notify_all();
@@ -338,8 +339,7 @@ void OptimizerPipeline::land_gradient(FamilyId f) {
   }
   if (g.value == ChunkValue::kHost) {
     run.grad_host = g.host;
-    run.grad_host_owned_by_chunk = true;
-    run.move_grad(GradStaging::kReady);
+    run.move_grad(GradStaging::kInChunk);
     maybe_compute(f);
     return;
   }
@@ -348,9 +348,9 @@ void OptimizerPipeline::land_gradient(FamilyId f) {
 
 void OptimizerPipeline::maybe_compute(FamilyId f) {
   FamilyRun& run = runs_[f];
-  if (run.phase != FamilyPhase::kWaiting || run.grad != GradStaging::kReady) return;
+  if (run.phase != FamilyPhase::kWaiting || !run.grad_landed()) return;
   if (core_.on_nvme(f) && run.place != NvmePlace::kReady) return;  // (ready: no read in flight)
-  if (run.param_deferred) {
+  if (run.param == ParamRead::kAwaitsGradients) {
     fetch_deferred_param(f);  // its end calls this again
     return;
   }
@@ -361,7 +361,7 @@ void OptimizerPipeline::maybe_compute(FamilyId f) {
 void OptimizerPipeline::release_gradient(FamilyId f, bool consumed) {
   FamilyRun& run = runs_[f];
   Chunk& g = core_.chunk(f, StateKind::kGrad);
-  if (run.grad_host != nullptr && !run.grad_host_owned_by_chunk) core_.host->free(run.grad_host, g.bytes);
+  if (run.grad_host != nullptr && run.grad != GradStaging::kInChunk) core_.host->free(run.grad_host, g.bytes);
   run.grad_host = nullptr;
   if (consumed) {
     if (g.host != nullptr) {
@@ -374,15 +374,15 @@ void OptimizerPipeline::release_gradient(FamilyId f, bool consumed) {
   }
   if (run.grad != GradStaging::kNone) {
     run.move_grad(GradStaging::kNone);
-    --(run.grad_held ? held_grads_ : grad_staging_used_);
+    --room_count(run.room);
+    run.move_room(GradRoom::kNone);
   }
-  run.grad_held = false;
 }
 
 void OptimizerPipeline::finish_family(FamilyId f, Status status) {
   FamilyRun& run = runs_[f];
   STRATA_CHECK(run.running());
-  if (run.grad == GradStaging::kCopying && run.grad_host != nullptr && !run.grad_host_owned_by_chunk) {
+  if (run.grad == GradStaging::kCopying && run.grad_host != nullptr) {
     // An error ends the family while its gradient is still being copied into
     // the staging buffer: the copy must land before the buffer is reused (the
     // d2h stream never takes this lock, Note [Runtime threading]).
@@ -392,8 +392,8 @@ void OptimizerPipeline::finish_family(FamilyId f, Status status) {
   release_nvme_place(f);
   if (!status.ok()) core_.errors.fail(status);
   unpark(f);
-  if (run.carried) {
-    run.carried = false;
+  if (run.carried()) {
+    run.move_deferral(Deferral::kNone);
     --carried_;
   }
   run.move_phase(FamilyPhase::kDone);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/core.hpp"
+#include "pipeline/family_run.hpp"
 #include "residency/pipeline_progress.hpp"
 #include "strata/common/assert.hpp"
 #include "strata/kernels/cuda.hpp"
@@ -23,114 +24,6 @@
 namespace strata::runtime {
 
 class Residency;
-
-// Note [Family run states]
-// A family's progress through one step is three small state machines, each
-// changed only through FamilyRun::move_* (which checks the transition):
-//   phase: idle -> waiting (launched: gradients complete) -> computing (the CPU
-//          kernel is queued or running) -> done; waiting -> done (a device
-//          optimizer, or an error); a second completion in one step starts over.
-//   grad (its grad staging buffer): none -> copying (d2h in flight) -> ready;
-//          none -> ready (the gradient was on host); copying|ready -> none.
-//   place (its NVMe place, Note [Pipeline places]): none -> reading -> ready;
-//          none -> ready (nothing to read); ready -> reading (an NVMe-homed param
-//          fetched once the gradients are in, Note [NVMe-homed params]);
-//          reading -> cancelling (a read-ahead
-//          given up: released when the reads end); any -> none (released, or
-//          handed to the write-back).
-
-enum class FamilyPhase : std::uint8_t { kIdle, kWaiting, kComputing, kDone };
-enum class GradStaging : std::uint8_t { kNone, kCopying, kReady };
-enum class NvmePlace : std::uint8_t { kNone, kReading, kReady, kCancelling };
-
-constexpr bool phase_move_allowed(FamilyPhase from, FamilyPhase to) {
-  using P = FamilyPhase;
-  return (from == P::kIdle && to == P::kWaiting) || (from == P::kWaiting && to != P::kIdle) ||
-         (from == P::kComputing && to == P::kDone);
-}
-constexpr bool grad_move_allowed(GradStaging from, GradStaging to) {
-  return from == GradStaging::kNone
-             ? to != GradStaging::kNone
-             : (to == GradStaging::kNone || (from == GradStaging::kCopying && to == GradStaging::kReady));
-}
-constexpr bool place_move_allowed(NvmePlace from, NvmePlace to) {
-  using N = NvmePlace;
-  switch (from) {
-    case N::kNone:
-      return to == N::kReading || to == N::kReady;
-    case N::kReading:
-      return to != N::kReading;
-    case N::kReady:
-      return to == N::kNone || to == N::kReading;
-    case N::kCancelling:
-      return to == N::kNone || to == N::kCancelling;
-  }
-  return false;
-}
-
-//! A family's optimizer work in the current step (Note [Family run states]).
-struct FamilyRun {
-  FamilyPhase phase = FamilyPhase::kIdle;
-  GradStaging grad = GradStaging::kNone;
-  NvmePlace place = NvmePlace::kNone;
-  bool applied = false;
-  std::byte* grad_host = nullptr;         //!< the gradient on host (grad staging buffer or the chunk's own)
-  bool grad_host_owned_by_chunk = false;  //!< grad_host is the grad chunk's own host copy
-  std::vector<std::byte*> staging;        //!< per kind: NVMe states and the param being updated
-  std::vector<NvmePiece> pieces;          //!< the NVMe reads of read_states (in flight while io_pending)
-  //! The NVMe-homed param's staging copy read_states copies instead of reading the
-  //! disk (Residency::lend_staged; one of io_pending until given back).
-  const std::byte* lent_param = nullptr;
-  //! The states are read (or being read) and the NVMe-homed param is not: it is
-  //! copied from its staging buffer, or read, once the gradients are in (maybe_compute).
-  bool param_deferred = false;
-  //! Note [Deferred updates]: launched this step, its update held for the next
-  //! forward; its gradient lands in a deferred update's room, and it takes no NVMe
-  //! place until step() ends.
-  bool parked = false;
-  //! A parked run whose step has ended: it runs during the next forward, with its
-  //! step's hyperparameters (calls_[f].hypers, captured then) and carried_scale.
-  bool carried = false;
-  //! Its gradient is in a deferred update's room, not a grad staging buffer.
-  bool grad_held = false;
-  float carried_scale = 1.0f;
-  std::uint64_t launched_in = 0;  //!< OptimizerPipeline::steps_done_ when launched (its step's index - 1)
-  int io_pending = 0;
-  Status io_status;
-  std::vector<TensorId> updated;  //!< tensors the kernel updated (committed with the param)
-
-  //! Back to a new step's record; the vectors keep their capacity (Note
-  //! [Allocation-free hot paths] in leases.cpp).
-  void reset() {
-    std::vector<std::byte*> s = std::move(staging);
-    std::vector<TensorId> u = std::move(updated);
-    std::vector<NvmePiece> p = std::move(pieces);
-    *this = FamilyRun{};
-    s.clear();
-    u.clear();
-    p.clear();
-    staging = std::move(s);
-    updated = std::move(u);
-    pieces = std::move(p);
-  }
-
-  //! Gradients complete, optimizer requested (this step).
-  bool launched() const { return phase != FamilyPhase::kIdle; }
-  //! Launched and not finished.
-  bool running() const { return phase == FamilyPhase::kWaiting || phase == FamilyPhase::kComputing; }
-  void move_phase(FamilyPhase to) {
-    STRATA_CHECK(phase_move_allowed(phase, to));
-    phase = to;
-  }
-  void move_grad(GradStaging to) {
-    STRATA_CHECK(grad_move_allowed(grad, to));
-    grad = to;
-  }
-  void move_place(NvmePlace to) {
-    STRATA_CHECK(place_move_allowed(place, to));
-    place = to;
-  }
-};
 
 //! The gradient check of one family in this step (Note [Gradient check on the
 //! device]): its finite flag and per-span sums of squares, taken while the
@@ -252,7 +145,9 @@ class OptimizerPipeline final : public PipelineProgress {
   bool updating(FamilyId f) const override { return runs_[f].running(); }
   //! Its states are read (or being read) and its param waits for the gradients: at
   //! most one such family per NVMe place.
-  bool awaits_staged_param(FamilyId f) const override { return runs_[f].param_deferred; }
+  bool awaits_staged_param(FamilyId f) const override {
+    return runs_[f].param == ParamRead::kAwaitsGradients;
+  }
   //! Optimizer steps started so far (launch_optimizer calls that launched one).
   std::uint64_t launches() const { return launches_; }
   //! Some optimizer step is in flight (it will free slots and notify Core::cv); a
@@ -346,6 +241,8 @@ class OptimizerPipeline final : public PipelineProgress {
   static void nvme_read_done(void* self, FamilyId f, Status status, double enqueued_us, std::uint64_t bytes);
   static void nvme_write_done(void* self, FamilyId f, Status status, double enqueued_us, std::uint64_t bytes);
   void release_gradient(FamilyId f, bool consumed);
+  //! The count of landed gradients in `room` (grad staging buffers, or the deferred updates' room).
+  int& room_count(GradRoom room) { return room == GradRoom::kHeld ? held_grads_ : grad_staging_used_; }
   //! A parked run goes ahead in this step.
   void unpark(FamilyId f);
   //! At step()'s end a parked run becomes carried: its step's lr, weight decay and

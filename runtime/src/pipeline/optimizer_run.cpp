@@ -76,7 +76,7 @@ void OptimizerPipeline::prepare_call(FamilyId f, const FamilyPtrs& ptrs, KernelC
     call.keys.push_back((static_cast<std::int64_t>(info.group) << 48) | (info.updates + 1));
     groups_used = std::max(groups_used, info.group + 1);
   }
-  if (runs_[f].carried) {
+  if (runs_[f].carried()) {
     // Its step's hyperparameters, captured when that step ended (Note [Deferred updates]).
     STRATA_CHECK(groups_used <= call.hypers.size());
   } else {
@@ -276,7 +276,7 @@ void OptimizerPipeline::device_optimizer_done(FamilyId f) {
   std::lock_guard lock(core_.mu);
   const KernelCall& call = calls_[f];
   if (call.status.ok()) {
-    runs_[f].applied = call.report.applied;
+    runs_[f].move_outcome(call.report.applied ? RunOutcome::kApplied : RunOutcome::kNotApplied);
     if (call.report.applied) {
       for (TensorId t : runs_[f].updated) ++core_.tensors[t].updates;
     }
@@ -357,7 +357,9 @@ void OptimizerPipeline::compute_family(FamilyId f) {
   // step() uses the scale its check took when it started; a deferred one the
   // step's (x the clip coefficient <= 1: finite stays finite).
   const GradCheckResult& check = checks_[f];
-  call.scale = run.carried ? run.carried_scale : check.valid && !core_.deferred() ? check.scale : step_scale;
+  call.scale = run.carried()                      ? run.carried_scale
+               : check.valid && !core_.deferred() ? check.scale
+                                                  : step_scale;
   std::optional<kernels::GradStats> checked;
   if (check.valid) {
     checked = kernels::GradStats{.sum_squares = check.sum_squares(), .finite = check.finite};
@@ -388,8 +390,9 @@ void OptimizerPipeline::compute_family(FamilyId f) {
     finish_family(f, r.status());
     return;
   }
-  run.applied = r->applied;  // (run.updated was filled by prepare_call)
-  if (run.carried && !r->applied) {
+  // (run.updated was filled by prepare_call.)
+  run.move_outcome(r->applied ? RunOutcome::kApplied : RunOutcome::kNotApplied);
+  if (run.carried() && !r->applied) {
     STRATA_LOG_WARN(
         "runtime: step {}: family {} had Inf/NaN gradients and was not updated (its update ran "
         "in the next forward: Note [Deferred updates])",
