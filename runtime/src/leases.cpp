@@ -194,7 +194,7 @@ Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, W
   STRATA_RETURN_IF_ERROR(check_acquire(m.core, info, ts, c, kind, access, where));
 
   if (m.states_kept && m.leases_out == 0) m.rehome_kept_states(lock);  // (Note [Failed steps])
-  m.schedule(SchedulerEvent::kUseBegins).ignore();                     // (never fails)
+  m.schedule(lock, SchedulerEvent::kUseBegins).ignore();               // (never fails)
   if (kind == StateKind::kGrad) m.tracker.set_in_backward(true);
   m.tracker.note_use(ts.family, m.tracker.in_backward() ? Phase::kBackward : Phase::kForward,
                      kind == StateKind::kGrad && access != Access::kRead);
@@ -210,7 +210,7 @@ Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, W
   }
   // A failed prefetch is the next call's error (Note [Prefetch errors]); a failed
   // load of a prefetched param the background error.
-  m.schedule(SchedulerEvent::kUsePlaced).ignore();
+  m.schedule(lock, SchedulerEvent::kUsePlaced).ignore();
 
   Lease lease;
   lease.runtime_ = this;
@@ -239,15 +239,11 @@ Released Runtime::release(Lease& lease) {
       m.pipeline.note_grad_written(c.family);
     }
   }
-  // Note [Gradient completion]: the family's optimizer starts once its gradients
-  // are complete and nobody holds them or its param.
-  if (lease.kind_ != StateKind::kGrad && lease.kind_ != StateKind::kParam) return Released::kUnpinned;
-  if (!m.core.deferred() && m.pipeline.gradients_complete(c.family))
-    m.checkpoints.capture_for_update(lock, c.family).ignore();  // (a failed capture: the save holds it)
+  // The scheduler decides what the release allows (Note [Scheduler], Note [Gradient completion]).
   const std::uint64_t launches = m.pipeline.launches();
   // Fails only with data parallelism (a reduce-scatter that cannot be posted); schedule
   // has then made it the runtime's error (core.fail), which the next call returns.
-  m.schedule(SchedulerEvent::kGradientsHandedOver, c.family).ignore();
+  m.schedule(lock, SchedulerEvent::kLeaseReleased, c.family, lease.kind_).ignore();
   return m.pipeline.launches() != launches ? Released::kOptimizerStarted : Released::kUnpinned;
 }
 
@@ -342,10 +338,7 @@ Status Runtime::no_gradient(TensorId tensor) {
   info.written_in_micro_batch = true;
   const FamilyId family = m.core.layout().slots[tensor].family;
   m.pipeline.note_no_gradient(family);
-  if (!m.core.deferred() && m.pipeline.gradients_complete(family))
-    m.checkpoints.capture_for_update(lock, family)
-        .ignore();  // (as release: a failed capture, the save holds it)
-  m.schedule(SchedulerEvent::kGradientsHandedOver, family).ignore();  // (fails only with data parallelism)
+  m.schedule(lock, SchedulerEvent::kNoGradient, family).ignore();  // (never fails: no data parallelism here)
   return Status::Ok();
 }
 

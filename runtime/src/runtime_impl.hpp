@@ -62,8 +62,8 @@
 
 namespace strata::runtime {
 
-//! The moments at which the training thread starts background work (Note [Scheduler]).
-enum class SchedulerEvent : std::uint8_t { kUseBegins, kUsePlaced, kGradientsHandedOver, kStepEnds };
+//! The moments at which the training thread may start background work (Note [Scheduler]).
+enum class SchedulerEvent : std::uint8_t { kUseBegins, kUsePlaced, kLeaseReleased, kNoGradient, kStepEnds };
 
 struct Runtime::Impl {
   Impl(memory::Device& dev, RuntimeOptions options)
@@ -94,12 +94,17 @@ struct Runtime::Impl {
   CheckpointSource checkpoint_source{*this};
   checkpoint::Checkpointer checkpoints{checkpoint_source};
 
-  //! The one scheduler entry point (Note [Scheduler], scheduler.cpp): starts what
-  //! `event` allows; `family` is the one whose lease was released
-  //! (kGradientsHandedOver). Returns a failed prefetch's error (kUsePlaced), which
-  //! is also recorded: as the next call's error when the prefetch was a read ahead
-  //! of use, else as the background error (Note [Prefetch errors]). Caller holds mu.
-  Status schedule(SchedulerEvent event, FamilyId family = 0);
+  //! The one scheduler entry point (Note [Scheduler], scheduler.cpp): decides and
+  //! starts what `event` allows; `family` and `kind` name the chunk whose lease was
+  //! released (kLeaseReleased), `family` the one of the tensor declared gradient-less
+  //! (kNoGradient). Returns a failed prefetch's error (kUsePlaced), which is also
+  //! recorded: as the next call's error when the prefetch was a read ahead of use,
+  //! else as the background error (Note [Prefetch errors]). Caller holds `lock`
+  //! (a save's capture before an update may wait on it: Note [Overlapped save]).
+  Status schedule(std::unique_lock<std::mutex>& lock, SchedulerEvent event, FamilyId family = 0,
+                  StateKind kind = StateKind::kGrad);
+  //! schedule's decision once family `family`'s gradients may have completed.
+  Status start_if_complete(std::unique_lock<std::mutex>& lock, FamilyId family);
   //! Packs the registered tensors into chunk families and adopts the first plan
   //! (once, at the first acquire/init/step). Caller holds `lock`.
   Status finalize(std::unique_lock<std::mutex>& lock);

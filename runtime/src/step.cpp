@@ -187,7 +187,7 @@ Result<StepStats> Runtime::Impl::run_step(std::unique_lock<std::mutex>& lock) {
     STRATA_RETURN_IF_ERROR(m.checkpoints.capture_for_update(lock, f));  // Note [Overlapped save]
   }
   if (m.pipeline.exchanges_trust() && !skip) STRATA_RETURN_IF_ERROR(run_families_in_order(m, lock));
-  m.schedule(SchedulerEvent::kStepEnds).ignore();             // (never fails)
+  m.schedule(lock, SchedulerEvent::kStepEnds).ignore();       // (never fails)
   STRATA_RETURN_IF_ERROR(m.checkpoints.wait_captured(lock));  // updates a save held back
   // NVMe write-backs go on past step() (Note [Write-back after step]).
   Status waited = m.pipeline.wait_step_work(lock);

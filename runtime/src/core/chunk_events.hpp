@@ -15,7 +15,7 @@
 // on_gradients_handed_over's become the runtime's error: Note [Failed steps]).
 // Who emits what: leases.cpp (on_use, on_placed), host_copy.cpp
 // (on_host_access), scheduler.cpp (on_gradients_handed_over, at
-// SchedulerEvent::kGradientsHandedOver).
+// SchedulerEvent::kLeaseReleased of a grad or param lease).
 
 #include <mutex>
 
@@ -32,7 +32,7 @@ class ChunkEvents {
   virtual Status on_placed(std::unique_lock<std::mutex>& lock) = 0;
   //! Before chunk c is read (write: written) through a host copy between steps.
   virtual Status on_host_access(std::unique_lock<std::mutex>& lock, Chunk& c, bool write) = 0;
-  //! A grad or param lease was released (SchedulerEvent::kGradientsHandedOver);
+  //! A grad or param lease was released (SchedulerEvent::kLeaseReleased);
   //! takes the place of starting optimizer steps at once.
   virtual Status on_gradients_handed_over() = 0;
 
