@@ -93,9 +93,9 @@ void OptimizerPipeline::check_invariants() const {
 }
 
 void Runtime::Impl::check_invariants() const {
-  if (!core.finalized()) return;
+  if (!core().finalized()) return;
   int leased = 0;
-  for (const Chunk& c : core.chunks) {
+  for (const Chunk& c : core().chunks) {
     STRATA_CHECK(c.readers >= 0);
     STRATA_CHECK(c.writers >= 0);
     leased += c.readers + c.writers;
@@ -111,15 +111,15 @@ void Runtime::Impl::check_invariants() const {
     if (c.value == ChunkValue::kStaged) STRATA_CHECK(c.kind == StateKind::kGrad);
     // An NVMe-homed param's value is on NVMe or absent (zeros), or on host while
     // its write-back runs (Note [NVMe-homed params]).
-    if (c.kind == StateKind::kParam && !core.param_on_nvme(c.family))
+    if (c.kind == StateKind::kParam && !core().param_on_nvme(c.family))
       STRATA_CHECK(c.value == ChunkValue::kHost || c.value == ChunkValue::kDevice);
-    if (c.kind == StateKind::kParam && core.param_on_nvme(c.family))
+    if (c.kind == StateKind::kParam && core().param_on_nvme(c.family))
       STRATA_CHECK(c.value == ChunkValue::kHost || c.value == ChunkValue::kNvme || c.absent());
   }
-  STRATA_CHECK(leased == leases_out);
-  dp.check_invariants();
-  residency.check_invariants();
-  pipeline.check_invariants();
+  STRATA_CHECK(leased == book_.leases_out);
+  dp().check_invariants();
+  residency().check_invariants();
+  pipeline().check_invariants();
 }
 
 }  // namespace strata::runtime

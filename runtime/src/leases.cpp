@@ -115,19 +115,19 @@ Result<std::byte*> pin(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Chu
                        Access access, Where where) {
   if (where == Where::kDevice) {
     // An absent NVMe-homed param loads zeros through its staging (Note [NVMe-homed params]).
-    const bool load = !c.absent() || m.residency.needs_staging(c);
-    STRATA_RETURN_IF_ERROR(m.residency.ensure_on_device(lock, c, load));
-    DeviceSlot& slot = m.residency.slot_of(c);
-    STRATA_RETURN_IF_ERROR(m.core.device.wait(m.core.compute, slot.ready));
+    const bool load = !c.absent() || m.residency().needs_staging(c);
+    STRATA_RETURN_IF_ERROR(m.residency().ensure_on_device(lock, c, load));
+    DeviceSlot& slot = m.residency().slot_of(c);
+    STRATA_RETURN_IF_ERROR(m.core().device.wait(m.core().compute, slot.ready));
   } else {
-    STRATA_RETURN_IF_ERROR(m.residency.ensure_on_host(c));
+    STRATA_RETURN_IF_ERROR(m.residency().ensure_on_host(c));
     if (access != Access::kRead) {
       // A load or prefetch may still be copying from the host copy.
-      STRATA_RETURN_IF_ERROR(m.core.device.synchronize(m.core.h2d));
+      STRATA_RETURN_IF_ERROR(m.core().device.synchronize(m.core().h2d));
       if (c.readers > 0)
         return failed_precondition("acquire(\"{}\") for write on host while leased on the device",
                                    info.spec.name);
-      m.residency.drop_device_copy(c);
+      m.residency().drop_device_copy(c);
     }
   }
   if (access != Access::kRead) {
@@ -136,7 +136,7 @@ Result<std::byte*> pin(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Chu
   } else {
     ++c.readers;
   }
-  return where == Where::kDevice ? m.residency.slot_of(c).ptr : c.host;
+  return where == Where::kDevice ? m.residency().slot_of(c).ptr : c.host;
 }
 
 // Waits for what the use needs (another rank's param, the family's optimizer
@@ -144,15 +144,15 @@ Result<std::byte*> pin(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Chu
 Result<std::byte*> place(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Chunk& c,
                          const TensorInfo& info, Access access, Where where) {
   // Rank 0's initial params, another rank's updated param still arriving (Note [Chunk events]).
-  if (m.events != nullptr) STRATA_RETURN_IF_ERROR(m.events->on_use(lock, c));
+  if (m.events() != nullptr) STRATA_RETURN_IF_ERROR(m.events()->on_use(lock, c));
   // A family whose optimizer is running is waited for: an update carried into this
   // forward (Note [Deferred updates]), or an unplanned access; a parked one goes now.
-  m.pipeline.release_parked(c.family);
-  if (m.pipeline.updating(c.family)) {
-    const double t0 = m.core.timeline.now_us();
-    m.core.cv.wait(lock, [&] { return !m.pipeline.updating(c.family); });
-    m.core.timeline.add_stall((m.core.timeline.now_us() - t0) * 1e-6);
-    if (!m.core.errors.background().ok()) return m.core.errors.background();
+  m.pipeline().release_parked(c.family);
+  if (m.pipeline().updating(c.family)) {
+    const double t0 = m.core().timeline.now_us();
+    m.core().cv.wait(lock, [&] { return !m.pipeline().updating(c.family); });
+    m.core().timeline.add_stall((m.core().timeline.now_us() - t0) * 1e-6);
+    if (!m.core().errors.background().ok()) return m.core().errors.background();
   }
   return pin(m, lock, c, info, access, where);
 }
@@ -160,53 +160,53 @@ Result<std::byte*> place(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, C
 // Drops a lease's pin on chunk `c` (a device lease's compute fence recorded first).
 void unpin(Runtime::Impl& m, Chunk& c, Where where, Access access, TensorId tensor) {
   if (where == Where::kDevice && c.device_slot >= 0) {
-    Status st = m.core.device.record(m.residency.slot_of(c).fence, m.core.compute);
-    if (!st.ok()) m.core.errors.fail(st);
+    Status st = m.core().device.record(m.residency().slot_of(c).fence, m.core().compute);
+    if (!st.ok()) m.core().errors.fail(st);
   }
   if (access != Access::kRead) {
     STRATA_CHECK(c.writers > 0);
     --c.writers;
-    --m.core.tensors[tensor].write_leases;
+    --m.core().tensors[tensor].write_leases;
   } else {
     STRATA_CHECK(c.readers > 0);
     --c.readers;
   }
-  --m.leases_out;
+  --m.book().leases_out;
 }
 
 }  // namespace
 
 Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, Where where) {
   Impl& m = *impl_;
-  std::unique_lock lock(m.core.mu);
+  std::unique_lock lock(m.core().mu);
   InvariantCheck check(m, &lock);
-  if (!m.core.errors.background().ok()) return m.poison_step(lock, m.core.errors.background());
+  if (!m.core().errors.background().ok()) return m.poison_step(lock, m.core().errors.background());
   // (A failed prefetch: once; nothing done; the step goes on.)
-  if (Status st = m.core.errors.take_prefetch(); !st.ok()) return m.poison_step(lock, st, false);
-  if (tensor >= m.core.tensors.size()) {
+  if (Status st = m.core().errors.take_prefetch(); !st.ok()) return m.poison_step(lock, st, false);
+  if (tensor >= m.core().tensors.size()) {
     return invalid_argument("acquire: tensor id {} is not registered ({} tensors)", tensor,
-                            m.core.tensors.size());
+                            m.core().tensors.size());
   }
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
-  TensorInfo& info = m.core.tensors[tensor];
-  const TensorSlot& ts = m.core.layout().slots[tensor];
-  Chunk& c = m.core.chunk(ts.family, kind);
-  STRATA_RETURN_IF_ERROR(check_acquire(m.core, info, ts, c, kind, access, where));
+  TensorInfo& info = m.core().tensors[tensor];
+  const TensorSlot& ts = m.core().layout().slots[tensor];
+  Chunk& c = m.core().chunk(ts.family, kind);
+  STRATA_RETURN_IF_ERROR(check_acquire(m.core(), info, ts, c, kind, access, where));
 
-  if (m.states_kept && m.leases_out == 0) m.rehome_kept_states(lock);  // (Note [Failed steps])
-  m.schedule(lock, SchedulerEvent::kUseBegins).ignore();               // (never fails)
-  if (kind == StateKind::kGrad) m.tracker.set_in_backward(true);
-  m.tracker.note_use(ts.family, m.tracker.in_backward() ? Phase::kBackward : Phase::kForward,
-                     kind == StateKind::kGrad && access != Access::kRead);
+  if (m.book().states_kept && m.book().leases_out == 0) m.rehome_kept_states(lock);  // (Note [Failed steps])
+  m.schedule(lock, SchedulerEvent::kUseBegins).ignore();                             // (never fails)
+  if (kind == StateKind::kGrad) m.tracker().set_in_backward(true);
+  m.tracker().note_use(ts.family, m.tracker().in_backward() ? Phase::kBackward : Phase::kForward,
+                       kind == StateKind::kGrad && access != Access::kRead);
   // From here an error fails the step (Note [Failed steps]).
   auto placed = place(m, lock, c, info, access, where);
   if (!placed.ok()) return m.poison_step(lock, placed.status());
   std::byte* base = *placed;
   if (access != Access::kRead) ++info.write_leases;
-  ++m.leases_out;
+  ++m.book().leases_out;
   // The gathers of the params the prefetch is about to load end first (Note [Chunk events]).
-  if (m.events != nullptr) {
-    if (Status st = m.events->on_placed(lock); !st.ok()) m.core.errors.fail(st);
+  if (m.events() != nullptr) {
+    if (Status st = m.events()->on_placed(lock); !st.ok()) m.core().errors.fail(st);
   }
   // A failed prefetch is the next call's error (Note [Prefetch errors]); a failed
   // load of a prefetched param the background error.
@@ -215,111 +215,111 @@ Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, W
   Lease lease;
   lease.runtime_ = this;
   lease.uncaught_ = std::uncaught_exceptions();
-  lease.data_ = base + ts.offset_elems * dtype_bytes(m.core.kind_dtype(kind));
+  lease.data_ = base + ts.offset_elems * dtype_bytes(m.core().kind_dtype(kind));
   lease.numel_ = ts.numel;
   lease.tensor_ = tensor;
   lease.kind_ = kind;
   lease.access_ = access;
   lease.where_ = where;
-  lease.chunk_ = static_cast<std::uint32_t>(m.core.chunk_index(ts.family, kind));
+  lease.chunk_ = static_cast<std::uint32_t>(m.core().chunk_index(ts.family, kind));
   return lease;
 }
 
 Released Runtime::release(Lease& lease) {
   Impl& m = *impl_;
-  std::unique_lock lock(m.core.mu);
+  std::unique_lock lock(m.core().mu);
   InvariantCheck check(m, &lock);
-  Chunk& c = m.core.chunks.at(lease.chunk_);
+  Chunk& c = m.core().chunks.at(lease.chunk_);
   unpin(m, c, lease.where_, lease.access_, lease.tensor_);
   if (lease.access_ != Access::kRead && lease.kind_ == StateKind::kGrad) {
-    TensorInfo& info = m.core.tensors[lease.tensor_];
+    TensorInfo& info = m.core().tensors[lease.tensor_];
     info.grad_written = true;
     if (!info.written_in_micro_batch) {
       info.written_in_micro_batch = true;
-      m.pipeline.note_grad_written(c.family);
+      m.pipeline().note_grad_written(c.family);
     }
   }
   // The scheduler decides what the release allows (Note [Scheduler], Note [Gradient completion]).
-  const std::uint64_t launches = m.pipeline.launches();
+  const std::uint64_t launches = m.pipeline().launches();
   // Fails only with data parallelism (a reduce-scatter that cannot be posted); schedule
   // has then made it the runtime's error (core.fail), which the next call returns.
   m.schedule(lock, SchedulerEvent::kLeaseReleased, c.family, lease.kind_).ignore();
-  return m.pipeline.launches() != launches ? Released::kOptimizerStarted : Released::kUnpinned;
+  return m.pipeline().launches() != launches ? Released::kOptimizerStarted : Released::kUnpinned;
 }
 
 void Runtime::abandon(Lease& lease) {
   Impl& m = *impl_;
   // Work launched with the lease may capture what the unwinding frees next (Note [Failed steps]).
-  m.core.device.synchronize(m.core.compute).ignore();
-  std::unique_lock lock(m.core.mu);
+  m.core().device.synchronize(m.core().compute).ignore();
+  std::unique_lock lock(m.core().mu);
   InvariantCheck check(m, &lock);
-  unpin(m, m.core.chunks.at(lease.chunk_), lease.where_, lease.access_, lease.tensor_);
-  if (m.step_error.ok()) {
-    m.step_error = cancelled(
+  unpin(m, m.core().chunks.at(lease.chunk_), lease.where_, lease.access_, lease.tensor_);
+  if (m.book().step_error.ok()) {
+    m.book().step_error = cancelled(
         "the lease on \"{}\" ({}) was abandoned (destroyed by an exception's unwinding, or Lease::abandon): "
         "the step is incomplete and handed nothing over (call abort_step(), or step() discards it)",
-        m.core.tensors[lease.tensor_].spec.name, state_kind_name(lease.kind_));
+        m.core().tensors[lease.tensor_].spec.name, state_kind_name(lease.kind_));
   }
 }
 
 const memory::Stream& Runtime::compute_stream() const {
-  return impl_->core.compute;
+  return impl_->core().compute;
 }
 
 Status Runtime::launch(std::function<void()> fn) {
   Impl& m = *impl_;
   std::size_t use = 0;
   {
-    std::lock_guard lock(m.core.mu);
+    std::lock_guard lock(m.core().mu);
     InvariantCheck check(m);
-    use = m.tracker.current_use();
-    m.core.count_launch();
+    use = m.tracker().current_use();
+    m.core().count_launch();
   }
   // Note [Completion records]: the host function captures only its record.
-  LaunchRecord* r = m.core.take_launch_record();
-  *r =
-      LaunchRecord{.core = &m.core, .fn = std::move(fn), .use = use, .enqueued_us = m.core.timeline.now_us()};
-  Status st = m.core.device.launch_host(m.core.compute, [&m, r] {
+  LaunchRecord* r = m.core().take_launch_record();
+  *r = LaunchRecord{
+      .core = &m.core(), .fn = std::move(fn), .use = use, .enqueued_us = m.core().timeline.now_us()};
+  Status st = m.core().device.launch_host(m.core().compute, [&m, r] {
     Core& core = *r->core;
     const double t0 = std::max(r->enqueued_us, core.timeline.now_us());
     r->fn();
     const double t1 = core.timeline.now_us();
     core.timeline.add(Track::kCompute, SpanName{"compute"}, t0, t1, 0);
     core.compute_ended(t1);
-    m.tracker.add_compute(r->use, (t1 - t0) * 1e-6);
+    m.tracker().add_compute(r->use, (t1 - t0) * 1e-6);
     r->fn = nullptr;  // the caller's captures end with the compute, as before
     core.give_back_launch_record(r);
   });
   if (!st.ok()) {  // never enqueued
     r->fn = nullptr;
-    m.core.give_back_launch_record(r);
-    std::unique_lock lock(m.core.mu);
+    m.core().give_back_launch_record(r);
+    std::unique_lock lock(m.core().mu);
     return m.poison_step(lock, st);  // Note [Failed steps]
   }
   return st;
 }
 
 void Runtime::set_grad_scale(float scale) {
-  std::lock_guard lock(impl_->core.mu);
+  std::lock_guard lock(impl_->core().mu);
   InvariantCheck check(*impl_);
-  OptimizerPipeline& p = impl_->pipeline;
+  OptimizerPipeline& p = impl_->pipeline();
   p.grad_scale = scale;
   // Families that start before step() (not deferred) take the scale in effect
   // when they start; step() sets it again for the deferred ones.
-  if (!impl_->core.deferred()) p.step_scale = scale;
+  if (!impl_->core().deferred()) p.step_scale = scale;
 }
 
 Status Runtime::no_gradient(TensorId tensor) {
   Impl& m = *impl_;
-  std::unique_lock lock(m.core.mu);
+  std::unique_lock lock(m.core().mu);
   InvariantCheck check(m, &lock);
-  if (!m.core.errors.background().ok()) return m.core.errors.background();
-  if (tensor >= m.core.tensors.size()) {
+  if (!m.core().errors.background().ok()) return m.core().errors.background();
+  if (tensor >= m.core().tensors.size()) {
     return invalid_argument("no_gradient: tensor id {} is not registered ({} tensors)", tensor,
-                            m.core.tensors.size());
+                            m.core().tensors.size());
   }
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
-  TensorInfo& info = m.core.tensors[tensor];
+  TensorInfo& info = m.core().tensors[tensor];
   if (info.spec.frozen) {
     return failed_precondition("no_gradient(\"{}\"): the tensor is frozen and has no gradient",
                                info.spec.name);
@@ -329,38 +329,38 @@ Status Runtime::no_gradient(TensorId tensor) {
         "no_gradient(\"{}\"): its gradient was already handed over (or declared absent) in this micro-batch",
         info.spec.name);
   }
-  if (m.core.dp_ranks() > 1) {
+  if (m.core().dp_ranks() > 1) {
     return failed_precondition(
         "no_gradient(\"{}\"): with {} data-parallel ranks every rank hands over every trainable tensor's "
         "gradient each step; write zeros for an unused one",
-        info.spec.name, m.core.dp_ranks());
+        info.spec.name, m.core().dp_ranks());
   }
   info.written_in_micro_batch = true;
-  const FamilyId family = m.core.layout().slots[tensor].family;
-  m.pipeline.note_no_gradient(family);
+  const FamilyId family = m.core().layout().slots[tensor].family;
+  m.pipeline().note_no_gradient(family);
   m.schedule(lock, SchedulerEvent::kNoGradient, family).ignore();  // (never fails: no data parallelism here)
   return Status::Ok();
 }
 
 Status Runtime::begin_micro_batch(bool last) {
   Impl& m = *impl_;
-  std::unique_lock lock(m.core.mu);
+  std::unique_lock lock(m.core().mu);
   InvariantCheck check(m, &lock);
-  if (m.leases_out > 0) {
+  if (m.book().leases_out > 0) {
     return failed_precondition("begin_micro_batch: {} leases are still held; release them first",
-                               m.leases_out);
+                               m.book().leases_out);
   }
-  STRATA_RETURN_IF_ERROR(m.core.errors.take_prefetch());  // (once; nothing done)
-  if (!last && !m.core.accumulation_seen) {
+  STRATA_RETURN_IF_ERROR(m.core().errors.take_prefetch());  // (once; nothing done)
+  if (!last && !m.core().accumulation_seen) {
     // Gradients will wait between micro-batches: a plan that counted no room for
     // them is made again now, before any is written (Note [Host room]).
-    m.core.accumulation_seen = true;
-    if (m.core.finalized() && !m.core.accumulation_planned() && !m.core.tensors.any_grad_written())
-      STRATA_RETURN_IF_ERROR(m.adopt_plan(lock, m.tracker.plan_trace()));
+    m.core().accumulation_seen = true;
+    if (m.core().finalized() && !m.core().accumulation_planned() && !m.core().tensors.any_grad_written())
+      STRATA_RETURN_IF_ERROR(m.adopt_plan(lock, m.tracker().plan_trace()));
   }
-  m.pipeline.begin_micro_batch(last);
-  m.tracker.set_in_backward(false);  // a new forward begins
-  m.core.tensors.end_micro_batch();
+  m.pipeline().begin_micro_batch(last);
+  m.tracker().set_in_backward(false);  // a new forward begins
+  m.core().tensors.end_micro_batch();
   return Status::Ok();
 }
 

@@ -41,7 +41,7 @@ bool gpu_optimizer_supported(memory::DeviceKind kind, kernels::Optimizer o) {
 // the refusal stands. Later steps try again (the trace may change); the warning is
 // logged once per refusal run.
 void Runtime::Impl::keep_plan(const Status& refused) {
-  if (replans_refused++ == 0) {
+  if (book_.replans_refused++ == 0) {
     STRATA_LOG_WARN(
         "runtime: the plan from the traced step is refused by the budgets, so the current plan (which this "
         "step trained within) stays, and its placement follows the registration order (Note [A re-plan "
@@ -51,11 +51,11 @@ void Runtime::Impl::keep_plan(const Status& refused) {
 }
 
 Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace trace, bool may_keep) {
-  PlanInput in{.families = {core.chunks.family_bytes().begin(), core.chunks.family_bytes().end()},
+  PlanInput in{.families = {core().chunks.family_bytes().begin(), core().chunks.family_bytes().end()},
                .trace = trace,
-               .budgets = core.opt.budgets,
-               .options = core.opt.plan,
-               .slot_bytes = core.layout().chunk_elems * dtype_bytes(core.opt.compute_dtype)};
+               .budgets = core().opt.budgets,
+               .options = core().opt.plan,
+               .slot_bytes = core().layout().chunk_elems * dtype_bytes(core().opt.compute_dtype)};
   // Note [Chunk budget]
   // The runtime's budgets.gpu_bytes is a budget for chunks alone: the device slots
   // (streaming and resident params, gradients, optimizer states on the GPU). The
@@ -65,20 +65,21 @@ Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace t
   // is zeroed here so those bytes are not counted twice.
   in.trace.non_chunk_peak_bytes = 0;
   // What the plan counts host room for (Note [Host room] in planner.cpp).
-  in.deferred_step = core.deferred();
-  if (core.accumulation_seen) in.options.micro_batches = std::max<std::uint32_t>(in.options.micro_batches, 2);
-  const kernels::Optimizer o = core.opt.hyper.optimizer;
-  if (!gpu_optimizer_supported(core.device.kind(), o) && in.options.allow_gpu_optimizer) {
+  in.deferred_step = core().deferred();
+  if (core().accumulation_seen)
+    in.options.micro_batches = std::max<std::uint32_t>(in.options.micro_batches, 2);
+  const kernels::Optimizer o = core().opt.hyper.optimizer;
+  if (!gpu_optimizer_supported(core().device.kind(), o) && in.options.allow_gpu_optimizer) {
     // kernels::cuda_step_enqueue runs without the host; lamb, lars and came need it between phases.
     in.options.allow_gpu_optimizer = false;
-    if (!core.finalized()) {
+    if (!core().finalized()) {
       STRATA_LOG_INFO(
           "runtime: {} steps run on the CPU: on a CUDA device only optimizers without a host "
           "phase (not lamb, lars, came) run on the GPU",
           kernels::optimizer_name(o));
     }
   }
-  const bool first = !core.finalized();
+  const bool first = !core().finalized();
   Result<Plan> made = make_plan(in);
   if (!made.ok()) {
     if (first || !may_keep || made.status().code() != StatusCode::kOutOfBudget) return made.status();
@@ -86,22 +87,22 @@ Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace t
     return Status::Ok();
   }
   Plan p = *std::move(made);
-  replans_refused = 0;
-  if (p.nvme_bytes > 0) STRATA_RETURN_IF_ERROR(core.ensure_nvme_store(p.nvme_bytes));
+  book_.replans_refused = 0;
+  if (p.nvme_bytes > 0) STRATA_RETURN_IF_ERROR(core().ensure_nvme_store(p.nvme_bytes));
   if (first) {
     // Homes start where the plan puts them: nothing to migrate.
   } else {
-    STRATA_CHECK(p.all_gpu == core.plan().all_gpu);   // sizes do not change between plans
-    STRATA_RETURN_IF_ERROR(pipeline.wait_all(lock));  // write-backs end before homes move
+    STRATA_CHECK(p.all_gpu == core().plan().all_gpu);   // sizes do not change between plans
+    STRATA_RETURN_IF_ERROR(pipeline().wait_all(lock));  // write-backs end before homes move
     STRATA_RETURN_IF_ERROR(migrate_homes(lock, p));
   }
-  if (first || !p.all_gpu) STRATA_RETURN_IF_ERROR(residency.build_slots(p));
-  residency.adopt(p);
-  core.adopt_plan(std::move(p), in.options.micro_batches > 1);
-  pipeline.adopt(trace);
-  tracker.adopt(std::move(trace), core.layout().families.size());
+  if (first || !p.all_gpu) STRATA_RETURN_IF_ERROR(residency().build_slots(p));
+  residency().adopt(p);
+  core().adopt_plan(std::move(p), in.options.micro_batches > 1);
+  pipeline().adopt(trace);
+  tracker().adopt(std::move(trace), core().layout().families.size());
   STRATA_LOG_INFO("runtime: plan ({}): {}", first ? "from registration order" : "from the traced step",
-                  core.plan().summary());
+                  core().plan().summary());
   return Status::Ok();
 }
 
@@ -130,20 +131,20 @@ Status Runtime::Impl::migrate_homes(std::unique_lock<std::mutex>& lock, const Pl
   for (FamilyId f = 0; f < p.families.size(); ++f) {
     for (StateKind k : {StateKind::kParam, StateKind::kMaster, StateKind::kState0, StateKind::kState1}) {
       const bool param = k == StateKind::kParam;
-      const Tier from = param ? core.plan().families[f].param_home : core.plan().families[f].optim_home;
+      const Tier from = param ? core().plan().families[f].param_home : core().plan().families[f].optim_home;
       const Tier to = param ? p.families[f].param_home : p.families[f].optim_home;
       if (from == to || (to != Tier::kNvme && from != Tier::kNvme)) continue;
-      if (core.chunk(f, k).bytes == 0) continue;
+      if (core().chunk(f, k).bytes == 0) continue;
       moves.push_back({f, k, to});
     }
   }
-  const std::uint64_t host_limit = std::max(p.host_bytes, core.plan().host_bytes);
-  const std::uint64_t nvme_limit = std::max(p.nvme_bytes, core.plan().nvme_bytes);
+  const std::uint64_t host_limit = std::max(p.host_bytes, core().plan().host_bytes);
+  const std::uint64_t nvme_limit = std::max(p.nvme_bytes, core().plan().nvme_bytes);
   const auto within_plans = [&](const Move& m) {
-    const Chunk& c = core.chunk(m.family, m.kind);
-    if (m.to != Tier::kNvme) return c.host != nullptr || core.host->used_bytes() + c.bytes <= host_limit;
-    const std::uint64_t slot = core.nvme.store().slot_bytes();
-    return c.absent() || core.nvme.store().used_bytes() + (c.bytes + slot - 1) / slot * slot <= nvme_limit;
+    const Chunk& c = core().chunk(m.family, m.kind);
+    if (m.to != Tier::kNvme) return c.host != nullptr || core().host->used_bytes() + c.bytes <= host_limit;
+    const std::uint64_t slot = core().nvme.store().slot_bytes();
+    return c.absent() || core().nvme.store().used_bytes() + (c.bytes + slot - 1) / slot * slot <= nvme_limit;
   };
   bool strict = true;
   while (!moves.empty()) {
@@ -155,7 +156,7 @@ Status Runtime::Impl::migrate_homes(std::unique_lock<std::mutex>& lock, const Pl
         continue;
       }
       const Status st =
-          migrate_chunk(lock, core.chunk(it->family, it->kind), it->kind == StateKind::kParam, it->to);
+          migrate_chunk(lock, core().chunk(it->family, it->kind), it->kind == StateKind::kParam, it->to);
       if (!st.ok() && st.code() != StatusCode::kOutOfBudget) return st;
       if (!st.ok()) {
         refused = st;
@@ -180,28 +181,28 @@ Status Runtime::Impl::migrate_homes(std::unique_lock<std::mutex>& lock, const Pl
 Status Runtime::Impl::migrate_chunk(std::unique_lock<std::mutex>& lock, Chunk& c, bool param, Tier to) {
   if (param) {
     // Its staging copy goes; a clean device copy stays valid (Note [NVMe-homed params]).
-    STRATA_RETURN_IF_ERROR(residency.drop_staging(lock, c));
-    STRATA_RETURN_IF_ERROR(residency.wait_host_reads(c));
+    STRATA_RETURN_IF_ERROR(residency().drop_staging(lock, c));
+    STRATA_RETURN_IF_ERROR(residency().wait_host_reads(c));
   }
   if (to == Tier::kNvme) {
     if (!c.absent()) {
-      STRATA_RETURN_IF_ERROR(residency.ensure_on_host(c));
-      STRATA_RETURN_IF_ERROR(core.nvme_transfer(lock, true, {c.host, c.bytes}, c.nvme_slots));
+      STRATA_RETURN_IF_ERROR(residency().ensure_on_host(c));
+      STRATA_RETURN_IF_ERROR(core().nvme_transfer(lock, true, {c.host, c.bytes}, c.nvme_slots));
       c.move_value(ChunkValue::kNvme);
     }
-    if (c.host != nullptr) core.host->free(c.host, c.bytes);
+    if (c.host != nullptr) core().host->free(c.host, c.bytes);
     c.host = nullptr;
     return Status::Ok();
   }
   if (c.value == ChunkValue::kNvme) {  // (from NVMe)
-    STRATA_ASSIGN_OR_RETURN(std::byte * buffer, core.host_buffer(c));
-    STRATA_RETURN_IF_ERROR(core.nvme_transfer(lock, false, {buffer, c.bytes}, c.nvme_slots));
-    for (std::uint32_t s : c.nvme_slots) core.nvme.free_slot(s);
+    STRATA_ASSIGN_OR_RETURN(std::byte * buffer, core().host_buffer(c));
+    STRATA_RETURN_IF_ERROR(core().nvme_transfer(lock, false, {buffer, c.bytes}, c.nvme_slots));
+    for (std::uint32_t s : c.nvme_slots) core().nvme.free_slot(s);
     c.nvme_slots.clear();
     c.move_value(ChunkValue::kHost);
   } else if (param && c.absent()) {
     // A host-homed param always has its home copy (zeros until init_tensor).
-    STRATA_ASSIGN_OR_RETURN(std::byte * buffer, core.host_buffer(c));
+    STRATA_ASSIGN_OR_RETURN(std::byte * buffer, core().host_buffer(c));
     std::memset(buffer, 0, c.bytes);
     c.move_value(ChunkValue::kHost);
   }

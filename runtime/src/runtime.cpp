@@ -87,24 +87,24 @@ Status Runtime::start(memory::Device& device, RuntimeOptions options) {
   }
   auto impl = std::make_unique<Impl>(device, std::move(options));
   Impl& m = *impl;
-  STRATA_ASSIGN_OR_RETURN(m.core.pool, ThreadPool::create({.threads = m.core.opt.threads}));
-  if (m.core.opt.host_store != nullptr) {
-    m.core.host = m.core.opt.host_store;
+  STRATA_ASSIGN_OR_RETURN(m.core().pool, ThreadPool::create({.threads = m.core().opt.threads}));
+  if (m.core().opt.host_store != nullptr) {
+    m.core().host = m.core().opt.host_store;
   } else {
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<HostStore> host,
-                            make_host_store(m.core.opt.budgets.host_bytes, &device));
-    m.core.host = std::move(host);
+                            make_host_store(m.core().opt.budgets.host_bytes, &device));
+    m.core().host = std::move(host);
   }
-  STRATA_ASSIGN_OR_RETURN(m.core.compute, device.create_stream());
-  STRATA_ASSIGN_OR_RETURN(m.core.h2d, device.create_stream());
-  STRATA_ASSIGN_OR_RETURN(m.core.d2h, device.create_stream());
-  STRATA_ASSIGN_OR_RETURN(m.core.opt_stream, device.create_stream());
-  STRATA_RETURN_IF_ERROR(m.residency.init());
+  STRATA_ASSIGN_OR_RETURN(m.core().compute, device.create_stream());
+  STRATA_ASSIGN_OR_RETURN(m.core().h2d, device.create_stream());
+  STRATA_ASSIGN_OR_RETURN(m.core().d2h, device.create_stream());
+  STRATA_ASSIGN_OR_RETURN(m.core().opt_stream, device.create_stream());
+  STRATA_RETURN_IF_ERROR(m.residency().init());
   STRATA_LOG_INFO(
       "runtime: device {}; host tier {}; gpu budget {}, host budget {}, nvme budget {}; {} workers",
-      device.name(), m.core.host->describe(), format_bytes(m.core.opt.budgets.gpu_bytes),
-      format_bytes(m.core.opt.budgets.host_bytes), format_bytes(m.core.opt.budgets.nvme_bytes),
-      m.core.pool->size());
+      device.name(), m.core().host->describe(), format_bytes(m.core().opt.budgets.gpu_bytes),
+      format_bytes(m.core().opt.budgets.host_bytes), format_bytes(m.core().opt.budgets.nvme_bytes),
+      m.core().pool->size());
   impl_ = std::move(impl);
   return Status::Ok();
 }
@@ -113,61 +113,62 @@ Runtime::~Runtime() {
   if (impl_ == nullptr) return;  // start() failed (strata::Runtime::create)
   Impl& m = *impl_;
   {
-    std::unique_lock lock(m.core.mu);
-    m.checkpoints.finish(lock).ignore();  // a save in flight ends first (its error was for finish_checkpoint)
-    m.pipeline.wait_all(lock).ignore();
-    m.residency.wait_staging_reads(lock);
+    std::unique_lock lock(m.core().mu);
+    // A save in flight ends first (its error was for finish_checkpoint).
+    m.checkpoints().finish(lock).ignore();
+    m.pipeline().wait_all(lock).ignore();
+    m.residency().wait_staging_reads(lock);
   }
-  m.core.device.synchronize().ignore();
-  m.residency.release_staging();
-  for (Chunk& c : m.core.chunks) {
-    if (c.host != nullptr) m.core.host->free(c.host, c.bytes);
-    if (m.core.nvme.is_open()) {
-      for (std::uint32_t s : c.nvme_slots) m.core.nvme.free_slot(s);
+  m.core().device.synchronize().ignore();
+  m.residency().release_staging();
+  for (Chunk& c : m.core().chunks) {
+    if (c.host != nullptr) m.core().host->free(c.host, c.bytes);
+    if (m.core().nvme.is_open()) {
+      for (std::uint32_t s : c.nvme_slots) m.core().nvme.free_slot(s);
     }
   }
-  m.residency.clear();
+  m.residency().clear();
 }
 
 Result<TensorId> Runtime::register_tensor(TensorSpec spec) {
   Impl& m = *impl_;
-  std::lock_guard lock(m.core.mu);
+  std::lock_guard lock(m.core().mu);
   InvariantCheck check(m);
-  if (m.core.finalized()) {
+  if (m.core().finalized()) {
     return failed_precondition(
         "register_tensor(\"{}\") after the first acquire/init/step: register every tensor before the first "
         "step",
         spec.name);
   }
   STRATA_ASSIGN_OR_RETURN(std::uint64_t numel, shape_numel(spec.name, spec.shape));
-  if (spec.dtype != m.core.opt.compute_dtype) {
+  if (spec.dtype != m.core().opt.compute_dtype) {
     return invalid_argument(
         "tensor \"{}\" has dtype {} but the runtime's compute_dtype is {}; register it as {}", spec.name,
-        runtime::dtype_name(spec.dtype), runtime::dtype_name(m.core.opt.compute_dtype),
-        runtime::dtype_name(m.core.opt.compute_dtype));
+        runtime::dtype_name(spec.dtype), runtime::dtype_name(m.core().opt.compute_dtype),
+        runtime::dtype_name(m.core().opt.compute_dtype));
   }
-  if (m.core.tensors.contains(spec.name))
+  if (m.core().tensors.contains(spec.name))
     return invalid_argument("tensor \"{}\" is already registered", spec.name);
-  return m.core.tensors.add(std::move(spec), numel);
+  return m.core().tensors.add(std::move(spec), numel);
 }
 
 Result<TensorId> Runtime::register_tensor(std::string name, std::vector<std::int64_t> shape, bool frozen) {
   return register_tensor({.name = std::move(name),
                           .shape = std::move(shape),
-                          .dtype = impl_->core.opt.compute_dtype,
+                          .dtype = impl_->core().opt.compute_dtype,
                           .frozen = frozen});
 }
 
 Result<TensorId> Runtime::find_tensor(std::string_view name) const {
-  std::lock_guard lock(impl_->core.mu);
-  std::optional<TensorId> id = impl_->core.tensors.find(std::string(name));
+  std::lock_guard lock(impl_->core().mu);
+  std::optional<TensorId> id = impl_->core().tensors.find(std::string(name));
   if (!id) return not_found("no tensor named \"{}\" is registered", name);
   return *id;
 }
 
 std::size_t Runtime::tensor_count() const {
-  std::lock_guard lock(impl_->core.mu);
-  return impl_->core.tensors.size();
+  std::lock_guard lock(impl_->core().mu);
+  return impl_->core().tensors.size();
 }
 
 namespace {
@@ -203,105 +204,105 @@ void count_nvme_bytes(Core& core) {
 }  // namespace
 
 Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
-  if (core.finalized()) return Status::Ok();
-  if (core.tensors.empty())
+  if (core().finalized()) return Status::Ok();
+  if (core().tensors.empty())
     return failed_precondition("no tensors are registered; register them before the first step");
   std::vector<std::uint64_t> numels;
   std::vector<TensorId> order;
-  for (TensorId t = 0; t < core.tensors.size(); ++t) {
-    numels.push_back(core.tensors[t].numel);
+  for (TensorId t = 0; t < core().tensors.size(); ++t) {
+    numels.push_back(core().tensors[t].numel);
     order.push_back(t);
   }
-  STRATA_ASSIGN_OR_RETURN(ChunkLayout layout, build_layout(numels, order, core.opt.layout));
-  if (core.dp_ranks() > 1) pad_to_shards(layout, core.dp_ranks());
-  core.set_layout(std::move(layout));
-  STRATA_RETURN_IF_ERROR(dp.check_config(lock));
-  const std::uint64_t cb = dtype_bytes(core.opt.compute_dtype);
-  const std::uint64_t sb = kernels::dtype_size(core.opt.state_dtype);
-  const std::size_t families = core.layout().families.size();
-  core.chunks.lay_out(families);
-  pipeline.init(families);
+  STRATA_ASSIGN_OR_RETURN(ChunkLayout layout, build_layout(numels, order, core().opt.layout));
+  if (core().dp_ranks() > 1) pad_to_shards(layout, core().dp_ranks());
+  core().set_layout(std::move(layout));
+  STRATA_RETURN_IF_ERROR(dp().check_config(lock));
+  const std::uint64_t cb = dtype_bytes(core().opt.compute_dtype);
+  const std::uint64_t sb = kernels::dtype_size(core().opt.state_dtype);
+  const std::size_t families = core().layout().families.size();
+  core().chunks.lay_out(families);
+  pipeline().init(families);
   for (FamilyId f = 0; f < families; ++f) {
-    const FamilyLayout& fl = core.layout().families[f];
+    const FamilyLayout& fl = core().layout().families[f];
     std::uint64_t trainable_numel = 0;
     for (TensorId t : fl.tensors) {
-      trainable_numel += core.tensors[t].spec.frozen ? 0 : core.tensors[t].numel;
-      pipeline.trainable[f] += core.tensors[t].spec.frozen ? 0 : 1;
+      trainable_numel += core().tensors[t].spec.frozen ? 0 : core().tensors[t].numel;
+      pipeline().trainable[f] += core().tensors[t].spec.frozen ? 0 : 1;
     }
     const std::uint64_t cap = fl.capacity_elems;
     std::uint64_t bytes[kStateKindCount] = {};
     bytes[static_cast<int>(StateKind::kParam)] = cap * cb;
     if (trainable_numel > 0) bytes[static_cast<int>(StateKind::kGrad)] = cap * cb;
     if (trainable_numel > 0) {  // this rank's shard of them (Note [Sharded step])
-      const std::uint64_t shard = core.shard_elems(f);
-      if (core.separate_master) bytes[static_cast<int>(StateKind::kMaster)] = shard * 4;
-      for (std::uint32_t i = 0; i < core.state_count; ++i)
+      const std::uint64_t shard = core().shard_elems(f);
+      if (core().separate_master) bytes[static_cast<int>(StateKind::kMaster)] = shard * 4;
+      for (std::uint32_t i = 0; i < core().state_count; ++i)
         bytes[static_cast<int>(StateKind::kState0) + i] = shard * sb;
     }
     for (std::size_t k = 0; k < kStateKindCount; ++k) {
-      Chunk& c = core.chunk(f, static_cast<StateKind>(k));
+      Chunk& c = core().chunk(f, static_cast<StateKind>(k));
       c.bytes = align_up(bytes[k], 4096);
       if (bytes[k] == 0) c.bytes = 0;
     }
-    FamilyBytes& b = core.chunks.bytes(f);
+    FamilyBytes& b = core().chunks.bytes(f);
     b.numel = trainable_numel;
-    b.param_bytes = core.chunk(f, StateKind::kParam).bytes;
-    b.grad_bytes = core.chunk(f, StateKind::kGrad).bytes;
+    b.param_bytes = core().chunk(f, StateKind::kParam).bytes;
+    b.grad_bytes = core().chunk(f, StateKind::kGrad).bytes;
     for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1})
-      b.optim_bytes += core.chunk(f, k).bytes;
+      b.optim_bytes += core().chunk(f, k).bytes;
   }
-  count_nvme_bytes(core);
+  count_nvme_bytes(core());
   STRATA_LOG_INFO("runtime: {} tensors in {} chunk families of {} elements ({:.1f}% padding)",
-                  core.tensors.size(), families, core.layout().chunk_elems,
-                  100.0 * core.layout().padding_fraction());
+                  core().tensors.size(), families, core().layout().chunk_elems,
+                  100.0 * core().layout().padding_fraction());
   STRATA_RETURN_IF_ERROR(adopt_plan(lock, registration_trace(families)));
   // Every param the plan keeps off NVMe has a host home (zeros until init_tensor);
   // an NVMe-homed one starts absent (zeros too, Note [NVMe-homed params]).
   for (FamilyId f = 0; f < families; ++f) {
-    if (core.param_on_nvme(f)) continue;
-    Chunk& p = core.chunk(f, StateKind::kParam);
-    STRATA_ASSIGN_OR_RETURN(std::byte * buffer, core.host_buffer(p));
+    if (core().param_on_nvme(f)) continue;
+    Chunk& p = core().chunk(f, StateKind::kParam);
+    STRATA_ASSIGN_OR_RETURN(std::byte * buffer, core().host_buffer(p));
     std::memset(buffer, 0, p.bytes);
     p.move_value(ChunkValue::kHost);
   }
-  core.finalize();  // the warm-up step is traced, on demand + LRU (StepTracker starts not following)
+  core().finalize();  // the warm-up step is traced, on demand + LRU (StepTracker starts not following)
   return Status::Ok();
 }
 
 const RunStats& Runtime::stats() const {
-  return impl_->totals;
+  return impl_->book().totals;
 }
 std::string Runtime::describe() const {
-  std::lock_guard lock(impl_->core.mu);
-  return fmt::format("device {}; plan: {}", impl_->core.device.name(), impl_->core.plan().summary());
+  std::lock_guard lock(impl_->core().mu);
+  return fmt::format("device {}; plan: {}", impl_->core().device.name(), impl_->core().plan().summary());
 }
 Status Runtime::synchronize() {
-  return impl_->core.device.synchronize(impl_->core.compute);
+  return impl_->core().device.synchronize(impl_->core().compute);
 }
 const ChunkLayout& Runtime::layout() const {
-  return impl_->core.layout();
+  return impl_->core().layout();
 }
 std::uint64_t Runtime::state_bytes() const {
-  std::lock_guard lock(impl_->core.mu);
+  std::lock_guard lock(impl_->core().mu);
   std::uint64_t total = 0;
-  for (const Chunk& c : impl_->core.chunks) total += is_optim_kind(c.kind) ? c.bytes : 0;
+  for (const Chunk& c : impl_->core().chunks) total += is_optim_kind(c.kind) ? c.bytes : 0;
   return total;
 }
 const Plan& Runtime::plan() const {
-  return impl_->core.plan();
+  return impl_->core().plan();
 }
 std::size_t Runtime::incomplete_gradients_max() const {
-  std::lock_guard lock(impl_->core.mu);
-  return impl_->residency.incomplete_gradients_max();
+  std::lock_guard lock(impl_->core().mu);
+  return impl_->residency().incomplete_gradients_max();
 }
 const StepTrace& Runtime::last_trace() const {
-  return impl_->tracker.plan_trace();
+  return impl_->tracker().plan_trace();
 }
 HotPathCounters Runtime::hot_path_counters() const {
-  const Core& core = impl_->core;
+  const Core& core = impl_->core();
   std::shared_ptr<NvmeStore> nvme;
   {
-    std::lock_guard lock(impl_->core.mu);  // (the store is created on first use)
+    std::lock_guard lock(impl_->core().mu);  // (the store is created on first use)
     nvme = core.nvme.shared();
   }
   return {.copy_records = core.copy_records_created(),
@@ -315,26 +316,26 @@ HotPathCounters Runtime::hot_path_counters() const {
 }
 
 const Timeline& Runtime::timeline() const {
-  return impl_->core.timeline;
+  return impl_->core().timeline;
 }
 Status Runtime::write_chrome_trace(const std::string& path) const {
-  return impl_->core.timeline.write_chrome_trace(path);
+  return impl_->core().timeline.write_chrome_trace(path);
 }
 
 void Runtime::check_invariants() const {
-  std::lock_guard lock(impl_->core.mu);
+  std::lock_guard lock(impl_->core().mu);
   impl_->check_invariants();
 }
 
 StepCost Runtime::predict(const Rates& rates) const {
   Impl& m = *impl_;
-  std::lock_guard lock(m.core.mu);
-  PlanInput in{.families = {m.core.chunks.family_bytes().begin(), m.core.chunks.family_bytes().end()},
-               .trace = m.tracker.plan_trace(),
-               .budgets = m.core.opt.budgets,
-               .options = m.core.opt.plan,
-               .slot_bytes = m.core.layout().chunk_elems * dtype_bytes(m.core.opt.compute_dtype)};
-  return predict_step(in, m.core.plan(), rates);
+  std::lock_guard lock(m.core().mu);
+  PlanInput in{.families = {m.core().chunks.family_bytes().begin(), m.core().chunks.family_bytes().end()},
+               .trace = m.tracker().plan_trace(),
+               .budgets = m.core().opt.budgets,
+               .options = m.core().opt.plan,
+               .slot_bytes = m.core().layout().chunk_elems * dtype_bytes(m.core().opt.compute_dtype)};
+  return predict_step(in, m.core().plan(), rates);
 }
 
 }  // namespace strata::runtime

@@ -65,34 +65,53 @@ namespace strata::runtime {
 //! The moments at which the training thread may start background work (Note [Scheduler]).
 enum class SchedulerEvent : std::uint8_t { kUseBegins, kUsePlaced, kLeaseReleased, kNoGradient, kStepEnds };
 
-struct Runtime::Impl {
-  Impl(memory::Device& dev, RuntimeOptions options)
-      : core(dev, std::move(options)),
-        tracker(core),
-        residency(core, tracker),
-        pipeline(core, residency),
-        dp(core, tracker, residency, pipeline,
-           [this](std::unique_lock<std::mutex>& lock, Chunk& c, bool write,
-                  const std::function<void(std::byte*)>& fn,
-                  bool whole) { return with_host_copy(lock, c, write, fn, whole); }) {
-    residency.read_progress(pipeline);
-    residency.read_dp_flags(dp.flags());
-    if (core.dp_ranks() > 1) events = &dp;
-  }
+//! The step's bookkeeping besides the parts' own: what the training thread's public
+//! calls count and remember between them (Runtime::Impl::book).
+struct StepBook {
+  int leases_out = 0;  //!< leases handed out and not released
+  //! The first error a public call met in the step in progress; step() discards
+  //! the step then (Note [Failed steps], step_abort.cpp).
+  Status step_error;
+  bool states_kept = false;  //!< rehome_kept_states left some; the next acquire tries again
+  //! Totals of every step() that returned its StepStats (Runtime::stats; the
+  //! training thread's, like the calls that read them).
+  RunStats totals;
+  //! Re-plans refused and kept since the last plan adopted (Note [A re-plan refused keeps the plan]).
+  std::uint64_t replans_refused = 0;
+  //! deferred_prepass's family lists, reused (Note [Allocation-free hot paths] in leases.cpp).
+  std::vector<FamilyId> prepass_checked, prepass_on_host;
+};
 
-  Core core;
-  StepTracker tracker;
-  Residency residency;
-  OptimizerPipeline pipeline;
-  DataParallel dp;  //!< Note [Sharded step] (dp/data_parallel.hpp)
+//! The runtime's parts and what crosses them (the table above). A class in all but
+//! the keyword (runtime.hpp declares it a struct): its data are private; the
+//! top-level files reach the parts through the accessors and do what needs several
+//! through the member functions.
+struct Runtime::Impl {
+ public:
+  Impl(memory::Device& dev, RuntimeOptions options);
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  // --- the parts (runtime_impl.hpp's table) ---
+  Core& core() { return parts_.core; }
+  const Core& core() const { return parts_.core; }
+  StepTracker& tracker() { return parts_.tracker; }
+  const StepTracker& tracker() const { return parts_.tracker; }
+  Residency& residency() { return parts_.residency; }
+  const Residency& residency() const { return parts_.residency; }
+  OptimizerPipeline& pipeline() { return parts_.pipeline; }
+  const OptimizerPipeline& pipeline() const { return parts_.pipeline; }
+  DataParallel& dp() { return parts_.dp; }  //!< Note [Sharded step] (dp/data_parallel.hpp)
+  const DataParallel& dp() const { return parts_.dp; }
   //! The observer of chunk use (Note [Chunk events]): dp with W > 1 ranks, else none.
-  ChunkEvents* events = nullptr;
-  int leases_out = 0;
-  //! The runtime as the checkpoint library sees it, and the library's saves and loads
-  //! over it (Note [Overlapped save] in runtime/checkpoint/capture.cpp: the scheduler
-  //! and step() ask checkpoints.allows_update and capture_for_update before updates).
-  CheckpointSource checkpoint_source{*this};
-  checkpoint::Checkpointer checkpoints{checkpoint_source};
+  ChunkEvents* events() { return parts_.core.dp_ranks() > 1 ? &parts_.dp : nullptr; }
+  //! The checkpoint library's saves and loads over the runtime (Note [Overlapped save]
+  //! in runtime/checkpoint/capture.cpp: the scheduler and step() ask allows_update and
+  //! capture_for_update before updates).
+  checkpoint::Checkpointer& checkpoints() { return checkpointing_.checkpoints; }
+  //! The step's bookkeeping (StepBook).
+  StepBook& book() { return book_; }
+  const StepBook& book() const { return book_; }
 
   //! The one scheduler entry point (Note [Scheduler], scheduler.cpp): decides and
   //! starts what `event` allows; `family` and `kind` name the chunk whose lease was
@@ -120,22 +139,13 @@ struct Runtime::Impl {
   Status migrate_chunk(std::unique_lock<std::mutex>& lock, Chunk& c, bool param, Tier to);
   //! Keeps the current plan after `refused` (Note [A re-plan refused keeps the plan]).
   void keep_plan(const Status& refused);
-  //! Re-plans refused and kept since the last plan adopted (Note [A re-plan refused keeps the plan]).
-  std::uint64_t replans_refused = 0;
   //! Gradients to host and one global check (clipping, loss scaling); sets the
   //! pipeline's step scale. *skip is set when an Inf/NaN skips the step.
   Status deferred_prepass(std::unique_lock<std::mutex>& lock, bool* skip);
-  //! deferred_prepass's family lists, reused (Note [Allocation-free hot paths] in leases.cpp).
-  std::vector<FamilyId> prepass_checked, prepass_on_host;
   //! Drops every gradient of a step skipped for Inf/NaN.
   void discard_gradients();
-  //! Totals of every step() that returned its StepStats (Runtime::stats; the
-  //! training thread's, like the calls that read them).
-  RunStats totals;
   void add_to_totals(const StepStats& st);
   // Note [Failed steps] (step_abort.cpp).
-  //! The first error a public call met in the step in progress; step() discards the step then.
-  Status step_error;
   //! Records `st` (an error of a public call mid-step) as the step's (unless not
   //! fails_step: a failed prefetch) and waits (unlocking) for the compute stream,
   //! so the caller may free what its launches captured; returns `st`.
@@ -150,7 +160,6 @@ struct Runtime::Impl {
   //! [Write-back after step]) home again, freeing their host room; unlocks while
   //! writing. False (and states_kept set) when some stay.
   bool rehome_kept_states(std::unique_lock<std::mutex>& lock);
-  bool states_kept = false;  //!< rehome_kept_states left some; the next acquire tries again
   //! Runs fn on a host copy of chunk c (reading NVMe into a temporary when it lives
   //! there); with write, the change is stored back to c's home. With whole (and
   //! write), fn overwrites every byte of the chunk, so an NVMe copy is not read
@@ -160,7 +169,44 @@ struct Runtime::Impl {
   //! The checks of Note [Chunk state machine] and Note [Pipeline places]; aborts
   //! on a violation. Caller holds mu.
   void check_invariants() const;
+
+ private:
+  //! The parts of the table above, each built on those before it.
+  struct Parts {
+    Parts(Runtime::Impl& m, memory::Device& dev, RuntimeOptions options);
+    Core core;
+    StepTracker tracker;
+    Residency residency;
+    OptimizerPipeline pipeline;
+    DataParallel dp;
+  };
+  //! The runtime as the checkpoint library sees it, and the library over it.
+  struct Checkpointing {
+    explicit Checkpointing(Runtime::Impl& m) : source(m), checkpoints(source) {}
+    CheckpointSource source;
+    checkpoint::Checkpointer checkpoints;
+  };
+
+  Parts parts_;
+  Checkpointing checkpointing_{*this};
+  StepBook book_;
 };
+
+inline Runtime::Impl::Parts::Parts(Runtime::Impl& m, memory::Device& dev, RuntimeOptions options)
+    : core(dev, std::move(options)),
+      tracker(core),
+      residency(core, tracker),
+      pipeline(core, residency),
+      dp(core, tracker, residency, pipeline,
+         [&m](std::unique_lock<std::mutex>& lock, Chunk& c, bool write,
+              const std::function<void(std::byte*)>& fn,
+              bool whole) { return m.with_host_copy(lock, c, write, fn, whole); }) {
+  residency.read_progress(pipeline);
+  residency.read_dp_flags(dp.flags());
+}
+
+inline Runtime::Impl::Impl(memory::Device& dev, RuntimeOptions options)
+    : parts_(*this, dev, std::move(options)) {}
 
 //! Runs Runtime::Impl::check_invariants when it goes out of scope, in checked
 //! builds: declared right after a public call takes the lock, it checks what the

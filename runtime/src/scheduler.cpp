@@ -42,10 +42,10 @@ Status Runtime::Impl::schedule(std::unique_lock<std::mutex>& lock, SchedulerEven
                                StateKind kind) {
   switch (event) {
     case SchedulerEvent::kUseBegins:
-      if (tracker.warm() && core.opt.plan.prefetch) pipeline.start_read_ahead();
+      if (tracker().warm() && core().opt.plan.prefetch) pipeline().start_read_ahead();
       return Status::Ok();
     case SchedulerEvent::kUsePlaced:
-      return residency.prefetch();
+      return residency().prefetch();
     case SchedulerEvent::kLeaseReleased:
       // Only a grad or param lease holds an update back (Note [Gradient completion]).
       if (kind != StateKind::kGrad && kind != StateKind::kParam) return Status::Ok();
@@ -53,27 +53,28 @@ Status Runtime::Impl::schedule(std::unique_lock<std::mutex>& lock, SchedulerEven
     case SchedulerEvent::kNoGradient:
       return start_if_complete(lock, family);
     case SchedulerEvent::kStepEnds:
-      for (FamilyId f = 0; f < core.layout().families.size(); ++f) {
-        if (checkpoints.allows_update(f)) pipeline.launch_optimizer(f);
+      for (FamilyId f = 0; f < core().layout().families.size(); ++f) {
+        if (checkpoints().allows_update(f)) pipeline().launch_optimizer(f);
       }
-      pipeline.stop_read_ahead();
-      pipeline.pump();
+      pipeline().stop_read_ahead();
+      pipeline().pump();
       return Status::Ok();
   }
   return Status::Ok();
 }
 
 Status Runtime::Impl::start_if_complete(std::unique_lock<std::mutex>& lock, FamilyId family) {
-  if (events != nullptr) {  // W > 1: the reduction starts now, the optimizer at step() (Note [Chunk events])
-    Status st = events->on_gradients_handed_over();
-    if (!st.ok()) core.errors.fail(st);
+  if (events() !=
+      nullptr) {  // W > 1: the reduction starts now, the optimizer at step() (Note [Chunk events])
+    Status st = events()->on_gradients_handed_over();
+    if (!st.ok()) core().errors.fail(st);
     return st;
   }
-  if (core.deferred() || !pipeline.gradients_complete(family)) return Status::Ok();
+  if (core().deferred() || !pipeline().gradients_complete(family)) return Status::Ok();
   // Note [Overlapped save]: the save captures the pre-update values first (a failed
   // capture: the save holds the update back, allows_update says so).
-  checkpoints.capture_for_update(lock, family).ignore();
-  if (checkpoints.allows_update(family)) pipeline.launch_optimizer(family);
+  checkpoints().capture_for_update(lock, family).ignore();
+  if (checkpoints().allows_update(family)) pipeline().launch_optimizer(family);
   return Status::Ok();
 }
 

@@ -5,7 +5,7 @@
 // Any error leaves a runtime that trains on once its cause is gone, or that
 // closes cleanly; it never goes on silently with half a step.
 //   - A public call that fails in the middle of a step (acquire, launch) marks
-//     the step failed (Impl::step_error) and, before it returns, waits for the
+//     the step failed (StepBook::step_error) and, before it returns, waits for the
 //     work already launched on the compute stream: a caller that unwinds on the
 //     error may free what that work captured (the example's model). A lease
 //     destroyed by an exception's unwinding (an exception thrown between acquire
@@ -38,55 +38,55 @@ namespace strata::runtime {
 
 Status Runtime::Impl::poison_step(std::unique_lock<std::mutex>& lock, Status st, bool fails_step) {
   if (st.ok()) return st;
-  if (fails_step && step_error.ok()) step_error = st;
+  if (fails_step && book_.step_error.ok()) book_.step_error = st;
   // The caller may free what its launches captured as soon as this returns.
   lock.unlock();
-  core.device.synchronize(core.compute).ignore();
+  core().device.synchronize(core().compute).ignore();
   lock.lock();
   return st;
 }
 
 bool Runtime::Impl::rehome_kept_states(std::unique_lock<std::mutex>& lock) {
-  states_kept = false;
-  if (!core.nvme.is_open()) return true;
-  for (Chunk& c : core.chunks) {
-    const bool nvme_home = c.bytes > 0 && ((is_optim_kind(c.kind) && core.on_nvme(c.family)) ||
-                                           (c.kind == StateKind::kParam && core.param_on_nvme(c.family)));
+  book_.states_kept = false;
+  if (!core().nvme.is_open()) return true;
+  for (Chunk& c : core().chunks) {
+    const bool nvme_home = c.bytes > 0 && ((is_optim_kind(c.kind) && core().on_nvme(c.family)) ||
+                                           (c.kind == StateKind::kParam && core().param_on_nvme(c.family)));
     if (!nvme_home || c.value != ChunkValue::kHost || c.readers > 0 || c.writers > 0) continue;
     // (Device copies are clean and every stream is idle: nothing reads c.host now.)
-    Status st = core.nvme_transfer(lock, true, std::span<std::byte>(c.host, c.bytes), c.nvme_slots);
+    Status st = core().nvme_transfer(lock, true, std::span<std::byte>(c.host, c.bytes), c.nvme_slots);
     if (!st.ok()) {
       STRATA_LOG_WARN("runtime: family {} {} stays in host memory: {}", c.family, state_kind_name(c.kind),
                       st.to_string());
-      states_kept = true;
+      book_.states_kept = true;
       continue;
     }
-    core.host->free(c.host, c.bytes);
+    core().host->free(c.host, c.bytes);
     c.host = nullptr;
     c.move_value(ChunkValue::kNvme);
   }
-  return !states_kept;
+  return !book_.states_kept;
 }
 
 Status Runtime::Impl::discard_step(std::unique_lock<std::mutex>& lock, Status cause) {
-  if (!core.finalized()) return cause;  // nothing ran yet: nothing to discard
-  const std::uint64_t step = tracker.step_index() + 1;
-  pipeline.stop_read_ahead();
-  pipeline.wait_all(lock).ignore();  // (Note [Failed work completes its waiters])
-  residency.wait_staging_reads(lock);
+  if (!core().finalized()) return cause;  // nothing ran yet: nothing to discard
+  const std::uint64_t step = tracker().step_index() + 1;
+  pipeline().stop_read_ahead();
+  pipeline().wait_all(lock).ignore();  // (Note [Failed work completes its waiters])
+  residency().wait_staging_reads(lock);
   lock.unlock();
   // The caller's launches of the step still write its gradients' slots (and
   // data-parallel packs their rounds' buffers).
-  core.device.synchronize().ignore();
+  core().device.synchronize().ignore();
   lock.lock();
-  if (core.dp_ranks() > 1) dp.abandon_rounds(lock);
+  if (core().dp_ranks() > 1) dp().abandon_rounds(lock);
   discard_gradients();
-  pipeline.abandon_step();
-  tracker.abandon_step();
-  core.tensors.end_micro_batch();
-  core.forget_step_launches();
-  core.errors.clear();
-  step_error = Status::Ok();
+  pipeline().abandon_step();
+  tracker().abandon_step();
+  core().tensors.end_micro_batch();
+  core().forget_step_launches();
+  core().errors.clear();
+  book_.step_error = Status::Ok();
   rehome_kept_states(lock);
   if (!cause.ok()) {
     STRATA_LOG_WARN(
@@ -103,11 +103,11 @@ Status Runtime::Impl::discard_step(std::unique_lock<std::mutex>& lock, Status ca
 
 Status Runtime::abort_step() {
   Impl& m = *impl_;
-  std::unique_lock lock(m.core.mu);
+  std::unique_lock lock(m.core().mu);
   InvariantCheck check(m, &lock);
-  if (m.leases_out > 0) {
+  if (m.book().leases_out > 0) {
     return failed_precondition("abort_step: {} leases are still held; release (or destroy) them first",
-                               m.leases_out);
+                               m.book().leases_out);
   }
   return m.discard_step(lock, Status::Ok());
 }

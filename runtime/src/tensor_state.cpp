@@ -42,13 +42,13 @@ void load_values(const std::byte* p, DType dtype, std::span<float> out) {
 //! values for its elements, no lease held. `what` names the call in the message.
 Status check_state_call(const Runtime::Impl& m, TensorId tensor, std::size_t count, std::string_view what,
                         bool leases_allowed = false) {
-  if (tensor >= m.core.tensors.size())
+  if (tensor >= m.core().tensors.size())
     return invalid_argument("{}: tensor id {} is not registered", what, tensor);
-  const TensorInfo& info = m.core.tensors[tensor];
+  const TensorInfo& info = m.core().tensors[tensor];
   if (count != info.numel) {
     return invalid_argument("{}(\"{}\"): {} values for {} elements", what, info.spec.name, count, info.numel);
   }
-  if (m.leases_out > 0 && !leases_allowed)
+  if (m.book().leases_out > 0 && !leases_allowed)
     return failed_precondition("{}(\"{}\") while leases are held", what, info.spec.name);
   return Status::Ok();
 }
@@ -60,31 +60,31 @@ Status check_state_call(const Runtime::Impl& m, TensorId tensor, std::size_t cou
 Status init_family(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, FamilyId f,
                    std::span<const std::size_t> at, std::span<const TensorId> tensors,
                    std::span<const std::span<const float>> values) {
-  const FamilyLayout& fl = m.core.layout().families[f];
+  const FamilyLayout& fl = m.core().layout().families[f];
   std::vector<TensorId> ids;
   for (std::size_t i : at) ids.push_back(tensors[i]);
   std::sort(ids.begin(), ids.end());
   std::vector<TensorId> all(fl.tensors.begin(), fl.tensors.end());
   std::sort(all.begin(), all.end());
   const bool whole = ids == all;
-  const DType cdt = m.core.opt.compute_dtype;
+  const DType cdt = m.core().opt.compute_dtype;
   STRATA_RETURN_IF_ERROR(m.with_host_copy(
-      lock, m.core.chunk(f, StateKind::kParam), true,
+      lock, m.core().chunk(f, StateKind::kParam), true,
       [&](std::byte* base) {
         for (std::size_t i : at) {
-          const TensorSlot& ts = m.core.layout().slots[tensors[i]];
+          const TensorSlot& ts = m.core().layout().slots[tensors[i]];
           store_values(base + ts.offset_elems * dtype_bytes(cdt), cdt, values[i]);
         }
       },
       whole));
   // Frozen tensors get their master too (when their family has one), so reading
   // any tensor's master gives its fp32 value.
-  if (!m.core.separate_master || m.core.chunk(f, StateKind::kMaster).bytes == 0) return Status::Ok();
+  if (!m.core().separate_master || m.core().chunk(f, StateKind::kMaster).bytes == 0) return Status::Ok();
   return m.with_host_copy(
-      lock, m.core.chunk(f, StateKind::kMaster), true,
+      lock, m.core().chunk(f, StateKind::kMaster), true,
       [&](std::byte* base) {
         for (std::size_t i : at) {
-          const Core::ShardPart part = m.core.shard_part(tensors[i]);
+          const Core::ShardPart part = m.core().shard_part(tensors[i]);
           if (part.count > 0) std::memcpy(base + part.at * 4, values[i].data() + part.first, part.count * 4);
         }
       },
@@ -103,18 +103,18 @@ Status Runtime::init_tensors(std::span<const TensorId> tensors,
   Impl& m = *impl_;
   if (tensors.size() != values.size())
     return invalid_argument("init_tensors: {} tensors but {} value spans", tensors.size(), values.size());
-  std::unique_lock lock(m.core.mu);
+  std::unique_lock lock(m.core().mu);
   InvariantCheck check(m, &lock);
   for (std::size_t i = 0; i < tensors.size(); ++i)
     STRATA_RETURN_IF_ERROR(check_state_call(m, tensors[i], values[i].size(), "init_tensor"));
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
-  STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
-  STRATA_RETURN_IF_ERROR(m.checkpoints.wait_captured(lock, true));  // a save in flight reads the old values
-  STRATA_RETURN_IF_ERROR(m.core.errors.take_prefetch());            // (once; nothing written)
+  STRATA_RETURN_IF_ERROR(m.pipeline().wait_all(lock));
+  STRATA_RETURN_IF_ERROR(m.checkpoints().wait_captured(lock, true));  // a save in flight reads the old values
+  STRATA_RETURN_IF_ERROR(m.core().errors.take_prefetch());            // (once; nothing written)
   // The positions of each family's tensors in the call, families in first-seen order.
   std::vector<std::pair<FamilyId, std::vector<std::size_t>>> families;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
-    const FamilyId f = m.core.layout().slots[tensors[i]].family;
+    const FamilyId f = m.core().layout().slots[tensors[i]].family;
     auto it = std::find_if(families.begin(), families.end(), [&](const auto& e) { return e.first == f; });
     if (it == families.end()) it = families.insert(families.end(), {f, {}});
     it->second.push_back(i);
@@ -125,21 +125,21 @@ Status Runtime::init_tensors(std::span<const TensorId> tensors,
 
 Status Runtime::read_tensor(TensorId tensor, StateKind kind, std::span<float> out) {
   Impl& m = *impl_;
-  std::unique_lock lock(m.core.mu);
+  std::unique_lock lock(m.core().mu);
   InvariantCheck check(m, &lock);
   // A read needs no lease released but a write lease on what it reads: after an
   // exception in forward, the params still leased read their last good values
   // (Note [Failed steps]).
   STRATA_RETURN_IF_ERROR(check_state_call(m, tensor, out.size(), "read_tensor", true));
-  const TensorInfo& info = m.core.tensors[tensor];
+  const TensorInfo& info = m.core().tensors[tensor];
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
   // After a failed step the last good state must stay readable (to checkpoint
   // it), so a background error does not stop a read.
-  m.pipeline.wait_all(lock).ignore();
-  const TensorSlot& ts = m.core.layout().slots[tensor];
-  if (kind == StateKind::kMaster && !m.core.separate_master)
+  m.pipeline().wait_all(lock).ignore();
+  const TensorSlot& ts = m.core().layout().slots[tensor];
+  if (kind == StateKind::kMaster && !m.core().separate_master)
     kind = StateKind::kParam;  // fp32: the param is the master
-  Chunk& c = m.core.chunk(ts.family, kind);
+  Chunk& c = m.core().chunk(ts.family, kind);
   if (c.bytes == 0) {
     return failed_precondition("read_tensor(\"{}\", {}): this tensor has no such state", info.spec.name,
                                state_kind_name(kind));
@@ -153,9 +153,9 @@ Status Runtime::read_tensor(TensorId tensor, StateKind kind, std::span<float> ou
     return failed_precondition("read_tensor(\"{}\", grad): no gradient is held (it is consumed by step())",
                                info.spec.name);
   }
-  const DType dtype = m.core.kind_dtype(kind);
+  const DType dtype = m.core().kind_dtype(kind);
   if (is_optim_kind(kind)) {  // this rank's shard of it (Note [Sharded step])
-    const Core::ShardPart part = m.core.shard_part(tensor);
+    const Core::ShardPart part = m.core().shard_part(tensor);
     if (part.count == 0) return Status::Ok();
     return m.with_host_copy(lock, c, false, [&](std::byte* base) {
       load_values(base + part.at * dtype_bytes(dtype), dtype, out.subspan(part.first, part.count));
@@ -169,31 +169,31 @@ Status Runtime::read_tensor(TensorId tensor, StateKind kind, std::span<float> ou
 Status Runtime::write_tensor(TensorId tensor, StateKind kind, std::span<const float> values) {
   if (kind == StateKind::kParam) return init_tensor(tensor, values);
   Impl& m = *impl_;
-  std::unique_lock lock(m.core.mu);
+  std::unique_lock lock(m.core().mu);
   InvariantCheck check(m, &lock);
   STRATA_RETURN_IF_ERROR(check_state_call(m, tensor, values.size(), "write_tensor"));
-  const TensorInfo& info = m.core.tensors[tensor];
+  const TensorInfo& info = m.core().tensors[tensor];
   if (kind == StateKind::kGrad) {
     return failed_precondition("write_tensor(\"{}\", grad): gradients are written through leases",
                                info.spec.name);
   }
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
-  STRATA_RETURN_IF_ERROR(m.pipeline.wait_all(lock));
-  STRATA_RETURN_IF_ERROR(m.checkpoints.wait_captured(lock, true));  // a save in flight reads the old values
-  const TensorSlot& ts = m.core.layout().slots[tensor];
-  if (kind == StateKind::kMaster && !m.core.separate_master) {
+  STRATA_RETURN_IF_ERROR(m.pipeline().wait_all(lock));
+  STRATA_RETURN_IF_ERROR(m.checkpoints().wait_captured(lock, true));  // a save in flight reads the old values
+  const TensorSlot& ts = m.core().layout().slots[tensor];
+  if (kind == StateKind::kMaster && !m.core().separate_master) {
     // fp32 compute: the param is the master.
     lock.unlock();
     return init_tensor(tensor, values);
   }
-  Chunk& c = m.core.chunk(ts.family, kind);
+  Chunk& c = m.core().chunk(ts.family, kind);
   if (c.bytes == 0 || info.spec.frozen) {
     return failed_precondition("write_tensor(\"{}\", {}): this tensor has no such state ({})", info.spec.name,
                                state_kind_name(kind),
                                info.spec.frozen ? "it is frozen" : "the optimizer keeps none");
   }
-  const DType dtype = m.core.kind_dtype(kind);
-  const Core::ShardPart part = m.core.shard_part(tensor);  // this rank's shard (Note [Sharded step])
+  const DType dtype = m.core().kind_dtype(kind);
+  const Core::ShardPart part = m.core().shard_part(tensor);  // this rank's shard (Note [Sharded step])
   if (part.count == 0) return Status::Ok();
   return m.with_host_copy(lock, c, true, [&](std::byte* base) {
     store_values(base + part.at * dtype_bytes(dtype), dtype, values.subspan(part.first, part.count));
@@ -202,73 +202,73 @@ Status Runtime::write_tensor(TensorId tensor, StateKind kind, std::span<const fl
 
 Result<Runtime::StateRange> Runtime::state_range(TensorId tensor) const {
   Impl& m = *impl_;
-  std::lock_guard lock(m.core.mu);
-  if (tensor >= m.core.tensors.size())
+  std::lock_guard lock(m.core().mu);
+  if (tensor >= m.core().tensors.size())
     return invalid_argument("state_range: tensor id {} is not registered", tensor);
-  if (!m.core.finalized()) {
+  if (!m.core().finalized()) {
     return failed_precondition(
         "state_range(\"{}\"): the layout is fixed at the first acquire/init/step; call it after",
-        m.core.tensors[tensor].spec.name);
+        m.core().tensors[tensor].spec.name);
   }
-  const Core::ShardPart part = m.core.shard_part(tensor);
+  const Core::ShardPart part = m.core().shard_part(tensor);
   return StateRange{.first = part.first, .count = part.count};
 }
 
 Result<std::int64_t> Runtime::tensor_steps(TensorId tensor) const {
   Impl& m = *impl_;
-  std::unique_lock lock(m.core.mu);
-  if (tensor >= m.core.tensors.size())
+  std::unique_lock lock(m.core().mu);
+  if (tensor >= m.core().tensors.size())
     return invalid_argument("tensor_steps: tensor id {} is not registered", tensor);
   // The last step's updates carried into this forward count once they ran (Note [Deferred updates]).
-  if (m.pipeline.carried() > 0) {
-    const FamilyId f = m.core.layout().slots[tensor].family;
-    m.core.cv.wait(lock, [&] { return !m.pipeline.updating(f) || !m.core.errors.background().ok(); });
+  if (m.pipeline().carried() > 0) {
+    const FamilyId f = m.core().layout().slots[tensor].family;
+    m.core().cv.wait(lock, [&] { return !m.pipeline().updating(f) || !m.core().errors.background().ok(); });
   }
-  return m.core.tensors[tensor].updates;
+  return m.core().tensors[tensor].updates;
 }
 
 Status Runtime::set_tensor_steps(TensorId tensor, std::int64_t steps) {
   Impl& m = *impl_;
-  std::unique_lock lock(m.core.mu);
+  std::unique_lock lock(m.core().mu);
   InvariantCheck check(m, &lock);
-  if (tensor >= m.core.tensors.size())
+  if (tensor >= m.core().tensors.size())
     return invalid_argument("set_tensor_steps: tensor id {} is not registered", tensor);
   if (steps < 0 || steps >= (std::int64_t{1} << 47)) {
     return invalid_argument("set_tensor_steps(\"{}\", {}): a step counter is in [0, 2^47)",
-                            m.core.tensors[tensor].spec.name, steps);
+                            m.core().tensors[tensor].spec.name, steps);
   }
-  if (m.leases_out > 0)
+  if (m.book().leases_out > 0)
     return failed_precondition("set_tensor_steps(\"{}\") while leases are held",
-                               m.core.tensors[tensor].spec.name);
-  STRATA_RETURN_IF_ERROR(m.pipeline.wait_step_work(lock));
-  m.core.tensors[tensor].updates = steps;
+                               m.core().tensors[tensor].spec.name);
+  STRATA_RETURN_IF_ERROR(m.pipeline().wait_step_work(lock));
+  m.core().tensors[tensor].updates = steps;
   return Status::Ok();
 }
 
 Status Runtime::set_tensor_group(TensorId tensor, std::uint32_t group) {
   Impl& m = *impl_;
-  std::unique_lock lock(m.core.mu);
+  std::unique_lock lock(m.core().mu);
   InvariantCheck check(m, &lock);
-  if (tensor >= m.core.tensors.size())
+  if (tensor >= m.core().tensors.size())
     return invalid_argument("set_tensor_group: tensor id {} is not registered", tensor);
   if (group >= 65536) {
     return invalid_argument("set_tensor_group(\"{}\", {}): group ids are below 65536",
-                            m.core.tensors[tensor].spec.name, group);
+                            m.core().tensors[tensor].spec.name, group);
   }
-  if (m.leases_out > 0 || m.pipeline.busy_this_step()) {
+  if (m.book().leases_out > 0 || m.pipeline().busy_this_step()) {
     return failed_precondition(
         "set_tensor_group(\"{}\"): only between steps (leases or optimizer steps in flight)",
-        m.core.tensors[tensor].spec.name);
+        m.core().tensors[tensor].spec.name);
   }
   // The last step's updates carried into this forward keep its groups (Note [Deferred updates]).
-  STRATA_RETURN_IF_ERROR(m.pipeline.wait_step_work(lock));
-  m.core.tensors[tensor].group = group;
+  STRATA_RETURN_IF_ERROR(m.pipeline().wait_step_work(lock));
+  m.core().tensors[tensor].group = group;
   return Status::Ok();
 }
 
 Status Runtime::set_group_hyper(std::uint32_t group, float lr, float weight_decay) {
   Impl& m = *impl_;
-  std::unique_lock lock(m.core.mu);
+  std::unique_lock lock(m.core().mu);
   InvariantCheck check(m, &lock);
   if (group >= 65536) return invalid_argument("set_group_hyper: group {} (group ids are below 65536)", group);
   if (!std::isfinite(lr) || lr < 0.0f || !std::isfinite(weight_decay) || weight_decay < 0.0f) {
@@ -277,13 +277,13 @@ Status Runtime::set_group_hyper(std::uint32_t group, float lr, float weight_deca
         weight_decay);
   }
   // (The last step's updates carried into this forward took its values: Note [Deferred updates].)
-  if (m.pipeline.busy_this_step()) {
+  if (m.pipeline().busy_this_step()) {
     return failed_precondition(
         "set_group_hyper(group {}): an optimizer step is running; set lr and weight decay between step() "
         "and backward (Note [Parameter groups])",
         group);
   }
-  m.core.set_group(group, GroupHyper{.set = true, .lr = lr, .weight_decay = weight_decay});
+  m.core().set_group(group, GroupHyper{.set = true, .lr = lr, .weight_decay = weight_decay});
   return Status::Ok();
 }
 
@@ -293,17 +293,17 @@ Status Runtime::wait(const Lease& lease) {
   if (lease.where_ == Where::kHost) return Status::Ok();  // host leases are ready when acquire returns
   memory::Event* ready = nullptr;
   {
-    std::lock_guard lock(m.core.mu);
+    std::lock_guard lock(m.core().mu);
     InvariantCheck check(m);
-    const Chunk& c = m.core.chunks.at(lease.chunk_);
+    const Chunk& c = m.core().chunks.at(lease.chunk_);
     STRATA_CHECK(c.device_slot >= 0);  // a leased chunk keeps its slot
-    ready = &m.residency.slot_of(c).ready;
+    ready = &m.residency().slot_of(c).ready;
   }
   // Slots are rebuilt only in step(), which needs every lease released, so the
   // event outlives this wait.
-  const double t0 = m.core.timeline.now_us();
-  Status st = m.core.device.synchronize(*ready);
-  m.core.timeline.add_stall((m.core.timeline.now_us() - t0) * 1e-6);
+  const double t0 = m.core().timeline.now_us();
+  Status st = m.core().device.synchronize(*ready);
+  m.core().timeline.add_stall((m.core().timeline.now_us() - t0) * 1e-6);
   return st;
 }
 

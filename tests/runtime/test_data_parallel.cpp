@@ -700,8 +700,8 @@ TEST(DataParallelInvariants, HoldThroughStepsAndGathers) {
         STRATA_RETURN_IF_ERROR(b.rt->step().status());
         b.rt->check_invariants();  // params awaiting their gathers
         Runtime::Impl& m = RuntimeTestAccess::impl(*b.rt);
-        std::lock_guard lock(m.core.mu);
-        if (m.dp.gathers_in_flight() == 0) return internal_error("no gather in flight after a W = 2 step");
+        std::lock_guard lock(m.core().mu);
+        if (m.dp().gathers_in_flight() == 0) return internal_error("no gather in flight after a W = 2 step");
         return Status::Ok();
       }();
       if (!status[static_cast<std::size_t>(r)].ok()) return;
@@ -722,7 +722,7 @@ void check_with_flag_set(bool DpChunkFlags::Family::*flag) {
   if (!made.ok()) std::abort();
   bench::DpModel model = testing::dp_model();
   if (!model.build(**made).ok()) std::abort();
-  RuntimeTestAccess::impl(**made).dp.flags_for_testing()[0].*flag = true;
+  RuntimeTestAccess::impl(**made).dp().flags_for_testing()[0].*flag = true;
   (*made)->check_invariants();
 }
 
