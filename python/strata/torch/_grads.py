@@ -3,6 +3,10 @@
 gradients]), optimizer.step() and the counters it keeps (Note [Step counters]). Wrapped takes
 these methods from _Grads."""
 
+import os
+import sys
+import warnings
+
 import torch
 
 from . import _C, _compile
@@ -31,6 +35,15 @@ StrataError = _C.StrataError
 _GRAD_NOOPS = frozenset(("zero_", "detach_", "requires_grad_"))
 
 
+def _user_stacklevel():
+    """warnings.warn's stacklevel of the nearest caller outside strata and torch (the user's step() call)."""
+    inside = (os.path.dirname(__file__), os.path.dirname(torch.__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 class _StrataGrad(torch.Tensor):
     """p.grad of a wrapped parameter whose gradient strata holds (Note [Gradients in torch])."""
 
@@ -40,6 +53,10 @@ class _StrataGrad(torch.Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         name = _func_name(func)
         if name in _GRAD_NOOPS:
+            if name == "zero_":  # torch code zeroing p.grad by hand (torch.optim's zero_grad(set_to_none=False))
+                owner = getattr(args[0], "_strata_owner", None)
+                if owner is not None:
+                    owner._unzeroed.discard(args[0]._strata_pid)
             return args[0]
         if name not in _METADATA or getattr(func, "__name__", "") == "__set__":
             t = _tensors_of((args, kwargs or {}), _StrataGrad, [None])[-1]
@@ -105,6 +122,8 @@ class _Grads:
                     g.__class__ = _WatchedGrad
                     g._strata_owner = self
                 return
+            if not self._grad_written[pid] and pid in self._unzeroed:
+                self._missed_zero.append(self.names[pid])  # torch would add the last step's (Note [No zero_grad])
             self.engine.hand_grad(pid, g, self._grad_written[pid])
             self._grad_written[pid] = True
             self._grads_handed += 1
@@ -120,6 +139,8 @@ class _Grads:
             p = self.params[pid]
             ph = torch.zeros((), dtype=p.dtype, device=p.device).expand(p.shape).as_subclass(_StrataGrad)
             ph._strata_name = self.names[pid]
+            ph._strata_owner = self
+            ph._strata_pid = pid
             self._placeholders[pid] = ph
         return ph
 
@@ -134,6 +155,7 @@ class _Grads:
                 self._cleared.add(pid)
             elif p.grad is None and pid not in self._cleared:
                 self._grad_live[pid] = False
+                self._unzeroed.discard(pid)  # torch code set it to None: nothing to add to
             # (None where this took the placeholder out at an earlier forward with no backward since, a
             # no-grad one included: still torch's zero gradient. torch code that sets that None to None,
             # e.g. a submodule's own zero_grad(set_to_none=True), is not seen then; a strata optimizer's
@@ -153,6 +175,7 @@ class _Grads:
     def zero_grad(self, params, set_to_none):
         for p in params:
             pid = self._pid.get(id(p))
+            self._unzeroed.discard(pid)
             g = p.grad
             if g is None:
                 if set_to_none and pid is not None:
@@ -206,7 +229,33 @@ class _Grads:
             return self._steps == 0 or self._grads_used
         return bool(self.grad_reads)
 
+    # Note [No zero_grad]
+    # torch adds each backward's gradient to p.grad, so a loop that never calls zero_grad()
+    # trains on the sum of every step's gradients so far. strata hands a gradient to its
+    # optimizer during backward (Note [Gradients in torch]) and does not keep it past the
+    # step, so it cannot add the next step's to it: without "grad_reads": true it trains on
+    # each step's gradient alone. It is never silent: _unzeroed holds the parameters whose
+    # gradient torch would still hold (a step handed it; zero_grad(), p.grad.zero_() on the
+    # placeholder or p.grad = None takes it out), a gradient handed for one of them is noted,
+    # and step() warns once, naming the way to torch's sum. With "grad_reads": true the
+    # gradients are torch's own until step() and add up as in torch, so nothing is noted.
+
+    def _warn_missed_zero(self):
+        missed, self._missed_zero = self._missed_zero, []
+        if not missed or self._warned_no_zero:
+            return
+        self._warned_no_zero = True
+        others = f" and {len(missed) - 1} other parameter(s)" if len(missed) > 1 else ""
+        warnings.warn(
+            f"strata.torch: step {self._steps + 1} got a gradient for {missed[0]!r}{others} whose gradient from an "
+            "earlier step was never zeroed (no zero_grad() between the steps). torch would add the two; strata "
+            "handed the earlier one to its optimizer during backward and trains on this step's alone, so the "
+            "update differs from torch's. Call optimizer.zero_grad() (or model.zero_grad()) every step, or wrap "
+            "with the config key \"grad_reads\": true, which keeps gradients as torch tensors that add up as in "
+            "torch (Note [No zero_grad] in strata/torch/_grads.py)", RuntimeWarning, stacklevel=_user_stacklevel())
+
     def _reset_step_counts(self):
+        self._missed_zero = []
         self._micro_in_step = 0
         self._grads_handed = 0
         self._grad_written = [False] * len(self.params)
@@ -227,6 +276,7 @@ class _Grads:
             raise RuntimeError(
                 "strata.torch: optimizer.step() without a backward since the last step: no gradient reached "
                 "strata (call loss.backward() first)")
+        handed = [pid for pid, written in enumerate(self._grad_written) if written]
         self._hand_zero_grads()
         try:
             stats = self.engine.step()
@@ -235,6 +285,8 @@ class _Grads:
             self._reset_step_counts()
             self._phase = "idle"
             raise
+        self._warn_missed_zero()
+        self._unzeroed.update(handed)
         self._steps += 1
         self._update_hold()  # step() may have re-planned
         self._set_lazy(True)
