@@ -118,17 +118,34 @@ class _Grads:
             if self._frozen[pid]:
                 return  # not in the optimizer: torch keeps its gradient in p.grad and updates nothing
             if self._keep_grads:  # handed at step() (Note [Gradients in torch])
+                if pid in self._backward_pids:
+                    self._grad_pieces = True  # torch adds the pieces in p.grad (Note [Gradient pieces])
+                self._backward_pids.add(pid)
                 if self.grad_reads == "auto" and type(g) is torch.Tensor:
                     g.__class__ = _WatchedGrad
                     g._strata_owner = self
                 return
+            if pid in self._backward_pids:
+                raise RuntimeError(
+                    f"strata.torch: {self.names[pid]!r} got its gradient in two pieces in one backward: it is used "
+                    "both inside a torch.utils.checkpoint segment and outside it (or in two segments), so autograd "
+                    "delivers two gradients, and strata hands a parameter's gradient to its optimizer once per "
+                    "backward. Wrap with the config key \"grad_reads\": true (torch adds the pieces in p.grad and "
+                    "strata takes the sum at optimizer.step()), or use those parameters in one segment only (Note "
+                    "[Gradient pieces] in strata/torch/_grads.py)")
             if not self._grad_written[pid] and pid in self._unzeroed:
                 self._missed_zero.append(self.names[pid])  # torch would add the last step's (Note [No zero_grad])
             self.engine.hand_grad(pid, g, self._grad_written[pid])
             self._grad_written[pid] = True
             self._grads_handed += 1
             self._grad_live[pid] = True
-            p.grad = self._placeholder(pid) if self._access else None
+            if self._phase == "backward":
+                # p.grad stays None until backward ends, so that a second piece would reach this hook
+                # rather than autograd's in-place add into the placeholder (Note [Gradient pieces]).
+                self._backward_pids.add(pid)
+                p.grad = None
+            else:
+                p.grad = self._placeholder(pid) if self._access else None
         return hook
 
     def _placeholder(self, pid):
@@ -224,9 +241,21 @@ class _Grads:
                 if self._access and p.grad is None:
                     p.grad = self._placeholder(pid)  # torch's zero gradient stays in p.grad
 
+    # Note [Gradient pieces]
+    # A parameter used inside a torch.utils.checkpoint segment and outside it (or in two
+    # segments) gets its gradient in two pieces in one backward: the segment's recomputed
+    # backward runs its own accumulation. torch adds them in p.grad; strata hands a
+    # gradient over once per backward (Note [Gradient completion]: its optimizer may start
+    # at once). With gradients kept in torch the pieces add up there, so "auto", which
+    # keeps them in its first step, sees the second piece and keeps them for good; with
+    # "grad_reads": false the second piece raises, naming the parameter and the fix. While
+    # backward runs, a handed parameter's p.grad is None (its placeholder goes back at
+    # backward's end), so a second piece reaches the hook instead of failing in autograd's
+    # in-place add into the placeholder, with torch's message about expanded tensors.
+
     def _next_keep_grads(self):
         if self.grad_reads == "auto":
-            return self._steps == 0 or self._grads_used
+            return self._steps == 0 or self._grads_used or self._grad_pieces
         return bool(self.grad_reads)
 
     # Note [No zero_grad]
@@ -256,6 +285,7 @@ class _Grads:
 
     def _reset_step_counts(self):
         self._missed_zero = []
+        self._backward_pids.clear()
         self._micro_in_step = 0
         self._grads_handed = 0
         self._grad_written = [False] * len(self.params)
