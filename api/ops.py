@@ -197,6 +197,11 @@ OPS = [
     op("set_tensor_group", "tensor: tensor, group: u32", surfaces=(CPP, C, PY),
        doc="""Puts a tensor in parameter group `group` (< 65536; 0 by default; Note [Parameter groups]). Before
        the first lease and between steps. Fails: InvalidArgument (unknown id, group too large)."""),
+    op("add_to_working_set", "tensor: tensor, set: u32", surfaces=(CPP, PY),
+       doc="""Declares that `tensor` is leased together with the other tensors of working set `set` (a torch
+       module's parameters and its ancestors'): every plan keeps a GPU chunk slot for each family of the largest
+       set, and one for a gradient (Note [Working sets]). Before the first acquire or init; later ones count
+       from the next plan. Fails: InvalidArgument (unknown id)."""),
     op("set_group_hyper", "group: u32, lr: f32, weight_decay: f32", surfaces=(CPP, C, PY),
        doc="""Sets a group's lr and weight decay (finite, >= 0), overriding the optimizer's; the values in
        effect when a family's optimizer starts are used. Between step and the next backward;

@@ -175,6 +175,7 @@ def train(model, opt, sched, data, args):
         loss.backward()
         opt.step()
         sched.step()
+        opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
         if step == 0:
             t_start = time.perf_counter()  # the first step traces and plans

@@ -104,6 +104,11 @@ void define_engine_operations(py::class_<Engine>& engine) {
       .def("set_tensor_group", &Engine::set_tensor_group, py::arg("tensor"), py::arg("group"),
            "Puts a tensor in parameter group `group` (< 65536; 0 by default; Note [Parameter groups]). "
            "Before the first lease and between steps. Fails: InvalidArgument (unknown id, group too large).")
+      .def("add_to_working_set", &Engine::add_to_working_set, py::arg("tensor"), py::arg("set"),
+           "Declares that `tensor` is leased together with the other tensors of working set `set` (a torch "
+           "module's parameters and its ancestors'): every plan keeps a GPU chunk slot for each family of "
+           "the largest set, and one for a gradient (Note [Working sets]). Before the first acquire or init;"
+           " later ones count from the next plan. Fails: InvalidArgument (unknown id).")
       .def("set_group_hyper", &Engine::set_group_hyper, py::arg("group"), py::arg("lr"),
            py::arg("weight_decay"),
            "Sets a group's lr and weight decay (finite, >= 0), overriding the optimizer's; the values in "

@@ -225,6 +225,10 @@ void Engine::write_tensor(std::uint32_t id, int kind, const at::Tensor& values) 
   refresh_view(p);  // this helper's block (Note [Parameters between steps]); a no-op without a view
 }
 
+void Engine::add_to_working_set(std::uint32_t id, std::uint32_t set) {
+  throw_if(rt_->add_to_working_set(param(id).id, set));
+}
+
 void Engine::set_tensor_steps(std::uint32_t id, std::int64_t steps) {
   throw_if(rt_->set_tensor_steps(param(id).id, steps));
 }

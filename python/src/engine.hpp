@@ -120,6 +120,7 @@ class Engine {
 
   std::int64_t tensor_steps(std::uint32_t id) { return value_or_throw(rt_->tensor_steps(param(id).id)); }
   void set_tensor_steps(std::uint32_t id, std::int64_t steps);
+  void add_to_working_set(std::uint32_t id, std::uint32_t set);
 
   //! Ends the step (optimizer, re-planning); the step's figures as a dict.
   py::dict step();

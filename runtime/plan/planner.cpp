@@ -88,11 +88,19 @@ Status place_on_gpu(const PlanInput& in, const Extents& e, std::uint64_t gpu_ava
   const PlanOptions& opt = in.options;
   const Budgets& budget = in.budgets;
   const std::uint64_t non_chunk = in.trace.non_chunk_peak_bytes;
-  constexpr std::uint64_t kSlotsMin = 3;  // current param + current grad + the next param
+  // Current param + current grad + the next param; a working set of tensors leased
+  // together over k families (Note [Working sets] in runtime/src/core/core.cpp) holds k
+  // slots while its gradient takes one more.
+  const std::uint64_t kSlotsMin = std::max<std::uint64_t>(3, std::uint64_t{in.working_set_families} + 1);
   if (gpu_avail < kSlotsMin * e.slot_bytes) {
-    return budget_error("gpu_budget", budget.gpu_bytes, non_chunk + kSlotsMin * e.slot_bytes,
-                        fmt::format("the smallest working set (3 chunk slots of {} + non-chunk peak {})",
-                                    format_bytes(e.slot_bytes), format_bytes(non_chunk)));
+    return budget_error(
+        "gpu_budget", budget.gpu_bytes, non_chunk + kSlotsMin * e.slot_bytes,
+        fmt::format("the smallest working set ({} chunk slots of {}{} + non-chunk peak {})", kSlotsMin,
+                    format_bytes(e.slot_bytes),
+                    kSlotsMin > 3 ? fmt::format(": tensors leased together span {} families, and a gradient",
+                                                in.working_set_families)
+                                  : "",
+                    format_bytes(non_chunk)));
   }
   const std::uint64_t slots_fit = gpu_avail / e.slot_bytes;
   const std::uint64_t slots_wanted = 2 + 2 * std::uint64_t{opt.prefetch_depth_max};

@@ -55,7 +55,8 @@ Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace t
                .trace = trace,
                .budgets = core().opt.budgets,
                .options = core().opt.plan,
-               .slot_bytes = core().layout().chunk_elems * dtype_bytes(core().opt.compute_dtype)};
+               .slot_bytes = core().layout().chunk_elems * dtype_bytes(core().opt.compute_dtype),
+               .working_set_families = core().working_set_families()};
   // Note [Chunk budget]
   // The runtime's budgets.gpu_bytes is a budget for chunks alone: the device slots
   // (streaming and resident params, gradients, optimizer states on the GPU). The

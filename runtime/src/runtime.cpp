@@ -334,7 +334,8 @@ StepCost Runtime::predict(const Rates& rates) const {
                .trace = m.tracker().plan_trace(),
                .budgets = m.core().opt.budgets,
                .options = m.core().opt.plan,
-               .slot_bytes = m.core().layout().chunk_elems * dtype_bytes(m.core().opt.compute_dtype)};
+               .slot_bytes = m.core().layout().chunk_elems * dtype_bytes(m.core().opt.compute_dtype),
+               .working_set_families = m.core().working_set_families()};
   return predict_step(in, m.core().plan(), rates);
 }
 

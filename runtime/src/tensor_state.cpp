@@ -266,6 +266,15 @@ Status Runtime::set_tensor_group(TensorId tensor, std::uint32_t group) {
   return Status::Ok();
 }
 
+Status Runtime::add_to_working_set(TensorId tensor, std::uint32_t set) {
+  Core& core = impl_->core();
+  std::lock_guard lock(core.mu);  // (no chunk or lease state changes: nothing to check after)
+  if (tensor >= core.tensors.size())
+    return invalid_argument("add_to_working_set: tensor id {} is not registered", tensor);
+  core.working_sets.emplace_back(set, tensor);  // the next plan counts it (Note [Working sets])
+  return Status::Ok();
+}
+
 Status Runtime::set_group_hyper(std::uint32_t group, float lr, float weight_decay) {
   Impl& m = *impl_;
   std::unique_lock lock(m.core().mu);

@@ -409,6 +409,28 @@ TEST(Planner, BudgetTooSmallNamesTheBudget) {
   EXPECT_NE(p2.status().message().find("NVMe"), std::string::npos) << p2.status();
 }
 
+// Note [Working sets]: tensors leased together over 3 families (an LSTM's weights) need a
+// slot each and one for a gradient: 3 slots, which plan without them, are refused naming 4.
+TEST(Planner, AWorkingSetOverSeveralFamiliesNeedsASlotEachAndOneForAGradient) {
+  auto in = layered(8, 1u << 20, {.gpu_bytes = 12 * kMiB + kMiB, .host_bytes = 1 * kGiB});
+  auto three = make_plan(in);
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_EQ(three->gpu_cache_slots, 3u);
+  in.working_set_families = 3;
+  auto refused = make_plan(in);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kOutOfBudget);
+  EXPECT_NE(
+      refused.status().message().find("4 chunk slots of 4.00 MiB: tensors leased together span 3 families"),
+      std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("needs 16.00 MiB"), std::string::npos) << refused.status();
+  in.budgets.gpu_bytes = 16 * kMiB;
+  auto four = make_plan(in);
+  ASSERT_TRUE(four.ok()) << four.status();
+  EXPECT_EQ(four->gpu_cache_slots, 4u);
+}
+
 TEST(Planner, BeladyFetchesEachStreamedParamTwicePerStepAtMost) {
   auto in = layered(24, 4u << 20, {.gpu_bytes = 256 * kMiB, .host_bytes = 4 * kGiB, .nvme_bytes = 0});
   auto plan = make_plan(in);

@@ -203,6 +203,37 @@ TEST(TensorState, WaitMakesTheLeaseReadableOnTheHostThread) {
   EXPECT_EQ((*rt)->wait(empty).code(), StatusCode::kInvalidArgument);
 }
 
+// Note [Working sets]: three layers' weights declared as leased together span three
+// families; the plan then needs four GPU slots, and three are refused when the layout is
+// fixed (the first init), naming the size, never in a backward.
+TEST(TensorState, AWorkingSetOfThreeFamiliesIsRefusedThreeSlotsAndTrainsWithFour) {
+  const std::uint64_t slot = kChunkElems * 4;
+  for (const std::uint64_t slots : {3u, 4u}) {
+    SCOPED_TRACE(slots);
+    auto dev = sim_device();
+    RuntimeOptions o = options(kernels::Optimizer::kSgd, nullptr);
+    o.budgets.gpu_bytes = slots * slot;
+    auto rt = Runtime::create(*dev, o);
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    for (std::size_t l = 0; l < kLayers; ++l) {
+      constexpr auto kW = static_cast<std::int64_t>(kWidth);
+      auto w = (*rt)->register_tensor({fmt::format("l{}.w", l), {kW, kW}});
+      ASSERT_TRUE(w.ok()) << w.status();
+      if (l < 3) ASSERT_TRUE((*rt)->add_to_working_set(*w, 7).ok());
+    }
+    EXPECT_EQ((*rt)->add_to_working_set(99, 7).code(), StatusCode::kInvalidArgument);
+    const Status init = (*rt)->init_tensor(0, std::vector<float>(kWidth * kWidth, 0.5f));
+    if (slots == 3) {
+      EXPECT_EQ(init.code(), StatusCode::kOutOfBudget) << init;
+      EXPECT_NE(init.message().find("4 chunk slots"), std::string::npos) << init;
+      EXPECT_NE(init.message().find("span 3 families"), std::string::npos) << init;
+    } else {
+      ASSERT_TRUE(init.ok()) << init;
+      EXPECT_EQ((*rt)->plan().gpu_cache_slots, 4u) << (*rt)->plan().summary();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strata::runtime
 

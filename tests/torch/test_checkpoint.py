@@ -89,6 +89,7 @@ def test_strata_checkpoint_loads_into_plain_torch_and_back(tmp_path):
         x, y = inputs(model, kind, step)
         loss_of(model, x, y).backward()
         opt.step()
+        opt.zero_grad()
     model_sd, opt_sd = model.state_dict(), opt.state_dict()
     # Plain torch, no strata: both load; torch.optim.AdamW continues from strata's moments.
     plain, _ = make("mlp", seed=123)
@@ -117,6 +118,7 @@ def test_strata_checkpoint_loads_into_plain_torch_and_back(tmp_path):
         loss = loss_of(fresh, x, y)
         loss.backward()
         sgd.step()
+        sgd.zero_grad()
         losses.append(loss.detach().clone())
     assert_identical(reference, (losses, fresh.state_dict()))
 

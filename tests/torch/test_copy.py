@@ -23,6 +23,7 @@ def trained(name, steps=3, seed=0):
         x, y = inputs(model, kind, step)
         loss_of(model, x, y).backward()
         opt.step()
+        opt.zero_grad()
     return model, opt, kind
 
 
@@ -75,6 +76,7 @@ def test_a_copy_is_plain_torch_with_current_values(name, how):
         loss = loss_of(model, x, y)
         loss.backward()
         opt.step()
+        opt.zero_grad()
         losses.append(loss.detach().clone())
     assert_identical((reference[0][3:], reference[1]), (losses, model.state_dict()))
     model.strata.close()

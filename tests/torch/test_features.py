@@ -38,6 +38,7 @@ def test_no_decay_groups_match_the_kernel_per_group(tmp_path):
         b = loss_of(model, x, y)
         b.backward()
         opt.step()
+        opt.zero_grad(set_to_none=True)
         assert torch.equal(a, b), f"step {step}"
     for k, v in model_ref.state_dict().items():
         assert torch.equal(model.state_dict()[k], v), k
@@ -86,6 +87,7 @@ def test_clipping_matches_clip_grad_norm(tmp_path):
         torch_opt.zero_grad()
         loss_of(model, x, y).backward()
         opt.step()
+        opt.zero_grad()
     for k, v in torch_model.state_dict().items():
         torch.testing.assert_close(model.state_dict()[k], v, rtol=1e-5, atol=1e-6)
 
@@ -97,6 +99,7 @@ def test_loss_scale_skips_non_finite_steps(tmp_path):
     x, y = inputs(model, kind, 0)
     opt.scale_loss(loss_of(model, x, y)).backward()
     opt.step()
+    opt.zero_grad()
     assert opt.last_step_applied
     before = {k: v.clone() for k, v in model.state_dict().items()}
     (loss_of(model, x, y) * float("inf")).backward()

@@ -163,6 +163,7 @@ def test_a_missed_read_names_the_class_to_add_and_that_class_fixes_it():
         ref_opt.step()
         ref_opt.zero_grad()
         opt.step()
+        opt.zero_grad()
     for k, v in reference.state_dict().items():
         assert torch.equal(model.state_dict()[k], v), k
     model.strata.close()
@@ -208,6 +209,7 @@ def test_functional_tie_under_no_grad_and_in_a_head_module():
         ref_opt.step()
         ref_opt.zero_grad()
         opt.step()
+        opt.zero_grad()
     for k, v in ref_model.state_dict().items():
         assert torch.equal(model.state_dict()[k], v), k
     model.strata.close()

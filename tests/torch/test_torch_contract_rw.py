@@ -129,6 +129,7 @@ def test_a_read_between_backward_and_step_raises_naming_the_parameter(tmp_path):
             with pytest.raises(RuntimeError, match=r"'fc1\.weight'.*between the last backward.*optimizer\.step"):
                 model.fc1.weight.norm()
         opt.step()
+        opt.zero_grad()
     assert model.fc1.weight.norm() > 0  # after step() it reads
 
 
@@ -338,6 +339,7 @@ def test_bf16_parameters_read_and_write_between_steps(tmp_path):
     x, y = inputs(model, kind, 0)
     loss_of(model, x.to(torch.bfloat16), y).backward()
     opt.step()
+    opt.zero_grad()
     saved = {k: v.clone() for k, v in model.state_dict().items()}
     assert model.fc1.weight.dtype == torch.bfloat16
     assert torch.equal(model.fc1.weight.clone().float(), saved["fc1.weight"])

@@ -223,6 +223,26 @@ class _Building:
                     cfg[key] = value
         return cfg
 
+    def _working_sets(self):
+        """The parameters each module binds at once with those of its ancestors, which stay bound while it runs
+        (Note [Working sets] in runtime/src/core/core.cpp): one set per module with parameters, per path to it."""
+        sets, seen = [], set()
+
+        def walk(module, bound):
+            own = self._module_pids.get(module, ())
+            now = bound | set(own)
+            key = (id(module), frozenset(now))
+            if key in seen:
+                return
+            seen.add(key)
+            if own:
+                sets.append(sorted(now))
+            for child in module.children():
+                walk(child, now)
+
+        walk(self.model, frozenset())
+        return sets
+
     def _build(self, settings=None):
         """Creates the engine and hands every parameter over (Note [Lazy engine])."""
         if self.engine is not None:
@@ -245,6 +265,9 @@ class _Building:
                 self._frozen.append(frozen)
                 got = engine.register_param(name, p, frozen)
                 assert got == pid
+            for set_id, pids in enumerate(self._working_sets()):
+                for pid in pids:
+                    engine.add_to_working_set(pid, set_id)
             adopted = 0
             deferred = self._deferred is not None and self._deferred.pending
             if deferred:

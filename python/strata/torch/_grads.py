@@ -3,6 +3,10 @@
 gradients]), optimizer.step() and the counters it keeps (Note [Step counters]). Wrapped takes
 these methods from _Grads."""
 
+import os
+import sys
+import warnings
+
 import torch
 
 from . import _C, _compile
@@ -31,6 +35,15 @@ StrataError = _C.StrataError
 _GRAD_NOOPS = frozenset(("zero_", "detach_", "requires_grad_"))
 
 
+def _user_stacklevel():
+    """warnings.warn's stacklevel of the nearest caller outside strata and torch (the user's step() call)."""
+    inside = (os.path.dirname(__file__), os.path.dirname(torch.__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 class _StrataGrad(torch.Tensor):
     """p.grad of a wrapped parameter whose gradient strata holds (Note [Gradients in torch])."""
 
@@ -40,6 +53,10 @@ class _StrataGrad(torch.Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         name = _func_name(func)
         if name in _GRAD_NOOPS:
+            if name == "zero_":  # torch code zeroing p.grad by hand (torch.optim's zero_grad(set_to_none=False))
+                owner = getattr(args[0], "_strata_owner", None)
+                if owner is not None:
+                    owner._unzeroed.discard(args[0]._strata_pid)
             return args[0]
         if name not in _METADATA or getattr(func, "__name__", "") == "__set__":
             t = _tensors_of((args, kwargs or {}), _StrataGrad, [None])[-1]
@@ -101,15 +118,34 @@ class _Grads:
             if self._frozen[pid]:
                 return  # not in the optimizer: torch keeps its gradient in p.grad and updates nothing
             if self._keep_grads:  # handed at step() (Note [Gradients in torch])
+                if pid in self._backward_pids:
+                    self._grad_pieces = True  # torch adds the pieces in p.grad (Note [Gradient pieces])
+                self._backward_pids.add(pid)
                 if self.grad_reads == "auto" and type(g) is torch.Tensor:
                     g.__class__ = _WatchedGrad
                     g._strata_owner = self
                 return
+            if pid in self._backward_pids:
+                raise RuntimeError(
+                    f"strata.torch: {self.names[pid]!r} got its gradient in two pieces in one backward: it is used "
+                    "both inside a torch.utils.checkpoint segment and outside it (or in two segments), so autograd "
+                    "delivers two gradients, and strata hands a parameter's gradient to its optimizer once per "
+                    "backward. Wrap with the config key \"grad_reads\": true (torch adds the pieces in p.grad and "
+                    "strata takes the sum at optimizer.step()), or use those parameters in one segment only (Note "
+                    "[Gradient pieces] in strata/torch/_grads.py)")
+            if not self._grad_written[pid] and pid in self._unzeroed:
+                self._missed_zero.append(self.names[pid])  # torch would add the last step's (Note [No zero_grad])
             self.engine.hand_grad(pid, g, self._grad_written[pid])
             self._grad_written[pid] = True
             self._grads_handed += 1
             self._grad_live[pid] = True
-            p.grad = self._placeholder(pid) if self._access else None
+            if self._phase == "backward":
+                # p.grad stays None until backward ends, so that a second piece would reach this hook
+                # rather than autograd's in-place add into the placeholder (Note [Gradient pieces]).
+                self._backward_pids.add(pid)
+                p.grad = None
+            else:
+                p.grad = self._placeholder(pid) if self._access else None
         return hook
 
     def _placeholder(self, pid):
@@ -120,6 +156,8 @@ class _Grads:
             p = self.params[pid]
             ph = torch.zeros((), dtype=p.dtype, device=p.device).expand(p.shape).as_subclass(_StrataGrad)
             ph._strata_name = self.names[pid]
+            ph._strata_owner = self
+            ph._strata_pid = pid
             self._placeholders[pid] = ph
         return ph
 
@@ -134,6 +172,7 @@ class _Grads:
                 self._cleared.add(pid)
             elif p.grad is None and pid not in self._cleared:
                 self._grad_live[pid] = False
+                self._unzeroed.discard(pid)  # torch code set it to None: nothing to add to
             # (None where this took the placeholder out at an earlier forward with no backward since, a
             # no-grad one included: still torch's zero gradient. torch code that sets that None to None,
             # e.g. a submodule's own zero_grad(set_to_none=True), is not seen then; a strata optimizer's
@@ -153,6 +192,7 @@ class _Grads:
     def zero_grad(self, params, set_to_none):
         for p in params:
             pid = self._pid.get(id(p))
+            self._unzeroed.discard(pid)
             g = p.grad
             if g is None:
                 if set_to_none and pid is not None:
@@ -201,12 +241,51 @@ class _Grads:
                 if self._access and p.grad is None:
                     p.grad = self._placeholder(pid)  # torch's zero gradient stays in p.grad
 
+    # Note [Gradient pieces]
+    # A parameter used inside a torch.utils.checkpoint segment and outside it (or in two
+    # segments) gets its gradient in two pieces in one backward: the segment's recomputed
+    # backward runs its own accumulation. torch adds them in p.grad; strata hands a
+    # gradient over once per backward (Note [Gradient completion]: its optimizer may start
+    # at once). With gradients kept in torch the pieces add up there, so "auto", which
+    # keeps them in its first step, sees the second piece and keeps them for good; with
+    # "grad_reads": false the second piece raises, naming the parameter and the fix. While
+    # backward runs, a handed parameter's p.grad is None (its placeholder goes back at
+    # backward's end), so a second piece reaches the hook instead of failing in autograd's
+    # in-place add into the placeholder, with torch's message about expanded tensors.
+
     def _next_keep_grads(self):
         if self.grad_reads == "auto":
-            return self._steps == 0 or self._grads_used
+            return self._steps == 0 or self._grads_used or self._grad_pieces
         return bool(self.grad_reads)
 
+    # Note [No zero_grad]
+    # torch adds each backward's gradient to p.grad, so a loop that never calls zero_grad()
+    # trains on the sum of every step's gradients so far. strata hands a gradient to its
+    # optimizer during backward (Note [Gradients in torch]) and does not keep it past the
+    # step, so it cannot add the next step's to it: without "grad_reads": true it trains on
+    # each step's gradient alone. It is never silent: _unzeroed holds the parameters whose
+    # gradient torch would still hold (a step handed it; zero_grad(), p.grad.zero_() on the
+    # placeholder or p.grad = None takes it out), a gradient handed for one of them is noted,
+    # and step() warns once, naming the way to torch's sum. With "grad_reads": true the
+    # gradients are torch's own until step() and add up as in torch, so nothing is noted.
+
+    def _warn_missed_zero(self):
+        missed, self._missed_zero = self._missed_zero, []
+        if not missed or self._warned_no_zero:
+            return
+        self._warned_no_zero = True
+        others = f" and {len(missed) - 1} other parameter(s)" if len(missed) > 1 else ""
+        warnings.warn(
+            f"strata.torch: step {self._steps + 1} got a gradient for {missed[0]!r}{others} whose gradient from an "
+            "earlier step was never zeroed (no zero_grad() between the steps). torch would add the two; strata "
+            "handed the earlier one to its optimizer during backward and trains on this step's alone, so the "
+            "update differs from torch's. Call optimizer.zero_grad() (or model.zero_grad()) every step, or wrap "
+            "with the config key \"grad_reads\": true, which keeps gradients as torch tensors that add up as in "
+            "torch (Note [No zero_grad] in strata/torch/_grads.py)", RuntimeWarning, stacklevel=_user_stacklevel())
+
     def _reset_step_counts(self):
+        self._missed_zero = []
+        self._backward_pids.clear()
         self._micro_in_step = 0
         self._grads_handed = 0
         self._grad_written = [False] * len(self.params)
@@ -227,6 +306,7 @@ class _Grads:
             raise RuntimeError(
                 "strata.torch: optimizer.step() without a backward since the last step: no gradient reached "
                 "strata (call loss.backward() first)")
+        handed = [pid for pid, written in enumerate(self._grad_written) if written]
         self._hand_zero_grads()
         try:
             stats = self.engine.step()
@@ -235,6 +315,8 @@ class _Grads:
             self._reset_step_counts()
             self._phase = "idle"
             raise
+        self._warn_missed_zero()
+        self._unzeroed.update(handed)
         self._steps += 1
         self._update_hold()  # step() may have re-planned
         self._set_lazy(True)

@@ -274,6 +274,11 @@ class _Hooks:
 
     def _on_backward_ends(self):
         self.engine.unbind_all()
+        for pid in self._backward_pids:  # handed in this backward: torch's p.grad holds one from now on
+            p = self.params[pid]
+            if p.grad is None and self._access and not self._keep_grads:
+                p.grad = self._placeholder(pid)
+        self._backward_pids.clear()
         if self.engine.gradients_pending():  # Note [Gradients in pieces] in strata/runtime/gradient_order.hpp
             # Families some of whose params got no gradient complete now, not at step(): a param whose
             # torch p.grad would be a zero tensor gets zeros (Note [Zero gradients]), the others none.

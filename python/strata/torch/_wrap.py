@@ -56,6 +56,11 @@ class Wrapped(_Building, _Hooks, _Grads, _Views):
         self._grad_live = []  # pid -> torch's p.grad would not be None (Note [Zero gradients])
         self._placeholders = {}  # pid -> _StrataGrad currently in p.grad
         self._cleared = set()  # pids whose placeholder _clear_placeholders took out of p.grad
+        self._unzeroed = set()  # pids whose last step's gradient torch would still hold (Note [No zero_grad])
+        self._missed_zero = []  # names of parameters handed while in _unzeroed, this step
+        self._warned_no_zero = False
+        self._backward_pids = set()  # pids whose gradient arrived in this backward (Note [Gradient pieces])
+        self._grad_pieces = False  # a gradient came in pieces ("auto" keeps gradients in torch)
         self._classes = []  # pid -> the parameter's own class
         self._lazy_classes = []  # pid -> its lazy subclass (Note [Lazy parameters])
         self._lazy = False

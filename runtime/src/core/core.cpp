@@ -52,6 +52,34 @@ Status ErrorState::take() {
   return take_prefetch();
 }
 
+// Note [Working sets]
+// The planner's smallest streaming set is three chunk slots: the param in use, a
+// gradient being written, and the next param. A caller that leases several tensors at
+// once (strata.torch binds a module's parameters, and its ancestors' stay bound, for
+// the module's forward and backward) needs a slot for each family they span, and one
+// for the gradient written meanwhile: an LSTM whose four parameters span three
+// families fills three slots, and its first gradient found none (OutOfBudget in the
+// first backward, after the plan was accepted). Runtime::add_to_working_set declares
+// such sets before the layout is fixed; each plan counts the largest set's families
+// (PlanInput::working_set_families), and a budget below it is refused at plan time,
+// naming the size that plans.
+std::uint32_t Core::working_set_families() const {
+  if (working_sets.empty() || layout_.slots.empty()) return 1;
+  std::vector<std::pair<std::uint32_t, FamilyId>> pairs;
+  pairs.reserve(working_sets.size());
+  for (const auto& [set, t] : working_sets) {
+    if (t < layout_.slots.size()) pairs.emplace_back(set, layout_.slots[t].family);
+  }
+  std::sort(pairs.begin(), pairs.end());
+  pairs.erase(std::unique(pairs.begin(), pairs.end()), pairs.end());
+  std::uint32_t most = 1, run = 0;
+  for (std::size_t i = 0; i < pairs.size(); ++i) {
+    run = (i > 0 && pairs[i].first == pairs[i - 1].first) ? run + 1 : 1;
+    most = std::max(most, run);
+  }
+  return most;
+}
+
 void Core::set_group(std::uint32_t group, GroupHyper h) {
   if (groups_.size() <= group) groups_.resize(group + 1);
   groups_[group] = h;

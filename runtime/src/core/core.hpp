@@ -100,6 +100,10 @@ class Core {
   ChunkTable chunks;
   //! begin_micro_batch(false) was called: gradients accumulate across micro-batches.
   bool accumulation_seen = false;
+  //! Tensors leased together, as (set, tensor) pairs (Note [Working sets] in core.cpp).
+  std::vector<std::pair<std::uint32_t, TensorId>> working_sets;
+  //! The most families one working set spans (1 with none declared or no layout yet).
+  std::uint32_t working_set_families() const;
   //! NVMe reads of NVMe-homed params, since creation (under mu): for their forward and
   //! backward uses (into param staging), and by the optimizer pipeline beside their
   //! states (StepStats::bytes_disk_read_param_uses / _param_updates).

@@ -114,6 +114,10 @@ struct PlanInput {
   Budgets budgets;
   PlanOptions options;
   std::uint64_t slot_bytes = 0;  //!< size of one compute-dtype chunk slot (param or grad)
+  //! The most families one working set of tensors leased together spans (Note [Working
+  //! sets] in runtime/src/core/core.cpp): the plan keeps a streaming slot for each, and
+  //! one for a gradient; 1 when none is declared.
+  std::uint32_t working_set_families = 1;
   //! The optimizers run only at step() (loss scaling, clipping, data parallelism):
   //! every gradient is brought to host first (Note [Host room] in planner.cpp).
   bool deferred_step = false;

@@ -238,6 +238,12 @@ class Runtime {
   //! scheduler sets the next step's lr after step(), which is in time).
   //! Puts `tensor` in `group` (< 65536). Valid before the first acquire and between steps.
   Status set_tensor_group(TensorId tensor, std::uint32_t group);
+  //! Declares that `tensor` is leased together with the other tensors of working set
+  //! `set` (a torch module's parameters and its ancestors'): every plan keeps a GPU chunk
+  //! slot for each family of the largest set, and one for a gradient (Note [Working sets]
+  //! in runtime/src/core/core.cpp). A tensor may be in several sets. Declare before the
+  //! first acquire or init; later declarations count from the next plan.
+  Status add_to_working_set(TensorId tensor, std::uint32_t set);
   //! Sets group `group`'s lr and weight decay (finite, >= 0). Valid while no
   //! optimizer step runs (between step() and the start of backward); FailedPrecondition otherwise.
   Status set_group_hyper(std::uint32_t group, float lr, float weight_decay);

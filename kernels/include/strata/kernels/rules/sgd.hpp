@@ -30,7 +30,10 @@ STRATA_HD inline void sgd_momentum_rule(T& p, T& buf, T g, const SgdCoeffs& c) {
   if (c.first) {
     buf = d;
   } else {
-    buf = madd(T(c.momentum), buf, T(c.one_minus_dampening) * d);
+    // torch's order (buf.mul_(mu).add_(d, alpha=1 - dampening)): mu buf is rounded on its own,
+    // then (1 - dampening) d is added in one rounding; an FMA of mu buf would differ from torch
+    // in the last bit wherever mu buf is inexact (mu = 0.9, say).
+    buf = madd(T(c.one_minus_dampening), d, T(c.momentum) * buf);
   }
   d = c.nesterov ? madd(T(c.momentum), buf, d) : buf;
   p = p - T(c.lr) * d;
