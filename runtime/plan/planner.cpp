@@ -182,7 +182,16 @@ std::string deferred_room_words(const PlanInput& in, const Extents& e) {
 //    > 1) every gradient may be written back between micro-batches and wait there for
 //    the last one: room for all of them. Otherwise one gradient per streaming slot (an
 //    eviction takes a dirty gradient out of a slot), at most all; an eviction that
-//    finds the room full waits for the optimizer pipeline to consume one;
+//    finds the room full waits for the optimizer pipeline to consume one. A copy is
+//    the room's only while it is the gradient's value: one written back while its
+//    family was incomplete and loaded again for a later piece is stale once the
+//    gradient lands in staging, and is freed then (Residency::
+//    drop_stale_host_copy). Kept, it held this room beside the staging copy; a
+//    deferred update's family (parked across step(), its gradient in its own room
+//    below) held it into the next forward, and with as many parked as this room
+//    holds, no write-back fit and nothing in flight could free one: OutOfBudget
+//    mid-backward (#47: deferred updates, tensors unused on some steps or widened
+//    families, whose gradients come in pieces, and states on NVMe);
 //  - param homes and optimizer states kept on host;
 //  - param staging (Note [NVMe param staging]) and the NVMe pipeline's staging (per
 //    family in flight: its states and the param updated beside them; per deferred

@@ -6,6 +6,7 @@
 // (Note [Contract run] in contract_train.cpp).
 //
 //   strata-contract --runs 200 --seed 1 --json
+//   strata-contract --runs 200 --seed random --json         (a fresh campaign seed, printed first)
 //   strata-contract --seeds 123,456 --json --describe      (replay runs, print what they drew)
 //   strata-contract --regressions tests/contract/regression_seeds.txt --runs 200
 //
@@ -32,12 +33,14 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -56,6 +59,8 @@ namespace {
 struct Options {
   std::uint64_t runs = 20;
   std::uint64_t seed = 1;
+  std::string seed_text = "1";  // --seed as given: a number, or "random"
+  bool fresh_seed = false;      // drawn from std::random_device
   std::string seeds;
   std::string regressions;
   int steps = 4;
@@ -166,6 +171,12 @@ std::pair<std::string, std::string> backtrace_of(pid_t pid) {
   }
   if (summary.empty()) summary = first;
   return {out, summary.empty() ? "no strata frame found (gdb could not attach?)" : summary};
+}
+
+//! The command that replays one run, printed beside every failure.
+std::string replay_command(std::uint64_t seed, int steps) {
+  return fmt::format("strata-contract --seeds {}{} --describe", seed,
+                     steps == 4 ? std::string() : fmt::format(" --steps {}", steps));
 }
 
 class Campaign {
@@ -381,10 +392,8 @@ void Campaign::record(const Job& job, const nlohmann::json& r) {
 void Campaign::fail(const Job& job, const std::string& kind, const std::string& reason,
                     const std::string& phase) {
   ++counts_[kind];
-  nlohmann::json f = {{"seed", job.seed},
-                      {"kind", kind},
-                      {"reason", reason},
-                      {"replay", fmt::format("strata-contract --seeds {} --json", job.seed)}};
+  nlohmann::json f = {
+      {"seed", job.seed}, {"kind", kind}, {"reason", reason}, {"replay", replay_command(job.seed, o_.steps)}};
   if (!phase.empty()) f["phase"] = phase;
   if (!job.note.empty()) f["regression"] = job.note;
   failures_.push_back(std::move(f));
@@ -419,6 +428,7 @@ nlohmann::json Campaign::summary(double seconds) const {
                       {"seconds_per_run", runs == 0 ? 0.0 : seconds / static_cast<double>(runs)},
                       {"steps", o_.steps},
                       {"seed", o_.seed},
+                      {"seed_fresh", o_.fresh_seed},
                       {"io_uring", uring_},
                       {"failure_seeds", seeds},
                       {"failures", failures_}};
@@ -481,11 +491,13 @@ Result<fs::path> make_base(const Options& o) {
   return base;
 }
 
-void print_text(const nlohmann::json& s) {
-  std::printf("strata-contract: %llu runs in %.1f s: %llu accepted (%llu passed every check), %llu refused\n",
-              s["runs"].get<unsigned long long>(), s["seconds"].get<double>(),
-              s["accepted"].get<unsigned long long>(), s["passed"].get<unsigned long long>(),
-              s["refused"].get<unsigned long long>());
+void print_text(const nlohmann::json& s, bool campaign) {
+  const std::string of = campaign ? fmt::format("campaign seed {}: ", s["seed"].get<std::uint64_t>()) : "";
+  std::printf(
+      "strata-contract: %s%llu runs in %.1f s: %llu accepted (%llu passed every check), %llu refused\n",
+      of.c_str(), s["runs"].get<unsigned long long>(), s["seconds"].get<double>(),
+      s["accepted"].get<unsigned long long>(), s["passed"].get<unsigned long long>(),
+      s["refused"].get<unsigned long long>());
   std::printf(
       "  passed with optimizer states on NVMe %llu, with params on NVMe %llu, deferring updates %llu\n",
       s["passed_states_on_nvme"].get<unsigned long long>(),
@@ -498,9 +510,44 @@ void print_text(const nlohmann::json& s) {
       s["budget_overruns"].get<unsigned long long>(), s["above_plan"].get<unsigned long long>(),
       s["inexact"].get<unsigned long long>(), s["bad_refusals"].get<unsigned long long>());
   for (const auto& f : s["failures"]) {
-    std::printf("  seed %llu: %s: %s%s\n", f["seed"].get<unsigned long long>(),
+    std::printf("  seed %llu: %s: %s%s; replay: %s\n", f["seed"].get<unsigned long long>(),
                 f["kind"].get<std::string>().c_str(), f["reason"].get<std::string>().c_str(),
-                f.contains("phase") ? (" (" + f["phase"].get<std::string>() + ")").c_str() : "");
+                f.contains("phase") ? (" (" + f["phase"].get<std::string>() + ")").c_str() : "",
+                f["replay"].get<std::string>().c_str());
+  }
+}
+
+//! Resolves --seed: a number, or "random" (drawn from std::random_device: a campaign
+//! nobody chose, issue #47), and prints it first, so that any failure can be replayed.
+Status resolve_campaign_seed(Options& o) {
+  if (o.seed_text == "random") {
+    std::random_device rd;
+    o.seed = (std::uint64_t{rd()} << 32) | std::uint64_t{rd()};
+    o.fresh_seed = true;
+  } else {
+    char* end = nullptr;
+    errno = 0;
+    o.seed = std::strtoull(o.seed_text.c_str(), &end, 10);
+    if (o.seed_text.empty() || *end != '\0' || errno != 0 || o.seed_text[0] == '-')
+      return invalid_argument("--seed: \"{}\" is neither a seed (0 to 2^64-1) nor random", o.seed_text);
+  }
+  if (o.seeds.empty() && o.runs > 0) {
+    std::fprintf(stderr, "strata-contract: campaign seed %llu (%s); run it again with --seed %llu\n",
+                 static_cast<unsigned long long>(o.seed),
+                 o.fresh_seed ? "fresh, from std::random_device" : "given",
+                 static_cast<unsigned long long>(o.seed));
+  }
+  return Status::Ok();
+}
+
+//! One line per failure on stderr, whatever the output format: its run seed, what
+//! failed and the command that replays it (with --json the summary has them too).
+void print_failures(const nlohmann::json& s, bool campaign) {
+  const std::string of = campaign ? fmt::format(", campaign seed {}", s["seed"].get<std::uint64_t>()) : "";
+  for (const auto& f : s["failures"]) {
+    std::fprintf(stderr, "strata-contract: FAILED run seed %llu (%s%s): replay with %s\n",
+                 f["seed"].get<unsigned long long>(), f["kind"].get<std::string>().c_str(), of.c_str(),
+                 f["replay"].get<std::string>().c_str());
   }
 }
 
@@ -511,7 +558,9 @@ int main(int argc, char** argv) {
   CLI::App app{
       "strata-contract: random models and budgets; every accepted plan must train exactly (issue #24)"};
   app.add_option("--runs", o.runs, "random runs (after the regression seeds)")->check(CLI::Range(0, 1000000));
-  app.add_option("--seed", o.seed, "campaign seed: run i draws from a seed derived from it");
+  app.add_option("--seed", o.seed_text,
+                 "campaign seed: run i draws from a seed derived from it; \"random\" draws a fresh one "
+                 "(printed first)");
   app.add_option("--seeds", o.seeds, "replay these run seeds (comma-separated) instead of --runs");
   app.add_option("--regressions", o.regressions,
                  "file of run seeds replayed first (seed, then what it found)");
@@ -534,6 +583,10 @@ int main(int argc, char** argv) {
                  "campaign's reach: Note [Widened for NVMe])");
   CLI11_PARSE(app, argc, argv);
   if (!o.verbose) ::setenv("STRATA_LOG_LEVEL", "critical", 0);  // errors are in the results
+  if (Status st = resolve_campaign_seed(o); !st.ok()) {
+    std::fprintf(stderr, "strata-contract: %s\n", st.to_string().c_str());
+    return 2;
+  }
   auto jobs = make_jobs(o);
   if (!jobs.ok()) {
     std::fprintf(stderr, "strata-contract: %s\n", jobs.status().to_string().c_str());
@@ -563,8 +616,9 @@ int main(int argc, char** argv) {
   if (o.json) {
     std::printf("%s\n", s.dump(2).c_str());
   } else {
-    print_text(s);
+    print_text(s, o.seeds.empty());
   }
+  print_failures(s, o.seeds.empty());
   if (g_stop != 0) return 130;
   const auto on_nvme = s["passed_states_on_nvme"].get<std::uint64_t>();
   if (on_nvme < o.min_states_on_nvme) {

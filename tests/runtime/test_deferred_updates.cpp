@@ -200,6 +200,77 @@ TEST(DeferredUpdates, OutOfRangeIsRefused) {
   EXPECT_NE(rt.status().message().find("plan.deferred_updates"), std::string::npos) << rt.status();
 }
 
+// Note [Deferred updates] and Note [Host room]: a deferred family whose gradient
+// was written back to host while incomplete (its other piece comes later, as with
+// a tensor unused on some steps or a widened family), then loaded again for that
+// piece, is parked with its gradient landed in a deferred update's room. Its host
+// copy is stale then; held until the update ran in the next forward, it took a
+// gradient host room (one per streaming slot) the plan counted for gradients
+// written back in this backward: with as many parked as the room holds, the next
+// write-back found the room full, and nothing in flight could free it
+// (OutOfBudget in step 2's backward, strata-contract seed 3210620127449098498).
+// Six families of two half-chunk tensors, three streaming slots, three updates
+// deferred; backward reads each param beside its gradient and opens three
+// families by one piece before it completes them, twice.
+Status train_opened_families(Runtime& r, int steps, StepStats* last) {
+  constexpr std::uint64_t kHalf = 2048;
+  std::vector<TensorId> ids;
+  for (int t = 0; t < 12; ++t) {
+    STRATA_ASSIGN_OR_RETURN(TensorId id, r.register_tensor({fmt::format("t{}", t), {kHalf}}));
+    ids.push_back(id);
+  }
+  std::vector<float> init(kHalf, 0.5f);
+  for (TensorId id : ids) STRATA_RETURN_IF_ERROR(r.init_tensor(id, init));
+  const auto use = [&](TensorId id, Access grad) -> Status {
+    STRATA_ASSIGN_OR_RETURN(Lease p, r.acquire(id, StateKind::kParam, Access::kRead));
+    if (grad == Access::kRead) return Status::Ok();  // forward
+    STRATA_ASSIGN_OR_RETURN(Lease g, r.acquire(id, StateKind::kGrad, Access::kWrite));
+    float* gp = g.as<float>();
+    const float* pp = p.as<float>();
+    return r.launch([gp, pp] {
+      for (std::size_t e = 0; e < kHalf; ++e) gp[e] = 1e-3f * pp[e];
+    });
+  };
+  for (int step = 0; step < steps; ++step) {
+    STRATA_RETURN_IF_ERROR(r.begin_micro_batch(true));
+    for (TensorId id : ids) STRATA_RETURN_IF_ERROR(use(id, Access::kRead));
+    // Families 5, 4, 3 opened by their second tensor, then completed; then 2, 1, 0.
+    for (int first : {5, 2}) {
+      for (int f = first; f > first - 3; --f) STRATA_RETURN_IF_ERROR(use(ids[2 * f + 1], Access::kWrite));
+      for (int f = first; f > first - 3; --f) STRATA_RETURN_IF_ERROR(use(ids[2 * f], Access::kWrite));
+    }
+    STRATA_ASSIGN_OR_RETURN(*last, r.step());
+  }
+  return r.flush();
+}
+
+TEST(DeferredUpdates, ParkedGradientsLeaveTheGradientHostRoom) {
+  TempDir dir;
+  RuntimeOptions o;
+  o.hyper.optimizer = kernels::Optimizer::kAdamW;
+  o.hyper.lr = 1e-3f;
+  o.layout.chunk_elems = 4096;
+  o.threads = 2;
+  o.budgets = {.gpu_bytes = 3 * 4096 * 4, .host_bytes = 320 * kKiB, .nvme_bytes = 64 * kMiB};
+  o.nvme_dirs = {dir.path.string()};
+  o.plan.prefetch_depth_max = 1;
+  o.plan.grad_staging_slots = 1;
+  o.plan.nvme_families_in_flight = 1;
+  o.plan.deferred_updates = 3;
+  auto device = testing::sim_device();
+  auto rt = Runtime::create(*device, o);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  StepStats last;
+  const Status st = train_opened_families(**rt, 4, &last);
+  ASSERT_TRUE(st.ok()) << st;
+  const Plan& plan = (*rt)->plan();
+  EXPECT_EQ(plan.gpu_cache_slots, 3u);
+  EXPECT_EQ(plan.deferred_update_families, 3u);
+  EXPECT_EQ(plan.grad_host_bytes, 3u * 4096 * 4);
+  EXPECT_EQ(last.updates_deferred, 3u);
+  EXPECT_LE(last.host_high_water_bytes, plan.host_bytes);
+}
+
 // A write that fails in a carried update (during the next forward) is the next
 // call's error, names the family and its step, and keeps the updated state in
 // host memory: nothing is lost, and nothing hangs. Every family's update is

@@ -9,7 +9,10 @@
 //   - in backward such a family is launched as any other, but *parked*: its
 //     gradient lands on host in a room of its own (the plan counts one largest
 //     gradient per deferred family, Note [Host room]) and it takes no NVMe place,
-//     so the other families' states go first;
+//     so the other families' states go first. It holds nothing else: a host copy
+//     of its gradient written back before the last piece came is stale and freed
+//     when the gradient lands (else, held to the next forward, the parked families
+//     filled the room for gradients written back in backward, Note [Host room]);
 //   - step() waits for every other family, not for the parked ones (their
 //     gradients landed), and then *carries* them: they take NVMe places in the
 //     order the next forward uses them, read their states, update and write back

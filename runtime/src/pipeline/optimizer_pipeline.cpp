@@ -320,6 +320,7 @@ void OptimizerPipeline::land_gradient(FamilyId f) {
           std::lock_guard lock(core_.mu);
           FamilyRun& landed = runs_[f];
           if (landed.grad == GradStaging::kCopying) landed.move_grad(GradStaging::kReady);
+          residency_.drop_stale_host_copy(core_.chunk(f, StateKind::kGrad));  // (Note [Host room])
           if (core_.errors.background().ok()) {
             maybe_compute(f);
             // A parked run's landed gradient is what step() waits for (Note [Deferred updates]).

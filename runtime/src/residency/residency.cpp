@@ -43,6 +43,21 @@ void Residency::drop_device_copy(Chunk& c) {
   }
 }
 
+// Note [Host room] in planner.cpp: a gradient's host copy is the room's only while it is
+// the gradient's value. Called when the gradient's d2h copy into staging has landed:
+// the h2d load that last read the copy ran before it (the slot's fence), so the query
+// below finds it done, and a parked family holds only its deferred update's room.
+void Residency::drop_stale_host_copy(Chunk& c) {
+  if (c.value != ChunkValue::kStaged || c.host == nullptr) return;
+  if (c.host_read.valid()) {
+    auto done = core_.device.query(c.host_read);
+    if (!done.ok() || !*done) return;  // (freed when the gradient is consumed)
+  }
+  core_.host->free(c.host, c.bytes);
+  c.host = nullptr;
+  core_.cv.notify_all();  // an eviction may wait for this room (Note [Backpressure])
+}
+
 Status Residency::load_to_slot(Chunk& c, DeviceSlot& slot) {
   if (needs_staging(c) && !staged(c)) {
     return internal_error("family {} param: loading an NVMe-homed param that is not staged", c.family);

@@ -86,6 +86,9 @@ class Residency {
   //! Forgets c's device copy (it is stale or consumed): a streaming slot is freed
   //! at once (its next writer waits on its fence), a dedicated one stays c's.
   void drop_device_copy(Chunk& c);
+  //! Frees the stale host copy of a gradient that landed in staging once no queued
+  //! copy reads it; never blocks: one still read stays until consumed (Note [Host room]).
+  void drop_stale_host_copy(Chunk& c);
   //! Loads the params of the next uses of the adopted trace into free or clean
   //! slots. Returns the first error after recording it: a failed read ahead
   //! (NVMe into staging) with ErrorState::prefetch_failed (counted, the next call's
