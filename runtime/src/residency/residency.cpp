@@ -44,9 +44,12 @@ void Residency::drop_device_copy(Chunk& c) {
 }
 
 // Note [Host room] in planner.cpp: a gradient's host copy is the room's only while it is
-// the gradient's value. Called when the gradient's d2h copy into staging has landed:
-// the h2d load that last read the copy ran before it (the slot's fence), so the query
-// below finds it done, and a parked family holds only its deferred update's room.
+// the gradient's value. Called when the gradient's d2h copy into staging has landed.
+// The h2d load that last read the copy is usually done by then, but not always: under
+// load the landing callback can run first (a test failed so on a busy machine), and the
+// copy stays. An eviction that finds the room full with nothing in flight to free it
+// then waits for those loads and frees the copies (drop_stale_host_copies) before it
+// calls the room a planner bug.
 void Residency::drop_stale_host_copy(Chunk& c) {
   if (c.value != ChunkValue::kStaged || c.host == nullptr) return;
   if (c.host_read.valid()) {
@@ -56,6 +59,17 @@ void Residency::drop_stale_host_copy(Chunk& c) {
   core_.host->free(c.host, c.bytes);
   c.host = nullptr;
   core_.cv.notify_all();  // an eviction may wait for this room (Note [Backpressure])
+}
+
+bool Residency::drop_stale_host_copies() {
+  bool freed = false;
+  for (FamilyId f = 0; f < core_.layout().families.size(); ++f) {
+    Chunk& g = core_.chunk(f, StateKind::kGrad);
+    if (g.value != ChunkValue::kStaged || g.host == nullptr || !wait_host_reads(g).ok()) continue;
+    drop_stale_host_copy(g);
+    freed = freed || g.host == nullptr;
+  }
+  return freed;
 }
 
 Status Residency::load_to_slot(Chunk& c, DeviceSlot& slot) {
@@ -210,7 +224,10 @@ Status Residency::ensure_on_device(std::unique_lock<std::mutex>& lock, Chunk& c,
     }
     // Every slot is leased, holds a gradient on its way to the optimizer, or holds
     // a gradient the host room cannot take now (Note [Backpressure]).
-    if (!pipeline_->busy()) return no_slot_error(room_full);
+    if (!pipeline_->busy()) {
+      if (room_full && drop_stale_host_copies()) continue;  // (Note [Host room]: their loads ended)
+      return no_slot_error(room_full);
+    }
     const double t0 = core_.timeline.now_us();
     core_.cv.wait(lock);
     core_.timeline.add_stall((core_.timeline.now_us() - t0) * 1e-6);

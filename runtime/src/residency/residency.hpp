@@ -89,6 +89,9 @@ class Residency {
   //! Frees the stale host copy of a gradient that landed in staging once no queued
   //! copy reads it; never blocks: one still read stays until consumed (Note [Host room]).
   void drop_stale_host_copy(Chunk& c);
+  //! Frees every stale host copy of a landed gradient (value staged) that drop_stale_host_copy
+  //! left because a queued load still read it, waiting for those loads; true if any was freed.
+  bool drop_stale_host_copies();
   //! Loads the params of the next uses of the adopted trace into free or clean
   //! slots. Returns the first error after recording it: a failed read ahead
   //! (NVMe into staging) with ErrorState::prefetch_failed (counted, the next call's
