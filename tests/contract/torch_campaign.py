@@ -31,7 +31,9 @@ Draws torch itself cannot run (a layer without a bf16 kernel, say) are counted, 
 import argparse
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -116,6 +118,12 @@ def main():
     if args.regressions:
         with open(args.regressions) as f:
             seeds += [int(line.split("#")[0]) for line in f if line.split("#")[0].strip()]
+    # NVMe draws put swap files of up to 64 MiB per run (one per job at once) in the temp directory.
+    free = shutil.disk_usage(tempfile.gettempdir()).free
+    if free < 1 << 30:
+        print(f"torch_campaign: {free >> 20} MiB free in {tempfile.gettempdir()}, below the 1 GiB the NVMe draws "
+              "may take with room to spare; free space there or set TMPDIR", file=sys.stderr)
+        return 2
     t0 = time.monotonic()
     results = campaign(seeds, args.jobs)
     summary = summarize(results, campaign_seed, time.monotonic() - t0)
