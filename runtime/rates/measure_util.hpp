@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "strata/common/bytes.hpp"
+#include "strata/common/log.hpp"
 #include "strata/common/status.hpp"
 #include "strata/common/thread_pool.hpp"
 #include "strata/rates/rate_measurer.hpp"
@@ -91,6 +92,7 @@ Result<double> sample_rate(const Sampling& s, double work, const Progress& progr
     note(std::min(0.99, 0.25 + 0.75 * static_cast<double>(rates.size()) / s.runs_min));
   }
   note(1.0);
+  STRATA_LOG_DEBUG("rates: {} samples: {:.4g}", stage, fmt::join(rates, " "));
   return reduce(s.statistic, std::move(rates));
 }
 

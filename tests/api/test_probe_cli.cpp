@@ -436,4 +436,42 @@ TEST_F(ProbeCli, RanksGivePerRankBytes) {
   EXPECT_NE(bad.out.find("--ranks-per-node = 8 is more than --ranks = 4"), std::string::npos) << bad.out;
 }
 
+// #47: two identical runs in a row agree on every placement's predicted step and
+// maximum (Note [Probe host rounds]). The probe's own measurements, not the
+// test's small ones: what a user runs. The target is 5 %; this VM's host
+// itself moves by up to ~18 % between runs seconds apart (docs/probe.md), so the
+// check is the ±25 % that --verify allows: the probe before its rounds gave 29 % (3.19 s against 2.48 s).
+TEST_F(ProbeCli, TwoRunsInARowAgree) {
+  const std::string args = "--json --params 1.3B --nvme " + dir_.string() + " --nvme-bytes 512MiB";
+  nlohmann::json runs[2];
+  for (auto& j : runs) {
+    ProbeRun r = probe(args, /*merge_stderr=*/false);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    j = nlohmann::json::parse(r.out, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r.out;
+  }
+  constexpr double kSpread = 0.25;
+  const auto& a = runs[0]["placements"];
+  const auto& b = runs[1]["placements"];
+  ASSERT_EQ(a.size(), b.size());
+  int compared = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i]["name"], b[i]["name"]);
+    EXPECT_EQ(a[i]["feasible"], b[i]["feasible"]) << a[i].dump() << "\n" << b[i].dump();
+    if (!a[i]["feasible"].get<bool>() || !b[i]["feasible"].get<bool>()) continue;
+    for (const char* key : {"predicted_step_s", "model_step_s"}) {
+      if (a[i][key].is_null() || b[i][key].is_null()) continue;
+      const double x = a[i][key].get<double>(), y = b[i][key].get<double>();
+      EXPECT_LE(std::max(x, y) / std::min(x, y) - 1, kSpread)
+          << a[i]["name"] << " " << key << ": " << x << " " << y;
+      ++compared;
+    }
+    const double x = a[i]["max_params"].get<double>(), y = b[i]["max_params"].get<double>();
+    EXPECT_LE(std::max(x, y) / std::min(x, y) - 1, kSpread)
+        << a[i]["name"] << " max_params: " << x << " " << y;
+  }
+  EXPECT_GE(compared, 2);  // params-optim-host and the NVMe rows plan 1.3B on this machine
+  EXPECT_TRUE(dir_empty());
+}
+
 }  // namespace

@@ -60,8 +60,10 @@ Result<DeviceInfo> measure_device(memory::DeviceOptions options, std::uint64_t c
 
   // One run of three copies each way, after one untimed run.
   STRATA_RETURN_IF_ERROR(measurer.measure_copies(
-      *device, {.bytes = copy_bytes,
-                .sampling = {.statistic = rates::Statistic::kMedian, .runs_min = 1, .runs_max = 1}}));
+      *device,
+      {.bytes = copy_bytes,
+       .sampling = {
+           .statistic = rates::Statistic::kMedian, .runs_min = 5, .runs_max = 25, .seconds_min = 0.3}}));
   return info;
 }
 
@@ -69,7 +71,8 @@ Status measure_host_memory(rates::RateMeasurer& measurer, std::uint64_t bytes, s
   return measurer.measure_host_memory(
       {.bytes = bytes,
        .threads = threads,
-       .sampling = {.statistic = rates::Statistic::kMedian, .runs_min = 3, .runs_max = 3}});
+       .sampling = {
+           .statistic = rates::Statistic::kMedian, .runs_min = 5, .runs_max = 41, .seconds_min = 0.3}});
 }
 
 // Note [Probe optimizer samples]
@@ -84,7 +87,7 @@ Status measure_cpu_optimizer(rates::RateMeasurer& measurer, std::uint64_t params
        .threads = threads,
        .check = kernels::GradCheck::kSeparatePass,  // the runtime's own check, as it steps
        .sampling = {
-           .statistic = rates::Statistic::kMedian, .runs_min = 3, .runs_max = 15, .seconds_min = 0.3}});
+           .statistic = rates::Statistic::kMedian, .runs_min = 5, .runs_max = 41, .seconds_min = 0.4}});
 }
 
 }  // namespace strata::probe

@@ -4,9 +4,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
+#include <vector>
 
 #include "strata/common/bytes.hpp"
 #include "strata/common/log.hpp"
@@ -38,6 +41,35 @@ int fail(const Status& status) {
   return 1;
 }
 
+// Note [Probe host rounds]
+// The host's rates move under the probe: on this project's VM the same 16M-param
+// AdamW step ran at medians of 1.10 to 1.79 Gparams/s, and the 256 MiB parallel
+// copy at 20 to 35 GB/s, in probe runs a few seconds apart (2026-12-07). Two
+// things moved them. The disk's passes leave the machine slower for seconds
+// after they end (a 2 GiB O_DIRECT write before an otherwise idle probe spread
+// its host-memory rate over 30 %, against 3 % without it), so a probe measuring
+// after its own disk test, or right after another probe's, measured that tail;
+// and the machine itself drifts over seconds in both directions. More samples in
+// one window did not help (they sample the same moment); spreading them does.
+// So the optimizer and host-memory rates are measured in kHostRounds rounds:
+// one before the disk's passes, the rest after them, and each rate is the median
+// of its rounds' medians. A probe's prediction then rests on about 3 s of its
+// run rather than one 0.3 s window. The device's copies run once, first.
+constexpr int kHostRounds = 3;
+
+// One round of the host's rates: the CPU optimizer's and host memory's.
+Result<std::pair<double, double>> host_round(rates::RateMeasurer& measurer, const Flags& flags,
+                                             std::size_t threads) {
+  STRATA_RETURN_IF_ERROR(measure_cpu_optimizer(measurer, flags.optimizer_params, threads));
+  STRATA_RETURN_IF_ERROR(measure_host_memory(measurer, 256 * kMiB, threads));
+  return std::pair{measurer.rates().cpu_optim_params_per_s, measurer.rates().host_memory_bytes_per_s};
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 // The probe's swap files go straight into --nvme (Note [Stable scratch layout]);
 // a crashed run's are reported and reclaimed here, never read.
 Result<Machine> measure_machine(const Settings& s, const Flags& flags, const Progress& progress) {
@@ -48,10 +80,6 @@ Result<Machine> measure_machine(const Settings& s, const Flags& flags, const Pro
   }
   STRATA_ASSIGN_OR_RETURN(m.host, measure_host());
   rates::RateMeasurer measurer(progress);
-  if (!s.nvme.empty()) {
-    STRATA_ASSIGN_OR_RETURN(
-        m.nvme, measure_nvme(s.nvme, flags.nvme_bytes, flags.nvme_seconds, m.host.cores, measurer));
-  }
   memory::DeviceOptions dopt;
   STRATA_RETURN_IF_ERROR(dopt.set("kind", s.device));
   dopt.h2d_bytes_per_s = flags.link;
@@ -59,9 +87,22 @@ Result<Machine> measure_machine(const Settings& s, const Flags& flags, const Pro
   dopt.budget_bytes = flags.device_budget.value_or(0);
   STRATA_ASSIGN_OR_RETURN(m.device, measure_device(dopt, 64 * kMiB, measurer));
   m.threads = m.host.cores;  // as the runtime's pool (Topology: cores of a node)
-  STRATA_RETURN_IF_ERROR(measure_cpu_optimizer(measurer, flags.optimizer_params, m.threads));
-  STRATA_RETURN_IF_ERROR(measure_host_memory(measurer, 256 * kMiB, m.threads));
+  // Note [Probe host rounds]: one round before the disk's passes, the rest after.
+  std::vector<double> optimizer, memory;
+  for (int round = 0; round < kHostRounds; ++round) {
+    if (round == 1 && !s.nvme.empty()) {
+      STRATA_ASSIGN_OR_RETURN(
+          m.nvme, measure_nvme(s.nvme, flags.nvme_bytes, flags.nvme_seconds, m.host.cores, measurer));
+    }
+    STRATA_ASSIGN_OR_RETURN(const auto rates, host_round(measurer, flags, m.threads));
+    optimizer.push_back(rates.first);
+    memory.push_back(rates.second);
+  }
+  STRATA_LOG_DEBUG("strata-probe: host rounds: optimizer {:.4g} params/s, host memory {:.4g} B/s",
+                   fmt::join(optimizer, " "), fmt::join(memory, " "));
   m.rates = measurer.rates();
+  m.rates.cpu_optim_params_per_s = median_of(optimizer);
+  m.rates.host_memory_bytes_per_s = median_of(memory);
   m.sim = m.device.kind == "sim";
   return m;
 }
