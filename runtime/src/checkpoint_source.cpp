@@ -116,7 +116,7 @@ checkpoint::ChunkPlace CheckpointSource::place(FamilyId f, StateKind k) const {
 
 Status CheckpointSource::copy_value(FamilyId f, StateKind k, std::byte* dst) {
   Core& core = m_.core();
-  Chunk& c = core.chunk_mut(f, k);
+  const Chunk& c = core.chunk(f, k);
   switch (c.value) {
     case ChunkValue::kHost:
       std::memcpy(dst, c.host, c.bytes);

@@ -130,12 +130,9 @@ Result<std::byte*> pin(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Chu
       m.residency().drop_device_copy(c);
     }
   }
-  if (access != Access::kRead) {
-    ++c.writers;
-    if (where == Where::kDevice) c.move_value(ChunkValue::kDevice);  // a host lease made it kHost
-  } else {
-    ++c.readers;
-  }
+  // (The caller counts the pin: Core::lease_taken.)
+  if (access != Access::kRead && where == Where::kDevice)
+    c.move_value(ChunkValue::kDevice);  // a host lease made it kHost
   return where == Where::kDevice ? m.residency().slot_of(c).ptr : c.host;
 }
 
@@ -158,19 +155,12 @@ Result<std::byte*> place(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, C
 }
 
 // Drops a lease's pin on chunk `c` (a device lease's compute fence recorded first).
-void unpin(Runtime::Impl& m, Chunk& c, Where where, Access access, TensorId tensor) {
+void unpin(Runtime::Impl& m, const Chunk& c, Where where, Access access, TensorId tensor) {
   if (where == Where::kDevice && c.device_slot >= 0) {
     Status st = m.core().device.record(m.residency().slot_of(c).fence, m.core().compute);
     if (!st.ok()) m.core().errors.fail(st);
   }
-  if (access != Access::kRead) {
-    STRATA_CHECK(c.writers > 0);
-    --c.writers;
-    m.core().write_lease_closed(tensor);
-  } else {
-    STRATA_CHECK(c.readers > 0);
-    --c.readers;
-  }
+  m.core().lease_returned(tensor, Core::chunk_index(c.family, c.kind), access != Access::kRead);
   --m.book().leases_out;
 }
 
@@ -202,7 +192,7 @@ Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, W
   auto placed = place(m, lock, c, info, access, where);
   if (!placed.ok()) return m.poison_step(lock, placed.status());
   std::byte* base = *placed;
-  if (access != Access::kRead) m.core().write_lease_opened(tensor);
+  m.core().lease_taken(tensor, m.core().chunk_index(ts.family, kind), access != Access::kRead);
   ++m.book().leases_out;
   // The gathers of the params the prefetch is about to load end first (Note [Chunk events]).
   if (m.events() != nullptr) {
@@ -229,7 +219,7 @@ Released Runtime::release(Lease& lease) {
   Impl& m = *impl_;
   std::unique_lock lock(m.core().mu);
   InvariantCheck check(m, &lock);
-  Chunk& c = m.core().chunk_mut(lease.chunk_);
+  const Chunk& c = m.core().chunks().at(static_cast<std::int32_t>(lease.chunk_));
   unpin(m, c, lease.where_, lease.access_, lease.tensor_);
   if (lease.access_ != Access::kRead && lease.kind_ == StateKind::kGrad) {
     if (m.core().grad_handed_over(lease.tensor_)) m.pipeline().note_grad_written(c.family);
@@ -248,7 +238,8 @@ void Runtime::abandon(Lease& lease) {
   m.core().device.synchronize(m.core().compute).ignore();
   std::unique_lock lock(m.core().mu);
   InvariantCheck check(m, &lock);
-  unpin(m, m.core().chunk_mut(lease.chunk_), lease.where_, lease.access_, lease.tensor_);
+  unpin(m, m.core().chunks().at(static_cast<std::int32_t>(lease.chunk_)), lease.where_, lease.access_,
+        lease.tensor_);
   if (m.book().step_error.ok()) {
     m.book().step_error = cancelled(
         "the lease on \"{}\" ({}) was abandoned (destroyed by an exception's unwinding, or Lease::abandon): "

@@ -122,7 +122,7 @@ Runtime::~Runtime() {
   }
   m.core().device.synchronize().ignore();
   m.residency().release_staging();
-  for (Chunk& c : m.core().chunks_mut()) {
+  for (const Chunk& c : m.core().chunks()) {
     if (c.host != nullptr) m.core().host->free(c.host, c.bytes);
     if (m.core().nvme.is_open()) {
       for (std::uint32_t s : c.nvme_slots) m.core().nvme.free_slot(s);

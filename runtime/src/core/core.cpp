@@ -46,6 +46,29 @@ std::uint64_t Core::largest_optim_chunk() const {
 // chunks_mut), and scripts/check-owners counts every call of a mutating entry outside
 // core/, failing above its limit, so a new writer is a visible choice.
 
+void Core::lease_taken(TensorId t, std::int32_t chunk, bool write) {
+  Chunk& c = chunks_.at(chunk);
+  if (!write) {
+    ++c.readers;
+    return;
+  }
+  ++c.writers;
+  ++tensors_[t].write_leases;
+}
+
+void Core::lease_returned(TensorId t, std::int32_t chunk, bool write) {
+  Chunk& c = chunks_.at(chunk);
+  if (!write) {
+    STRATA_CHECK(c.readers > 0);
+    --c.readers;
+    return;
+  }
+  STRATA_CHECK(c.writers > 0);
+  STRATA_CHECK(tensors_[t].write_leases > 0);
+  --c.writers;
+  --tensors_[t].write_leases;
+}
+
 bool Core::grad_handed_over(TensorId t) {
   TensorInfo& info = tensors_[t];
   info.grad_written = true;

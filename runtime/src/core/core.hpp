@@ -105,9 +105,11 @@ class Core {
   // The tensor table's writes, each a fact of the step (Note [Table writes]).
   //! Registers a tensor; its name must not be registered yet (the caller checked).
   TensorId add_tensor(TensorSpec spec, std::uint64_t numel) { return tensors_.add(std::move(spec), numel); }
-  //! A write lease on t was handed out / returned (TensorInfo::write_leases).
-  void write_lease_opened(TensorId t) { ++tensors_[t].write_leases; }
-  void write_lease_closed(TensorId t) { --tensors_[t].write_leases; }
+  //! A lease on tensor t pinned chunk `chunk` (ChunkTable::index) to write or to
+  //! read: the chunk counts a writer or a reader, and t a write lease.
+  void lease_taken(TensorId t, std::int32_t chunk, bool write);
+  //! That lease was released or abandoned (checks the counts it drops are held).
+  void lease_returned(TensorId t, std::int32_t chunk, bool write);
   //! A write lease on t's gradient was released: t has a gradient to step. True when
   //! it is t's first in this micro-batch (Note [Gradient completion]).
   bool grad_handed_over(TensorId t);

@@ -286,7 +286,7 @@ Status DataParallel::broadcast_initial(std::unique_lock<std::mutex>& lock) {
   std::vector<std::byte> buf, mine;
   std::size_t changed = 0;
   for (FamilyId f = 0; f < core_.layout().families.size(); ++f) {
-    Chunk& p = core_.chunk_mut(f, StateKind::kParam);
+    const Chunk& p = core_.chunk(f, StateKind::kParam);
     if (p.bytes == 0) continue;
     buf.assign(p.bytes, std::byte{0});
     STRATA_RETURN_IF_ERROR(

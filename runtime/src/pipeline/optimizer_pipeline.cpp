@@ -164,7 +164,7 @@ void OptimizerPipeline::launch_optimizer(FamilyId f) {
   // Nothing to update (yet): step() looks again. A family already done this
   // step keeps its record (step() reads whether it applied its update).
   if (!any) return;
-  Chunk& g = core_.chunk_mut(f, StateKind::kGrad);
+  const Chunk& g = core_.chunk(f, StateKind::kGrad);
   if (g.writers > 0) return;  // release() launches it
   if (run.launched()) {
     // A second completion in one step (a later last micro-batch), or a run carried
