@@ -18,6 +18,9 @@
 #                      make test runs it; also ctest check_lengths, label unit)
 #   make notes-check   fail on a `Note [X]` cited but defined nowhere (scripts/check-notes;
 #                      make test runs it; also ctest check_notes, label unit)
+#   make owners-check  fail when the tensor and chunk tables have more write sites outside
+#                      runtime/src/core/ than scripts/check-owners allows (make test runs it; also
+#                      ctest check_owners, label unit)
 #   make docs-check    fail on a doc the tree contradicts: folder READMEs' May call / Called by
 #                      vs the #includes, docs/config.md vs Config::keys(), links of README.md and
 #                      docs/ (scripts/check-docs; make test runs it; also ctest check_docs, label unit)
@@ -31,7 +34,7 @@
 JOBS ?= $(shell nproc)
 PRESETS := release debug asan tsan
 
-.PHONY: demo test deps bench-deps $(PRESETS) clean format format-check length-check notes-check docs-check \
+.PHONY: demo test deps bench-deps $(PRESETS) clean format format-check length-check notes-check docs-check owners-check \
 	gpu-check
 
 # clang-format's output changes between major versions: the check pins 14.
@@ -58,7 +61,7 @@ demo:
 	cmake --build --preset demo -j $(JOBS)
 	scripts/demo build/demo
 
-test: deps format-check length-check notes-check docs-check
+test: deps format-check length-check notes-check docs-check owners-check
 	cmake --preset release -DSTRATA_REQUIRE_TORCH2=ON >/dev/null
 	$(MAKE) release
 	ctest --preset release
@@ -75,6 +78,9 @@ notes-check:
 
 docs-check:
 	scripts/check-docs
+
+owners-check:
+	scripts/check-owners
 
 gpu-check:
 	scripts/gpu-check

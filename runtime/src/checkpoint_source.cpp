@@ -59,8 +59,8 @@ checkpoint::Description CheckpointSource::describe() const {
     e.optim_on_nvme = core.on_nvme(f);
     d.families.push_back(std::move(e));
   }
-  for (TensorId id = 0; id < core.tensors.size(); ++id) {
-    const TensorInfo& info = core.tensors[id];
+  for (TensorId id = 0; id < core.tensors().size(); ++id) {
+    const TensorInfo& info = core.tensors()[id];
     const TensorSlot& slot = layout.slots[id];
     const Core::ShardPart part = core.shard_part(id);
     d.tensors.push_back({.name = info.spec.name,
@@ -96,7 +96,7 @@ bool CheckpointSource::writing_back(FamilyId f) const {
 bool CheckpointSource::updates_pending(FamilyId f) const {
   const Core& core = m_.core();
   for (TensorId t : core.layout().families[f].tensors) {
-    if (core.tensors[t].grad_written && !core.tensors[t].spec.frozen) return true;
+    if (core.tensors()[t].grad_written && !core.tensors()[t].spec.frozen) return true;
   }
   return false;
 }
@@ -116,7 +116,7 @@ checkpoint::ChunkPlace CheckpointSource::place(FamilyId f, StateKind k) const {
 
 Status CheckpointSource::copy_value(FamilyId f, StateKind k, std::byte* dst) {
   Core& core = m_.core();
-  Chunk& c = core.chunk(f, k);
+  const Chunk& c = core.chunk(f, k);
   switch (c.value) {
     case ChunkValue::kHost:
       std::memcpy(dst, c.host, c.bytes);
@@ -156,12 +156,12 @@ void CheckpointSource::launch_update(FamilyId f) {
 
 Status CheckpointSource::read_chunk(std::unique_lock<std::mutex>& lock, FamilyId f, StateKind k,
                                     const std::function<void(const std::byte*)>& fn) {
-  return m_.with_host_copy(lock, m_.core().chunk(f, k), /*write=*/false, [&](std::byte* p) { fn(p); });
+  return m_.with_host_copy(lock, f, k, /*write=*/false, [&](std::byte* p) { fn(p); });
 }
 
 Status CheckpointSource::overwrite_chunk(std::unique_lock<std::mutex>& lock, FamilyId f, StateKind k,
                                          const std::function<void(std::byte*)>& fn) {
-  return m_.with_host_copy(lock, m_.core().chunk(f, k), /*write=*/true, fn, /*whole=*/true);
+  return m_.with_host_copy(lock, f, k, /*write=*/true, fn, /*whole=*/true);
 }
 
 Status CheckpointSource::all_ok(std::unique_lock<std::mutex>& lock, Status mine, std::string_view what) {
@@ -205,7 +205,7 @@ HostStore& CheckpointSource::host_store() {
 }
 
 void CheckpointSource::replace_slots(FamilyId f, StateKind k, std::vector<std::uint32_t> slots) {
-  Chunk& c = m_.core().chunk(f, k);
+  Chunk& c = m_.core().chunk_mut(f, k);
   m_.pipeline().drop_read_ahead(f);
   for (std::uint32_t old : c.nvme_slots) m_.core().nvme.free_slot(old);
   c.nvme_slots = std::move(slots);
@@ -213,8 +213,8 @@ void CheckpointSource::replace_slots(FamilyId f, StateKind k, std::vector<std::u
 }
 
 void CheckpointSource::set_counters(TensorId t, std::int64_t steps, std::uint32_t group) {
-  m_.core().tensors[t].updates = steps;
-  m_.core().tensors[t].group = group;
+  m_.core().restore_updates(t, steps);
+  m_.core().assign_group(t, group);
 }
 
 void CheckpointSource::set_group(const checkpoint::GroupEntry& g) {

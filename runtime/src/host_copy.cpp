@@ -7,8 +7,9 @@
 
 namespace strata::runtime {
 
-Status Runtime::Impl::with_host_copy(std::unique_lock<std::mutex>& lock, Chunk& c, bool write,
+Status Runtime::Impl::with_host_copy(std::unique_lock<std::mutex>& lock, FamilyId f, StateKind k, bool write,
                                      const std::function<void(std::byte*)>& fn, bool whole) {
+  Chunk& c = core().chunk_mut(f, k);
   const bool param = c.kind == StateKind::kParam;
   // Rank 0's initial params first, another rank's update still arriving (Note [Chunk events]).
   if (events() != nullptr) STRATA_RETURN_IF_ERROR(events()->on_host_access(lock, c, write));

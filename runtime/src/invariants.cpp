@@ -13,11 +13,11 @@ void Residency::check_invariants() const {
     const DeviceSlot& slot = device_slots_[s];
     STRATA_CHECK(slot.dedicated == (s >= cache_slots_));
     if (slot.chunk < 0) continue;
-    const Chunk& c = core_.chunks.at(slot.chunk);
+    const Chunk& c = core_.chunks().at(slot.chunk);
     STRATA_CHECK(c.device_slot == static_cast<std::int32_t>(s));
   }
-  for (std::size_t i = 0; i < core_.chunks.size(); ++i) {
-    const Chunk& c = core_.chunks.at(static_cast<std::int32_t>(i));
+  for (std::size_t i = 0; i < core_.chunks().size(); ++i) {
+    const Chunk& c = core_.chunks().at(static_cast<std::int32_t>(i));
     if (c.device_slot >= 0) {
       STRATA_CHECK(static_cast<std::size_t>(c.device_slot) < device_slots_.size());
       STRATA_CHECK(device_slots_[static_cast<std::size_t>(c.device_slot)].chunk ==
@@ -95,7 +95,7 @@ void OptimizerPipeline::check_invariants() const {
 void Runtime::Impl::check_invariants() const {
   if (!core().finalized()) return;
   int leased = 0;
-  for (const Chunk& c : core().chunks) {
+  for (const Chunk& c : core().chunks()) {
     STRATA_CHECK(c.readers >= 0);
     STRATA_CHECK(c.writers >= 0);
     leased += c.readers + c.writers;

@@ -130,12 +130,9 @@ Result<std::byte*> pin(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, Chu
       m.residency().drop_device_copy(c);
     }
   }
-  if (access != Access::kRead) {
-    ++c.writers;
-    if (where == Where::kDevice) c.move_value(ChunkValue::kDevice);  // a host lease made it kHost
-  } else {
-    ++c.readers;
-  }
+  // (The caller counts the pin: Core::lease_taken.)
+  if (access != Access::kRead && where == Where::kDevice)
+    c.move_value(ChunkValue::kDevice);  // a host lease made it kHost
   return where == Where::kDevice ? m.residency().slot_of(c).ptr : c.host;
 }
 
@@ -158,19 +155,12 @@ Result<std::byte*> place(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, C
 }
 
 // Drops a lease's pin on chunk `c` (a device lease's compute fence recorded first).
-void unpin(Runtime::Impl& m, Chunk& c, Where where, Access access, TensorId tensor) {
+void unpin(Runtime::Impl& m, const Chunk& c, Where where, Access access, TensorId tensor) {
   if (where == Where::kDevice && c.device_slot >= 0) {
     Status st = m.core().device.record(m.residency().slot_of(c).fence, m.core().compute);
     if (!st.ok()) m.core().errors.fail(st);
   }
-  if (access != Access::kRead) {
-    STRATA_CHECK(c.writers > 0);
-    --c.writers;
-    --m.core().tensors[tensor].write_leases;
-  } else {
-    STRATA_CHECK(c.readers > 0);
-    --c.readers;
-  }
+  m.core().lease_returned(tensor, Core::chunk_index(c.family, c.kind), access != Access::kRead);
   --m.book().leases_out;
 }
 
@@ -183,14 +173,14 @@ Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, W
   if (!m.core().errors.background().ok()) return m.poison_step(lock, m.core().errors.background());
   // (A failed prefetch: once; nothing done; the step goes on.)
   if (Status st = m.core().errors.take_prefetch(); !st.ok()) return m.poison_step(lock, st, false);
-  if (tensor >= m.core().tensors.size()) {
+  if (tensor >= m.core().tensors().size()) {
     return invalid_argument("acquire: tensor id {} is not registered ({} tensors)", tensor,
-                            m.core().tensors.size());
+                            m.core().tensors().size());
   }
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
-  TensorInfo& info = m.core().tensors[tensor];
+  const TensorInfo& info = m.core().tensors()[tensor];
   const TensorSlot& ts = m.core().layout().slots[tensor];
-  Chunk& c = m.core().chunk(ts.family, kind);
+  Chunk& c = m.core().chunk_mut(ts.family, kind);
   STRATA_RETURN_IF_ERROR(check_acquire(m.core(), info, ts, c, kind, access, where));
 
   if (m.book().states_kept && m.book().leases_out == 0) m.rehome_kept_states(lock);  // (Note [Failed steps])
@@ -202,7 +192,7 @@ Result<Lease> Runtime::acquire(TensorId tensor, StateKind kind, Access access, W
   auto placed = place(m, lock, c, info, access, where);
   if (!placed.ok()) return m.poison_step(lock, placed.status());
   std::byte* base = *placed;
-  if (access != Access::kRead) ++info.write_leases;
+  m.core().lease_taken(tensor, m.core().chunk_index(ts.family, kind), access != Access::kRead);
   ++m.book().leases_out;
   // The gathers of the params the prefetch is about to load end first (Note [Chunk events]).
   if (m.events() != nullptr) {
@@ -229,15 +219,10 @@ Released Runtime::release(Lease& lease) {
   Impl& m = *impl_;
   std::unique_lock lock(m.core().mu);
   InvariantCheck check(m, &lock);
-  Chunk& c = m.core().chunks.at(lease.chunk_);
+  const Chunk& c = m.core().chunks().at(static_cast<std::int32_t>(lease.chunk_));
   unpin(m, c, lease.where_, lease.access_, lease.tensor_);
   if (lease.access_ != Access::kRead && lease.kind_ == StateKind::kGrad) {
-    TensorInfo& info = m.core().tensors[lease.tensor_];
-    info.grad_written = true;
-    if (!info.written_in_micro_batch) {
-      info.written_in_micro_batch = true;
-      m.pipeline().note_grad_written(c.family);
-    }
+    if (m.core().grad_handed_over(lease.tensor_)) m.pipeline().note_grad_written(c.family);
   }
   // The scheduler decides what the release allows (Note [Scheduler], Note [Gradient completion]).
   const std::uint64_t launches = m.pipeline().launches();
@@ -253,12 +238,13 @@ void Runtime::abandon(Lease& lease) {
   m.core().device.synchronize(m.core().compute).ignore();
   std::unique_lock lock(m.core().mu);
   InvariantCheck check(m, &lock);
-  unpin(m, m.core().chunks.at(lease.chunk_), lease.where_, lease.access_, lease.tensor_);
+  unpin(m, m.core().chunks().at(static_cast<std::int32_t>(lease.chunk_)), lease.where_, lease.access_,
+        lease.tensor_);
   if (m.book().step_error.ok()) {
     m.book().step_error = cancelled(
         "the lease on \"{}\" ({}) was abandoned (destroyed by an exception's unwinding, or Lease::abandon): "
         "the step is incomplete and handed nothing over (call abort_step(), or step() discards it)",
-        m.core().tensors[lease.tensor_].spec.name, state_kind_name(lease.kind_));
+        m.core().tensors()[lease.tensor_].spec.name, state_kind_name(lease.kind_));
   }
 }
 
@@ -314,12 +300,12 @@ Status Runtime::no_gradient(TensorId tensor) {
   std::unique_lock lock(m.core().mu);
   InvariantCheck check(m, &lock);
   if (!m.core().errors.background().ok()) return m.core().errors.background();
-  if (tensor >= m.core().tensors.size()) {
+  if (tensor >= m.core().tensors().size()) {
     return invalid_argument("no_gradient: tensor id {} is not registered ({} tensors)", tensor,
-                            m.core().tensors.size());
+                            m.core().tensors().size());
   }
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
-  TensorInfo& info = m.core().tensors[tensor];
+  const TensorInfo& info = m.core().tensors()[tensor];
   if (info.spec.frozen) {
     return failed_precondition("no_gradient(\"{}\"): the tensor is frozen and has no gradient",
                                info.spec.name);
@@ -335,7 +321,7 @@ Status Runtime::no_gradient(TensorId tensor) {
         "gradient each step; write zeros for an unused one",
         info.spec.name, m.core().dp_ranks());
   }
-  info.written_in_micro_batch = true;
+  m.core().grad_declared_absent(tensor);
   const FamilyId family = m.core().layout().slots[tensor].family;
   m.pipeline().note_no_gradient(family);
   m.schedule(lock, SchedulerEvent::kNoGradient, family).ignore();  // (never fails: no data parallelism here)
@@ -355,12 +341,12 @@ Status Runtime::begin_micro_batch(bool last) {
     // Gradients will wait between micro-batches: a plan that counted no room for
     // them is made again now, before any is written (Note [Host room]).
     m.core().accumulation_seen = true;
-    if (m.core().finalized() && !m.core().accumulation_planned() && !m.core().tensors.any_grad_written())
+    if (m.core().finalized() && !m.core().accumulation_planned() && !m.core().tensors().any_grad_written())
       STRATA_RETURN_IF_ERROR(m.adopt_plan(lock, m.tracker().plan_trace()));
   }
   m.pipeline().begin_micro_batch(last);
   m.tracker().set_in_backward(false);  // a new forward begins
-  m.core().tensors.end_micro_batch();
+  m.core().micro_batch_ended();
   return Status::Ok();
 }
 

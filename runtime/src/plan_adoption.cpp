@@ -51,7 +51,7 @@ void Runtime::Impl::keep_plan(const Status& refused) {
 }
 
 Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace trace, bool may_keep) {
-  PlanInput in{.families = {core().chunks.family_bytes().begin(), core().chunks.family_bytes().end()},
+  PlanInput in{.families = {core().chunks().family_bytes().begin(), core().chunks().family_bytes().end()},
                .trace = trace,
                .budgets = core().opt.budgets,
                .options = core().opt.plan,
@@ -157,7 +157,7 @@ Status Runtime::Impl::migrate_homes(std::unique_lock<std::mutex>& lock, const Pl
         continue;
       }
       const Status st =
-          migrate_chunk(lock, core().chunk(it->family, it->kind), it->kind == StateKind::kParam, it->to);
+          migrate_chunk(lock, core().chunk_mut(it->family, it->kind), it->kind == StateKind::kParam, it->to);
       if (!st.ok() && st.code() != StatusCode::kOutOfBudget) return st;
       if (!st.ok()) {
         refused = st;

@@ -3,6 +3,7 @@
 #include "strata/runtime/runtime.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <exception>
@@ -121,7 +122,7 @@ Runtime::~Runtime() {
   }
   m.core().device.synchronize().ignore();
   m.residency().release_staging();
-  for (Chunk& c : m.core().chunks) {
+  for (const Chunk& c : m.core().chunks()) {
     if (c.host != nullptr) m.core().host->free(c.host, c.bytes);
     if (m.core().nvme.is_open()) {
       for (std::uint32_t s : c.nvme_slots) m.core().nvme.free_slot(s);
@@ -147,9 +148,9 @@ Result<TensorId> Runtime::register_tensor(TensorSpec spec) {
         runtime::dtype_name(spec.dtype), runtime::dtype_name(m.core().opt.compute_dtype),
         runtime::dtype_name(m.core().opt.compute_dtype));
   }
-  if (m.core().tensors.contains(spec.name))
+  if (m.core().tensors().contains(spec.name))
     return invalid_argument("tensor \"{}\" is already registered", spec.name);
-  return m.core().tensors.add(std::move(spec), numel);
+  return m.core().add_tensor(std::move(spec), numel);
 }
 
 Result<TensorId> Runtime::register_tensor(std::string name, std::vector<std::int64_t> shape, bool frozen) {
@@ -161,14 +162,14 @@ Result<TensorId> Runtime::register_tensor(std::string name, std::vector<std::int
 
 Result<TensorId> Runtime::find_tensor(std::string_view name) const {
   std::lock_guard lock(impl_->core().mu);
-  std::optional<TensorId> id = impl_->core().tensors.find(std::string(name));
+  std::optional<TensorId> id = impl_->core().tensors().find(std::string(name));
   if (!id) return not_found("no tensor named \"{}\" is registered", name);
   return *id;
 }
 
 std::size_t Runtime::tensor_count() const {
   std::lock_guard lock(impl_->core().mu);
-  return impl_->core().tensors.size();
+  return impl_->core().tensors().size();
 }
 
 namespace {
@@ -186,31 +187,16 @@ void pad_to_shards(ChunkLayout& layout, int ranks) {
   }
 }
 
-//! Each family's bytes as the NVMe tier will store them: in the slots of the store
-//! the embedder supplied (RuntimeOptions::nvme_store), else in those ensure_nvme_store
-//! picks. A supplied store's slot may be larger than a chunk; each chunk then holds a
-//! whole slot, and the plan counts it so.
-void count_nvme_bytes(Core& core) {
-  const std::uint64_t nvme_slot =
-      core.nvme.is_open() ? core.nvme.store().slot_bytes() : nvme_slot_bytes(core.largest_optim_chunk());
-  for (FamilyId f = 0; f < core.chunks.families(); ++f) {
-    for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1})
-      core.chunks.bytes(f).optim_nvme_bytes += nvme_chunk_bytes(core.chunk(f, k).bytes, nvme_slot);
-    core.chunks.bytes(f).param_nvme_bytes =
-        nvme_chunk_bytes(core.chunk(f, StateKind::kParam).bytes, nvme_slot);
-  }
-}
-
 }  // namespace
 
 Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
   if (core().finalized()) return Status::Ok();
-  if (core().tensors.empty())
+  if (core().tensors().empty())
     return failed_precondition("no tensors are registered; register them before the first step");
   std::vector<std::uint64_t> numels;
   std::vector<TensorId> order;
-  for (TensorId t = 0; t < core().tensors.size(); ++t) {
-    numels.push_back(core().tensors[t].numel);
+  for (TensorId t = 0; t < core().tensors().size(); ++t) {
+    numels.push_back(core().tensors()[t].numel);
     order.push_back(t);
   }
   STRATA_ASSIGN_OR_RETURN(ChunkLayout layout, build_layout(numels, order, core().opt.layout));
@@ -220,47 +206,38 @@ Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
   const std::uint64_t cb = dtype_bytes(core().opt.compute_dtype);
   const std::uint64_t sb = kernels::dtype_size(core().opt.state_dtype);
   const std::size_t families = core().layout().families.size();
-  core().chunks.lay_out(families);
   pipeline().init(families);
+  std::vector<std::array<std::uint64_t, kStateKindCount>> bytes(families);
+  std::vector<std::uint64_t> trainable(families);
   for (FamilyId f = 0; f < families; ++f) {
     const FamilyLayout& fl = core().layout().families[f];
     std::uint64_t trainable_numel = 0;
     for (TensorId t : fl.tensors) {
-      trainable_numel += core().tensors[t].spec.frozen ? 0 : core().tensors[t].numel;
-      pipeline().trainable[f] += core().tensors[t].spec.frozen ? 0 : 1;
+      trainable_numel += core().tensors()[t].spec.frozen ? 0 : core().tensors()[t].numel;
+      pipeline().trainable[f] += core().tensors()[t].spec.frozen ? 0 : 1;
     }
     const std::uint64_t cap = fl.capacity_elems;
-    std::uint64_t bytes[kStateKindCount] = {};
-    bytes[static_cast<int>(StateKind::kParam)] = cap * cb;
-    if (trainable_numel > 0) bytes[static_cast<int>(StateKind::kGrad)] = cap * cb;
+    std::array<std::uint64_t, kStateKindCount>& b = bytes[f];
+    b[static_cast<int>(StateKind::kParam)] = cap * cb;
+    if (trainable_numel > 0) b[static_cast<int>(StateKind::kGrad)] = cap * cb;
     if (trainable_numel > 0) {  // this rank's shard of them (Note [Sharded step])
       const std::uint64_t shard = core().shard_elems(f);
-      if (core().separate_master) bytes[static_cast<int>(StateKind::kMaster)] = shard * 4;
+      if (core().separate_master) b[static_cast<int>(StateKind::kMaster)] = shard * 4;
       for (std::uint32_t i = 0; i < core().state_count; ++i)
-        bytes[static_cast<int>(StateKind::kState0) + i] = shard * sb;
+        b[static_cast<int>(StateKind::kState0) + i] = shard * sb;
     }
-    for (std::size_t k = 0; k < kStateKindCount; ++k) {
-      Chunk& c = core().chunk(f, static_cast<StateKind>(k));
-      c.bytes = align_up(bytes[k], 4096);
-      if (bytes[k] == 0) c.bytes = 0;
-    }
-    FamilyBytes& b = core().chunks.bytes(f);
-    b.numel = trainable_numel;
-    b.param_bytes = core().chunk(f, StateKind::kParam).bytes;
-    b.grad_bytes = core().chunk(f, StateKind::kGrad).bytes;
-    for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1})
-      b.optim_bytes += core().chunk(f, k).bytes;
+    trainable[f] = trainable_numel;
   }
-  count_nvme_bytes(core());
+  core().lay_out_chunks(bytes, trainable);
   STRATA_LOG_INFO("runtime: {} tensors in {} chunk families of {} elements ({:.1f}% padding)",
-                  core().tensors.size(), families, core().layout().chunk_elems,
+                  core().tensors().size(), families, core().layout().chunk_elems,
                   100.0 * core().layout().padding_fraction());
   STRATA_RETURN_IF_ERROR(adopt_plan(lock, registration_trace(families)));
   // Every param the plan keeps off NVMe has a host home (zeros until init_tensor);
   // an NVMe-homed one starts absent (zeros too, Note [NVMe-homed params]).
   for (FamilyId f = 0; f < families; ++f) {
     if (core().param_on_nvme(f)) continue;
-    Chunk& p = core().chunk(f, StateKind::kParam);
+    Chunk& p = core().chunk_mut(f, StateKind::kParam);
     STRATA_ASSIGN_OR_RETURN(std::byte * buffer, core().host_buffer(p));
     std::memset(buffer, 0, p.bytes);
     p.move_value(ChunkValue::kHost);
@@ -285,7 +262,7 @@ const ChunkLayout& Runtime::layout() const {
 std::uint64_t Runtime::state_bytes() const {
   std::lock_guard lock(impl_->core().mu);
   std::uint64_t total = 0;
-  for (const Chunk& c : impl_->core().chunks) total += is_optim_kind(c.kind) ? c.bytes : 0;
+  for (const Chunk& c : impl_->core().chunks()) total += is_optim_kind(c.kind) ? c.bytes : 0;
   return total;
 }
 const Plan& Runtime::plan() const {
@@ -330,7 +307,7 @@ void Runtime::check_invariants() const {
 StepCost Runtime::predict(const Rates& rates) const {
   Impl& m = *impl_;
   std::lock_guard lock(m.core().mu);
-  PlanInput in{.families = {m.core().chunks.family_bytes().begin(), m.core().chunks.family_bytes().end()},
+  PlanInput in{.families = {m.core().chunks().family_bytes().begin(), m.core().chunks().family_bytes().end()},
                .trace = m.tracker().plan_trace(),
                .budgets = m.core().opt.budgets,
                .options = m.core().opt.plan,

@@ -160,11 +160,11 @@ struct Runtime::Impl {
   //! [Write-back after step]) home again, freeing their host room; unlocks while
   //! writing. False (and states_kept set) when some stay.
   bool rehome_kept_states(std::unique_lock<std::mutex>& lock);
-  //! Runs fn on a host copy of chunk c (reading NVMe into a temporary when it lives
-  //! there); with write, the change is stored back to c's home. With whole (and
+  //! Runs fn on a host copy of family f's chunk of kind k (reading NVMe into a
+  //! temporary when it lives there); with write, the change is stored back to its home. With whole (and
   //! write), fn overwrites every byte of the chunk, so an NVMe copy is not read
   //! first: fn gets zeros. Blocks.
-  Status with_host_copy(std::unique_lock<std::mutex>& lock, Chunk& c, bool write,
+  Status with_host_copy(std::unique_lock<std::mutex>& lock, FamilyId f, StateKind k, bool write,
                         const std::function<void(std::byte*)>& fn, bool whole = false);
   //! The checks of Note [Chunk state machine] and Note [Pipeline places]; aborts
   //! on a violation. Caller holds mu.
@@ -198,9 +198,9 @@ inline Runtime::Impl::Parts::Parts(Runtime::Impl& m, memory::Device& dev, Runtim
       residency(core, tracker),
       pipeline(core, residency),
       dp(core, tracker, residency, pipeline,
-         [&m](std::unique_lock<std::mutex>& lock, Chunk& c, bool write,
+         [&m](std::unique_lock<std::mutex>& lock, FamilyId f, StateKind k, bool write,
               const std::function<void(std::byte*)>& fn,
-              bool whole) { return m.with_host_copy(lock, c, write, fn, whole); }) {
+              bool whole) { return m.with_host_copy(lock, f, k, write, fn, whole); }) {
   residency.read_progress(pipeline);
   residency.read_dp_flags(dp.flags());
 }

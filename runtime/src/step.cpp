@@ -23,10 +23,10 @@ Status Runtime::Impl::deferred_prepass(std::unique_lock<std::mutex>& lock, bool*
   on_host.clear();
   bool checks_unwaited = false;
   for (FamilyId f = 0; f < core().layout().families.size(); ++f) {
-    Chunk& g = core().chunk(f, StateKind::kGrad);
+    Chunk& g = core().chunk_mut(f, StateKind::kGrad);
     if (g.bytes == 0 || g.absent()) continue;
     bool any = false;
-    for (TensorId t : core().layout().families[f].tensors) any = any || core().tensors[t].grad_written;
+    for (TensorId t : core().layout().families[f].tensors) any = any || core().tensors()[t].grad_written;
     if (!any) continue;
     Status st = Status::Ok();
     if (g.dirty() && pipeline().checks_on_device()) {
@@ -86,13 +86,13 @@ Status Runtime::Impl::deferred_prepass(std::unique_lock<std::mutex>& lock, bool*
 
 void Runtime::Impl::discard_gradients() {
   for (FamilyId f = 0; f < core().layout().families.size(); ++f) {
-    Chunk& g = core().chunk(f, StateKind::kGrad);
+    Chunk& g = core().chunk_mut(f, StateKind::kGrad);
     if (g.host != nullptr) core().host->free(g.host, g.bytes);
     g.host = nullptr;
     g.move_value(ChunkValue::kAbsent);
     residency().drop_device_copy(g);
   }
-  core().tensors.clear_grads_written();
+  core().grads_consumed();
 }
 
 //! LAMB/LARS with W > 1: each family's run all-reduces its tensors' norms between
@@ -215,7 +215,7 @@ Result<StepStats> Runtime::Impl::run_step(std::unique_lock<std::mutex>& lock) {
     m.tracker().refresh(std::move(trace));  // keep the freshest compute times
   }
   m.tracker().begin_step();
-  m.core().tensors.end_micro_batch();
+  m.core().micro_batch_ended();
   m.pipeline().end_step();
   m.tracker().finish_stats(stats, m.residency().gpu_high_water());
   check_plan_kept(m.core(), stats);

@@ -49,7 +49,7 @@ Status Runtime::Impl::poison_step(std::unique_lock<std::mutex>& lock, Status st,
 bool Runtime::Impl::rehome_kept_states(std::unique_lock<std::mutex>& lock) {
   book_.states_kept = false;
   if (!core().nvme.is_open()) return true;
-  for (Chunk& c : core().chunks) {
+  for (Chunk& c : core().chunks_mut()) {
     const bool nvme_home = c.bytes > 0 && ((is_optim_kind(c.kind) && core().on_nvme(c.family)) ||
                                            (c.kind == StateKind::kParam && core().param_on_nvme(c.family)));
     if (!nvme_home || c.value != ChunkValue::kHost || c.readers > 0 || c.writers > 0) continue;
@@ -83,7 +83,7 @@ Status Runtime::Impl::discard_step(std::unique_lock<std::mutex>& lock, Status ca
   discard_gradients();
   pipeline().abandon_step();
   tracker().abandon_step();
-  core().tensors.end_micro_batch();
+  core().micro_batch_ended();
   core().forget_step_launches();
   core().errors.clear();
   book_.step_error = Status::Ok();

@@ -42,9 +42,9 @@ void load_values(const std::byte* p, DType dtype, std::span<float> out) {
 //! values for its elements, no lease held. `what` names the call in the message.
 Status check_state_call(const Runtime::Impl& m, TensorId tensor, std::size_t count, std::string_view what,
                         bool leases_allowed = false) {
-  if (tensor >= m.core().tensors.size())
+  if (tensor >= m.core().tensors().size())
     return invalid_argument("{}: tensor id {} is not registered", what, tensor);
-  const TensorInfo& info = m.core().tensors[tensor];
+  const TensorInfo& info = m.core().tensors()[tensor];
   if (count != info.numel) {
     return invalid_argument("{}(\"{}\"): {} values for {} elements", what, info.spec.name, count, info.numel);
   }
@@ -69,7 +69,7 @@ Status init_family(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, FamilyI
   const bool whole = ids == all;
   const DType cdt = m.core().opt.compute_dtype;
   STRATA_RETURN_IF_ERROR(m.with_host_copy(
-      lock, m.core().chunk(f, StateKind::kParam), true,
+      lock, f, StateKind::kParam, true,
       [&](std::byte* base) {
         for (std::size_t i : at) {
           const TensorSlot& ts = m.core().layout().slots[tensors[i]];
@@ -81,7 +81,7 @@ Status init_family(Runtime::Impl& m, std::unique_lock<std::mutex>& lock, FamilyI
   // any tensor's master gives its fp32 value.
   if (!m.core().separate_master || m.core().chunk(f, StateKind::kMaster).bytes == 0) return Status::Ok();
   return m.with_host_copy(
-      lock, m.core().chunk(f, StateKind::kMaster), true,
+      lock, f, StateKind::kMaster, true,
       [&](std::byte* base) {
         for (std::size_t i : at) {
           const Core::ShardPart part = m.core().shard_part(tensors[i]);
@@ -131,7 +131,7 @@ Status Runtime::read_tensor(TensorId tensor, StateKind kind, std::span<float> ou
   // exception in forward, the params still leased read their last good values
   // (Note [Failed steps]).
   STRATA_RETURN_IF_ERROR(check_state_call(m, tensor, out.size(), "read_tensor", true));
-  const TensorInfo& info = m.core().tensors[tensor];
+  const TensorInfo& info = m.core().tensors()[tensor];
   STRATA_RETURN_IF_ERROR(m.finalize(lock));
   // After a failed step the last good state must stay readable (to checkpoint
   // it), so a background error does not stop a read.
@@ -139,7 +139,7 @@ Status Runtime::read_tensor(TensorId tensor, StateKind kind, std::span<float> ou
   const TensorSlot& ts = m.core().layout().slots[tensor];
   if (kind == StateKind::kMaster && !m.core().separate_master)
     kind = StateKind::kParam;  // fp32: the param is the master
-  Chunk& c = m.core().chunk(ts.family, kind);
+  const Chunk& c = m.core().chunk(ts.family, kind);
   if (c.bytes == 0) {
     return failed_precondition("read_tensor(\"{}\", {}): this tensor has no such state", info.spec.name,
                                state_kind_name(kind));
@@ -157,11 +157,11 @@ Status Runtime::read_tensor(TensorId tensor, StateKind kind, std::span<float> ou
   if (is_optim_kind(kind)) {  // this rank's shard of it (Note [Sharded step])
     const Core::ShardPart part = m.core().shard_part(tensor);
     if (part.count == 0) return Status::Ok();
-    return m.with_host_copy(lock, c, false, [&](std::byte* base) {
+    return m.with_host_copy(lock, ts.family, kind, false, [&](std::byte* base) {
       load_values(base + part.at * dtype_bytes(dtype), dtype, out.subspan(part.first, part.count));
     });
   }
-  return m.with_host_copy(lock, c, false, [&](std::byte* base) {
+  return m.with_host_copy(lock, ts.family, kind, false, [&](std::byte* base) {
     load_values(base + ts.offset_elems * dtype_bytes(dtype), dtype, out);
   });
 }
@@ -172,7 +172,7 @@ Status Runtime::write_tensor(TensorId tensor, StateKind kind, std::span<const fl
   std::unique_lock lock(m.core().mu);
   InvariantCheck check(m, &lock);
   STRATA_RETURN_IF_ERROR(check_state_call(m, tensor, values.size(), "write_tensor"));
-  const TensorInfo& info = m.core().tensors[tensor];
+  const TensorInfo& info = m.core().tensors()[tensor];
   if (kind == StateKind::kGrad) {
     return failed_precondition("write_tensor(\"{}\", grad): gradients are written through leases",
                                info.spec.name);
@@ -186,7 +186,7 @@ Status Runtime::write_tensor(TensorId tensor, StateKind kind, std::span<const fl
     lock.unlock();
     return init_tensor(tensor, values);
   }
-  Chunk& c = m.core().chunk(ts.family, kind);
+  const Chunk& c = m.core().chunk(ts.family, kind);
   if (c.bytes == 0 || info.spec.frozen) {
     return failed_precondition("write_tensor(\"{}\", {}): this tensor has no such state ({})", info.spec.name,
                                state_kind_name(kind),
@@ -195,7 +195,7 @@ Status Runtime::write_tensor(TensorId tensor, StateKind kind, std::span<const fl
   const DType dtype = m.core().kind_dtype(kind);
   const Core::ShardPart part = m.core().shard_part(tensor);  // this rank's shard (Note [Sharded step])
   if (part.count == 0) return Status::Ok();
-  return m.with_host_copy(lock, c, true, [&](std::byte* base) {
+  return m.with_host_copy(lock, ts.family, kind, true, [&](std::byte* base) {
     store_values(base + part.at * dtype_bytes(dtype), dtype, values.subspan(part.first, part.count));
   });
 }
@@ -203,12 +203,12 @@ Status Runtime::write_tensor(TensorId tensor, StateKind kind, std::span<const fl
 Result<Runtime::StateRange> Runtime::state_range(TensorId tensor) const {
   Impl& m = *impl_;
   std::lock_guard lock(m.core().mu);
-  if (tensor >= m.core().tensors.size())
+  if (tensor >= m.core().tensors().size())
     return invalid_argument("state_range: tensor id {} is not registered", tensor);
   if (!m.core().finalized()) {
     return failed_precondition(
         "state_range(\"{}\"): the layout is fixed at the first acquire/init/step; call it after",
-        m.core().tensors[tensor].spec.name);
+        m.core().tensors()[tensor].spec.name);
   }
   const Core::ShardPart part = m.core().shard_part(tensor);
   return StateRange{.first = part.first, .count = part.count};
@@ -217,31 +217,31 @@ Result<Runtime::StateRange> Runtime::state_range(TensorId tensor) const {
 Result<std::int64_t> Runtime::tensor_steps(TensorId tensor) const {
   Impl& m = *impl_;
   std::unique_lock lock(m.core().mu);
-  if (tensor >= m.core().tensors.size())
+  if (tensor >= m.core().tensors().size())
     return invalid_argument("tensor_steps: tensor id {} is not registered", tensor);
   // The last step's updates carried into this forward count once they ran (Note [Deferred updates]).
   if (m.pipeline().carried() > 0) {
     const FamilyId f = m.core().layout().slots[tensor].family;
     m.core().cv.wait(lock, [&] { return !m.pipeline().updating(f) || !m.core().errors.background().ok(); });
   }
-  return m.core().tensors[tensor].updates;
+  return m.core().tensors()[tensor].updates;
 }
 
 Status Runtime::set_tensor_steps(TensorId tensor, std::int64_t steps) {
   Impl& m = *impl_;
   std::unique_lock lock(m.core().mu);
   InvariantCheck check(m, &lock);
-  if (tensor >= m.core().tensors.size())
+  if (tensor >= m.core().tensors().size())
     return invalid_argument("set_tensor_steps: tensor id {} is not registered", tensor);
   if (steps < 0 || steps >= (std::int64_t{1} << 47)) {
     return invalid_argument("set_tensor_steps(\"{}\", {}): a step counter is in [0, 2^47)",
-                            m.core().tensors[tensor].spec.name, steps);
+                            m.core().tensors()[tensor].spec.name, steps);
   }
   if (m.book().leases_out > 0)
     return failed_precondition("set_tensor_steps(\"{}\") while leases are held",
-                               m.core().tensors[tensor].spec.name);
+                               m.core().tensors()[tensor].spec.name);
   STRATA_RETURN_IF_ERROR(m.pipeline().wait_step_work(lock));
-  m.core().tensors[tensor].updates = steps;
+  m.core().restore_updates(tensor, steps);
   return Status::Ok();
 }
 
@@ -249,27 +249,27 @@ Status Runtime::set_tensor_group(TensorId tensor, std::uint32_t group) {
   Impl& m = *impl_;
   std::unique_lock lock(m.core().mu);
   InvariantCheck check(m, &lock);
-  if (tensor >= m.core().tensors.size())
+  if (tensor >= m.core().tensors().size())
     return invalid_argument("set_tensor_group: tensor id {} is not registered", tensor);
   if (group >= 65536) {
     return invalid_argument("set_tensor_group(\"{}\", {}): group ids are below 65536",
-                            m.core().tensors[tensor].spec.name, group);
+                            m.core().tensors()[tensor].spec.name, group);
   }
   if (m.book().leases_out > 0 || m.pipeline().busy_this_step()) {
     return failed_precondition(
         "set_tensor_group(\"{}\"): only between steps (leases or optimizer steps in flight)",
-        m.core().tensors[tensor].spec.name);
+        m.core().tensors()[tensor].spec.name);
   }
   // The last step's updates carried into this forward keep its groups (Note [Deferred updates]).
   STRATA_RETURN_IF_ERROR(m.pipeline().wait_step_work(lock));
-  m.core().tensors[tensor].group = group;
+  m.core().assign_group(tensor, group);
   return Status::Ok();
 }
 
 Status Runtime::add_to_working_set(TensorId tensor, std::uint32_t set) {
   Core& core = impl_->core();
   std::lock_guard lock(core.mu);  // (no chunk or lease state changes: nothing to check after)
-  if (tensor >= core.tensors.size())
+  if (tensor >= core.tensors().size())
     return invalid_argument("add_to_working_set: tensor id {} is not registered", tensor);
   core.working_sets.emplace_back(set, tensor);  // the next plan counts it (Note [Working sets])
   return Status::Ok();
@@ -304,7 +304,7 @@ Status Runtime::wait(const Lease& lease) {
   {
     std::lock_guard lock(m.core().mu);
     InvariantCheck check(m);
-    const Chunk& c = m.core().chunks.at(lease.chunk_);
+    const Chunk& c = m.core().chunks().at(lease.chunk_);
     STRATA_CHECK(c.device_slot >= 0);  // a leased chunk keeps its slot
     ready = &m.residency().slot_of(c).ready;
   }

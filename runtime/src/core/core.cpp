@@ -28,10 +28,89 @@ kernels::Hyper Core::hyper(std::uint32_t group) const {
 
 std::uint64_t Core::largest_optim_chunk() const {
   std::uint64_t largest = 0;
-  for (const Chunk& c : chunks) {
+  for (const Chunk& c : chunks_) {
     if (is_optim_kind(c.kind)) largest = std::max(largest, c.bytes);
   }
   return largest;
+}
+
+// Note [Table writes]
+// Only core/ writes the tensor and chunk tables (issue 46): every other part reads
+// them through const references (Core::tensors(), Core::chunks(), Core::chunk()), so
+// the compiler refuses a write that does not go through Core. A tensor's writes are
+// the step's facts, each named above (a lease opened, a gradient handed over, a
+// micro-batch ended, an update counted); the layout of the chunks is one operation
+// (lay_out_chunks). A chunk's copies change under the chunk state machine (Note
+// [Chunk state machine]), driven by residency, the optimizer pipeline and data
+// parallelism: they take the chunk through the escape hatch Core::chunk_mut (or
+// chunks_mut), and scripts/check-owners counts every call of a mutating entry outside
+// core/, failing above its limit, so a new writer is a visible choice.
+
+void Core::lease_taken(TensorId t, std::int32_t chunk, bool write) {
+  Chunk& c = chunks_.at(chunk);
+  if (!write) {
+    ++c.readers;
+    return;
+  }
+  ++c.writers;
+  ++tensors_[t].write_leases;
+}
+
+void Core::lease_returned(TensorId t, std::int32_t chunk, bool write) {
+  Chunk& c = chunks_.at(chunk);
+  if (!write) {
+    STRATA_CHECK(c.readers > 0);
+    --c.readers;
+    return;
+  }
+  STRATA_CHECK(c.writers > 0);
+  STRATA_CHECK(tensors_[t].write_leases > 0);
+  --c.writers;
+  --tensors_[t].write_leases;
+}
+
+bool Core::grad_handed_over(TensorId t) {
+  TensorInfo& info = tensors_[t];
+  info.grad_written = true;
+  if (info.written_in_micro_batch) return false;
+  info.written_in_micro_batch = true;
+  return true;
+}
+
+void Core::family_grads_consumed(FamilyId f) {
+  for (TensorId t : layout_.families[f].tensors) tensors_[t].grad_written = false;
+}
+
+void Core::count_updates(std::span<const TensorId> updated) {
+  for (TensorId t : updated) ++tensors_[t].updates;
+}
+
+void Core::lay_out_chunks(std::span<const std::array<std::uint64_t, kStateKindCount>> bytes,
+                          std::span<const std::uint64_t> numels) {
+  STRATA_CHECK(bytes.size() == numels.size());
+  chunks_.lay_out(bytes.size());
+  for (FamilyId f = 0; f < bytes.size(); ++f) {
+    for (std::size_t k = 0; k < kStateKindCount; ++k)
+      chunks_.at(f, static_cast<StateKind>(k)).bytes = bytes[f][k] == 0 ? 0 : align_up(bytes[f][k], 4096);
+    FamilyBytes& b = chunks_.bytes(f);
+    b.numel = numels[f];
+    b.param_bytes = chunks_.at(f, StateKind::kParam).bytes;
+    b.grad_bytes = chunks_.at(f, StateKind::kGrad).bytes;
+    for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1})
+      b.optim_bytes += chunks_.at(f, k).bytes;
+  }
+  // Each family's bytes as the NVMe tier will store them: in the slots of the store
+  // the embedder supplied (RuntimeOptions::nvme_store), else in those
+  // ensure_nvme_store picks. A supplied store's slot may be larger than a chunk; each
+  // chunk then holds a whole slot, and the plan counts it so.
+  const std::uint64_t nvme_slot =
+      nvme.is_open() ? nvme.store().slot_bytes() : nvme_slot_bytes(largest_optim_chunk());
+  for (FamilyId f = 0; f < chunks_.families(); ++f) {
+    FamilyBytes& b = chunks_.bytes(f);
+    for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1})
+      b.optim_nvme_bytes += nvme_chunk_bytes(chunks_.at(f, k).bytes, nvme_slot);
+    b.param_nvme_bytes = nvme_chunk_bytes(chunks_.at(f, StateKind::kParam).bytes, nvme_slot);
+  }
 }
 
 void ErrorState::fail(Status status) {

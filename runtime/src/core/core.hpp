@@ -14,9 +14,11 @@
 // `std::unique_lock&` may unlock it while it waits; every other member function
 // of the parts expects `mu` held unless its comment says "takes mu". One lock
 // and this rule need no static annotations, so the build does not check them
-// with clang's thread-safety analysis.
+// with clang's thread-safety analysis. The two tables are written only through
+// Core (Note [Table writes] in core.cpp), under mu like every other field.
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -94,10 +96,50 @@ class Core {
   std::condition_variable cv;
   ErrorState errors;
 
-  // The tables every part reads and writes under mu (tables.hpp): the registered
-  // tensors with their name index, and the chunks with their families' sizes.
-  TensorTable tensors;
-  ChunkTable chunks;
+  // The tables every part reads under mu (tables.hpp): the registered tensors with
+  // their name index, and the chunks with their families' sizes. Only core/ writes
+  // them, through the operations below (Note [Table writes]).
+  const TensorTable& tensors() const { return tensors_; }
+  const ChunkTable& chunks() const { return chunks_; }
+
+  // The tensor table's writes, each a fact of the step (Note [Table writes]).
+  //! Registers a tensor; its name must not be registered yet (the caller checked).
+  TensorId add_tensor(TensorSpec spec, std::uint64_t numel) { return tensors_.add(std::move(spec), numel); }
+  //! A lease on tensor t pinned chunk `chunk` (ChunkTable::index) to write or to
+  //! read: the chunk counts a writer or a reader, and t a write lease.
+  void lease_taken(TensorId t, std::int32_t chunk, bool write);
+  //! That lease was released or abandoned (checks the counts it drops are held).
+  void lease_returned(TensorId t, std::int32_t chunk, bool write);
+  //! A write lease on t's gradient was released: t has a gradient to step. True when
+  //! it is t's first in this micro-batch (Note [Gradient completion]).
+  bool grad_handed_over(TensorId t);
+  //! no_gradient(t): t hands over no gradient in this micro-batch.
+  void grad_declared_absent(TensorId t) { tensors_[t].written_in_micro_batch = true; }
+  //! A micro-batch ended (or was discarded): no tensor is written in the next one yet.
+  void micro_batch_ended() { tensors_.end_micro_batch(); }
+  //! An optimizer step consumed (or a discard dropped) every gradient; family f's.
+  void grads_consumed() { tensors_.clear_grads_written(); }
+  void family_grads_consumed(FamilyId f);
+  //! An optimizer step updated `updated` (their bias-correction step counts one more).
+  void count_updates(std::span<const TensorId> updated);
+  //! set_tensor_steps / a checkpoint's load: t's bias-correction step is `steps`.
+  void restore_updates(TensorId t, std::int64_t steps) { tensors_[t].updates = steps; }
+  //! set_tensor_group / a checkpoint's load: t is in parameter group `group`.
+  void assign_group(TensorId t, std::uint32_t group) { tensors_[t].group = group; }
+
+  // The chunk table's writes (Note [Table writes]).
+  //! Lays out the chunks once the layout is fixed: family f's chunk of kind k holds
+  //! bytes[f][k] (rounded up to 4 KiB), numels[f] trainable elements; then counts the
+  //! NVMe tier's bytes of each (FamilyBytes).
+  void lay_out_chunks(std::span<const std::array<std::uint64_t, kStateKindCount>> bytes,
+                      std::span<const std::uint64_t> numels);
+  //! A chunk to change under the chunk state machine (Note [Chunk state machine]):
+  //! the escape hatch every other part's write takes, each use counted
+  //! (scripts/check-owners).
+  Chunk& chunk_mut(FamilyId f, StateKind k) { return chunks_.at(f, k); }
+  Chunk& chunk_mut(std::int32_t index) { return chunks_.at(index); }
+  //! Every chunk, to change (the same escape hatch).
+  std::span<Chunk> chunks_mut() { return chunks_.all(); }
   //! begin_micro_batch(false) was called: gradients accumulate across micro-batches.
   bool accumulation_seen = false;
   //! Tensors leased together, as (set, tensor) pairs (Note [Working sets] in core.cpp).
@@ -130,8 +172,7 @@ class Core {
   bool accumulation_planned() const { return accumulation_planned_; }
   const PlannedPeaks& planned_max() const { return planned_max_; }
 
-  Chunk& chunk(FamilyId f, StateKind k) { return chunks.at(f, k); }
-  const Chunk& chunk(FamilyId f, StateKind k) const { return chunks.at(f, k); }
+  const Chunk& chunk(FamilyId f, StateKind k) const { return chunks_.at(f, k); }
   static std::int32_t chunk_index(FamilyId f, StateKind k) { return ChunkTable::index(f, k); }
   //! The dtype a chunk of `kind` holds.
   DType kind_dtype(StateKind kind) const;
@@ -216,6 +257,8 @@ class Core {
   std::uint64_t launch_records_created() const { return launch_records_.created(); }
 
  private:
+  TensorTable tensors_;
+  ChunkTable chunks_;
   ChunkLayout layout_;
   bool finalized_ = false;
   std::vector<GroupHyper> groups_;

@@ -1,12 +1,13 @@
 #pragma once
-// The two tables every part of the runtime reads and writes under Core::mu (Note
-// [Lock discipline]): the registered tensors, and the chunks with their families'
-// sizes. Each table's shape has one writer. Tensors are only added, at
-// registration, and the name index follows every add. The chunk table is laid out
-// once, when the layout is fixed (Runtime::Impl::finalize), with each chunk's family
-// and kind set there and never again. What a record holds after that is the business
-// of the part that owns the step it is in: a chunk's copies follow the chunk state
-// machine (chunk.hpp), a tensor's flags follow the step (Note [Gradient completion]).
+// The two tables every part of the runtime reads under Core::mu (Note [Lock
+// discipline]): the registered tensors, and the chunks with their families' sizes.
+// Core owns both and alone writes them (Note [Table writes] in core.cpp); the other
+// parts see them const. Tensors are only added, at registration, and the name index
+// follows every add. The chunk table is laid out once, when the layout is fixed
+// (Core::lay_out_chunks, from Runtime::Impl::finalize), with each chunk's family,
+// kind and size set there and never again. After that a chunk's copies follow the
+// chunk state machine (chunk.hpp), a tensor's flags follow the step (Note [Gradient
+// completion]), each through an operation Core names.
 
 #include <cstddef>
 #include <cstdint>
@@ -43,8 +44,6 @@ class TensorTable {
   const TensorInfo& operator[](TensorId t) const { return tensors_[t]; }
   std::size_t size() const { return tensors_.size(); }
   bool empty() const { return tensors_.empty(); }
-  auto begin() { return tensors_.begin(); }
-  auto end() { return tensors_.end(); }
   auto begin() const { return tensors_.begin(); }
   auto end() const { return tensors_.end(); }
 
@@ -90,8 +89,7 @@ class ChunkTable {
   Chunk& at(std::int32_t i) { return chunks_[static_cast<std::size_t>(i)]; }
   const Chunk& at(std::int32_t i) const { return chunks_[static_cast<std::size_t>(i)]; }
   std::size_t size() const { return chunks_.size(); }
-  auto begin() { return chunks_.begin(); }
-  auto end() { return chunks_.end(); }
+  std::span<Chunk> all() { return chunks_; }
   auto begin() const { return chunks_.begin(); }
   auto end() const { return chunks_.end(); }
 

@@ -194,9 +194,9 @@ std::string describe_config(const Core& core) {
       core.dp_ranks(), runtime::dtype_name(o.compute_dtype), kernels::dtype_name(o.state_dtype),
       kernels::optimizer_name(h.optimizer), h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.momentum,
       h.nesterov, o.clip_max_norm, o.loss_scaling, core.layout().chunk_elems, core.layout().families.size(),
-      core.tensors.size());
-  for (TensorId t = 0; t < core.tensors.size(); ++t) {
-    const TensorSpec& spec = core.tensors[t].spec;
+      core.tensors().size());
+  for (TensorId t = 0; t < core.tensors().size(); ++t) {
+    const TensorSpec& spec = core.tensors()[t].spec;
     s += fmt::format("tensor {} \"{}\" shape [{}] {}{}\n", t, spec.name, fmt::join(spec.shape, ", "),
                      runtime::dtype_name(spec.dtype), spec.frozen ? " frozen" : "");
   }
@@ -286,7 +286,7 @@ Status DataParallel::broadcast_initial(std::unique_lock<std::mutex>& lock) {
   std::vector<std::byte> buf, mine;
   std::size_t changed = 0;
   for (FamilyId f = 0; f < core_.layout().families.size(); ++f) {
-    Chunk& p = core_.chunk(f, StateKind::kParam);
+    const Chunk& p = core_.chunk(f, StateKind::kParam);
     if (p.bytes == 0) continue;
     buf.assign(p.bytes, std::byte{0});
     STRATA_RETURN_IF_ERROR(
@@ -407,7 +407,7 @@ void DataParallel::check_invariants() const {
     if (w > 1) STRATA_CHECK(core_.layout().families[f].capacity_elems % (w * kShardAlignElems) == 0);
     // Masters and states hold (at least) this rank's shard.
     for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1}) {
-      const Chunk& c = core_.chunks.at(f, k);
+      const Chunk& c = core_.chunks().at(f, k);
       if (c.bytes > 0) STRATA_CHECK(c.bytes >= core_.shard_elems(f) * dtype_bytes(core_.kind_dtype(k)));
     }
   }

@@ -63,7 +63,7 @@ class DataParallel final : public ChunkEvents {
  public:
   //! Runs fn on a host copy of a chunk (Runtime::Impl::with_host_copy: write,
   //! whole as there). Blocks.
-  using HostCopy = std::function<Status(std::unique_lock<std::mutex>&, Chunk&, bool write,
+  using HostCopy = std::function<Status(std::unique_lock<std::mutex>&, FamilyId, StateKind, bool write,
                                         const std::function<void(std::byte*)>& fn, bool whole)>;
 
   DataParallel(Core& core, const StepTracker& tracker, Residency& residency,
@@ -194,9 +194,9 @@ class DataParallel final : public ChunkEvents {
   //! Device-buffer communicator: points `g` at param p's device slot (in place) or
   //! a device buffer, with this rank's updated shard in it.
   Status stage_gather_on_device(std::unique_lock<std::mutex>& lock, Gather& g, Chunk& p);
-  Status host_copy(std::unique_lock<std::mutex>& lock, Chunk& c, bool write,
+  Status host_copy(std::unique_lock<std::mutex>& lock, const Chunk& c, bool write,
                    const std::function<void(std::byte*)>& fn, bool whole = false) {
-    return host_copy_(lock, c, write, fn, whole);
+    return host_copy_(lock, c.family, c.kind, write, fn, whole);
   }
 
   Core& core_;

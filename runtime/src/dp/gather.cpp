@@ -24,7 +24,7 @@ Status DataParallel::gather_params(std::unique_lock<std::mutex>& lock) {
   // every rank updated its shard of each.
   for (FamilyId f = 0; f < rounds.families; ++f) {
     if (core_.chunk(f, StateKind::kGrad).bytes == 0) continue;
-    Chunk& p = core_.chunk(f, StateKind::kParam);
+    Chunk& p = core_.chunk_mut(f, StateKind::kParam);
     Gather g;
     g.first = f;
     g.slice = core_.shard_elems(f) * rounds.elem_bytes;
@@ -104,7 +104,7 @@ Status DataParallel::stage_gather_on_device(std::unique_lock<std::mutex>& lock, 
 }
 
 Status DataParallel::finish_gather(std::unique_lock<std::mutex>& lock, FamilyId f) {
-  Chunk& p = core_.chunk(f, StateKind::kParam);
+  Chunk& p = core_.chunk_mut(f, StateKind::kParam);
   if (!flags_.awaiting_gather(p)) return Status::Ok();
   auto it = std::find_if(gathers_.begin(), gathers_.end(), [&](const Gather& g) { return g.first == f; });
   STRATA_CHECK(it != gathers_.end());

@@ -43,11 +43,11 @@ Status DataParallel::post_round(bool at_step) {
   const Rounds rounds(core_);
   const auto f = static_cast<FamilyId>(round_count(core_) - 1 - rounds_posted_);
   ++rounds_posted_;
-  Chunk& g = core_.chunk(f, StateKind::kGrad);
+  Chunk& g = core_.chunk_mut(f, StateKind::kGrad);
   if (g.bytes == 0) return Status::Ok();
   flags_[f].awaiting_reduction = false;
   for (TensorId t : core_.layout().families[f].tensors) {
-    const TensorInfo& info = core_.tensors[t];
+    const TensorInfo& info = core_.tensors()[t];
     if (at_step && !info.spec.frozen && !info.grad_written) {
       return failed_precondition(
           "data parallel: tensor \"{}\" got no gradient this step on rank {}; every rank must hand over "
@@ -134,7 +134,7 @@ Status DataParallel::stage_round_on_device(Round& round, Chunk& g, std::uint64_t
 
 Status DataParallel::land_device_round(Round& round) {
   const Rounds rounds(core_);
-  Chunk& g = core_.chunk(round.first, StateKind::kGrad);
+  Chunk& g = core_.chunk_mut(round.first, StateKind::kGrad);
   const std::uint64_t at = core_.shard_begin(round.first) * rounds.elem_bytes;
   const std::byte* sum = round.dev + at;
   if (!round.staging.valid()) {
@@ -262,7 +262,7 @@ Status DataParallel::reduce_gradients(std::unique_lock<std::mutex>& lock) {
       STRATA_RETURN_IF_ERROR(land_device_round(round));
       continue;
     }
-    Chunk& g = core_.chunk(round.first, StateKind::kGrad);
+    Chunk& g = core_.chunk_mut(round.first, StateKind::kGrad);
     const std::uint64_t at = core_.shard_begin(round.first) * rounds.elem_bytes;
     // The sum over ranks of this rank's shard replaces it where the gradient is
     // (the rest of the chunk is other ranks' shards: nothing reads it here).

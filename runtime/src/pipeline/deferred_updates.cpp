@@ -47,7 +47,8 @@ void OptimizerPipeline::carry(FamilyId f) {
   const GradCheckResult& check = checks_[f];
   run.carried_scale = check.valid && !core_.deferred() ? check.scale : step_scale;
   std::uint32_t groups = 1;
-  for (TensorId t : core_.layout().families[f].tensors) groups = std::max(groups, core_.tensors[t].group + 1);
+  for (TensorId t : core_.layout().families[f].tensors)
+    groups = std::max(groups, core_.tensors()[t].group + 1);
   KernelCall& call = calls_[f];
   call.hypers.clear();
   for (std::uint32_t g = 0; g < groups; ++g) call.hypers.push_back(core_.hyper(g));

@@ -57,7 +57,7 @@ void OptimizerPipeline::release_nvme_place(FamilyId f) {
   if (run.place == NvmePlace::kNone) return;
   for (std::size_t k = 0; k < run.staging.size(); ++k) {
     if (run.staging[k] != nullptr)
-      core_.host->free(run.staging[k], core_.chunks.at(f, static_cast<StateKind>(k)).bytes);
+      core_.host->free(run.staging[k], core_.chunks().at(f, static_cast<StateKind>(k)).bytes);
   }
   run.staging.clear();
   run.move_place(NvmePlace::kNone);
@@ -89,7 +89,7 @@ void OptimizerPipeline::read_states(FamilyId f) {
   run.pieces.clear();                 // keeps its capacity (Note [Allocation-free hot paths] in leases.cpp)
   const Chunk* param_read = nullptr;  // an NVMe-homed param's value, on NVMe
   for (std::size_t k = 0; k < kStateKindCount; ++k) {
-    Chunk& c = core_.chunks.at(f, static_cast<StateKind>(k));
+    const Chunk& c = core_.chunk(f, static_cast<StateKind>(k));
     if (c.bytes == 0 || (!is_optim_kind(c.kind) && c.kind != StateKind::kParam)) continue;
     auto buffer = core_.host->allocate(c.bytes);
     if (!buffer.ok()) {
@@ -159,7 +159,7 @@ void OptimizerPipeline::fetch_deferred_param(FamilyId f) {
 
 Status OptimizerPipeline::copy_param_from_device(FamilyId f) {
   FamilyRun& run = runs_[f];
-  Chunk& p = core_.chunk(f, StateKind::kParam);
+  const Chunk& p = core_.chunk(f, StateKind::kParam);
   DeviceSlot& slot = residency_.slot_of(p);
   // A reader of the slot (Note [Chunk state machine]): after its load and its
   // users, and the slot's next writer after it.
@@ -290,7 +290,7 @@ void OptimizerPipeline::read_piece_done(FamilyId f, Status status) {
 
 void OptimizerPipeline::write_back(FamilyId f, std::unique_lock<std::mutex>& lock) {
   FamilyRun& run = runs_[f];
-  Chunk& p = core_.chunk(f, StateKind::kParam);
+  Chunk& p = core_.chunk_mut(f, StateKind::kParam);
   WriteBack& wb = writebacks_[f];
   STRATA_CHECK(!wb.active);
   // Write the updated states to fresh slots (Note [Copy-on-write NVMe slots]);
@@ -300,7 +300,7 @@ void OptimizerPipeline::write_back(FamilyId f, std::unique_lock<std::mutex>& loc
   wb.new_slots.resize(kStateKindCount);
   const std::uint64_t piece = core_.nvme.store().slot_bytes();
   for (std::size_t k = 0; k < kStateKindCount; ++k) {
-    Chunk& c = core_.chunks.at(f, static_cast<StateKind>(k));
+    const Chunk& c = core_.chunk(f, static_cast<StateKind>(k));
     if (!written_home(core_, c)) continue;
     for (std::uint64_t begin = 0; begin < c.bytes; begin += piece) {
       auto slot = core_.nvme.store().allocate_slot();
@@ -366,7 +366,7 @@ void OptimizerPipeline::writeback_done(FamilyId f, Status status, double enqueue
   if (!status.ok() && wb.status.ok()) wb.status = std::move(status);
   if (--wb.io_pending > 0) return;
   for (std::size_t k = 0; k < kStateKindCount; ++k) {
-    Chunk& c = core_.chunks.at(f, static_cast<StateKind>(k));
+    Chunk& c = core_.chunk_mut(f, static_cast<StateKind>(k));
     if (!written_home(core_, c)) continue;
     if (c.kind == StateKind::kParam) {
       // An NVMe-homed param: its updated host copy (committed in write_back) goes

@@ -52,7 +52,7 @@ void OptimizerPipeline::adopt(const StepTrace& trace) {
   const std::vector<long> last = last_backward_use(trace, core_.layout().families.size());
   nvme_order_.clear();
   for (FamilyId f = 0; f < core_.plan().families.size(); ++f) {
-    if (core_.on_nvme(f) && core_.chunks.bytes(f).numel > 0) nvme_order_.push_back(f);
+    if (core_.on_nvme(f) && core_.chunks().family_bytes()[f].numel > 0) nvme_order_.push_back(f);
   }
   std::stable_sort(nvme_order_.begin(), nvme_order_.end(), [&](FamilyId a, FamilyId b) {
     const long la = last[a] < 0 ? std::numeric_limits<long>::max() : last[a];
@@ -160,11 +160,11 @@ void OptimizerPipeline::launch_optimizer(FamilyId f) {
   if (run.running() || !core_.errors.background().ok()) return;
   bool any = false;
   for (TensorId t : core_.layout().families[f].tensors)
-    any = any || (core_.tensors[t].grad_written && !core_.tensors[t].spec.frozen);
+    any = any || (core_.tensors()[t].grad_written && !core_.tensors()[t].spec.frozen);
   // Nothing to update (yet): step() looks again. A family already done this
   // step keeps its record (step() reads whether it applied its update).
   if (!any) return;
-  Chunk& g = core_.chunk(f, StateKind::kGrad);
+  const Chunk& g = core_.chunk(f, StateKind::kGrad);
   if (g.writers > 0) return;  // release() launches it
   if (run.launched()) {
     // A second completion in one step (a later last micro-batch), or a run carried
@@ -287,7 +287,7 @@ bool OptimizerPipeline::host_work_in_flight() const {
 
 void OptimizerPipeline::land_gradient(FamilyId f) {
   FamilyRun& run = runs_[f];
-  Chunk& g = core_.chunk(f, StateKind::kGrad);
+  Chunk& g = core_.chunk_mut(f, StateKind::kGrad);
   run.move_grad(GradStaging::kCopying);
   run.move_room(run.parked() ? GradRoom::kHeld : GradRoom::kStaging);
   ++room_count(run.room);
@@ -320,7 +320,7 @@ void OptimizerPipeline::land_gradient(FamilyId f) {
           std::lock_guard lock(core_.mu);
           FamilyRun& landed = runs_[f];
           if (landed.grad == GradStaging::kCopying) landed.move_grad(GradStaging::kReady);
-          residency_.drop_stale_host_copy(core_.chunk(f, StateKind::kGrad));  // (Note [Host room])
+          residency_.drop_stale_host_copy(core_.chunk_mut(f, StateKind::kGrad));  // (Note [Host room])
           if (core_.errors.background().ok()) {
             maybe_compute(f);
             // A parked run's landed gradient is what step() waits for (Note [Deferred updates]).
@@ -361,7 +361,7 @@ void OptimizerPipeline::maybe_compute(FamilyId f) {
 
 void OptimizerPipeline::release_gradient(FamilyId f, bool consumed) {
   FamilyRun& run = runs_[f];
-  Chunk& g = core_.chunk(f, StateKind::kGrad);
+  Chunk& g = core_.chunk_mut(f, StateKind::kGrad);
   if (run.grad_host != nullptr && run.grad != GradStaging::kInChunk) core_.host->free(run.grad_host, g.bytes);
   run.grad_host = nullptr;
   if (consumed) {
@@ -371,7 +371,7 @@ void OptimizerPipeline::release_gradient(FamilyId f, bool consumed) {
     }
     g.move_value(ChunkValue::kAbsent);
     residency_.drop_device_copy(g);
-    for (TensorId t : core_.layout().families[f].tensors) core_.tensors[t].grad_written = false;
+    core_.family_grads_consumed(f);
   }
   if (run.grad != GradStaging::kNone) {
     run.move_grad(GradStaging::kNone);
@@ -404,9 +404,9 @@ void OptimizerPipeline::finish_family(FamilyId f, Status status) {
 }
 
 void OptimizerPipeline::commit_param(FamilyId f) {
-  for (TensorId t : runs_[f].updated) ++core_.tensors[t].updates;
+  core_.count_updates(runs_[f].updated);
   // The host param (and master) changed: the GPU copy is stale.
-  Chunk& p = core_.chunk(f, StateKind::kParam);
+  Chunk& p = core_.chunk_mut(f, StateKind::kParam);
   STRATA_CHECK(p.readers == 0);
   residency_.drop_device_copy(p);
 }

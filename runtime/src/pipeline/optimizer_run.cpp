@@ -32,7 +32,7 @@ void OptimizerPipeline::spans_for(FamilyId f, const FamilyPtrs& ptrs, std::vecto
   const std::uint64_t cb = dtype_bytes(cdt);
   const std::uint64_t sb = kernels::dtype_size(core_.opt.state_dtype);
   for (TensorId t : core_.layout().families[f].tensors) {
-    const TensorInfo& info = core_.tensors[t];
+    const TensorInfo& info = core_.tensors()[t];
     if (info.spec.frozen || !info.grad_written) continue;
     // Every rank counts the tensor's step; it updates the part in its shard
     // (param and gradient at their chunk offset, master and states at the
@@ -72,7 +72,7 @@ void OptimizerPipeline::prepare_call(FamilyId f, const FamilyPtrs& ptrs, KernelC
   call.keys.clear();
   std::uint32_t groups_used = 1;
   for (const kernels::Span& s : call.spans) {
-    const TensorInfo& info = core_.tensors[s.tensor];
+    const TensorInfo& info = core_.tensors()[s.tensor];
     call.keys.push_back((static_cast<std::int64_t>(info.group) << 48) | (info.updates + 1));
     groups_used = std::max(groups_used, info.group + 1);
   }
@@ -214,7 +214,7 @@ Result<kernels::StepReport> OptimizerPipeline::run_trust_exchanged(FamilyId f, K
 void OptimizerPipeline::launch_device_optimizer(FamilyId f) {
   FamilyPtrs ptrs;
   for (std::size_t k = 0; k < kStateKindCount; ++k) {
-    Chunk& c = core_.chunks.at(f, static_cast<StateKind>(k));
+    Chunk& c = core_.chunk_mut(f, static_cast<StateKind>(k));
     if (c.bytes == 0) continue;
     STRATA_CHECK(c.device_slot >= 0);
     DeviceSlot& slot = residency_.slot_of(c);
@@ -260,7 +260,7 @@ void OptimizerPipeline::launch_device_optimizer(FamilyId f) {
     return;
   }
   for (std::size_t k = 0; k < kStateKindCount && st.ok(); ++k) {
-    Chunk& c = core_.chunks.at(f, static_cast<StateKind>(k));
+    Chunk& c = core_.chunk_mut(f, static_cast<StateKind>(k));
     if (c.bytes == 0) continue;
     DeviceSlot& slot = residency_.slot_of(c);
     st = core_.device.record(slot.ready, core_.opt_stream);
@@ -278,7 +278,7 @@ void OptimizerPipeline::device_optimizer_done(FamilyId f) {
   if (call.status.ok()) {
     runs_[f].move_outcome(call.report.applied ? RunOutcome::kApplied : RunOutcome::kNotApplied);
     if (call.report.applied) {
-      for (TensorId t : runs_[f].updated) ++core_.tensors[t].updates;
+      core_.count_updates(runs_[f].updated);
     }
   }
   release_gradient(f, call.status.ok());
@@ -334,7 +334,7 @@ void OptimizerPipeline::compute_family(FamilyId f) {
   const bool nvme_family = core_.on_nvme(f);
   FamilyPtrs ptrs;
   for (std::size_t k = 0; k < kStateKindCount; ++k) {
-    Chunk& c = core_.chunks.at(f, static_cast<StateKind>(k));
+    Chunk& c = core_.chunk_mut(f, static_cast<StateKind>(k));
     if (c.bytes == 0) continue;
     if (c.kind == StateKind::kGrad) {
       ptrs.at[k] = run.grad_host;
@@ -349,7 +349,7 @@ void OptimizerPipeline::compute_family(FamilyId f) {
       ptrs.at[k] = c.host;
     }
   }
-  Chunk& p = core_.chunk(f, StateKind::kParam);
+  Chunk& p = core_.chunk_mut(f, StateKind::kParam);
   KernelCall& call = calls_[f];
   prepare_call(f, ptrs, call);
   // The gradient was checked on its way to host (Note [Gradient check on the

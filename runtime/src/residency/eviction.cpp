@@ -38,7 +38,7 @@ Status failed(Core& core, Status st) {
 
 bool Residency::movable(const DeviceSlot& slot) const {
   if (slot.chunk < 0) return true;
-  const Chunk& c = core_.chunks.at(slot.chunk);
+  const Chunk& c = core_.chunks().at(slot.chunk);
   if (c.readers > 0 || c.writers > 0 || dp_flags_->in_collective(c)) return false;
   // A complete gradient waiting for the optimizer pipeline leaves by itself;
   // writing it back to host would spend host memory the plan did not give it.
@@ -82,7 +82,7 @@ std::int64_t Residency::pick_slot(FamilyId for_family, std::uint64_t farther_tha
     bool soon = false;     // needed within the prefetch window: loaded for that use
     bool waiting = false;  // a gradient waiting for its round's reduction (Note [Sharded step])
     if (!free) {
-      const Chunk& c = core_.chunks.at(device_slots_[s].chunk);
+      const Chunk& c = core_.chunks().at(device_slots_[s].chunk);
       if (c.family == for_family && c.kind != StateKind::kGrad) continue;
       waiting = dp_flags_->awaiting_reduction(c);
       // A gradient still being accumulated is used again at the family's next backward use.
@@ -130,7 +130,7 @@ Status Residency::prefetch() {
   const std::size_t start = tracker_.next_position();
   for (std::size_t q = start; q < uses.size() && q < start + plan.prefetch_depth; ++q) {
     const FamilyId f = uses[q].family;
-    Chunk& c = core_.chunk(f, StateKind::kParam);
+    Chunk& c = core_.chunk_mut(f, StateKind::kParam);
     if (c.device_copy || c.bytes == 0 || dp_flags_->awaiting_gather(c)) continue;  // (Note [Sharded step])
     if (needs_staging(c) ? !staged(c) : c.value != ChunkValue::kHost) continue;    // (not read yet)
     if (pipeline_->updating(f)) continue;

@@ -48,7 +48,7 @@ std::int64_t Residency::staging_victim(std::size_t window) const {
 void Residency::adopt(const Plan& p) {
   staging_max_ = p.param_staging_buffers;
   staging_.resize(p.families.size());
-  for (const Chunk& c : core_.chunks) {
+  for (const Chunk& c : core_.chunks()) {
     if (c.kind == StateKind::kParam) staging_buffer_bytes_ = std::max(staging_buffer_bytes_, c.bytes);
   }
 }
@@ -56,7 +56,7 @@ void Residency::adopt(const Plan& p) {
 void Residency::release_staging() {
   for (FamilyId f : staged_) {
     STRATA_CHECK(staging_[f].lent == 0);
-    core_.chunk(f, StateKind::kParam).host = nullptr;
+    core_.chunk_mut(f, StateKind::kParam).host = nullptr;
   }
   staged_.clear();
   for (std::byte* b : staging_buffers_) core_.host->free(b, staging_buffer_bytes_);
@@ -65,7 +65,7 @@ void Residency::release_staging() {
 }
 
 void Residency::free_staging(FamilyId f) {
-  Chunk& c = core_.chunk(f, StateKind::kParam);
+  Chunk& c = core_.chunk_mut(f, StateKind::kParam);
   STRATA_CHECK(staging_[f].state == Staging::kReady && staging_[f].lent == 0);
   staging_free_.push_back(c.host);  // back to the pool
   c.host = nullptr;
@@ -180,7 +180,7 @@ Status Residency::wait_staged(std::unique_lock<std::mutex>& lock, Chunk& c) {
       continue;
     }
     // Every buffer is read and a load still copies from it: wait for the loads.
-    for (FamilyId g : staged_) STRATA_RETURN_IF_ERROR(wait_host_reads(core_.chunk(g, StateKind::kParam)));
+    for (FamilyId g : staged_) STRATA_RETURN_IF_ERROR(wait_host_reads(core_.chunk_mut(g, StateKind::kParam)));
     if (staging_victim(0) < 0 && lent_buffers() > 0) {
       core_.cv.wait(lock);  // the pipeline's copy from one ends (give_back_staged)
       continue;
@@ -232,7 +232,7 @@ Status Residency::read_params_ahead() {
   const auto& uses = tracker_.plan_trace().uses;
   const std::size_t start = tracker_.next_position();
   for (std::size_t q = start; q < uses.size() && q < start + staging_max_; ++q) {
-    Chunk& c = core_.chunk(uses[q].family, StateKind::kParam);
+    Chunk& c = core_.chunk_mut(uses[q].family, StateKind::kParam);
     if (c.device_copy || !needs_staging(c) || pipeline_->updating(c.family)) continue;
     bool started = false;
     STRATA_RETURN_IF_ERROR(start_staging(c, staging_max_, /*ahead=*/true, &started));

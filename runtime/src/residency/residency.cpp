@@ -64,7 +64,7 @@ void Residency::drop_stale_host_copy(Chunk& c) {
 bool Residency::drop_stale_host_copies() {
   bool freed = false;
   for (FamilyId f = 0; f < core_.layout().families.size(); ++f) {
-    Chunk& g = core_.chunk(f, StateKind::kGrad);
+    Chunk& g = core_.chunk_mut(f, StateKind::kGrad);
     if (g.value != ChunkValue::kStaged || g.host == nullptr || !wait_host_reads(g).ok()) continue;
     drop_stale_host_copy(g);
     freed = freed || g.host == nullptr;
@@ -146,7 +146,7 @@ Status Residency::write_back(Chunk& c, DeviceSlot& slot) {
 Status Residency::evict_slot(std::size_t s) {
   DeviceSlot& slot = device_slots_[s];
   if (slot.chunk < 0) return Status::Ok();
-  Chunk& c = core_.chunks.at(slot.chunk);
+  Chunk& c = core_.chunk_mut(slot.chunk);
   STRATA_CHECK(c.readers == 0);
   STRATA_CHECK(c.writers == 0);
   if (c.dirty()) {
@@ -238,7 +238,7 @@ Status Residency::ensure_on_device(std::unique_lock<std::mutex>& lock, Chunk& c,
 std::size_t Residency::incomplete_gradients_max() const {
   const std::size_t families = core_.layout().families.size();
   std::uint64_t grad_max = 0;
-  for (const Chunk& c : core_.chunks)
+  for (const Chunk& c : core_.chunks())
     grad_max = c.kind == StateKind::kGrad ? std::max(grad_max, c.bytes) : grad_max;
   // write_back_fits lets an eviction write a gradient back while the host copies
   // stay within plan.grad_host_bytes; a family complete on host leaves by itself.
@@ -252,7 +252,7 @@ Status Residency::no_slot_error(bool room_full) const {
   for (std::size_t i = 0; i < cache_slots_; ++i) {
     const DeviceSlot& slot = device_slots_[i];
     if (slot.chunk < 0) continue;
-    const Chunk& o = core_.chunks.at(slot.chunk);
+    const Chunk& o = core_.chunks().at(slot.chunk);
     leased += (o.readers > 0 || o.writers > 0 || dp_flags_->in_collective(o)) ? 1 : 0;
     claimed += (o.kind == StateKind::kGrad && pipeline_->claims_gradient(o.family)) ? 1 : 0;
   }
@@ -323,14 +323,14 @@ Status Residency::ensure_on_host(Chunk& c) {
 void Residency::note_gpu_use() {
   std::uint64_t used = 0;
   for (const DeviceSlot& s : device_slots_) {
-    if (s.chunk >= 0 && core_.chunks.at(s.chunk).device_copy) used += s.bytes;
+    if (s.chunk >= 0 && core_.chunks().at(s.chunk).device_copy) used += s.bytes;
   }
   gpu_high_water_ = std::max(gpu_high_water_, used);
 }
 
 Status Residency::build_slots(const Plan& p) {
   STRATA_RETURN_IF_ERROR(core_.device.synchronize());
-  for (Chunk& c : core_.chunks) {
+  for (Chunk& c : core_.chunks_mut()) {
     if (c.device_slot < 0) continue;
     STRATA_CHECK(!c.dirty());  // at a step boundary device copies are clean
     c.device_slot = -1;
@@ -342,13 +342,13 @@ Status Residency::build_slots(const Plan& p) {
       std::max<std::uint64_t>(core_.layout().chunk_elems * dtype_bytes(core_.opt.compute_dtype), 4096), 4096);
   std::vector<std::pair<std::int32_t, std::uint64_t>> wanted;  // (dedicated chunk or -1, bytes)
   if (p.all_gpu) {
-    for (std::size_t i = 0; i < core_.chunks.size(); ++i) {
+    for (std::size_t i = 0; i < core_.chunks().size(); ++i) {
       const auto ci = static_cast<std::int32_t>(i);
-      if (core_.chunks.at(ci).bytes > 0) wanted.emplace_back(ci, core_.chunks.at(ci).bytes);
+      if (core_.chunks().at(ci).bytes > 0) wanted.emplace_back(ci, core_.chunks().at(ci).bytes);
     }
   } else {
     std::uint64_t stream_bytes = slot_bytes;
-    for (const FamilyBytes& f : core_.chunks.family_bytes())
+    for (const FamilyBytes& f : core_.chunks().family_bytes())
       stream_bytes = std::max({stream_bytes, f.param_bytes, f.grad_bytes});
     for (std::uint64_t s = 0; s < p.gpu_cache_slots; ++s) wanted.emplace_back(-1, stream_bytes);
     for (FamilyId f = 0; f < p.families.size(); ++f) {
@@ -385,7 +385,7 @@ Status Residency::build_slots(const Plan& p) {
     if (wanted[i].first >= 0) {
       slot.dedicated = true;
       slot.chunk = wanted[i].first;
-      core_.chunks.at(wanted[i].first).device_slot = static_cast<std::int32_t>(i);
+      core_.chunk_mut(wanted[i].first).device_slot = static_cast<std::int32_t>(i);
     }
   }
   return Status::Ok();
