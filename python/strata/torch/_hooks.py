@@ -28,7 +28,7 @@ import weakref
 
 import torch
 
-from . import _compile
+from . import _compile, _processes
 
 
 def _tensors_in(obj, out):
@@ -141,6 +141,7 @@ class _Hooks:
 
     def _root_pre_forward(self, module, inputs):
         _compile.check_forward()  # compiled autograd (Note [torch.compile])
+        _processes.check_not_inside_parallel_wrapper(self.model)  # Note [One process]
         self._set_lazy(False)
         self._check_unchanged()
         self._ensure_engine()

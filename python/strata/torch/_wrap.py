@@ -17,7 +17,7 @@ import weakref
 
 import torch
 
-from . import _C, _deferred, _state
+from . import _C, _deferred, _processes, _state
 from ._build import _Building, _load_config
 from ._grads import _Grads, _zero_grad
 from ._hooks import _Hooks
@@ -189,7 +189,7 @@ def _available_memory():
     return None
 
 
-def wrap(model, config=None, *, init=None, init_order="modules"):
+def wrap(model, config=None, *, init=None, init_order="modules", process_group=None):
     """Hands `model`'s parameters to strata and returns the model (the same object).
 
     config: a dict or the path of a JSON file, with the keys of strata's C++ Config
@@ -199,7 +199,11 @@ def wrap(model, config=None, *, init=None, init_order="modules"):
     model.strata is the wrapped state (stats, close()).
     A model with its parameters on the meta device is initialised straight into strata's chunks
     by each module's reset_parameters() and then init(module) (Note [Deferred init] in _deferred.py).
+    process_group: a torch.distributed group of one rank, or None. strata.torch runs in one process:
+    a job of more than one (WORLD_SIZE > 1, a group of more ranks) and a model inside
+    DistributedDataParallel or FSDP are refused (Note [One process] in _processes.py).
     """
+    _processes.check_world(model, process_group)
     wrapped = Wrapped(model, config, init, init_order)
     # An instance attribute (not a Parameter, Module or Tensor) shadows the class's methods.
     object.__setattr__(model, "zero_grad", _zero_grad.__get__(model))
