@@ -213,7 +213,12 @@ def probe_prediction(args, nvme_dir, d, layers, chunk_elems, cfg, host, compute_
     if out.returncode != 0:
         result["probe_error"] = out.stderr.strip() or f"exit code {out.returncode}"
         return result
-    model = json.loads(out.stdout)["model"]
+    report = json.loads(out.stdout)
+    model, machine = report["model"], report["machine"]
+    # The host's rates the host-cores bound reads (Note [Host-cores bound] in torch_scale.py).
+    result["probe_host_memory_bytes_s"] = machine["host_memory_gib_s"] * (1 << 30)
+    result["probe_disk_cpu_s_per_byte"] = (machine.get("nvme") or {}).get("cpu_s_per_gib", 0.0) / (1 << 30)
+    result["probe_cores"] = machine["cores"]
     result["probe_placement"] = model["fastest_placement"]
     if model["predicted_step_s"] is None:
         result["probe_error"] = "the probe fits this model to no placement at these budgets"

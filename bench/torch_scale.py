@@ -23,8 +23,12 @@ The bound, measured in the same run:
     queue depth (32 pieces) beside the compute bursts (Note [Compute paired with the steps]), the
     mean of those before and after the step's pair; disk_s is their median (disk_s_per_step each),
     disk_s_after_close the older figure (5 runs after the model is closed);
-  - bound_s = max(compute_s, disk_s); bound_ratio = step_s / bound_s; bound_ratio_per_step: each
-    measured step against its own compute and bytes;
+  - host_cores_s: the host cores' work a step on the sim device, compute_s + strata_adamw_s + the sim
+    device's copies + the disk's CPU time, at the probe's rates (Note [Host-cores bound]);
+  - bound_s = max(disk_s, host_cores_s), `bound` naming which ("compute" without the probe's rates:
+    then max(compute_s, disk_s)); bound_ratio = step_s / bound_s; bound_ratio_per_step: each
+    measured step against its own compute and bytes; compute_disk_bound_s (and _ratio) = max(compute_s,
+    disk_s), the bound before the host cores were counted;
   - shared_core_bound_s = max(compute_s + strata_adamw_s, disk_s): on the sim device forward,
     backward and strata's optimizer share the same cores;
   - probe_step_s, probe_ratio: strata-probe's prediction of this run (same shape, budgets and
@@ -279,7 +283,10 @@ def main():
             ("the loss did not fall", result["loss_decreasing"]),
             ("exact_small_copy is false", result["exact_small_copy"] is not False),
             ("peak RSS above host budget + stated overhead", result["peak_rss_bytes"] <= result["rss_bound_bytes"]),
-            ("swap files larger than the plan", result["nvme_bytes_allocated"] <= result["nvme_bytes_planned"] + (1 << 20)))
+            ("swap files larger than the plan", result["nvme_bytes_allocated"] <= result["nvme_bytes_planned"] + (1 << 20)),
+            # Note [Host-cores bound]: with the probe's rates the host's part counts more than compute.
+            ("host_cores_s missing or below compute_s", result["probe_step_s"] is None
+             or (result["host_cores_s"] is not None and result["host_cores_s"] > result["compute_s"])))
             if not ok]
         if missed:
             print("torch_scale: " + "; ".join(missed), file=sys.stderr)
@@ -344,13 +351,39 @@ def run(args, nvme_dir):
     m.probe = probe_prediction(args, nvme_dir, d, layers, m.layout["chunk_elems"], m.cfg, host, compute_s)
     if m.probe["probe_step_s"] is not None:
         m.probe["probe_ratio"] = round(step_s / m.probe["probe_step_s"], 3)
-    m.bound_s = max(compute_s, disk_s)
+    m.compute_disk_bound_s = max(compute_s, disk_s)
     # Each measured step against its own paired compute and its own bytes (Note [Compute paired with the steps]).
-    m.per_step_ratios = [times[i] / max(stats[i]["compute_s"], m.disk_s_per_step[k]) for k, i in enumerate(measured)]
     # On the sim device forward, backward and strata's optimizer run on the same cores: their sum is the
     # compute this machine must do each step (docs/scale.md, "Two bounds").
     m.shared_bound_s = max(compute_s + m.strata_adamw_s, disk_s)
+    m.host_cores_s_per_step = [host_cores_seconds(m, stats[i]) for i in measured]
+    m.host_cores_s = statistics.median(m.host_cores_s_per_step) if m.host_cores_s_per_step[0] is not None else None
+    m.bound_s = max(disk_s, m.host_cores_s or compute_s)
+    m.bound = "disk" if m.bound_s == disk_s else ("host_cores" if m.host_cores_s is not None else "compute")
+    m.per_step_ratios = [times[i] / max(m.disk_s_per_step[k], m.host_cores_s_per_step[k] or stats[i]["compute_s"])
+                         for k, i in enumerate(measured)]
     return report(args, m, data, nvme_dir, d, layers, host, ram)
+
+
+# Note [Host-cores bound]
+# On the sim device every piece of a step's work runs on the host's cores: torch's forward and
+# backward (compute_s), strata's optimizer (strata_adamw_s), the sim device's copies (memcpy: each
+# byte read and written, at the host-memory rate the probe measures, as the probe's cost model
+# counts them: Note [Host cores as a resource]) and the disk's CPU time (checksums, the I/O
+# engine: the bytes at the probe's cpu_s_per_gib, over the cores). On 2 cores they add up: at
+# 1.2 B fp32 the step was 11.2 s against 4.9 s of compute and 5.4 s of disk. So bound_s is the
+# larger of the disk's time and that sum (host_cores_s), and `bound` says which it was; the older
+# max(compute_s, disk_s) stays as compute_disk_bound_s. Without the probe's rates (no
+# --strata-probe) the host's part is compute_s alone and `bound` says "compute".
+def host_cores_seconds(m, step):
+    """The host cores' work in one step (Note [Host-cores bound]), or None without the probe's rates."""
+    rate = m.probe.get("probe_host_memory_bytes_s")
+    if not rate or "compute_s" not in step:
+        return None
+    copies_s = 2 * (step["bytes_h2d"] + step["bytes_d2h"]) / rate
+    disk_cpu_s = ((step["bytes_disk_read"] + step["bytes_disk_write"]) * m.probe["probe_disk_cpu_s_per_byte"]
+                  / max(1, m.probe["probe_cores"]))
+    return step["compute_s"] + m.strata_adamw_s + copies_s + disk_cpu_s
 
 
 def report(args, m, data, nvme_dir, d, layers, host, ram):
@@ -395,8 +428,12 @@ def report(args, m, data, nvme_dir, d, layers, host, ram):
         "compute_s_before_build": round(m.alone_s, 3), "compute_s_before_build_range": [round(t, 3) for t in m.alone_range],
         "torch_adamw_s": round(m.adamw_s, 3),
         "strata_adamw_s": round(m.strata_adamw_s, 3), "disk_s": round(m.disk_s, 3),
-        "bound_s": round(m.bound_s, 3), "bound_ratio": round(m.step_s / m.bound_s, 3),
+        "host_cores_s": None if m.host_cores_s is None else round(m.host_cores_s, 3),
+        "host_cores_s_per_step": [None if t is None else round(t, 3) for t in m.host_cores_s_per_step],
+        "bound": m.bound, "bound_s": round(m.bound_s, 3), "bound_ratio": round(m.step_s / m.bound_s, 3),
         "bound_ratio_per_step": [round(r, 3) for r in m.per_step_ratios],
+        "compute_disk_bound_s": round(m.compute_disk_bound_s, 3),
+        "compute_disk_bound_ratio": round(m.step_s / m.compute_disk_bound_s, 3),
         "shared_core_bound_s": round(m.shared_bound_s, 3), "shared_core_bound_ratio": round(m.step_s / m.shared_bound_s, 3),
         **m.probe,
         "dtype": args.dtype, "lr": args.lr, "warmup_steps": args.warmup, "losses": [round(x, 5) for x in m.losses],
