@@ -10,6 +10,7 @@
 #include "errors.hpp"
 #include "functional.hpp"
 #include "strata/strata.hpp"
+#include "torch_comm.hpp"
 
 namespace py = pybind11;
 
@@ -166,4 +167,5 @@ PYBIND11_MODULE(_C, m) {
   strata::torch_binding::export_state_kinds(m);  // #26: PARAM..STATE1 from the C++ enum
   m.def("validate_config", &strata::torch_binding::validate_config, py::arg("config_json"));
   strata::torch_binding::register_functional(m);  // fused_step (functional.cpp, #26)
+  strata::torch_binding::define_torch_comm(m);    // TorchComm (torch_comm_binds.cpp, #48)
 }
