@@ -274,6 +274,12 @@ Result<std::unique_ptr<comm::Communicator>> make_torch_communicator(
   s->rank = group->getRank();
   s->size = group->getSize();
   s->backend = group->getBackendName();
+  if (s->backend == "nccl") {
+    return invalid_argument(
+        "comm torch: the group's backend is nccl, which moves CUDA memory only, and this communicator moves "
+        "host memory; give it a gloo group (torch.distributed.new_group(backend=\"gloo\")) (Note [Comm over "
+        "torch.distributed])");
+  }
   s->group = std::move(group);
   s->options = options;
   return std::unique_ptr<comm::Communicator>(std::make_unique<TorchCommunicator>(std::move(s)));

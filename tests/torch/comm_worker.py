@@ -4,8 +4,8 @@
 
 exact: every collective of strata.torch._C.TorchComm against a reference formed here
 from every rank's inputs (each rank makes all of them from the seed): reduce_scatter
-(fp32, bf16, in place) equals the rank-ordered sum bit for bit, all_gather and
-broadcast are exact, the fp64 all_reduce sum is the rank-ordered sum, max the max.
+(fp32, bf16, in place) equals the rank-ordered sum bit for bit, all_gather (in place
+too) and broadcast are exact, the fp64 all_reduce sum is the rank-ordered sum, max the max.
 dead-peer: the last rank exits without calling; every other rank's all_reduce must
 fail within the timeout naming the op and its rank, and the next call too.
 hung-peer: the same with a last rank that lives but does not call: the timeout ends the wait.
@@ -53,10 +53,23 @@ def check_reduce_scatter(comm, seed, rank, world, dtype, in_place):
     recv = send[mine] if in_place else torch.empty(COUNT, dtype=dtype)
     comm.reduce_scatter(send, recv)
     assert torch.equal(bits(recv), bits(expect)), f"reduce_scatter {dtype} in_place={in_place}: not bit-exact"
+    if world >= 3:  # the check can tell: another order rounds differently
+        other = rank_ordered_sum([s[mine] for s in reversed(sends)])
+        assert not torch.equal(bits(other), bits(expect)), "inputs too tame to tell a summation order"
 
 
 def check_exact(comm, seed, rank, world):
     assert (comm.rank, comm.size, comm.backend) == (rank, world, "torch")
+    for bad in (lambda: comm.reduce_scatter(torch.zeros(world, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)),
+                lambda: comm.all_gather(torch.zeros(2), torch.zeros(2 * world + 1)),
+                lambda: comm.all_reduce([1.0], "min"),
+                lambda: comm.broadcast(torch.zeros(1), world)):
+        try:
+            bad()
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("a bad argument was accepted")
     for dtype in (torch.float32, torch.bfloat16):
         check_reduce_scatter(comm, seed, rank, world, dtype, in_place=False)
     check_reduce_scatter(comm, seed, rank, world, torch.float32, in_place=True)
@@ -66,6 +79,11 @@ def check_exact(comm, seed, rank, world):
         recv = torch.empty(world * COUNT, dtype=dtype)
         comm.all_gather(slices[rank], recv)
         assert torch.equal(bits(recv), bits(torch.cat(slices))), f"all_gather {dtype}: not exact"
+    recv = torch.zeros(world * COUNT)  # in place: send is recv's own slice
+    recv[rank * COUNT:(rank + 1) * COUNT] = slices_f32 = inputs(seed + 4, rank, world, torch.float32)[:COUNT]
+    comm.all_gather(recv[rank * COUNT:(rank + 1) * COUNT], recv)
+    expect = torch.cat([inputs(seed + 4, r, world, torch.float32)[:COUNT] for r in range(world)])
+    assert torch.equal(bits(recv), bits(expect)) and torch.equal(recv[rank * COUNT:(rank + 1) * COUNT], slices_f32)
 
     values = [inputs(seed + 2, r, world, torch.float64)[:7].tolist() for r in range(world)]
     expect_sum = []
@@ -92,10 +110,10 @@ def check_exact(comm, seed, rank, world):
     s = comm.stats()
     peers = world - 1
     assert s["reduce_scatter_bytes"] == (COUNT * 4 + COUNT * 2 + COUNT * 4) * peers, s
-    assert s["all_gather_bytes"] == (COUNT * 4 + COUNT * 2) * peers, s
+    assert s["all_gather_bytes"] == (COUNT * 4 + COUNT * 2 + COUNT * 4) * peers, s
     assert s["all_reduce_bytes"] == 2 * 7 * 8 * peers, s
     assert s["broadcast_bytes"] == (4099 * peers if rank == root else 0), s
-    assert s["collectives"] == 3 + 2 + 2 + 1 + 3, s
+    assert s["collectives"] == 3 + 3 + 2 + 1 + 3, s
 
 
 def check_dead_peer(comm, rank, world, timeout_ms, hung):
@@ -132,6 +150,12 @@ def main():
                             timeout=datetime.timedelta(seconds=20))
     group = dist.distributed_c10d._get_default_group()
     timeout_ms = 3000
+    try:
+        _C.TorchComm(group, timeout_ms=0)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("timeout_ms=0 was accepted")
     comm = _C.TorchComm(group, timeout_ms=timeout_ms)
     if mode == "exact":
         check_exact(comm, seed, rank, world)
