@@ -4,8 +4,8 @@
 namespace strata::comm {
 
 bool rank_ordered_sum(const Communicator& comm) {
-  // nccl's ring and tree reductions sum in an order of their own; local and mpi
-  // (sum_in_rank_order) do not.
+  // nccl's ring and tree reductions sum in an order of their own; local, mpi and
+  // torch (python/src/torch_comm.cpp: c10d moves, sum_in_rank_order adds) do not.
   return comm.backend() != "nccl";
 }
 
