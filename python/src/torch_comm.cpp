@@ -45,8 +45,9 @@
 // Not done yet: every buffer is host memory (device_buffers() is false), so the
 // group needs a CPU backend (gloo; in torch 2.x a "cpu:gloo,cuda:nccl" group);
 // strata::Runtime (api/) does not accept a communicator yet, and strata.torch's
-// wrap() does not use this one: it is reachable from Python only as
-// strata.torch._C.TorchComm, which the comm-level test drives
+// wrap() does not use this one (it still refuses a job of more than one process,
+// Note [One process] in python/strata/torch/_processes.py): it is reachable from
+// Python only as strata.torch._C.TorchComm, which the comm-level test drives
 // (tests/torch/test_torch_comm.py).
 
 namespace strata::torch_binding {
