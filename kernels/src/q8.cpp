@@ -43,6 +43,38 @@ std::uint8_t code_of_zero(const std::array<float, 256>& map) {
   return static_cast<std::uint8_t>(at - map.begin());
 }
 
+//! #{k < 255 : t[k] < x}.
+std::uint32_t count_below(const float* t, float x) {
+  std::uint32_t c = 0;
+  for (std::size_t k = 0; k < 255; ++k) c += t[k] < x ? 1 : 0;
+  return c;
+}
+
+//! Note [Q8 nearest-code search]: thresholds, lo per bucket and the extra bound.
+void make_search(const std::array<float, 256>& map, cpu::Q8Search& s) {
+  for (std::size_t k = 0; k < 256 + cpu::kQ8ExtraMax; ++k) {
+    s.thresholds[k] = k < 255 ? (map[k] + map[k + 1]) / 2.0f : std::numeric_limits<float>::infinity();
+  }
+  constexpr std::uint32_t kInfBits = 0x7f800000u;
+  s.extra = 0;
+  for (std::uint32_t m = 0; m < cpu::kQ8Buckets; ++m) {
+    // |x| bits of the bucket's ends: the first takes everything below 2^-24, the last everything above 2.
+    const std::uint32_t a_lo = m == 0 ? 0u : cpu::kQ8MagLo + (m << cpu::kQ8BucketShift);
+    const std::uint32_t a_hi =
+        m + 1 == cpu::kQ8Buckets ? kInfBits : cpu::kQ8MagLo + ((m + 1) << cpu::kQ8BucketShift) - 1;
+    for (const bool neg : {false, true}) {
+      const float lo_x = neg ? -bits_float(a_hi) : bits_float(a_lo);
+      const float hi_x = neg ? -bits_float(a_lo) : bits_float(a_hi);
+      const std::uint32_t b = cpu::q8_bucket(float_bits(neg ? -bits_float(a_lo) : bits_float(a_lo)));
+      const std::uint32_t lo = count_below(s.thresholds, lo_x), hi = count_below(s.thresholds, hi_x);
+      s.lo[b] = static_cast<std::uint8_t>(lo);
+      s.extra = std::max(s.extra, hi - lo);
+    }
+  }
+  std::fill(std::begin(s.lo) + 2 * cpu::kQ8Buckets, std::end(s.lo), std::uint8_t{0});
+  STRATA_CHECK(s.extra <= cpu::kQ8ExtraMax);
+}
+
 cpu::Q8Tables make_tables() {
   cpu::Q8Tables t{};
   const std::array<float, 256>& s = q8_signed_map();
@@ -50,10 +82,9 @@ cpu::Q8Tables make_tables() {
   for (std::size_t k = 0; k < 256; ++k) {
     t.signed_map[k] = s[k];
     t.unsigned_map[k] = u[k];
-    const bool last = k == 255;
-    t.signed_thresholds[k] = last ? std::numeric_limits<float>::infinity() : (s[k] + s[k + 1]) / 2.0f;
-    t.unsigned_thresholds[k] = last ? std::numeric_limits<float>::infinity() : (u[k] + u[k + 1]) / 2.0f;
   }
+  make_search(s, t.signed_search);
+  make_search(u, t.unsigned_search);
   t.signed_zero = code_of_zero(s);
   t.unsigned_zero = code_of_zero(u);
   return t;
@@ -68,7 +99,8 @@ Status validate_q8(const Q8StepArgs& a) {
   if (a.step < 1) return invalid_argument("step = {} must be >= 1 (1-based, after the increment)", a.step);
   if (!std::isfinite(a.grad_scale)) return invalid_argument("grad_scale = {} is not finite", a.grad_scale);
   if (a.check == GradCheck::kCallerChecked && a.checked == nullptr) {
-    return invalid_argument("GradCheck::kCallerChecked needs the GradStats of grad_stats() in Q8StepArgs::checked");
+    return invalid_argument(
+        "GradCheck::kCallerChecked needs the GradStats of grad_stats() in Q8StepArgs::checked");
   }
   for (std::size_t i = 0; i < a.spans.size(); ++i) {
     const Q8Span& s = a.spans[i];
@@ -80,9 +112,10 @@ Status validate_q8(const Q8StepArgs& a) {
                           s.param_dtype == DType::kBF16 || s.param_dtype == DType::kF16;
     const bool param_mismatch = s.n != 0 && (s.param == nullptr) != (s.param_dtype == DType::kNone);
     if (!param_ok || param_mismatch) {
-      return invalid_argument("step_q8: span {} param dtype {} with param {}: give fp32/bf16/fp16 with a "
-                              "pointer, or kNone with none",
-                              i, dtype_name(s.param_dtype), s.param == nullptr ? "null" : "set");
+      return invalid_argument(
+          "step_q8: span {} param dtype {} with param {}: give fp32/bf16/fp16 with a "
+          "pointer, or kNone with none",
+          i, dtype_name(s.param_dtype), s.param == nullptr ? "null" : "set");
     }
     if (s.n == 0) continue;
     if (s.master == nullptr || s.grad == nullptr || s.m_codes == nullptr || s.m_scales == nullptr ||

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/q8_driver.hpp"  // the scalar search (Note [Q8 nearest-code search])
 #include "strata/common/thread_pool.hpp"
 #include "strata/kernels/q8.hpp"
 #include "strata/kernels/rules/adam.hpp"
@@ -41,6 +42,38 @@ TEST(Q8Maps, SortedWithZeroAndBitsandbytesEnds) {
   EXPECT_FLOAT_EQ(u[254], 0.996484375f);
   // Symmetric below 1: the signed map's negatives mirror its positives.
   for (std::size_t k = 0; k < 127; ++k) EXPECT_EQ(s[k], -s[254 - k]) << k;
+}
+
+//! The nearest code by a linear count of the midpoints below x.
+std::uint8_t reference_code(const std::array<float, 256>& map, float x);
+
+// The bucket search equals the linear count at every threshold, one ulp either
+// side, zeros, the ends and beyond, and random values of every magnitude.
+TEST(Q8Maps, BucketSearchEqualsLinearCount) {
+  const cpu::Q8Tables& tab = cpu::q8_tables();
+  EXPECT_LE(tab.signed_search.extra, 2u);
+  EXPECT_LE(tab.unsigned_search.extra, 2u);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> exponent(-30.0f, 1.0f);
+  for (const bool is_signed : {true, false}) {
+    const auto& map = is_signed ? q8_signed_map() : q8_unsigned_map();
+    const cpu::Q8Search& search = is_signed ? tab.signed_search : tab.unsigned_search;
+    std::vector<float> xs = {0.0f,  -0.0f,  1.0f,     -1.0f,     2.0f,  -2.0f,
+                             1e30f, -1e30f, INFINITY, -INFINITY, 1e-40f};
+    for (std::size_t k = 0; k + 1 < 256; ++k) {
+      const float t = (map[k] + map[k + 1]) / 2.0f;
+      xs.insert(xs.end(), {t, std::nextafter(t, -INFINITY), std::nextafter(t, INFINITY), map[k]});
+    }
+    for (int i = 0; i < 100000; ++i) {
+      const float x = std::pow(2.0f, exponent(rng));
+      xs.push_back(i % 2 == 0 ? x : -x);
+    }
+    for (const float x : xs) {
+      std::uint8_t got = 0;
+      cpu::Q8Lanes<float>::quantize(search, x, &got);
+      ASSERT_EQ(got, reference_code(map, x)) << (is_signed ? "signed" : "unsigned") << " x = " << x;
+    }
+  }
 }
 
 // ---- a plain reference: dequantize, Adam in rules/adam.hpp's order, quantize ----
@@ -118,8 +151,11 @@ State zero_state(std::size_t n, std::uint32_t seed) {
   st.vc.assign(n, 0);
   st.ms.assign(q8_blocks(n), 1.0f);
   st.vs.assign(q8_blocks(n), 1.0f);
-  q8_zero_states(Q8Span{.m_codes = st.mc.data(), .m_scales = st.ms.data(), .v_codes = st.vc.data(),
-                        .v_scales = st.vs.data(), .n = n});
+  q8_zero_states(Q8Span{.m_codes = st.mc.data(),
+                        .m_scales = st.ms.data(),
+                        .v_codes = st.vc.data(),
+                        .v_scales = st.vs.data(),
+                        .n = n});
   return st;
 }
 
@@ -190,7 +226,8 @@ TEST_P(Q8Isa, EqualsReferenceBitForBit) {
           reference_step(ref, g, scale, adam_coeffs(h, t), param);
           const void* gp = gd == DType::kF32 ? static_cast<const void*>(g.data()) : g16.data();
           const Q8Span s = span_of(got, gp, gd, param);
-          Result<StepReport> r = step_q8({.hyper = h, .step = t, .grad_scale = scale, .spans = {&s, 1}, .isa = isa});
+          Result<StepReport> r =
+              step_q8({.hyper = h, .step = t, .grad_scale = scale, .spans = {&s, 1}, .isa = isa});
           ASSERT_TRUE(r.ok()) << r.status().to_string();
           ASSERT_TRUE(r->applied);
           const std::string what = std::string(optimizer_name(opt)) + " n=" + std::to_string(n) + " grad " +
@@ -235,7 +272,8 @@ TEST_P(Q8Isa, SameBitsForAnyThreadCount) {
     State many = zero_state(n, 11);
     for (std::int64_t t = 1; t <= 2; ++t) {
       const Q8Span s = span_of(many, g.data(), DType::kF32, true);
-      ASSERT_TRUE(step_q8({.hyper = h, .step = t, .spans = {&s, 1}, .pool = pool.get(), .isa = GetParam()}).ok());
+      ASSERT_TRUE(
+          step_q8({.hyper = h, .step = t, .spans = {&s, 1}, .pool = pool.get(), .isa = GetParam()}).ok());
     }
     expect_same(one, many, std::to_string(threads) + " threads");
   }

@@ -53,14 +53,23 @@ struct Q8Lanes<V8q> {
     const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)));
     return V8q(_mm256_i32gather_ps(map, idx, 4));
   }
-  //! Q8Lanes<float>::quantize on 8 lanes: the same comparisons, in the same order.
-  static void quantize(const float* thresholds, V8q x, std::uint8_t* out) {
-    __m256i c = _mm256_setzero_si256();
-    for (int step = 128; step != 0; step /= 2) {
-      const __m256i at = _mm256_add_epi32(c, _mm256_set1_epi32(step - 1));
-      const __m256 t = _mm256_i32gather_ps(thresholds, at, 4);
-      const __m256i below = _mm256_castps_si256(_mm256_cmp_ps(t, x.v, _CMP_LT_OQ));
-      c = _mm256_add_epi32(c, _mm256_and_si256(below, _mm256_set1_epi32(step)));
+  //! Q8Lanes<float>::quantize on 8 lanes: the same integer ops and compares.
+  static void quantize(const Q8Search& s, V8q x, std::uint8_t* out) {
+    const __m256i bits = _mm256_castps_si256(x.v);
+    __m256i a = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
+    a = _mm256_max_epu32(_mm256_min_epu32(a, _mm256_set1_epi32(int(kQ8MagHi))),
+                         _mm256_set1_epi32(int(kQ8MagLo)));
+    const __m256i m =
+        _mm256_srli_epi32(_mm256_sub_epi32(a, _mm256_set1_epi32(int(kQ8MagLo))), kQ8BucketShift);
+    const __m256i b = _mm256_add_epi32(_mm256_set1_epi32(int(kQ8Buckets)),
+                                       _mm256_xor_si256(m, _mm256_srai_epi32(bits, 31)));
+    // A 32-bit gather at byte offsets, low byte kept (lo has 3 bytes of tail).
+    const __m256i lo = _mm256_and_si256(_mm256_i32gather_epi32(reinterpret_cast<const int*>(s.lo), b, 1),
+                                        _mm256_set1_epi32(0xff));
+    __m256i c = lo;
+    for (std::uint32_t j = 0; j < s.extra; ++j) {
+      const __m256 t = _mm256_i32gather_ps(s.thresholds, _mm256_add_epi32(lo, _mm256_set1_epi32(int(j))), 4);
+      c = _mm256_sub_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(t, x.v, _CMP_LT_OQ)));  // true is -1
     }
     const __m128i w16 = _mm_packus_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packus_epi16(w16, w16));

@@ -1,7 +1,8 @@
 #pragma once
 // The q8 Adam block kernel (Note [Q8 step] in q8.hpp), one template over a lane
 // type T. Besides Lanes<T> (lanes.hpp) each ISA supplies Q8Lanes<T>: gather
-// from a map by codes, the nearest-code search, |x| and the lanes' max.
+// from a map by codes, the nearest-code search (Note [Q8 nearest-code search]
+// in table.hpp), |x| and the lanes' max.
 // Included only by the per-ISA translation units (Note [ISA translation units]).
 
 #include <algorithm>
@@ -23,12 +24,11 @@ struct Q8Lanes;
 template <>
 struct Q8Lanes<float> {
   static float gather(const float* map, const std::uint8_t* codes) { return map[*codes]; }
-  //! The number of thresholds below x, by the fixed 8-step binary search.
-  static void quantize(const float* thresholds, float x, std::uint8_t* out) {
-    unsigned c = 0;
-    for (unsigned step = 128; step != 0; step /= 2) {
-      if (thresholds[c + step - 1] < x) c += step;
-    }
+  //! The number of thresholds below x (Note [Q8 nearest-code search]).
+  static void quantize(const Q8Search& s, float x, std::uint8_t* out) {
+    std::uint32_t c = s.lo[q8_bucket(float_bits(x))];
+    const std::uint32_t lo = c;
+    for (std::uint32_t j = 0; j < s.extra; ++j) c += s.thresholds[lo + j] < x ? 1u : 0u;
     *out = static_cast<std::uint8_t>(c);
   }
   static float abs(float x) { return std::fabs(x); }
@@ -67,8 +67,8 @@ struct Q8AdamBlock {
     const T m_inv = T(m_scale > 0.0f ? 1.0f / m_scale : 0.0f);
     const T v_inv = T(v_scale > 0.0f ? 1.0f / v_scale : 0.0f);
     for (std::size_t i = 0; i < count; i += kW) {
-      Q::quantize(tab.signed_thresholds, Lanes<T>::load_f32(mf + i) * m_inv, s.m_codes + at + i);
-      Q::quantize(tab.unsigned_thresholds, Lanes<T>::load_f32(vf + i) * v_inv, s.v_codes + at + i);
+      Q::quantize(tab.signed_search, Lanes<T>::load_f32(mf + i) * m_inv, s.m_codes + at + i);
+      Q::quantize(tab.unsigned_search, Lanes<T>::load_f32(vf + i) * v_inv, s.v_codes + at + i);
     }
     return bad;
   }
@@ -100,7 +100,8 @@ struct Q8AdamBlock {
     const std::size_t padded = (count + kW - 1) / kW * kW;
     const T bad = run(t, 0, padded, m_scale, v_scale, c, grad_scale, tab);
     std::memcpy(s.master + at, master, count * 4);
-    if constexpr (P != DType::kNone) std::memcpy(static_cast<unsigned char*>(s.param) + at * psize, param, count * psize);
+    if constexpr (P != DType::kNone)
+      std::memcpy(static_cast<unsigned char*>(s.param) + at * psize, param, count * psize);
     std::memcpy(s.m_codes + at, m_codes, count);
     std::memcpy(s.v_codes + at, v_codes, count);
     return bad;
@@ -119,9 +120,10 @@ bool q8_piece_with(const Q8Span& s, std::size_t begin, std::size_t end, const Ad
       for (std::size_t b = begin; b < end; b += kQ8BlockElems) {
         const std::size_t count = std::min(end - b, kQ8BlockElems);
         const std::size_t blk = b / kQ8BlockElems;
-        const T bad = count == kQ8BlockElems
-                          ? Block::run(s, b, count, s.m_scales[blk], s.v_scales[blk], c, grad_scale, tab)
-                          : Block::run_partial(s, b, count, s.m_scales[blk], s.v_scales[blk], c, grad_scale, tab);
+        const T bad =
+            count == kQ8BlockElems
+                ? Block::run(s, b, count, s.m_scales[blk], s.v_scales[blk], c, grad_scale, tab)
+                : Block::run_partial(s, b, count, s.m_scales[blk], s.v_scales[blk], c, grad_scale, tab);
         if (!std::isfinite(Lanes<T>::hsum(bad))) nonfinite = true;
       }
       return true;

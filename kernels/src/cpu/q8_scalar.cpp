@@ -5,8 +5,8 @@
 
 namespace strata::kernels::cpu {
 
-bool q8_piece_scalar(const Q8Span& s, std::size_t begin, std::size_t end, const AdamCoeffs& c, float grad_scale,
-                     const Q8Tables& tab) {
+bool q8_piece_scalar(const Q8Span& s, std::size_t begin, std::size_t end, const AdamCoeffs& c,
+                     float grad_scale, const Q8Tables& tab) {
   return q8_piece_with<float>(s, begin, end, c, grad_scale, tab);
 }
 
