@@ -5,7 +5,8 @@
 // Included only by the per-ISA translation units (kernels_<isa>.cpp).
 //
 // Note [ISA translation units]
-// kernels_avx2.cpp and kernels_avx512.cpp are compiled with their target flags.
+// kernels_avx2.cpp and kernels_avx512.cpp (and q8_<isa>.cpp, which share their
+// lane types through lanes_<isa>.hpp) are compiled with their target flags.
 // Everything they instantiate is a template over their own lane type, which
 // lives in an anonymous namespace, so no AVX code can leak into a shared inline
 // symbol that the scalar path would link against; the default build stays

@@ -78,5 +78,17 @@ PieceFn piece_fn(Isa isa) {
   STRATA_UNREACHABLE();
 }
 
+Q8PieceFn q8_piece_fn(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar:
+      return &q8_piece_scalar;
+    case Isa::kAvx2:
+      return &q8_piece_avx2;
+    case Isa::kAvx512:
+      return &q8_piece_avx512;
+  }
+  STRATA_UNREACHABLE();
+}
+
 }  // namespace cpu
 }  // namespace strata::kernels
