@@ -54,7 +54,9 @@ int fail(const Status& status) {
 // So the optimizer and host-memory rates are measured in kHostRounds rounds:
 // one before the disk's passes, the rest after them, and each rate is the median
 // of its rounds' medians. A probe's prediction then rests on about 3 s of its
-// run rather than one 0.3 s window. The device's copies run once, first.
+// run rather than one 0.3 s window (the probe takes ~10 s, ~6.5 s before). On this
+// VM that did not make two runs agree better (docs/probe.md): a whole run is
+// faster or slower than the next. The device's copies run once, first.
 constexpr int kHostRounds = 3;
 
 // One round of the host's rates: the CPU optimizer's and host memory's.
