@@ -58,7 +58,7 @@ Result<DeviceInfo> measure_device(memory::DeviceOptions options, std::uint64_t c
   info.name = device->name();
   info.throttled = device->kind() == memory::DeviceKind::kSim && options.h2d_bytes_per_s > 0;
 
-  // One run of three copies each way, after one untimed run.
+  // Runs of three copies each way after one untimed run: 5 to 25, until 0.3 s; the median.
   STRATA_RETURN_IF_ERROR(measurer.measure_copies(
       *device,
       {.bytes = copy_bytes,
@@ -76,11 +76,11 @@ Status measure_host_memory(rates::RateMeasurer& measurer, std::uint64_t bytes, s
 }
 
 // Note [Probe optimizer samples]
-// A warm-up step, then at least 3 timed steps and more, up to 15, until they have
-// run 0.3 s; the median. Three steps of the tests' 2M params took ~10 ms each, and
-// one stretched by the scheduler on a loaded 2-core machine moved the median 2x
-// between identical probe runs (a verify at optim-nvme then predicted a 1.18 s
-// step for one that took 0.77 s, ratio 0.66).
+// A warm-up step, then at least 5 timed steps and more, up to 41, until they have
+// run 0.4 s; the median (3 to 15 and 0.3 s until the twentieth session). Three steps of the tests' 2M params
+// took ~10 ms each, and one stretched by the scheduler on a loaded 2-core machine moved the median 2x between
+// identical probe runs (a verify at optim-nvme then predicted a 1.18 s step for one that took 0.77 s, ratio
+// 0.66).
 Status measure_cpu_optimizer(rates::RateMeasurer& measurer, std::uint64_t params, std::size_t threads) {
   return measurer.measure_cpu_optimizer(
       {.params = params,

@@ -69,14 +69,15 @@ Result<NvmeInfo> measure_nvme(const std::string& dir, std::uint64_t bytes_max, d
                               std::size_t optimizer_threads, rates::RateMeasurer& measurer);
 
 //! Host memory traffic (read + write bytes a second) of a parallel copy of
-//! `bytes` over exactly `threads` threads, median of 3 (Note [Host memory as a
-//! resource]), into `measurer`.
+//! `bytes` over exactly `threads` threads, the median of 5 to 41 copies after a
+//! warm-up, as many as run 0.3 s (Note [Host memory as a resource]), into
+//! `measurer`. run.cpp calls it once per round (Note [Probe host rounds]).
 Status measure_host_memory(rates::RateMeasurer& measurer, std::uint64_t bytes, std::size_t threads);
 //! fp32 AdamW over `params` elements (about 16 bytes each) on exactly `threads`
 //! threads (a pool of that many, the step started on one of them, as the
-//! runtime's optimizer tasks run), the median of 3 to 15 timed steps after a
-//! warm-up, as many as run 0.3 s (Note [Probe optimizer samples]): parameters per
-//! second, into `measurer`.
+//! runtime's optimizer tasks run), the median of 5 to 41 timed steps after a
+//! warm-up, as many as run 0.4 s (Note [Probe optimizer samples]): parameters per
+//! second, into `measurer`. run.cpp calls it once per round (Note [Probe host rounds]).
 Status measure_cpu_optimizer(rates::RateMeasurer& measurer, std::uint64_t params, std::size_t threads);
 
 }  // namespace strata::probe

@@ -31,15 +31,18 @@
 //   what                 strata-bench step (a peak: high)     strata-probe (a prediction: typical)
 //   statistic            the best of 3 runs                   the median (Note [Probe disk rounds],
 //                                                             Note [Probe optimizer samples])
-//   copies               one chunk x 3, best of 3             64 MiB x 3, one run (no statistic)
+//   copies               one chunk x 3, best of 3             64 MiB x 3, median of 5 to 25 runs
 //   disk size            12 chunk-sized slots, 8 in flight    Note [Probe NVMe test size], each pass
 //                                                             bounded by --nvme-seconds
 //   disk warm-up         an untimed write, read and mixed     an untimed write pass
 //   disk mixed pass      interleaved (MixedPass::kInterleaved) the pipeline pass (Note [Probe disk
 //                                                             pipeline pass])
 //   optimizer            one chunk, GradCheck::kCallerChecked --optimizer-params, kSeparatePass (the
-//                        (the kernel alone), best of 3        runtime's check), median of 3 to 15
-//   host memory          one chunk, best of 3                 256 MiB, median of 3
+//                        (the kernel alone), best of 3        runtime's check), median of 5 to 41
+//   host memory          one chunk, best of 3                 256 MiB, median of 5 to 41; the probe
+//                                                             takes the median of 3 rounds of the
+//                                                             optimizer and this (Note [Probe host
+//                                                             rounds] in tools/probe/run.cpp)
 //   threads              the hardware's threads               the host's cores
 // What changed for one of them in sharing the code (untimed work, or where a thread
 // sits, not what a figure means):
