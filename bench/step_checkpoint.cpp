@@ -13,9 +13,14 @@
 // AdamW states, from host and NVMe) into a directory of its own under the temp dir.
 #include "step_checkpoint.hpp"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <string>
+#include <string_view>
 
 #include "registry.hpp"
 #include "strata/common/log.hpp"
@@ -24,9 +29,39 @@ namespace strata::bench {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+constexpr std::string_view kDirPrefix = "strata-bench-step-ckpt-";
+
+// Note [Step checkpoint leftovers]
+// The saves are named files (a checkpoint is what they measure), so unlike swap
+// files they cannot be unlinked while in use, and a killed run leaves its
+// directory (1.5 GB at the default model). Each run's directory is named by its
+// pid; a run removes the directories of runs whose process is gone (kill(pid, 0)
+// fails with ESRCH) before it writes its own, so a killed run's saves live until
+// the next run, never longer. A live run's directory is never touched.
+void reclaim_dead_runs(const fs::path& parent) {
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(parent, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with(kDirPrefix)) continue;
+    const std::string digits = name.substr(kDirPrefix.size());
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    const long pid = std::strtol(digits.c_str(), nullptr, 10);
+    if (pid <= 0 || pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    std::error_code rm;
+    fs::remove_all(e.path(), rm);
+    STRATA_LOG_INFO("strata-bench step: removed {}, the checkpoint directory of a run that ended without it",
+                    e.path().string());
+  }
+}
+
+}  // namespace
+
 Result<std::unique_ptr<CheckpointOverlap>> CheckpointOverlap::create() {
   std::unique_ptr<CheckpointOverlap> c(new CheckpointOverlap());
-  c->dir_ = fs::temp_directory_path() / fmt::format("strata-bench-step-ckpt-{}", ::getpid());
+  reclaim_dead_runs(fs::temp_directory_path());  // Note [Step checkpoint leftovers]
+  c->dir_ = fs::temp_directory_path() / fmt::format("{}{}", kDirPrefix, ::getpid());
   std::error_code ec;
   fs::remove_all(c->dir_, ec);
   fs::create_directories(c->dir_, ec);
