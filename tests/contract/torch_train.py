@@ -191,12 +191,15 @@ def _compare(s, ref, got, torch_ref):
     """(max relative loss difference from torch.optim, what differs or None). Every optimizer must be
     bit-identical to its reference: torch.optim.SGD, or strata's kernel on torch tensors for the others
     (the same arithmetic); Adam, AdamW and Adagrad's losses also within LOSS_RTOL of torch.optim's. With
-    strata's max_grad_norm the losses are held to LOSS_RTOL: its norm sums squares in fp32 groups of 64
+    strata's max_grad_norm the losses are held to LOSS_RTOL (LOSS_RTOL_AUTOCAST under autocast): its norm sums squares in fp32 groups of 64
     elements placed by the chunk layout (Note [Exact norms]), which the reference cannot reproduce."""
+    rtol = LOSS_RTOL_AUTOCAST if s["autocast"] else LOSS_RTOL
     if s["clip"] == "strata":
+        # Under bf16 autocast the clip coefficient's last bits (the norm's order) reach the loss through
+        # bf16 products, as any difference does: the autocast tolerance (seed 1840102489753000129, 1.4e-3).
         rel = _max_rel(ref[0], got[0])
         finite = all(bool(torch.isfinite(v).all()) for v in got[1].values())
-        what = None if rel <= LOSS_RTOL and finite else f"clipped by strata: losses {rel:.3g} apart, finite {finite}"
+        what = None if rel <= rtol and finite else f"clipped by strata: losses {rel:.3g} apart, finite {finite}"
         return rel, what
     pairs = list(zip(ref[0], got[0])) + [(ref[1][k], got[1][k]) for k in ref[1]]
     pairs += [(torch.tensor(a), torch.tensor(b)) for a, b in zip(ref[2], got[2])]
@@ -213,7 +216,6 @@ def _compare(s, ref, got, torch_ref):
     rel = 0.0
     if torch_ref is not None:
         rel = _max_rel(torch_ref[0], got[0])
-        rtol = LOSS_RTOL_AUTOCAST if s["autocast"] else LOSS_RTOL
         if rel > rtol:
             return rel, f"a loss {rel:.3g} (relative) from torch.optim's, above {rtol}"
     return rel, None
