@@ -250,4 +250,5 @@ BINDING_ONLY = (
     "unbind", "bind_many", "unbind_many", "unbind_all", "set_torch_stream", "binds", "hand_grad",
     "gradients_pending", "end_backward", "poison_hits", "device_kind", "separate_master", "materialise",
     "sync_views", "drop_views", "is_view", "counters", "totals",
+    "state_range",  # runtime::Runtime::state_range as a (first, count) pair, for strata.torch's state gathers
 )

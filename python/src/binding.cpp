@@ -40,14 +40,17 @@ void validate_config(const std::string& config_json) {
 
 //! The engine's own methods, which strata.torch's hooks and views call (not public operations).
 void define_engine_internals(py::class_<Engine>& engine) {
-  engine.def(py::init<const std::string&>(), py::arg("config_json"))
+  engine
+      .def(py::init<const std::string&, std::shared_ptr<comm::Communicator>>(), py::arg("config_json"),
+           py::arg("comm") = py::none())
       .def("close", &Engine::close)
       .def("register_param", &Engine::register_param)
       .def("adopt", &Engine::adopt)
       .def("adopt_unset", &Engine::adopt_unset)  // deferred init (#28)
       .def("init_many", &Engine::init_many)
       .def("family_of", &Engine::family_of)
-      .def("layout", &Engine::layout)  // #28: padding of the runtime's chunk search
+      .def("state_range", &Engine::state_range)  // #48: this rank's part of a tensor's optimizer states
+      .def("layout", &Engine::layout)            // #28: padding of the runtime's chunk search
       .def("restore", &Engine::restore)
       .def("bind", &Engine::bind)
       .def("unbind", &Engine::unbind)
@@ -159,6 +162,8 @@ PYBIND11_MODULE(_C, m) {
   using strata::torch_binding::Engine;
   m.doc() = "strata.torch's C++ engine (see strata/torch/__init__.py)";
   py::register_exception<strata::torch_binding::StrataError>(m, "StrataError", PyExc_RuntimeError);
+  strata::torch_binding::define_torch_comm(
+      m);  // TorchComm (torch_comm_binds.cpp, #48), before Engine takes one
   py::class_<Engine> engine(m, "Engine");
   strata::torch_binding::define_engine_internals(engine);
   strata::torch_binding::define_engine_operations(engine);
@@ -167,5 +172,4 @@ PYBIND11_MODULE(_C, m) {
   strata::torch_binding::export_state_kinds(m);  // #26: PARAM..STATE1 from the C++ enum
   m.def("validate_config", &strata::torch_binding::validate_config, py::arg("config_json"));
   strata::torch_binding::register_functional(m);  // fused_step (functional.cpp, #26)
-  strata::torch_binding::define_torch_comm(m);    // TorchComm (torch_comm_binds.cpp, #48)
 }

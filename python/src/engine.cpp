@@ -38,8 +38,9 @@ py::dict totals_dict(const Stats& s) {
   return d;
 }
 
-Engine::Engine(const std::string& config_json) {
+Engine::Engine(const std::string& config_json, std::shared_ptr<comm::Communicator> comm) {
   Config config = value_or_throw(Config::from_json_text(config_json));
+  config.runtime.comm = std::move(comm);
   rt_ = value_or_throw(strata::Runtime::create(std::move(config)));
   // The GPU the runtime opened (device.cuda_ordinal): torch's tensors over its memory name it.
   device_ = rt_->device().kind() == memory::DeviceKind::kCuda
@@ -147,6 +148,8 @@ py::dict Engine::layout() {
   d["numel"] = l.numel_total;
   d["capacity_elems"] = l.capacity_total_elems;
   d["padding_fraction"] = l.padding_fraction();
+  d["state_bytes"] =
+      rt_->state_bytes();  // masters and optimizer states: this rank's share (Note [Sharded step])
   const runtime::Plan& plan = rt_->plan();
   d["plan_gpu_bytes"] = plan.gpu_bytes;  // the plan in effect (its bytes per tier)
   d["plan_host_bytes"] = plan.host_bytes;
@@ -202,10 +205,20 @@ void Engine::set_group_hyper(std::uint32_t group, float lr, float weight_decay) 
   throw_if(rt_->set_group_hyper(group, lr, weight_decay));
 }
 
+std::pair<std::uint64_t, std::uint64_t> Engine::state_range(std::uint32_t id) {
+  const Param& p = param(id);
+  const Runtime::StateRange r = value_or_throw(rt_->state_range(p.id));
+  return {r.first, r.count};
+}
+
 at::Tensor Engine::read_tensor(std::uint32_t id, int kind) {
   Param& p = param(id);
   sync_views();
-  at::Tensor out = at::empty(p.tensor.sizes(), at::TensorOptions().dtype(at::kFloat));
+  // Under data parallelism an optimizer state's read fills this rank's part only (Note [Sharded
+  // step]); the rest is -0.0, never uninitialised memory, and adding the ranks' reads in rank
+  // order gives the whole state exactly (x + -0.0 is x: Note [Optimizer states across ranks] in
+  // strata/torch/_optim_state.py).
+  at::Tensor out = at::full(p.tensor.sizes(), -0.0, at::TensorOptions().dtype(at::kFloat));
   py::gil_scoped_release release;
   throw_if(rt_->read_tensor(p.id, to_kind(kind), std::span<float>(out.data_ptr<float>(), p.numel)));
   return out;

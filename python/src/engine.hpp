@@ -30,7 +30,9 @@ py::dict totals_dict(const Stats& s);
 class Engine {
  public:
   //! A runtime from JSON config text (the facade's keys). Throws on a bad config.
-  explicit Engine(const std::string& config_json);
+  //! `comm` (may be null: one rank) is this rank's end of the data-parallel group
+  //! the runtime shards over (Note [Ranks under torchrun] in strata/torch/_processes.py).
+  explicit Engine(const std::string& config_json, std::shared_ptr<comm::Communicator> comm = nullptr);
   ~Engine() { close(); }
 
   //! Frees the runtime (and its swap files). Bound params go back to poison first.
@@ -54,6 +56,10 @@ class Engine {
   //! tensor is among them is written once, without reading it first. Empty lists fix the layout
   //! (finalize, through a flush).
   void init_many(const std::vector<std::uint32_t>& ids, const std::vector<at::Tensor>& values);
+
+  //! This rank's part of a parameter's optimizer states, (first, count) in its elements: all of
+  //! it with one rank, 1/W-ish of it under data parallelism (Note [Sharded step]).
+  std::pair<std::uint64_t, std::uint64_t> state_range(std::uint32_t id);
 
   //! The chunk family of a parameter (-1 before the layout is fixed).
   std::int64_t family_of(std::uint32_t id);

@@ -42,13 +42,10 @@
 // breaks this rank's communicator, and the process's exit (torchrun tears the
 // rest down) ends the job.
 //
+// strata.torch.wrap makes one for the group it shards over and hands it to the
+// runtime (Note [Ranks under torchrun] in python/strata/torch/_processes.py).
 // Not done yet: every buffer is host memory (device_buffers() is false), so the
-// group needs a CPU backend (gloo; in torch 2.x a "cpu:gloo,cuda:nccl" group);
-// strata::Runtime (api/) does not accept a communicator yet, and strata.torch's
-// wrap() does not use this one (it still refuses a job of more than one process,
-// Note [One process] in python/strata/torch/_processes.py): it is reachable from
-// Python only as strata.torch._C.TorchComm, which the comm-level test drives
-// (tests/torch/test_torch_comm.py).
+// group needs a CPU backend (gloo; in torch 2.x a "cpu:gloo,cuda:nccl" group).
 
 namespace strata::torch_binding {
 namespace {

@@ -2,8 +2,8 @@
 // it, made from a torch.distributed ProcessGroup. Each method starts one
 // collective on torch CPU tensors' memory and waits for it (without the GIL), so
 // that a test can check every collective of the comm layer under torch.distributed
-// (tests/torch/test_torch_comm.py). Not yet used by wrap() (Note [Comm over
-// torch.distributed]).
+// (tests/torch/test_torch_comm.py). wrap() hands one to the runtime (Note [Ranks
+// under torchrun] in python/strata/torch/_processes.py).
 #include <torch/extension.h>
 
 #include <string>
@@ -69,15 +69,15 @@ void wait(Result<comm::Handle> started) {
 }  // namespace
 
 void define_torch_comm(py::module_& m) {
-  py::class_<Comm>(m, "TorchComm",
-                   "strata's communicator over a torch.distributed ProcessGroup (host memory; gloo)")
-      .def(py::init(
-               [](c10::intrusive_ptr<c10d::ProcessGroup> group, std::int64_t timeout_ms, bool deterministic) {
-                 comm::CommOptions options;
-                 options.timeout = std::chrono::milliseconds(timeout_ms);
-                 options.deterministic = deterministic;
-                 return value_or_throw(make_torch_communicator(std::move(group), options));
-               }),
+  py::class_<Comm, std::shared_ptr<Comm>>(
+      m, "TorchComm", "strata's communicator over a torch.distributed ProcessGroup (host memory; gloo)")
+      .def(py::init([](c10::intrusive_ptr<c10d::ProcessGroup> group, std::int64_t timeout_ms,
+                       bool deterministic) {
+             comm::CommOptions options;
+             options.timeout = std::chrono::milliseconds(timeout_ms);
+             options.deterministic = deterministic;
+             return std::shared_ptr<Comm>(value_or_throw(make_torch_communicator(std::move(group), options)));
+           }),
            py::arg("group"), py::arg("timeout_ms") = 30000, py::arg("deterministic") = true)
       .def_property_readonly("rank", &Comm::rank)
       .def_property_readonly("size", &Comm::size)

@@ -1,5 +1,7 @@
-"""Note [One process]: strata.torch refuses a job of more than one process, and a model inside
-DistributedDataParallel, with a message that says what to do; a group of one rank trains."""
+"""Note [Ranks under torchrun]: what strata.torch refuses around torch.distributed, with a message that
+says what to do (WORLD_SIZE > 1 without a group, a group that cannot carry host memory, a model inside
+DistributedDataParallel or FSDP, a bad comm section); a group of one rank trains as one process.
+test_data_parallel.py trains over groups of 2 and 4."""
 
 import multiprocessing
 import os
@@ -30,7 +32,8 @@ def one_rank_group():
 def test_world_size_in_the_environment_is_refused(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     model, _ = make("mlp")
-    with pytest.raises(RuntimeError, match=r"WORLD_SIZE = 2 .*no initialised process group.*one process"):
+    with pytest.raises(RuntimeError, match=r"WORLD_SIZE = 2 .*no initialised process group.*own copy.*"
+                                           r"init_process_group\(\"gloo\"\) before strata.torch.wrap"):
         st.wrap(model, config(model))
     assert not hasattr(model, "strata")
 
@@ -83,6 +86,8 @@ def test_ddp_around_a_wrapped_model_is_refused_at_its_forward(one_rank_group):
 
 
 def _rank_wraps(rank, store, results):
+    import strata.torch._processes as processes
+    processes._backend_of = lambda group: "nccl"  # as a group made with init_process_group("nccl") says
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
         model, _ = make("mlp")
@@ -95,7 +100,7 @@ def _rank_wraps(rank, store, results):
         dist.destroy_process_group()
 
 
-def test_a_group_of_two_ranks_is_refused_on_each():
+def test_a_group_whose_backend_carries_cuda_tensors_only_is_refused_on_each_rank():
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
@@ -113,8 +118,20 @@ def test_a_group_of_two_ranks_is_refused_on_each():
                 os.environ["WORLD_SIZE"] = env
         assert os.listdir(tmp) == [] or all(not n.startswith("strata") for n in os.listdir(tmp))
     for rank in range(2):
-        assert f"default group has 2 ranks (this is rank {rank})" in got[rank]
-        assert "one process" in got[rank]
+        assert "backend is 'nccl', which carries CUDA tensors only" in got[rank], got[rank]
+        assert 'backend "gloo"' in got[rank]
+
+
+@pytest.mark.parametrize("comm,match", [({"timeout_s": 0}, "comm.timeout_s = 0"),
+                                        ({"timeout": 5}, "the one key is timeout_s"),
+                                        ("fast", "the one key is timeout_s")])
+def test_a_bad_comm_section_is_refused(comm, match):
+    model, _ = make("mlp")
+    cfg = config(model)
+    cfg["comm"] = comm
+    with pytest.raises(ValueError, match=match):
+        st.wrap(model, cfg)
+    assert not hasattr(model, "strata")
 
 
 def _fully_shard():

@@ -4,12 +4,13 @@ running comm_worker.py. The collectives are exact (rank-ordered sums bit for bit
 dead peer is an error within the timeout, never a hang. Nothing is left on disk."""
 
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
 import pytest
+
+from procs import run_all
 
 WORKER = os.path.join(os.path.dirname(__file__), "comm_worker.py")
 
@@ -20,19 +21,8 @@ def run_group(world, mode, seed=48):
     with tempfile.TemporaryDirectory(prefix="strata-comm-") as tmp:
         store = os.path.join(tmp, "store")
         env = dict(os.environ, STRATA_LOG_LEVEL="error")
-        procs = [subprocess.Popen([sys.executable, WORKER, str(r), str(world), store, str(seed), mode],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-                 for r in range(world)]
-        results = []
-        try:
-            for p in procs:
-                out, _ = p.communicate(timeout=50)
-                results.append((p.returncode, out))
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+        results = run_all([[sys.executable, WORKER, str(r), str(world), store, str(seed), mode] for r in range(world)],
+                          env, 50)
         # FileStore removes its file once every rank is done with it; a rank that died
         # (dead-peer) leaves it, which the directory's removal takes care of.
         leftovers = os.listdir(tmp) if mode == "exact" else []

@@ -17,11 +17,11 @@ import weakref
 
 import torch
 
-from . import _C, _layout
+from . import _C, _layout, _processes
 from ._views import _LAZY_OWNER, _lazy_class
 
 # Keys of the wrap config that the binding handles itself (not the runtime's).
-_BINDING_KEYS = ("gradient_accumulation_steps", "bind_subtree", "grad_reads")
+_BINDING_KEYS = ("gradient_accumulation_steps", "bind_subtree", "grad_reads", "comm")
 
 # Note [Modules that read their children's parameters]
 # Some modules use a child's parameters without calling the child: nn.MultiheadAttention
@@ -197,6 +197,10 @@ class _Building:
 
     def _runtime_config(self, settings):
         cfg = {k: v for k, v in self.config.items() if k not in _BINDING_KEYS}
+        if self._group is not None:
+            threads = _processes.local_threads(cfg)  # Note [Ranks under torchrun]
+            if threads is not None:
+                cfg["threads"] = threads
         precision = dict(cfg.get("precision", {}))
         want = _DTYPES[self.dtype]
         if precision.get("compute", want) not in (want, {"fp32": "float32", "bf16": "bfloat16",
@@ -251,7 +255,9 @@ class _Building:
                     "strata.torch: an optimizer was created after training started; create the strata "
                     "optimizer before the first optimizer.step()")
             self._restore_all()
-        engine = _C.Engine(json.dumps(self._runtime_config(settings)))
+        comm = None if self._group is None else _processes.make_comm(self._group, self.config)
+        engine = _C.Engine(json.dumps(self._runtime_config(settings)), comm)
+        self._comm = comm  # Note [Averaged gradients in torch] in _processes.py
         try:
             if engine.device_kind() != self._device_kind_wanted():
                 raise ValueError(

@@ -9,7 +9,7 @@ import warnings
 
 import torch
 
-from . import _C, _compile
+from . import _C, _compile, _processes
 from ._views import _METADATA, _func_name, _tensors_of
 
 StrataError = _C.StrataError
@@ -225,10 +225,24 @@ class _Grads:
                 continue
             if type(g) is _WatchedGrad:
                 g.__class__ = torch.Tensor
-            self.engine.hand_grad(pid, g.detach(), False)
+            g = g.detach()
+            if self._comm is not None:  # Note [Averaged gradients in torch] in _processes.py
+                g = _processes.kept_grad_to_hand(self._comm, g)
+            self.engine.hand_grad(pid, g, False)
             self._grad_written[pid] = True
             self._grads_handed += 1
             self._grad_live[pid] = True
+
+    def _average_kept_grads(self):
+        """The kept p.grad become the average over the ranks (Note [Averaged gradients in torch])."""
+        watched = [p.grad for p in self.params if type(p.grad) is _WatchedGrad]
+        for g in watched:
+            g.__class__ = torch.Tensor  # strata's own reads are not the user's (Note [Gradients in torch])
+        _processes.average_grads(self._comm, self.params, self._frozen,
+                                 lambda g: g is not None and not isinstance(g, _StrataGrad))
+        for g in watched:
+            g.__class__ = _WatchedGrad
+        self._grads_averaged = True
 
     def _hand_zero_grads(self):
         """A zero gradient for each parameter whose p.grad torch would hold but that got none (Note [Zero gradients])."""
@@ -284,6 +298,7 @@ class _Grads:
             "torch (Note [No zero_grad] in strata/torch/_grads.py)", RuntimeWarning, stacklevel=_user_stacklevel())
 
     def _reset_step_counts(self):
+        self._grads_averaged = False
         self._missed_zero = []
         self._backward_pids.clear()
         self._micro_in_step = 0
@@ -301,6 +316,8 @@ class _Grads:
             self._set_lazy(False)
             self.engine.sync_views()
             if self._micro_in_step > 0:
+                if self._comm is not None and self._keep_grads and not self._grads_averaged:
+                    self._average_kept_grads()  # fewer micro-batches than gradient_accumulation_steps
                 self._hand_kept_grads()
         if self.engine is None or self._grads_handed == 0:
             raise RuntimeError(
@@ -322,6 +339,7 @@ class _Grads:
         self._set_lazy(True)
         self._micro_in_step = 0
         self._grads_handed = 0
+        self._grads_averaged = False
         self._grad_written = [False] * len(self.params)
         self._phase = "idle"
         was_keeping = self._keep_grads

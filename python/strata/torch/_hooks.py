@@ -141,7 +141,7 @@ class _Hooks:
 
     def _root_pre_forward(self, module, inputs):
         _compile.check_forward()  # compiled autograd (Note [torch.compile])
-        _processes.check_not_inside_parallel_wrapper(self.model)  # Note [One process]
+        _processes.check_not_inside_parallel_wrapper(self.model)  # Note [Ranks under torchrun]
         self._set_lazy(False)
         self._check_unchanged()
         self._ensure_engine()
@@ -293,6 +293,8 @@ class _Hooks:
         self._grad_waiters.clear()
         self._phase = "idle"
         self._micro_in_step += 1
+        if self._comm is not None and self._keep_grads and self._micro_in_step == self.accumulation_steps:
+            self._average_kept_grads()  # Note [Averaged gradients in torch] in _processes.py
         self._set_lazy(True)
         self._check_poison()
 

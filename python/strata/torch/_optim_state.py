@@ -3,7 +3,7 @@
 
 import torch
 
-from . import _C
+from . import _C, _processes
 
 # Note [Optimizer state in torch's format]
 # state_dict() gives what the torch.optim optimizer of the same name holds: SGD's
@@ -32,19 +32,34 @@ class _TorchFormat:
         w._settle()
         w.engine.flush()
         names = self._state_names()
-        state, groups, index = {}, [], 0
+        state, groups, index, parts = {}, [], 0, []
         for g in self.param_groups:
             entry = {k: v for k, v in g.items() if k != "params"}
             entry["params"] = list(range(index, index + len(g["params"])))
             for p in g["params"]:
-                s = self._param_state(p, names)
+                s = self._param_state(p, names, parts)
                 if s is not None:
                     state[index] = s
                 index += 1
             groups.append(entry)
+        if w._comm is not None:
+            _processes.sum_over_ranks(w._comm, [t for t, _ in parts])  # Note [Optimizer states across ranks]
+        for t, (s, key, dtype) in parts:
+            s[key] = t.to(dtype) if dtype != torch.float32 else t
         return {"state": state, "param_groups": groups}
 
-    def _param_state(self, p, names):
+    # Note [Optimizer states across ranks]
+    # Under data parallelism each rank holds 1/W of every optimizer state (Note [Sharded step]), and
+    # read_tensor fills this rank's part of a state, -0.0 elsewhere. state_dict() is torch's whole
+    # state on every rank, as with one process: the ranks add their reads in rank order
+    # (_processes.sum_over_ranks), which is exact, since every element is one rank's value plus
+    # -0.0s. So state_dict() is collective: every rank calls it, as FSDP's optimizer state dict is;
+    # a rank that does not fails the others' wait after comm.timeout_s, naming the collective.
+    # load_state_dict() needs no exchange: write_tensor stores this rank's part of the values.
+
+    def _param_state(self, p, names, parts):
+        """One parameter's state as torch.optim holds it, or None where torch holds none; its fp32 reads
+        go into `parts` as (tensor, (state, key, dtype)), put in `state` by the caller."""
         """One parameter's state as torch.optim holds it, or None where torch holds none."""
         w = self._wrapped
         pid = w._pid[id(p)]
@@ -59,10 +74,9 @@ class _TorchFormat:
         if self._name == "sgd" and not names:
             s["momentum_buffer"] = None  # what torch.optim.SGD keeps without momentum
         for k, name in enumerate(names):
-            value = w.engine.read_tensor(pid, _C.STATE0 + k)
-            s[name] = value.to(p.dtype) if p.dtype != torch.float32 else value
+            parts.append((w.engine.read_tensor(pid, _C.STATE0 + k), (s, name, p.dtype)))
         if w.engine.separate_master():
-            s["master_param"] = w.engine.read_tensor(pid, _C.MASTER)
+            parts.append((w.engine.read_tensor(pid, _C.MASTER), (s, "master_param", torch.float32)))
         return s
 
     def load_state_dict(self, state_dict):

@@ -33,7 +33,7 @@ _WRAPPED_REGISTRY = weakref.WeakSet()
 class Wrapped(_Building, _Hooks, _Grads, _Views):
     """The strata state of one wrapped model: model.strata after wrap(model, config)."""
 
-    def __init__(self, model, config, init=None, init_order="modules"):
+    def __init__(self, model, config, init=None, init_order="modules", group=None):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"strata.torch.wrap: expected a torch.nn.Module, got {type(model).__name__}")
         if getattr(model, "_strata_wrapped", None) is not None:
@@ -46,6 +46,11 @@ class Wrapped(_Building, _Hooks, _Grads, _Views):
             raise ValueError(
                 f"strata.torch.wrap: gradient_accumulation_steps = {accum!r}: must be an integer >= 1")
         self.accumulation_steps = accum
+        self._group = group  # the torch.distributed group sharded over, or None (Note [Ranks under torchrun])
+        self._comm = None  # the engine's communicator over it
+        # This step's kept gradients are the ranks' average (Note [Averaged gradients in torch]).
+        self._grads_averaged = False
+        _processes.comm_timeout_ms(self.config)  # a bad comm section fails at wrap(), before anything
         grad_reads = self.config.get("grad_reads", "auto")
         if grad_reads not in (True, False, "auto"):
             raise ValueError(f"strata.torch.wrap: grad_reads = {grad_reads!r}: must be true, false or \"auto\" "
@@ -199,12 +204,14 @@ def wrap(model, config=None, *, init=None, init_order="modules", process_group=N
     model.strata is the wrapped state (stats, close()).
     A model with its parameters on the meta device is initialised straight into strata's chunks
     by each module's reset_parameters() and then init(module) (Note [Deferred init] in _deferred.py).
-    process_group: a torch.distributed group of one rank, or None. strata.torch runs in one process:
-    a job of more than one (WORLD_SIZE > 1, a group of more ranks) and a model inside
-    DistributedDataParallel or FSDP are refused (Note [One process] in _processes.py).
+    process_group: the torch.distributed group to shard over; None = the default group when one is
+    initialised (torchrun), else one process. Over W > 1 ranks each rank holds 1/W of the optimizer
+    states and gradients are averaged over the ranks, as DDP does; the config's ``comm.timeout_s``
+    (default 60) bounds a wait for the other ranks. A model inside DistributedDataParallel or FSDP is
+    refused (Note [Ranks under torchrun] in _processes.py).
     """
-    _processes.check_world(model, process_group)
-    wrapped = Wrapped(model, config, init, init_order)
+    group = _processes.shard_group(model, process_group)
+    wrapped = Wrapped(model, config, init, init_order, group)
     # An instance attribute (not a Parameter, Module or Tensor) shadows the class's methods.
     object.__setattr__(model, "zero_grad", _zero_grad.__get__(model))
     object.__setattr__(model, "strata", wrapped)

@@ -184,22 +184,26 @@ using namespace dp_detail;
 
 namespace {
 
-//! One line per setting that must agree between ranks, then one per tensor.
+//! One line per setting that must agree between ranks, then one per tensor, then
+//! the counts and the layout: the first differing line (first_difference) thus
+//! names the first tensor that differs, with its shape on both ranks, rather than
+//! a count that differs because of it.
 std::string describe_config(const Core& core) {
   const RuntimeOptions& o = core.opt;
   const kernels::Hyper& h = o.hyper;
   std::string s = fmt::format(
       "ranks {}\ncompute_dtype {}\nstate_dtype {}\noptimizer {} lr {} betas {} {} eps {} weight_decay {} "
-      "momentum {} nesterov {}\nclip_max_norm {}\nloss_scaling {}\nchunk_elems {}\nfamilies {}\ntensors {}\n",
+      "momentum {} nesterov {}\nclip_max_norm {}\nloss_scaling {}\n",
       core.dp_ranks(), runtime::dtype_name(o.compute_dtype), kernels::dtype_name(o.state_dtype),
       kernels::optimizer_name(h.optimizer), h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.momentum,
-      h.nesterov, o.clip_max_norm, o.loss_scaling, core.layout().chunk_elems, core.layout().families.size(),
-      core.tensors().size());
+      h.nesterov, o.clip_max_norm, o.loss_scaling);
   for (TensorId t = 0; t < core.tensors().size(); ++t) {
     const TensorSpec& spec = core.tensors()[t].spec;
     s += fmt::format("tensor {} \"{}\" shape [{}] {}{}\n", t, spec.name, fmt::join(spec.shape, ", "),
                      runtime::dtype_name(spec.dtype), spec.frozen ? " frozen" : "");
   }
+  s += fmt::format("tensors {}\nchunk_elems {}\nfamilies {}\n", core.tensors().size(),
+                   core.layout().chunk_elems, core.layout().families.size());
   return s;
 }
 

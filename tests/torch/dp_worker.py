@@ -1,0 +1,127 @@
+"""One rank of a strata.torch data-parallel job (Note [Ranks under torchrun] in
+strata/torch/_processes.py), for test_data_parallel.py.
+
+    dp_worker.py RANK WORLD STORE OUT CASE [FAULT|- [CKPT]]
+    torchrun ... dp_worker.py torchrun OUTDIR CASE     (env:// rendezvous; OUTDIR/rank<r>.pt)
+
+Initialises torch.distributed on gloo (a file:// rendezvous at STORE), wraps a model from
+models.py with strata.torch, and trains it: at step s rank r takes micro-batch r of the global
+batch (models.inputs(model, kind, s, r)), as one process taking that batch as WORLD micro-batches
+would. Writes {"losses", "state", "opt_state"} to OUT with torch.save. CASE names the model,
+optimizer and tier (CASES); FAULT (kill, raise) makes the last rank fail in step 1, differ gives it a
+model without fc2's bias; CKPT is a
+directory every rank saves a checkpoint into at the end. A rank that fails prints the error and
+exits 3.
+"""
+
+import datetime
+import json
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+import strata.torch as st
+from harness import config, tiered_config
+from models import inputs, loss_of, make
+
+# case -> (model, optimizer, hyper, steps, clip, tiers)
+CASES = {
+    "sgd": ("mlp", "sgd", {"lr": 0.125, "momentum": 0.9}, 4, None, "host"),
+    "adamw_clip": ("encoder", "adamw", {"lr": 1e-3, "weight_decay": 0.01}, 4, 0.5, "host"),
+    "adamw_nvme": ("tied", "adamw", {"lr": 1e-3}, 3, None, "nvme"),
+    "lamb": ("mlp", "lamb", {"lr": 1e-3}, 3, None, "host"),
+}
+
+
+def strata_config(name, tiers, nvme_dir):
+    model, _ = make(name)
+    cfg = tiered_config(name, nvme_dir) if tiers == "nvme" else config(model)
+    cfg["comm"] = {"timeout_s": 20}
+    return cfg
+
+
+def optimizer_of(opt_name, params, hyper):
+    cls = {"sgd": st.SGD, "adamw": st.AdamW, "lamb": st.LAMB}[opt_name]
+    return cls(params, **hyper)
+
+
+def train(case, rank, world, nvme_dir, micro=1, fault=None, ckpt=None):
+    """Trains CASES[case]: this rank's slice of each global batch, `micro` micro-batches of it per step
+    (loss divided by micro, as gradient accumulation does); then saves a checkpoint into `ckpt` when
+    given (every rank, one directory). Returns (losses, model state dict, optimizer state dict)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS: torch's sums then split alike everywhere
+    try:
+        return _train(case, rank, world, nvme_dir, micro, fault, ckpt)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(case, rank, world, nvme_dir, micro, fault, ckpt):
+    name, opt_name, hyper, steps, clip, tiers = CASES[case]
+    cfg = strata_config(name, tiers, nvme_dir)
+    if micro > 1:
+        cfg["gradient_accumulation_steps"] = micro
+    model, kind = make(name, seed=rank)  # ranks built with different seeds start from rank 0's values
+    if fault == "differ" and rank == world - 1:
+        model.fc2 = torch.nn.Linear(model.fc2.in_features, model.fc2.out_features, bias=False)
+    model = st.wrap(model, cfg)
+    opt = optimizer_of(opt_name, model.parameters(), hyper)
+    losses = []
+    for step in range(steps):
+        for m in range(micro):
+            x, y = inputs(model, kind, step, rank * micro + m)
+            if fault == "raise" and rank == world - 1 and step == 1:
+                raise RuntimeError("a rank raised in forward")
+            if fault == "kill" and rank == world - 1 and step == 1:
+                os.kill(os.getpid(), 9)
+            loss = loss_of(model, x, y)
+            if micro > 1:
+                loss = loss * (1.0 / micro)
+            loss.backward()
+            losses.append(loss.detach().clone())
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        opt.zero_grad()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    opt_state = opt.state_dict()
+    if ckpt is not None:
+        opt.save_checkpoint(ckpt)
+    model.strata.close()
+    return losses, state, opt_state
+
+
+def main():
+    if sys.argv[1] == "torchrun":  # dp_worker.py torchrun OUTDIR CASE: RANK, WORLD_SIZE, MASTER_* from torchrun
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        out, case, fault, ckpt = os.path.join(sys.argv[2], f"rank{rank}.pt"), sys.argv[3], None, None
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    else:
+        rank, world, store, out, case = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+        fault = sys.argv[6] if len(sys.argv) > 6 and sys.argv[6] != "-" else None
+        ckpt = sys.argv[7] if len(sys.argv) > 7 else None
+        os.environ["WORLD_SIZE"] = str(world)
+        os.environ["LOCAL_WORLD_SIZE"] = str(world)
+        dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=30))
+    nvme_dir = os.path.join(os.path.dirname(out), f"nvme-{rank}")
+    os.makedirs(nvme_dir, exist_ok=True)
+    try:
+        losses, state, opt_state = train(case, rank, world, nvme_dir, fault=fault, ckpt=ckpt)
+    except Exception as e:  # noqa: BLE001 - the test reads the message
+        print(f"rank {rank} failed: {type(e).__name__}: {e}", flush=True)
+        traceback.print_exc()
+        sys.stdout.flush()
+        os._exit(3)  # without the group's teardown, which could wait on a peer that is gone
+    torch.save({"losses": losses, "state": state, "opt_state": opt_state}, out)
+    print(json.dumps({"rank": rank, "nvme_left": os.listdir(nvme_dir)}), flush=True)
+    dist.destroy_process_group()  # the last rank out removes the store file
+    print("ok", flush=True)
+
+
+if __name__ == "__main__":
+    main()
