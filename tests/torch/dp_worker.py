@@ -9,7 +9,7 @@ models.py with strata.torch, and trains it: at step s rank r takes micro-batch r
 batch (models.inputs(model, kind, s, r)), as one process taking that batch as WORLD micro-batches
 would. Writes {"losses", "state", "opt_state"} to OUT with torch.save. CASE names the model,
 optimizer and tier (CASES); FAULT (kill, raise) makes the last rank fail in step 1, differ gives it a
-model without fc2's bias; CKPT is a
+model without fc2's bias, trainer wraps with hf.wrap_for_trainer on every rank; CKPT is a
 directory every rank saves a checkpoint into at the end. A rank that fails prints the error and
 exits 3.
 """
@@ -40,6 +40,7 @@ def strata_config(name, tiers, nvme_dir):
     model, _ = make(name)
     cfg = tiered_config(name, nvme_dir) if tiers == "nvme" else config(model)
     cfg["comm"] = {"timeout_s": 20}
+    cfg["budgets_per"] = "rank"  # the budgets are sized for one process: each rank gets them whole
     return cfg
 
 
@@ -68,6 +69,11 @@ def _train(case, rank, world, nvme_dir, micro, fault, ckpt):
     model, kind = make(name, seed=rank)  # ranks built with different seeds start from rank 0's values
     if fault == "differ" and rank == world - 1:
         model.fc2 = torch.nn.Linear(model.fc2.in_features, model.fc2.out_features, bias=False)
+    if fault == "trainer":
+        from types import SimpleNamespace
+
+        from strata.torch import hf
+        hf.wrap_for_trainer(model, cfg, SimpleNamespace(gradient_accumulation_steps=1))  # refused under W > 1
     model = st.wrap(model, cfg)
     opt = optimizer_of(opt_name, model.parameters(), hyper)
     losses = []

@@ -105,3 +105,9 @@ def test_ranks_that_wrap_different_models_are_refused_by_name():
     out = results[1][1]
     assert ("differ from rank 0's: here `tensor 3 \"fc3.weight\" shape [10, 128] fp32`, on rank 0 "
             "`tensor 3 \"fc2.bias\" shape [128] fp32`") in out, out
+
+
+def test_hf_trainer_under_torchrun_is_refused_before_anything_changes():
+    results, _ = run_ranks(2, "sgd", "trainer")
+    for rank, (rc, out) in enumerate(results):
+        assert rc == 3 and f"this process is rank {rank} of 2, and Trainer under torchrun" in out, out

@@ -158,3 +158,28 @@ def test_fsdp2_before_or_after_wrap_is_refused(one_rank_group):
     with pytest.raises(RuntimeError, match="the model changed after wrap"):
         model(x)
     model.strata.close()
+
+
+def test_host_and_nvme_budgets_are_the_nodes_shared_by_its_ranks(monkeypatch):
+    from strata.torch import _processes
+    cfg = {"budgets": {"gpu": "64MiB", "host": "1GiB", "nvme": 3 << 30}}
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    got = _processes.per_rank_budgets(cfg)
+    assert got["budgets"] == {"gpu": "64MiB", "host": 1 << 28, "nvme": 3 << 28}
+    assert cfg["budgets"]["host"] == "1GiB"  # the user's config is not changed
+    assert _processes.per_rank_budgets(dict(cfg, budgets_per="rank"))["budgets"] == cfg["budgets"]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert _processes.per_rank_budgets(cfg) == cfg
+    with pytest.raises(ValueError, match="budgets_per = 'gpu'"):
+        _processes.per_rank_budgets(dict(cfg, budgets_per="gpu"))
+
+
+def test_a_ranks_threads_are_the_nodes_cores_over_its_ranks(monkeypatch):
+    from strata.torch import _processes
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert _processes.local_threads({}) == max(1, cores // 2)
+    assert _processes.local_threads({"threads": 3}) is None  # the config's own
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "x")
+    with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE = 'x'"):
+        _processes.local_threads({})

@@ -21,7 +21,7 @@ from . import _C, _layout, _processes
 from ._views import _LAZY_OWNER, _lazy_class
 
 # Keys of the wrap config that the binding handles itself (not the runtime's).
-_BINDING_KEYS = ("gradient_accumulation_steps", "bind_subtree", "grad_reads", "comm")
+_BINDING_KEYS = ("gradient_accumulation_steps", "bind_subtree", "grad_reads", "comm", "budgets_per")
 
 # Note [Modules that read their children's parameters]
 # Some modules use a child's parameters without calling the child: nn.MultiheadAttention
@@ -198,6 +198,8 @@ class _Building:
     def _runtime_config(self, settings):
         cfg = {k: v for k, v in self.config.items() if k not in _BINDING_KEYS}
         if self._group is not None:
+            cfg = _processes.per_rank_budgets(dict(cfg, budgets_per=self.config.get("budgets_per", "node")))
+            cfg.pop("budgets_per")
             threads = _processes.local_threads(cfg)  # Note [Ranks under torchrun]
             if threads is not None:
                 cfg["threads"] = threads

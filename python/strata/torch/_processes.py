@@ -25,8 +25,10 @@ What is refused, each with what to do:
     scripts pay nothing.
 A group of one rank (init_process_group with world_size 1, or a one-rank subgroup given as
 `process_group=`) is the single-process case.
-Ranks share a node's cores: unless the config sets "threads", a rank's CPU workers are the
-node's cores / LOCAL_WORLD_SIZE (torchrun's), at least 1.
+Ranks share a node: unless the config sets "threads", a rank's CPU workers are the node's cores /
+LOCAL_WORLD_SIZE (torchrun's), at least 1; budgets.host and budgets.nvme are the node's, and each
+rank's runtime gets 1/LOCAL_WORLD_SIZE of them, unless "budgets_per": "rank" says the config's are
+each rank's own (per_rank_budgets). budgets.gpu is a rank's (one device each).
 """
 
 import os
@@ -136,19 +138,57 @@ def shard_group(model, process_group):
     return group
 
 
+def rank_in(group):
+    """This process's rank in `group`."""
+    return torch.distributed.get_rank(group)
+
+
+def ranks_in(group):
+    """The number of ranks in `group`."""
+    return torch.distributed.get_world_size(group)
+
+
 def local_threads(config):
     """The CPU workers of one rank when the config leaves "threads" out: the node's cores over the ranks
     on this node (LOCAL_WORLD_SIZE), at least 1 (Note [Ranks under torchrun])."""
     if "threads" in config:
         return None
+    local = _local_world_size()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // local)
+
+
+def per_rank_budgets(config):
+    """The config a rank's runtime gets: budgets.host and budgets.nvme, which the wrap config gives per node
+    (the node's memory and disk, shared by its ranks), divided by LOCAL_WORLD_SIZE, unless "budgets_per":
+    "rank" says they are a rank's own already (Note [Ranks under torchrun]). budgets.gpu is always a rank's
+    (one device each). A config without the group is returned unchanged."""
+    per = config.get("budgets_per", "node")
+    if per not in ("node", "rank"):
+        raise ValueError(f"strata.torch.wrap: budgets_per = {per!r}: must be \"node\" (budgets.host and "
+                         "budgets.nvme are the node's, shared by its ranks) or \"rank\" (each rank's own)")
+    budgets = config.get("budgets")
+    if per == "rank" or not isinstance(budgets, dict):
+        return config
+    local = _local_world_size()
+    if local == 1:
+        return config
+    from ._layout import parse_bytes
+    shared = dict(budgets)
+    for key in ("host", "nvme"):
+        value = parse_bytes(shared.get(key))
+        if value is not None:
+            shared[key] = value // local
+    return dict(config, budgets=shared)
+
+
+def _local_world_size():
     text = os.environ.get("LOCAL_WORLD_SIZE", "1")
     try:
-        local = max(1, int(text))
+        return max(1, int(text))
     except ValueError:
         raise ValueError(f"strata.torch.wrap: LOCAL_WORLD_SIZE = {text!r} in the environment is not an "
                          "integer") from None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // local)
 
 
 def comm_timeout_ms(config):

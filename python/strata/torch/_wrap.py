@@ -51,6 +51,7 @@ class Wrapped(_Building, _Hooks, _Grads, _Views):
         # This step's kept gradients are the ranks' average (Note [Averaged gradients in torch]).
         self._grads_averaged = False
         _processes.comm_timeout_ms(self.config)  # a bad comm section fails at wrap(), before anything
+        _processes.per_rank_budgets(self.config)  # and a bad budgets_per
         grad_reads = self.config.get("grad_reads", "auto")
         if grad_reads not in (True, False, "auto"):
             raise ValueError(f"strata.torch.wrap: grad_reads = {grad_reads!r}: must be true, false or \"auto\" "

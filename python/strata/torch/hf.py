@@ -30,7 +30,7 @@ Trainer does with them, and what strata needs for it:
 
 import torch
 
-from . import _wrap, optim
+from . import _processes, _wrap, optim
 
 # Trainer's optimizer names (TrainingArguments.optim) that map onto a strata optimizer.
 _OPTIMIZERS = {"adamw_torch": optim.AdamW, "adamw_torch_fused": optim.AdamW, "adamw_hf": optim.AdamW,
@@ -57,7 +57,17 @@ def trainer_config(config, args):
 
 
 def wrap_for_trainer(model, config, args):
-    """strata.torch.wrap(model, config) for a model that `transformers.Trainer(args=args)` trains."""
+    """strata.torch.wrap(model, config) for a model that `transformers.Trainer(args=args)` trains.
+    One process only, so far: under torchrun Trainer (through Accelerate) puts DistributedDataParallel
+    around the model, which would reduce what strata reduces; refused before anything changes."""
+    group = _processes.shard_group(model, None)
+    if group is not None:
+        raise RuntimeError(
+            f"strata.torch.hf.wrap_for_trainer: this process is rank {_processes.rank_in(group)} of "
+            f"{_processes.ranks_in(group)}, and Trainer under torchrun puts DistributedDataParallel "
+            "around the model (Accelerate's prepare), which strata refuses: strata reduces the gradients itself. "
+            "Trainer with strata runs in one process so far (issue #48); under torchrun, train with a plain loop "
+            "(docs/torch.md, data parallelism under torchrun)")
     return _wrap.wrap(model, trainer_config(config, args))
 
 
