@@ -111,6 +111,7 @@ class Deferred:
         self.pending = True
         self.current = None  # (what, where) while an init runs
         self.queue = []  # (pid, values) of one chunk family, written together (_put)
+        self.comm = None  # the data-parallel communicator, set by run()
         for name, b in model.named_buffers():
             if b is not None and b.device.type == "meta":
                 raise ValueError(
@@ -147,6 +148,7 @@ class Deferred:
     def run(self, w, engine):
         """Initialises every deferred parameter of Wrapped `w` into `engine` (registered, not adopted)."""
         pids = [pid for pid, p in enumerate(w.params) if id(p) in self.meta]
+        self.comm = w._comm  # data parallelism: rank 0's values go to every rank (_flush)
         for pid in pids:
             engine.adopt_unset(pid)
         engine.init_many([], [])  # fixes the layout: family_of answers
@@ -262,7 +264,15 @@ class Deferred:
 
     def _flush(self, engine):
         if self.queue:
-            engine.init_many([pid for pid, _ in self.queue], [v for _, v in self.queue])
+            values = [v for _, v in self.queue]
+            if self.comm is not None:
+                # The runtime's broadcast of rank 0's params (Note [Sharded step]) ran when the layout was
+                # fixed, before these values existed, and init_tensors changes this rank only: so rank 0's
+                # values are broadcast here, every rank flushing the same families in the same order.
+                values = [v.contiguous().clone() for v in values]
+                for v in values:
+                    self.comm.broadcast(v, 0)
+            engine.init_many([pid for pid, _ in self.queue], values)
             self.queue = []
 
     def _apply_fn(self, w, engine, module):
