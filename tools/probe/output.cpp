@@ -239,7 +239,7 @@ void print_machine(const Flags& f, const Machine& m, const Planned& p) {
 void print_placements(const Settings& s, const Planned& p) {
   const TrainSpec& spec = p.spec;
   fmt::print(
-      "\nModel: GPT-like, hidden {}, seq {}, batch {}, vocab {}; {} {} (states {}), {} B of state a "
+      "\nModel: GPT-like, hidden {}, seq {}, batch {}, vocab {}; {} {} (states {}), {:.4g} B of state a "
       "param; device compute assumed {:.3g} TFLOP/s\n",
       spec.shape.hidden, spec.shape.seq, spec.shape.batch, spec.shape.vocab, s.optimizer, s.precision,
       s.state_dtype, state_bytes_per_param(spec), s.tflops);
