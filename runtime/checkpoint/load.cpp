@@ -75,14 +75,11 @@ Status check_tensor(LoadPlan& p, const json& t) {
     if (!dtype.ok())
       return corrupt("load_checkpoint: {}: tensor \"{}\" {}: {}", mpath, name, kname,
                      dtype.status().message());
-    if (*dtype == DType::kQ8) {  // (no checkpoint holds q8 states yet: Note [Q8 state chunks])
-      return corrupt("load_checkpoint: {}: tensor \"{}\" {} is q8, which no checkpoint holds yet", mpath,
-                     name, kname);
-    }
     s.dtype[k] = *dtype;
     s.offset[k] = st.at("offset").get<std::uint64_t>();
     s.has[k] = true;
-    if (s.offset[k] + info.numel * dtype_bytes(s.dtype[k]) > p.file_bytes[s.file]) {
+    // (q8: codes then block scales, Note [Q8 checkpoints] in q8_states.cpp.)
+    if (s.offset[k] + runtime::state_chunk_bytes(s.dtype[k], info.numel) > p.file_bytes[s.file]) {
       return corrupt("load_checkpoint: {}: tensor \"{}\" {} lies past the end of {}", mpath, name, kname,
                      p.file_paths[s.file].string());
     }

@@ -223,25 +223,10 @@ void CheckpointSource::set_group(const checkpoint::GroupEntry& g) {
 
 // --- The public calls -------------------------------------------------------
 
-namespace {
-
-//! Checkpoints do not carry q8 states yet (Note [Q8 state chunks]): refused, never
-//! a file of codes read back as values.
-Status refuse_q8(const Core& core, std::string_view call) {
-  if (core.opt.state_dtype != DType::kQ8) return Status::Ok();
-  return failed_precondition(
-      "{}: checkpoints of q8 optimizer states (precision.states q8) are not supported yet; train with fp32 "
-      "or bf16 states to checkpoint",
-      call);
-}
-
-}  // namespace
-
 Status Runtime::save_checkpoint(const std::string& dir) {
   Impl& m = *impl_;
   std::unique_lock lock(m.core().mu);
   InvariantCheck check(m, &lock);
-  STRATA_RETURN_IF_ERROR(refuse_q8(m.core(), "save_checkpoint"));
   return m.checkpoints().save(lock, dir);
 }
 
@@ -249,7 +234,6 @@ Status Runtime::begin_checkpoint(const std::string& dir) {
   Impl& m = *impl_;
   std::unique_lock lock(m.core().mu);
   InvariantCheck check(m, &lock);
-  STRATA_RETURN_IF_ERROR(refuse_q8(m.core(), "begin_checkpoint"));
   return m.checkpoints().begin(lock, dir);
 }
 
@@ -270,7 +254,6 @@ Status Runtime::load_checkpoint(const std::string& dir) {
   Impl& m = *impl_;
   std::unique_lock lock(m.core().mu);
   InvariantCheck check(m, &lock);
-  STRATA_RETURN_IF_ERROR(refuse_q8(m.core(), "load_checkpoint"));
   return m.checkpoints().load(lock, dir);
 }
 

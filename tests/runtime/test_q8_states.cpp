@@ -2,7 +2,8 @@
 // chunks] in runtime/src/pipeline/q8_states.cpp): several AdamW steps equal a
 // direct kernels::step_q8 over each tensor alone, from zero bytes, bit for bit —
 // with states on the (sim) GPU, on host and on NVMe, fp32 and bf16 compute, one
-// thread and three; the refusals of what the runtime does not serve.
+// thread and three; the refusals of what the runtime does not serve; checkpoints
+// of q8 states, and their conversion from and to fp32 states.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -10,9 +11,12 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "sim_device.hpp"
+#include "strata/comm/local.hpp"
 #include "strata/common/bytes.hpp"
 #include "strata/common/scratch_dir.hpp"
 #include "strata/kernels/q8.hpp"
@@ -50,10 +54,11 @@ std::string case_name(const ::testing::TestParamInfo<Case>& i) {
   return fmt::format("{}_{}_threads{}", place, dtype_name(i.param.compute), i.param.threads);
 }
 
-RuntimeOptions options(const Case& c, std::uint64_t host_bytes, const std::filesystem::path& nvme) {
+RuntimeOptions options(const Case& c, std::uint64_t host_bytes, const std::filesystem::path& nvme,
+                       DType states = DType::kQ8) {
   RuntimeOptions o;
   o.compute_dtype = c.compute;
-  o.state_dtype = DType::kQ8;
+  o.state_dtype = states;
   o.hyper.optimizer = kernels::Optimizer::kAdamW;
   o.hyper.lr = 1e-2f;
   o.hyper.weight_decay = 0.01f;
@@ -97,12 +102,13 @@ struct Trained {
 };
 
 //! A runtime with the tensors registered and initialised, or the status that refused it.
-Result<Trained> make(const Case& c, std::uint64_t host_bytes, const std::filesystem::path& nvme) {
+Result<Trained> make(const Case& c, std::uint64_t host_bytes, const std::filesystem::path& nvme,
+                     DType states = DType::kQ8) {
   Trained m{.device = sim_device()};
-  STRATA_ASSIGN_OR_RETURN(m.rt, Runtime::create(*m.device, options(c, host_bytes, nvme)));
+  STRATA_ASSIGN_OR_RETURN(m.rt, Runtime::create(*m.device, options(c, host_bytes, nvme, states)));
   for (std::size_t t = 0; t < kSizes.size(); ++t) {
-    STRATA_ASSIGN_OR_RETURN(TensorId id,
-                            m.rt->register_tensor(fmt::format("t{}", t), {static_cast<std::int64_t>(kSizes[t])}));
+    STRATA_ASSIGN_OR_RETURN(
+        TensorId id, m.rt->register_tensor(fmt::format("t{}", t), {static_cast<std::int64_t>(kSizes[t])}));
     m.ids.push_back(id);
   }
   for (std::size_t t = 0; t < kSizes.size(); ++t) {
@@ -222,12 +228,13 @@ TEST_P(Q8States, AdamWStepsEqualTheKernelOnEachTensorAloneBitForBit) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Places, Q8States,
-                         ::testing::Values(Case{Place::kHost, DType::kF32, 1}, Case{Place::kHost, DType::kF32, 3},
-                                           Case{Place::kHost, DType::kBF16, 3}, Case{Place::kNvme, DType::kF32, 1},
-                                           Case{Place::kNvme, DType::kF32, 3}, Case{Place::kNvme, DType::kBF16, 3},
-                                           Case{Place::kGpu, DType::kF32, 3}),
-                         case_name);
+INSTANTIATE_TEST_SUITE_P(
+    Places, Q8States,
+    ::testing::Values(Case{Place::kHost, DType::kF32, 1}, Case{Place::kHost, DType::kF32, 3},
+                      Case{Place::kHost, DType::kBF16, 3}, Case{Place::kNvme, DType::kF32, 1},
+                      Case{Place::kNvme, DType::kF32, 3}, Case{Place::kNvme, DType::kBF16, 3},
+                      Case{Place::kGpu, DType::kF32, 3}),
+    case_name);
 
 TEST(Q8StatesState, WriteThenReadGivesTheQuantizedValuesAndLeasesAreRefused) {
   const Case c{Place::kHost, DType::kF32, 2};
@@ -267,8 +274,8 @@ TEST(Q8StatesOptions, RefusedWithoutAnEightBitRuleNamingThePair) {
     auto rt = Runtime::create(*device, ro);
     ASSERT_FALSE(rt.ok()) << kernels::optimizer_name(o);
     EXPECT_EQ(rt.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(rt.status().message().find(fmt::format("optimizer {} has no 8-bit state rule; use precision.states",
-                                                     kernels::optimizer_name(o))),
+    EXPECT_NE(rt.status().message().find(fmt::format(
+                  "optimizer {} has no 8-bit state rule; use precision.states", kernels::optimizer_name(o))),
               std::string::npos)
         << rt.status();
   }
@@ -279,6 +286,15 @@ TEST(Q8StatesOptions, RefusedWithoutAnEightBitRuleNamingThePair) {
   auto rt = Runtime::create(*device, ro);
   ASSERT_FALSE(rt.ok());
   EXPECT_NE(rt.status().message().find("whole 256-element scale blocks"), std::string::npos) << rt.status();
+  // Data parallelism: a rank's shard can cut a tensor's block.
+  auto group = comm::make_local_group(2, {});
+  ASSERT_TRUE(group.ok()) << group.status();
+  ro = options({Place::kHost, DType::kF32, 1}, 64 * kMiB, {});
+  ro.comm = std::move((*group)[0]);
+  rt = Runtime::create(*device, ro);
+  ASSERT_FALSE(rt.ok());
+  EXPECT_NE(rt.status().message().find("precision.states q8 with 2 data-parallel ranks"), std::string::npos)
+      << rt.status();
   ro = options({Place::kHost, DType::kF32, 1}, 64 * kMiB, {});
   ro.compute_dtype = DType::kQ8;
   rt = Runtime::create(*device, ro);
@@ -344,14 +360,145 @@ TEST(Q8StatesPlan, NvmeBytesAreTheQuantizedChunksSlots) {
   EXPECT_LE(plan.nvme_bytes, states + 4 * slot) << plan.summary();
 }
 
-TEST(Q8StatesCheckpoint, RefusedUntilCheckpointsCarryQ8States) {
-  auto made = make({Place::kHost, DType::kF32, 1}, 64 * kMiB, {});
-  ASSERT_TRUE(made.ok()) << made.status();
-  auto dir = scratch("strata-q8-ckpt");
-  ASSERT_TRUE(dir.ok());
-  Status st = made->rt->save_checkpoint((dir->path() / "c").string());
-  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st;
-  EXPECT_NE(st.message().find("checkpoints of q8 optimizer states"), std::string::npos) << st;
+// --- Checkpoints (Note [Q8 checkpoints] in runtime/checkpoint/q8_states.cpp) ---
+
+//! Every tensor's master, m and v as read_tensor gives them (q8: dequantized).
+std::vector<std::vector<float>> read_states(Runtime& rt, const std::vector<TensorId>& ids) {
+  std::vector<std::vector<float>> out;
+  for (std::size_t t = 0; t < ids.size(); ++t) {
+    for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1}) {
+      std::vector<float> v(kSizes[t]);
+      EXPECT_TRUE(rt.read_tensor(ids[t], k, v).ok());
+      out.push_back(std::move(v));
+    }
+  }
+  return out;
+}
+
+//! Bitwise equality of float vectors (-0.0 differs from 0.0).
+bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0)
+      return false;
+  }
+  return true;
+}
+
+struct CheckpointDirs {
+  ScratchDir nvme_a, nvme_b, ckpt;
+  static CheckpointDirs make() {
+    auto dir = [](const char* name) {
+      auto d = scratch(name);
+      EXPECT_TRUE(d.ok()) << d.status();
+      return std::move(d).value();
+    };
+    return {dir("strata-q8-nvme-a"), dir("strata-q8-nvme-b"), dir("strata-q8-ckpt")};
+  }
+};
+
+class Q8Checkpoint : public ::testing::TestWithParam<Place> {};
+
+TEST_P(Q8Checkpoint, SavedAsTheyAreAndLoadedBitForBit) {
+  CheckpointDirs dirs = CheckpointDirs::make();
+  const Case c{GetParam(), DType::kF32, 2};
+  auto a = make_placed(c, dirs.nvme_a.path());
+  ASSERT_TRUE(a.ok()) << a.status();
+  for (int s = 0; s < 2; ++s) ASSERT_TRUE(train_step(*a, c.compute, s).ok());
+  const std::string ckpt = (dirs.ckpt.path() / "c").string();
+  ASSERT_TRUE(a->rt->save_checkpoint(ckpt).ok());
+  auto b = make_placed(c, dirs.nvme_b.path());
+  ASSERT_TRUE(b.ok()) << b.status();
+  Status loaded = b->rt->load_checkpoint(ckpt);
+  ASSERT_TRUE(loaded.ok()) << loaded;
+  EXPECT_TRUE(same_bits(read_states(*b->rt, b->ids), read_states(*a->rt, a->ids)));
+  // And they train on alike: the codes and scales were loaded, not values requantized.
+  for (Trained* m : {&*a, &*b}) ASSERT_TRUE(train_step(*m, c.compute, 2).ok());
+  EXPECT_TRUE(same_bits(read_states(*b->rt, b->ids), read_states(*a->rt, a->ids)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Places, Q8Checkpoint, ::testing::Values(Place::kHost, Place::kNvme),
+                         [](const ::testing::TestParamInfo<Place>& i) {
+                           return i.param == Place::kHost ? "host" : "nvme";
+                         });
+
+TEST(Q8CheckpointConvert, AQ8CheckpointLoadsIntoFp32StatesDequantized) {
+  CheckpointDirs dirs = CheckpointDirs::make();
+  const Case c{Place::kHost, DType::kF32, 2};
+  auto q8 = make(c, 64 * kMiB, {});
+  ASSERT_TRUE(q8.ok()) << q8.status();
+  for (int s = 0; s < 2; ++s) ASSERT_TRUE(train_step(*q8, c.compute, s).ok());
+  const std::string ckpt = (dirs.ckpt.path() / "c").string();
+  ASSERT_TRUE(q8->rt->save_checkpoint(ckpt).ok());
+  auto fp32 = make(c, 64 * kMiB, {}, DType::kF32);
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  Status loaded = fp32->rt->load_checkpoint(ckpt);
+  ASSERT_TRUE(loaded.ok()) << loaded;
+  EXPECT_TRUE(same_bits(read_states(*fp32->rt, fp32->ids), read_states(*q8->rt, q8->ids)));
+  EXPECT_EQ(*fp32->rt->tensor_steps(fp32->ids[0]), 2);
+}
+
+TEST(Q8CheckpointConvert, AnFp32CheckpointLoadsIntoQ8StatesQuantizedPerTensor) {
+  CheckpointDirs dirs = CheckpointDirs::make();
+  const Case c{Place::kHost, DType::kF32, 2};
+  auto fp32 = make(c, 64 * kMiB, {}, DType::kF32);
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  for (int s = 0; s < 2; ++s) ASSERT_TRUE(train_step(*fp32, c.compute, s).ok());
+  const std::string ckpt = (dirs.ckpt.path() / "c").string();
+  ASSERT_TRUE(fp32->rt->save_checkpoint(ckpt).ok());
+  auto q8 = make(c, 64 * kMiB, {});
+  ASSERT_TRUE(q8.ok()) << q8.status();
+  Status loaded = q8->rt->load_checkpoint(ckpt);
+  ASSERT_TRUE(loaded.ok()) << loaded;
+  // Each state quantized alone, as q8_quantize (step_q8's requantization) does it.
+  auto want = read_states(*fp32->rt, fp32->ids);
+  for (std::size_t t = 0; t < kSizes.size(); ++t) {
+    for (std::size_t k = 1; k < 3; ++k) {
+      std::vector<float>& v = want[3 * t + k];
+      std::vector<std::uint8_t> codes(v.size());
+      std::vector<float> scales(kernels::q8_blocks(v.size()));
+      const auto map = k == 1 ? kernels::Q8Map::kSigned : kernels::Q8Map::kUnsigned;
+      ASSERT_TRUE(kernels::q8_quantize(v, map, codes.data(), scales.data()).ok());
+      kernels::q8_dequantize(codes.data(), scales.data(), map, v);
+    }
+  }
+  EXPECT_TRUE(same_bits(read_states(*q8->rt, q8->ids), want));
+  ASSERT_TRUE(train_step(*q8, c.compute, 2).ok()) << "it trains on";
+}
+
+TEST(Q8CheckpointConvert, ACorruptedScaleIsCaughtByTheCrc) {
+  CheckpointDirs dirs = CheckpointDirs::make();
+  const Case c{Place::kHost, DType::kF32, 1};
+  auto a = make(c, 64 * kMiB, {});
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(train_step(*a, c.compute, 0).ok());
+  const std::filesystem::path ckpt = dirs.ckpt.path() / "c";
+  ASSERT_TRUE(a->rt->save_checkpoint(ckpt.string()).ok());
+  // Tensor t3's first v scale: right after its codes in the q8 record.
+  nlohmann::json manifest = nlohmann::json::parse(std::ifstream(ckpt / "manifest.json"));
+  const nlohmann::json* t3 = nullptr;
+  for (const auto& t : manifest.at("tensors")) {
+    if (t.at("name") == "t3") t3 = &t;
+  }
+  ASSERT_NE(t3, nullptr);
+  const auto& v = t3->at("states").at("state1");
+  ASSERT_EQ(v.at("dtype"), "q8");
+  const std::uint64_t at = v.at("offset").get<std::uint64_t>() + kSizes[3];
+  const std::string file = manifest.at("files")[t3->at("file").get<std::size_t>()].at("name");
+  std::fstream f(ckpt / file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(at));
+  char byte = 0;
+  f.read(&byte, 1);
+  byte = static_cast<char>(byte ^ 0x40);
+  f.seekp(static_cast<std::streamoff>(at));
+  f.write(&byte, 1);
+  f.close();
+  auto b = make(c, 64 * kMiB, {});
+  ASSERT_TRUE(b.ok()) << b.status();
+  const auto before = read_states(*b->rt, b->ids);
+  Status loaded = b->rt->load_checkpoint(ckpt.string());
+  EXPECT_EQ(loaded.code(), StatusCode::kCorrupt) << loaded;
+  EXPECT_TRUE(same_bits(read_states(*b->rt, b->ids), before)) << "nothing was loaded";
 }
 
 }  // namespace

@@ -29,6 +29,9 @@
 // NVMe families run the same CPU kernel over the same bytes (the sim device's
 // GPU tier too: its kernel is the CPU's).
 //
+// Checkpoints save the codes and scales as they are and convert from and to fp32
+// and bf16 states on load (Note [Q8 checkpoints] in runtime/checkpoint/q8_states.cpp).
+//
 // Not served, and refused: optimizers without an 8-bit rule (only adam and adamw
 // have one); data parallelism (a rank's shard is whole 64-element groups, Note
 // [Sharded step], which can cut a tensor's block and start a rank's part mid-block);

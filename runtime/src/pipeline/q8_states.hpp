@@ -30,7 +30,8 @@ struct Q8Chunk {
 kernels::Q8Span q8_span(const kernels::Span& s, std::uint64_t at, const Q8Chunk& m, const Q8Chunk& v);
 
 //! kernels::step_q8 over `spans` with one key's arguments (as group_args gives them).
-Result<kernels::StepReport> step_q8_group(const kernels::StepArgs& args, std::span<const kernels::Q8Span> spans);
+Result<kernels::StepReport> step_q8_group(const kernels::StepArgs& args,
+                                          std::span<const kernels::Q8Span> spans);
 
 //! The map state kind `i` (0: m, 1: v) quantizes with.
 kernels::Q8Map q8_map_of_state(std::uint32_t i);
