@@ -57,7 +57,8 @@ Status fill_q8_tensor(const LoadPlan& p, FamilyId f, StateKind k, TensorId id, s
   const int fd = p.fds[s.file].get();
   const fs::path& path = p.file_paths[s.file];
   if (from == DType::kQ8 && to == DType::kQ8) {  // as saved (one rank: the whole tensor)
-    STRATA_RETURN_IF_ERROR(read_all(fd, reinterpret_cast<std::byte*>(codes_at(part.at)), ts.numel, s.offset[sk], path));
+    STRATA_RETURN_IF_ERROR(
+        read_all(fd, reinterpret_cast<std::byte*>(codes_at(part.at)), ts.numel, s.offset[sk], path));
     return read_all(fd, reinterpret_cast<std::byte*>(scales_at(part.at)), 4 * kernels::q8_blocks(ts.numel),
                     s.offset[sk] + ts.numel, path);
   }
@@ -70,14 +71,15 @@ Status fill_q8_tensor(const LoadPlan& p, FamilyId f, StateKind k, TensorId id, s
     kernels::q8_dequantize(reinterpret_cast<const std::uint8_t*>(staging.data()), scales.data(), map_of(k),
                            values);
     const std::span<const float> mine(values.data() + part.first, part.count);
-    convert(reinterpret_cast<const std::byte*>(mine.data()), DType::kF32, base + part.at * dtype_bytes(to), to,
-            part.count);
+    convert(reinterpret_cast<const std::byte*>(mine.data()), DType::kF32, base + part.at * dtype_bytes(to),
+            to, part.count);
     return Status::Ok();
   }
   // fp32 or bf16 into q8: this run is one rank, so the part is the whole tensor.
   const std::uint64_t fsize = dtype_bytes(from);
   staging.resize(part.count * fsize);
-  STRATA_RETURN_IF_ERROR(read_all(fd, staging.data(), staging.size(), s.offset[sk] + part.first * fsize, path));
+  STRATA_RETURN_IF_ERROR(
+      read_all(fd, staging.data(), staging.size(), s.offset[sk] + part.first * fsize, path));
   convert(staging.data(), from, reinterpret_cast<std::byte*>(values.data()), DType::kF32, part.count);
   Status st = kernels::q8_quantize(values, map_of(k), codes_at(part.at), scales_at(part.at));
   if (!st.ok()) {

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -103,9 +105,11 @@ struct Trained {
 
 //! A runtime with the tensors registered and initialised, or the status that refused it.
 Result<Trained> make(const Case& c, std::uint64_t host_bytes, const std::filesystem::path& nvme,
-                     DType states = DType::kQ8) {
+                     DType states = DType::kQ8, const std::function<void(RuntimeOptions&)>& edit = {}) {
   Trained m{.device = sim_device()};
-  STRATA_ASSIGN_OR_RETURN(m.rt, Runtime::create(*m.device, options(c, host_bytes, nvme, states)));
+  RuntimeOptions o = options(c, host_bytes, nvme, states);
+  if (edit) edit(o);
+  STRATA_ASSIGN_OR_RETURN(m.rt, Runtime::create(*m.device, o));
   for (std::size_t t = 0; t < kSizes.size(); ++t) {
     STRATA_ASSIGN_OR_RETURN(
         TensorId id, m.rt->register_tensor(fmt::format("t{}", t), {static_cast<std::int64_t>(kSizes[t])}));
@@ -136,15 +140,19 @@ Result<Trained> make_placed(const Case& c, const std::filesystem::path& nvme) {
   return last;
 }
 
-Status train_step(Trained& m, DType compute, int step) {
+//! One step's gradients and step(); with `nan`, tensor 3's last gradient is NaN.
+//! Whether the step was applied.
+Result<bool> run_step(Trained& m, DType compute, int step, bool nan) {
   for (std::size_t t = 0; t < m.ids.size(); ++t) {
     STRATA_ASSIGN_OR_RETURN(Lease p, m.rt->acquire(m.ids[t], StateKind::kParam, Access::kRead));
     STRATA_ASSIGN_OR_RETURN(Lease g, m.rt->acquire(m.ids[t], StateKind::kGrad, Access::kWrite));
     void* G = g.data();
     const std::size_t n = kSizes[t];
-    STRATA_RETURN_IF_ERROR(m.rt->launch([G, n, t, step, compute] {
+    const bool poison = nan && t == 3;
+    STRATA_RETURN_IF_ERROR(m.rt->launch([G, n, t, step, compute, poison] {
       for (std::size_t i = 0; i < n; ++i) {
-        const float x = grad_value(t, i, step);
+        const float x =
+            poison && i + 1 == n ? std::numeric_limits<float>::quiet_NaN() : grad_value(t, i, step);
         if (compute == DType::kBF16) {
           static_cast<std::uint16_t*>(G)[i] = kernels::float_to_bf16(x);
         } else {
@@ -154,7 +162,12 @@ Status train_step(Trained& m, DType compute, int step) {
     }));
   }
   STRATA_ASSIGN_OR_RETURN(StepStats st, m.rt->step());
-  if (!st.applied) return failed_precondition("step {} was not applied", step);
+  return st.applied;
+}
+
+Status train_step(Trained& m, DType compute, int step) {
+  STRATA_ASSIGN_OR_RETURN(const bool applied, run_step(m, compute, step, false));
+  if (!applied) return failed_precondition("step {} was not applied", step);
   return Status::Ok();
 }
 
@@ -192,6 +205,29 @@ struct Reference {
     }
   }
 };
+
+//! Every tensor's master, m and v as read_tensor gives them (q8: dequantized).
+std::vector<std::vector<float>> read_states(Runtime& rt, const std::vector<TensorId>& ids) {
+  std::vector<std::vector<float>> out;
+  for (std::size_t t = 0; t < ids.size(); ++t) {
+    for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1}) {
+      std::vector<float> v(kSizes[t]);
+      EXPECT_TRUE(rt.read_tensor(ids[t], k, v).ok());
+      out.push_back(std::move(v));
+    }
+  }
+  return out;
+}
+
+//! Bitwise equality of float vectors (-0.0 differs from 0.0).
+bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0)
+      return false;
+  }
+  return true;
+}
 
 class Q8States : public ::testing::TestWithParam<Case> {};
 
@@ -263,6 +299,26 @@ TEST(Q8StatesState, WriteThenReadGivesTheQuantizedValuesAndLeasesAreRefused) {
   ASSERT_FALSE(lease.ok());
   EXPECT_EQ(lease.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(lease.status().message().find("read_tensor/write_tensor"), std::string::npos) << lease.status();
+}
+
+// Loss scaling and clipping (Note [Step semantics]): an Inf/NaN gradient skips the
+// step and leaves codes and scales as they were; clipping scales the gradients.
+TEST(Q8StatesStep, ANonFiniteGradientWritesNoStateAndClippingTrains) {
+  for (const bool clip : {false, true}) {
+    auto made = make({Place::kHost, DType::kF32, 2}, 64 * kMiB, {}, DType::kQ8, [clip](RuntimeOptions& o) {
+      o.loss_scaling = !clip;
+      o.clip_max_norm = clip ? 0.5 : 0.0;
+    });
+    ASSERT_TRUE(made.ok()) << made.status();
+    ASSERT_TRUE(train_step(*made, DType::kF32, 0).ok());
+    const auto before = read_states(*made->rt, made->ids);
+    auto skipped = run_step(*made, DType::kF32, 1, true);
+    ASSERT_TRUE(skipped.ok()) << skipped.status();
+    EXPECT_FALSE(*skipped) << "clip " << clip;
+    EXPECT_TRUE(same_bits(read_states(*made->rt, made->ids), before)) << "clip " << clip;
+    ASSERT_TRUE(train_step(*made, DType::kF32, 2).ok()) << "clip " << clip;
+    EXPECT_FALSE(same_bits(read_states(*made->rt, made->ids), before)) << "clip " << clip;
+  }
 }
 
 TEST(Q8StatesOptions, RefusedWithoutAnEightBitRuleNamingThePair) {
@@ -361,29 +417,6 @@ TEST(Q8StatesPlan, NvmeBytesAreTheQuantizedChunksSlots) {
 }
 
 // --- Checkpoints (Note [Q8 checkpoints] in runtime/checkpoint/q8_states.cpp) ---
-
-//! Every tensor's master, m and v as read_tensor gives them (q8: dequantized).
-std::vector<std::vector<float>> read_states(Runtime& rt, const std::vector<TensorId>& ids) {
-  std::vector<std::vector<float>> out;
-  for (std::size_t t = 0; t < ids.size(); ++t) {
-    for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1}) {
-      std::vector<float> v(kSizes[t]);
-      EXPECT_TRUE(rt.read_tensor(ids[t], k, v).ok());
-      out.push_back(std::move(v));
-    }
-  }
-  return out;
-}
-
-//! Bitwise equality of float vectors (-0.0 differs from 0.0).
-bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0)
-      return false;
-  }
-  return true;
-}
 
 struct CheckpointDirs {
   ScratchDir nvme_a, nvme_b, ckpt;

@@ -142,9 +142,11 @@ Planned plan_placements(const Settings& s, const Flags& flags, const Machine& m,
   // (the shape was checked by model_spec: these cannot fail)
   p.rank_bytes = rank_state_bytes(spec).value();
   p.single_bytes = rank_state_bytes(one_rank).value();
-  // The all-gpu row only where the runtime runs optimizer steps on this device.
+  // The all-gpu row only where the runtime runs optimizer steps on this device (q8
+  // states: not on CUDA, which has no 8-bit kernel; Note [Q8 state chunks]).
   spec.gpu_optimizer = runtime::gpu_optimizer_supported(
-      m.sim ? memory::DeviceKind::kSim : memory::DeviceKind::kCuda, spec.optimizer);
+                           m.sim ? memory::DeviceKind::kSim : memory::DeviceKind::kCuda, spec.optimizer) &&
+                       (m.sim || spec.state_dtype != kernels::DType::kQ8);
   p.rates = measured_rates(m);
   for (Placement pl : kPlacements) p.rows.push_back(estimate(spec, pl, p.cap, p.rates));
   p.model_params = shape_params(spec.shape).value();
