@@ -230,8 +230,8 @@ void print_machine(const Flags& f, const Machine& m, const Planned& p) {
   } else {
     fmt::print("  NVMe      not measured (give --nvme DIR)\n");
   }
-  fmt::print("  CPU opt   {:.0f} Mparams/s (fp32 AdamW, {} threads)\n", m.rates.cpu_optim_params_per_s / 1e6,
-             m.threads);
+  fmt::print("  CPU opt   {:.0f} Mparams/s ({} AdamW, {} threads)\n", m.rates.cpu_optim_params_per_s / 1e6,
+             p.spec.state_dtype == kernels::DType::kQ8 ? "q8-state" : "fp32", m.threads);
   fmt::print("  memory    {:.1f} GiB/s of host memory traffic (parallel copy, read + write)\n",
              m.rates.host_memory_bytes_per_s / static_cast<double>(kGiB));
 }
