@@ -31,12 +31,12 @@ using testing::sim_device;
 
 // One oversized family (more than one kernel piece, so threads split it), one
 // family of five tensors at offsets 0, 1024, 1536, 2048 and 2304 (256-aligned),
-// and 32 of one tensor each: their states outweigh the NVMe pipeline's host room
-// (Note [Host room]: the largest family's states and param), so a small host
-// budget puts some of them on NVMe.
+// and 64 of one tensor each: their states outweigh the NVMe pipeline's host room
+// (Note [Host room]: the largest family's states and param, and a deferred update's
+// gradient), so a small host budget puts some of them on NVMe.
 std::vector<std::size_t> sizes() {
   std::vector<std::size_t> s = {kernels::kPieceElems + 4464, 1000, 300, 257, 1, 4100};
-  for (std::size_t k = 0; k < 32; ++k) s.push_back(8000 - 13 * k);
+  for (std::size_t k = 0; k < 64; ++k) s.push_back(8000 - 13 * k);
   return s;
 }
 const std::vector<std::size_t> kSizes = sizes();
@@ -49,11 +49,13 @@ struct Case {
   Place place;
   DType compute;
   std::size_t threads;
+  std::uint32_t deferred = 0;  //!< plan.deferred_updates (Note [Deferred updates])
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& i) {
   const char* place = i.param.place == Place::kGpu ? "gpu" : i.param.place == Place::kHost ? "host" : "nvme";
-  return fmt::format("{}_{}_threads{}", place, dtype_name(i.param.compute), i.param.threads);
+  return fmt::format("{}_{}_threads{}{}", place, dtype_name(i.param.compute), i.param.threads,
+                     i.param.deferred > 0 ? "_deferred" : "");
 }
 
 RuntimeOptions options(const Case& c, std::uint64_t host_bytes, const std::filesystem::path& nvme,
@@ -68,6 +70,7 @@ RuntimeOptions options(const Case& c, std::uint64_t host_bytes, const std::files
   o.threads = c.threads;
   o.budgets = {.gpu_bytes = 64 * kMiB, .host_bytes = host_bytes};
   o.plan.allow_gpu_optimizer = c.place == Place::kGpu;
+  o.plan.deferred_updates = c.deferred;
   if (c.place == Place::kNvme) {
     o.budgets.gpu_bytes = 2 * kMiB;
     o.budgets.nvme_bytes = 64 * kMiB;
@@ -101,6 +104,7 @@ struct Trained {
   std::unique_ptr<memory::Device> device;
   std::unique_ptr<Runtime> rt;
   std::vector<TensorId> ids;
+  std::uint64_t updates_deferred = 0;  //!< summed over the steps
 };
 
 //! A runtime with the tensors registered and initialised, or the status that refused it.
@@ -162,6 +166,7 @@ Result<bool> run_step(Trained& m, DType compute, int step, bool nan) {
     }));
   }
   STRATA_ASSIGN_OR_RETURN(StepStats st, m.rt->step());
+  m.updates_deferred += st.updates_deferred;
   return st.applied;
 }
 
@@ -247,6 +252,9 @@ TEST_P(Q8States, AdamWStepsEqualTheKernelOnEachTensorAloneBitForBit) {
   const Tier want = c.place == Place::kGpu ? Tier::kGpu : c.place == Place::kHost ? Tier::kHost : Tier::kNvme;
   for (TensorId t : m.ids) on_place = on_place || optim_home(*m.rt, t) == want;
   ASSERT_TRUE(on_place) << "no family's states on " << tier_name(want) << ": " << m.rt->plan().summary();
+  if (c.deferred > 0) {
+    EXPECT_GT(m.updates_deferred, 0u) << "no update ran in the next forward";
+  }
 
   Reference ref;
   ref.run(options(c, 0, {}).hyper, c.compute);
@@ -269,7 +277,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{Place::kHost, DType::kF32, 1}, Case{Place::kHost, DType::kF32, 3},
                       Case{Place::kHost, DType::kBF16, 3}, Case{Place::kNvme, DType::kF32, 1},
                       Case{Place::kNvme, DType::kF32, 3}, Case{Place::kNvme, DType::kBF16, 3},
-                      Case{Place::kGpu, DType::kF32, 3}),
+                      Case{Place::kNvme, DType::kF32, 3, 1}, Case{Place::kGpu, DType::kF32, 3}),
     case_name);
 
 TEST(Q8StatesState, WriteThenReadGivesTheQuantizedValuesAndLeasesAreRefused) {
