@@ -183,7 +183,8 @@ void add_step_keys(std::vector<Key>& k) {
   k.push_back(
       {"precision.compute", Kind::kString, [](Config& c, std::string_view key, std::string_view v) -> Status {
          auto d = runtime::parse_dtype(v);
-         if (!d.ok()) return invalid_argument("{} = \"{}\": use fp32, bf16 or fp16", key, v);
+         if (!d.ok() || *d == runtime::DType::kQ8)
+           return invalid_argument("{} = \"{}\": use fp32, bf16 or fp16", key, v);
          c.runtime.compute_dtype = *d;
          return Status::Ok();
        }});
@@ -191,7 +192,7 @@ void add_step_keys(std::vector<Key>& k) {
       {"precision.states", Kind::kString, [](Config& c, std::string_view key, std::string_view v) -> Status {
          auto d = runtime::parse_dtype(v);
          if (!d.ok() || *d == runtime::DType::kF16)
-           return invalid_argument("{} = \"{}\": use fp32 or bf16", key, v);
+           return invalid_argument("{} = \"{}\": use fp32, bf16 or q8 (q8: 8-bit adam/adamw states)", key, v);
          c.runtime.state_dtype = *d;
          return Status::Ok();
        }});

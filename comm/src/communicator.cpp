@@ -41,11 +41,12 @@ void sum_in_rank_order(std::span<const void* const> sources, void* out, std::siz
       return sum_halves<to_bf16, from_bf16>(sources, out, count);
     case DType::kF16:
       return sum_halves<to_f16, from_f16>(sources, out, count);
+    case DType::kQ8:
     case DType::kNone:
       break;
   }
-  // reduce_scatter refused kNone (check_chunk_dtype) before any backend got here.
-  STRATA_CHECK_MSG(false, "sum_in_rank_order: a buffer of DType::kNone has no elements to sum");
+  // reduce_scatter refused kNone and kQ8 (check_chunk_dtype) before any backend got here.
+  STRATA_CHECK_MSG(false, "sum_in_rank_order: a buffer of DType::kNone or kQ8 has no elements to sum");
 }
 
 Handle::Handle(std::unique_ptr<PendingOp> op, std::atomic<std::uint64_t>* wait_ns)

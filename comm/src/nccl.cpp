@@ -26,6 +26,7 @@ ncclDataType_t nccl_dtype(DType d) {
       return ncclBfloat16;
     case DType::kF16:
       return ncclFloat16;
+    case DType::kQ8:
     case DType::kNone:
       break;
   }

@@ -18,6 +18,7 @@ constexpr DTypeNames kNames[] = {
     {DType::kF32, "fp32", {"f32", "float32"}},
     {DType::kBF16, "bf16", {"bfloat16", ""}},
     {DType::kF16, "fp16", {"f16", "float16"}},
+    {DType::kQ8, "q8", {"", ""}},
 };
 
 }  // namespace
@@ -36,7 +37,8 @@ Result<DType> parse_dtype(std::string_view text) {
       if (!alias.empty() && text == alias) return row.dtype;
     }
   }
-  return invalid_argument("dtype \"{}\" is not known; use fp32, bf16 or fp16", text);
+  return invalid_argument("dtype \"{}\" is not known; use fp32, bf16, fp16 (or q8 for optimizer states)",
+                          text);
 }
 
 }  // namespace strata

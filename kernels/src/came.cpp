@@ -36,6 +36,7 @@ void store_param(const CameTensor& t, std::size_t i, float p) {
     case DType::kF16:
       store<float, DType::kF16>(t.param, i, p);
       break;
+    case DType::kQ8:  // refused by validate_came
     case DType::kNone:
       break;
   }
@@ -185,7 +186,8 @@ Status validate_came(const CameTensor& t, std::size_t i) {
   if (t.master == nullptr || t.grad == nullptr || t.exp_avg == nullptr) {
     return invalid_argument("came: tensor {} lacks master, grad or exp_avg", i);
   }
-  if (t.grad_dtype == DType::kNone || (t.param == nullptr) != (t.param_dtype == DType::kNone)) {
+  if (t.grad_dtype == DType::kNone || t.grad_dtype == DType::kQ8 || t.param_dtype == DType::kQ8 ||
+      (t.param == nullptr) != (t.param_dtype == DType::kNone)) {
     return invalid_argument("came: tensor {} has a bad grad dtype or a param pointer/dtype mismatch", i);
   }
   if (factored(t) && (t.row == nullptr || t.col == nullptr || t.res_row == nullptr || t.res_col == nullptr)) {

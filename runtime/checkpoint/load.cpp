@@ -78,7 +78,8 @@ Status check_tensor(LoadPlan& p, const json& t) {
     s.dtype[k] = *dtype;
     s.offset[k] = st.at("offset").get<std::uint64_t>();
     s.has[k] = true;
-    if (s.offset[k] + info.numel * dtype_bytes(s.dtype[k]) > p.file_bytes[s.file]) {
+    // (q8: codes then block scales, Note [Q8 checkpoints] in q8_states.cpp.)
+    if (s.offset[k] + runtime::state_chunk_bytes(s.dtype[k], info.numel) > p.file_bytes[s.file]) {
       return corrupt("load_checkpoint: {}: tensor \"{}\" {} lies past the end of {}", mpath, name, kname,
                      p.file_paths[s.file].string());
     }

@@ -53,6 +53,11 @@ struct Shadow {
 //! (a frozen tensor's) is zeros. Padding is not written.
 Status fill_chunk(const LoadPlan& p, FamilyId f, StateKind k, std::byte* base,
                   std::vector<std::byte>& staging);
+//! fill_chunk for tensor `id` when its saved or its loaded `k` state is q8 (Note [Q8
+//! checkpoints] in q8_states.cpp): copied, dequantized or quantized into `base`.
+//! InvalidArgument (a value no 8-bit state holds), Corrupt, or a read's error.
+Status fill_q8_tensor(const LoadPlan& p, FamilyId f, StateKind k, TensorId id, std::byte* base,
+                      std::vector<std::byte>& staging);
 //! True when family f's `k` chunk is loaded through a Shadow: an NVMe-homed
 //! optimizer state whose value is on NVMe (or not yet written).
 bool shadowed(const LoadPlan& p, FamilyId f, StateKind k);

@@ -257,6 +257,10 @@ static Result<bool> write_family(SaveState& s, FamilyId f, FamilyFile& file, boo
       file.entries[i]["states"][std::string(state_kind_name(p.kind))] = {
           {"dtype", std::string(runtime::dtype_name(dtype))}, {"offset", file.w->size()}};
       file.w->append(base + ts.offset_elems * esize, ts.numel * esize);
+      if (dtype == DType::kQ8) {  // its block scales after its codes (Note [Q8 checkpoints] in q8_states.cpp)
+        file.w->append(base + fam.shard_elems + ts.offset_elems / runtime::kQ8BlockElems * 4,
+                       4 * ((ts.numel + runtime::kQ8BlockElems - 1) / runtime::kQ8BlockElems));
+      }
     }
     std::lock_guard lock(s.src.mutex());
     if (read_buf != nullptr) save_free(s, read_buf, p.bytes);

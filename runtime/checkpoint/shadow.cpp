@@ -116,8 +116,12 @@ Status fill_chunk(const LoadPlan& p, FamilyId f, StateKind k, std::byte* base,
     if (is_optim_kind(k)) part = ts.shard;
     if (part.count == 0) continue;
     std::byte* dst = base + part.at * esize;
-    if (!s.has[sk]) {  // a frozen tensor's optimizer state
+    if (!s.has[sk]) {  // a frozen tensor's optimizer state (q8: its codes; its blocks' scales are never read)
       std::memset(dst, 0, part.count * esize);
+      continue;
+    }
+    if (dtype == DType::kQ8 || s.dtype[sk] == DType::kQ8) {
+      STRATA_RETURN_IF_ERROR(fill_q8_tensor(p, f, k, id, base, staging));
       continue;
     }
     const std::uint64_t fsize = dtype_bytes(s.dtype[sk]);

@@ -10,6 +10,7 @@
 #include "strata/common/bytes.hpp"
 #include "strata/common/thread_pool.hpp"
 #include "strata/kernels/optim.hpp"
+#include "strata/kernels/q8.hpp"
 
 namespace strata::rates {
 using namespace detail;
@@ -65,11 +66,31 @@ Status RateMeasurer::measure_cpu_optimizer(const OptimizerOptions& o) {
   args.pool = pool.get();
   args.check = o.check;
   if (o.check == kernels::GradCheck::kCallerChecked) args.checked = &checked;
+  // q8: the same step on 8-bit states, from the zero state (zero bytes).
+  const bool q8 = o.state_dtype == kernels::DType::kQ8;
+  std::vector<std::uint8_t> m_codes(q8 ? n : 0), v_codes(q8 ? n : 0);
+  std::vector<float> m_scales(q8 ? kernels::q8_blocks(n) : 0), v_scales(q8 ? kernels::q8_blocks(n) : 0);
+  const kernels::Q8Span q8_span{.master = master.data(),
+                                .grad = grad.data(),
+                                .m_codes = m_codes.data(),
+                                .m_scales = m_scales.data(),
+                                .v_codes = v_codes.data(),
+                                .v_scales = v_scales.data(),
+                                .n = n};
+  auto run = [&]() -> Result<kernels::StepReport> {
+    if (!q8) return kernels::step(args);
+    return kernels::step_q8({.hyper = args.hyper,
+                             .step = args.step,
+                             .spans = std::span<const kernels::Q8Span>(&q8_span, 1),
+                             .pool = args.pool,
+                             .check = args.check,
+                             .checked = args.checked});
+  };
   auto step = [&]() -> Result<double> {
     ++args.step;
     return on_pool(*pool, [&]() -> Result<double> {
       const auto start = Clock::now();
-      STRATA_ASSIGN_OR_RETURN(kernels::StepReport r, kernels::step(args));
+      STRATA_ASSIGN_OR_RETURN(kernels::StepReport r, run());
       const double s = since(start);
       if (!r.applied) return internal_error("rates: the optimizer step on finite gradients was not applied");
       return s;

@@ -73,6 +73,13 @@ Status check_acquire(const Core& core, const TensorInfo& info, const TensorSlot&
         "first micro-batch must use Access::kWrite",
         info.spec.name, access == Access::kRead ? "read" : "accumulate");
   }
+  if ((kind == StateKind::kState0 || kind == StateKind::kState1) && core.opt.state_dtype == DType::kQ8) {
+    return failed_precondition(
+        "acquire(\"{}\", {}): the state is 8-bit codes with block scales (precision.states q8, Note [Q8 "
+        "state chunks]), which a lease of float values cannot give; use read_tensor/write_tensor, which "
+        "dequantize and quantize",
+        info.spec.name, state_kind_name(kind));
+  }
   if (is_optim_kind(kind) && core.dp_ranks() > 1) {
     return failed_precondition(
         "acquire(\"{}\", {}): with {} data-parallel ranks this rank holds only its shard of the tensor's "

@@ -98,6 +98,34 @@ Status validate_plan(const RuntimeOptions& o) {
   return Status::Ok();
 }
 
+//! The checks for state_dtype q8 (Note [Q8 state chunks] in
+//! runtime/src/pipeline/q8_states.cpp): the optimizer, data parallelism, a fixed
+//! chunk size. Ok for any other state dtype.
+Status validate_q8_options(const RuntimeOptions& o) {
+  if (o.state_dtype != DType::kQ8) return Status::Ok();
+  const kernels::Optimizer opt = o.hyper.optimizer;
+  if (opt != kernels::Optimizer::kAdam && opt != kernels::Optimizer::kAdamW) {
+    return invalid_argument(
+        "optimizer {} has no 8-bit state rule; use precision.states (state_dtype) fp32 or bf16, or optimizer "
+        "adamw or adam",
+        kernels::optimizer_name(opt));
+  }
+  if (o.comm != nullptr && o.comm->size() > 1) {
+    return invalid_argument(
+        "precision.states q8 with {} data-parallel ranks: a rank's shard of a chunk (whole 64-element "
+        "groups, Note [Sharded step]) can cut a tensor's 256-element scale block, which the runtime does not "
+        "serve yet; train q8 states on one rank, or use fp32 or bf16 states with data parallelism",
+        o.comm->size());
+  }
+  if (o.layout.chunk_elems % kQ8BlockElems != 0) {
+    return invalid_argument(
+        "layout.chunk_elems = {} with precision.states q8: a chunk must hold whole {}-element scale blocks; "
+        "use a multiple of {} (or 0 to search)",
+        o.layout.chunk_elems, kQ8BlockElems, kQ8BlockElems);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status validate_nvme_dir(const std::string& dir, std::string_view setting) {
@@ -143,8 +171,10 @@ Result<std::uint64_t> free_bytes_of(const std::string& dir) {
 }
 
 Status validate_options(const RuntimeOptions& o) {
-  if (o.compute_dtype == DType::kNone)
-    return invalid_argument("runtime compute_dtype must be fp32, bf16 or fp16");
+  if (o.compute_dtype != DType::kF32 && o.compute_dtype != DType::kBF16 && o.compute_dtype != DType::kF16) {
+    return invalid_argument("runtime compute_dtype {} must be fp32, bf16 or fp16",
+                            runtime::dtype_name(o.compute_dtype));
+  }
   if (o.budgets.gpu_bytes == 0) {
     return invalid_argument("budgets.gpu = 0: the runtime needs device memory for at least 3 chunk slots");
   }
@@ -164,9 +194,12 @@ Status validate_options(const RuntimeOptions& o) {
     return invalid_argument("state_dtype bf16 is supported for adam, adamw and lamb only (optimizer {})",
                             kernels::optimizer_name(o.hyper.optimizer));
   }
-  if (o.state_dtype != kernels::DType::kF32 && o.state_dtype != kernels::DType::kBF16) {
-    return invalid_argument("state_dtype must be fp32 or bf16");
+  if (o.state_dtype != kernels::DType::kF32 && o.state_dtype != kernels::DType::kBF16 &&
+      o.state_dtype != kernels::DType::kQ8) {
+    return invalid_argument("state_dtype {} must be fp32, bf16 or q8 (q8: adam and adamw only)",
+                            kernels::dtype_name(o.state_dtype));
   }
+  STRATA_RETURN_IF_ERROR(validate_q8_options(o));
   if (o.io_engine != "auto" && o.io_engine != "uring" && o.io_engine != "posix") {
     return invalid_argument("io_engine = \"{}\": use auto, uring or posix", o.io_engine);
   }

@@ -70,6 +70,16 @@ Status Runtime::Impl::adopt_plan(std::unique_lock<std::mutex>& lock, StepTrace t
   if (core().accumulation_seen)
     in.options.micro_batches = std::max<std::uint32_t>(in.options.micro_batches, 2);
   const kernels::Optimizer o = core().opt.hyper.optimizer;
+  if (core().opt.state_dtype == DType::kQ8 && memory::device_caps(core().device).optimizer_kernels &&
+      in.options.allow_gpu_optimizer) {
+    // No CUDA q8 kernel yet: the states stay on host and NVMe (Note [Q8 state chunks]).
+    in.options.allow_gpu_optimizer = false;
+    if (!core().finalized()) {
+      STRATA_LOG_INFO(
+          "runtime: q8 optimizer states stay on host and NVMe, where the CPU kernel updates them: the CUDA "
+          "optimizer has no 8-bit kernel yet");
+    }
+  }
   if (!gpu_optimizer_supported(core().device.kind(), o) && in.options.allow_gpu_optimizer) {
     // kernels::cuda_step_enqueue runs without the host; lamb, lars and came need it between phases.
     in.options.allow_gpu_optimizer = false;

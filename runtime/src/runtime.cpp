@@ -174,6 +174,16 @@ std::size_t Runtime::tensor_count() const {
 
 namespace {
 
+//! The layout options a q8 run packs with (Note [Q8 state chunks] in
+//! pipeline/q8_states.cpp): tensor offsets and chunk sizes on whole scale blocks.
+static_assert(kQ8BlockElems == kernels::kQ8BlockElems, "the runtime's q8 block is the kernel's");
+LayoutOptions q8_layout_options(const LayoutOptions& options) {
+  LayoutOptions o = options;
+  o.offset_align_elems = std::max<std::uint64_t>(o.offset_align_elems, kQ8BlockElems);
+  o.chunk_align_elems = std::max<std::uint64_t>(o.chunk_align_elems, o.offset_align_elems);
+  return o;
+}
+
 //! Note [Sharded step]: every chunk splits into W equal, aligned shards. The
 //! same on every rank (DataParallel::check_config compares chunk_elems and the ranks).
 void pad_to_shards(ChunkLayout& layout, int ranks) {
@@ -199,12 +209,14 @@ Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
     numels.push_back(core().tensors()[t].numel);
     order.push_back(t);
   }
-  STRATA_ASSIGN_OR_RETURN(ChunkLayout layout, build_layout(numels, order, core().opt.layout));
+  // q8 states: tensors and chunks on whole scale blocks (Note [Q8 state chunks]).
+  const LayoutOptions layout_options =
+      core().opt.state_dtype == DType::kQ8 ? q8_layout_options(core().opt.layout) : core().opt.layout;
+  STRATA_ASSIGN_OR_RETURN(ChunkLayout layout, build_layout(numels, order, layout_options));
   if (core().dp_ranks() > 1) pad_to_shards(layout, core().dp_ranks());
   core().set_layout(std::move(layout));
   STRATA_RETURN_IF_ERROR(dp().check_config(lock));
   const std::uint64_t cb = dtype_bytes(core().opt.compute_dtype);
-  const std::uint64_t sb = kernels::dtype_size(core().opt.state_dtype);
   const std::size_t families = core().layout().families.size();
   pipeline().init(families);
   std::vector<std::array<std::uint64_t, kStateKindCount>> bytes(families);
@@ -224,7 +236,7 @@ Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
       const std::uint64_t shard = core().shard_elems(f);
       if (core().separate_master) b[static_cast<int>(StateKind::kMaster)] = shard * 4;
       for (std::uint32_t i = 0; i < core().state_count; ++i)
-        b[static_cast<int>(StateKind::kState0) + i] = shard * sb;
+        b[static_cast<int>(StateKind::kState0) + i] = state_chunk_bytes(core().opt.state_dtype, shard);
     }
     trainable[f] = trainable_numel;
   }

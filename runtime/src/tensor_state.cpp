@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "pipeline/q8_states.hpp"
 #include "runtime_impl.hpp"
 #include "strata/common/assert.hpp"
 
@@ -36,6 +37,11 @@ void load_values(const std::byte* p, DType dtype, std::span<float> out) {
     std::memcpy(&h, p + 2 * i, 2);
     out[i] = dtype == DType::kBF16 ? kernels::bf16_to_float(h) : kernels::f16_to_float(h);
   }
+}
+
+//! The map of a q8 state kind's codes: m (state0) signed, v (state1) unsigned.
+kernels::Q8Map q8_map_of(StateKind kind) {
+  return q8_map_of_state(static_cast<std::uint32_t>(kind) - static_cast<std::uint32_t>(StateKind::kState0));
 }
 
 //! The checks every between-steps state call makes: a registered id, `count`
@@ -157,6 +163,13 @@ Status Runtime::read_tensor(TensorId tensor, StateKind kind, std::span<float> ou
   if (is_optim_kind(kind)) {  // this rank's shard of it (Note [Sharded step])
     const Core::ShardPart part = m.core().shard_part(tensor);
     if (part.count == 0) return Status::Ok();
+    if (dtype == DType::kQ8) {  // dequantized (Note [Q8 state chunks])
+      return m.with_host_copy(lock, ts.family, kind, false, [&](std::byte* base) {
+        const Q8Chunk q{.chunk = base, .chunk_elems = m.core().shard_elems(ts.family)};
+        kernels::q8_dequantize(q.codes(part.at), q.scales(part.at), q8_map_of(kind),
+                               out.subspan(part.first, part.count));
+      });
+    }
     return m.with_host_copy(lock, ts.family, kind, false, [&](std::byte* base) {
       load_values(base + part.at * dtype_bytes(dtype), dtype, out.subspan(part.first, part.count));
     });
@@ -195,6 +208,21 @@ Status Runtime::write_tensor(TensorId tensor, StateKind kind, std::span<const fl
   const DType dtype = m.core().kind_dtype(kind);
   const Core::ShardPart part = m.core().shard_part(tensor);  // this rank's shard (Note [Sharded step])
   if (part.count == 0) return Status::Ok();
+  if (dtype == DType::kQ8) {  // quantized, the tensor's blocks alone (Note [Q8 state chunks])
+    std::vector<std::uint8_t> codes(part.count);
+    std::vector<float> scales(kernels::q8_blocks(part.count));
+    Status quantized = kernels::q8_quantize(values.subspan(part.first, part.count), q8_map_of(kind),
+                                            codes.data(), scales.data());
+    if (!quantized.ok()) {
+      return quantized.with_context(
+          fmt::format("write_tensor(\"{}\", {})", info.spec.name, state_kind_name(kind)));
+    }
+    return m.with_host_copy(lock, ts.family, kind, true, [&](std::byte* base) {
+      const Q8Chunk q{.chunk = base, .chunk_elems = m.core().shard_elems(ts.family)};
+      std::memcpy(q.codes(part.at), codes.data(), codes.size());
+      std::memcpy(q.scales(part.at), scales.data(), scales.size() * 4);
+    });
+  }
   return m.with_host_copy(lock, ts.family, kind, true, [&](std::byte* base) {
     store_values(base + part.at * dtype_bytes(dtype), dtype, values.subspan(part.first, part.count));
   });

@@ -120,6 +120,34 @@ TEST_F(ConfigValidation, CombinationsTheRuntimeDoesNotSupport) {
   EXPECT_NE(message.find("device.budget"), std::string::npos) << message;
 }
 
+// 8-bit states (issue #49, Note [Q8 state chunks]): accepted for adamw and adam
+// through the JSON config and the C ABI; refused, naming the pair and what to use,
+// for an optimizer without an 8-bit rule, and as a compute dtype.
+TEST_F(ConfigValidation, Q8StatesForAdamOnly) {
+  for (const char* name : {"adamw", "adam"}) {
+    std::string message;
+    EXPECT_EQ(create_through_c(config_text("", fmt::format(R"(, "optimizer": {{"name": "{}"}}, )"
+                                                           R"("precision": {{"states": "q8"}})",
+                                                           name)),
+                               &message),
+              STRATA_OK)
+        << name << ": " << message;
+  }
+  expect_refused(
+      "", R"(, "optimizer": {"name": "lamb"}, "precision": {"states": "q8"})",
+      "optimizer lamb has no 8-bit state rule; use precision.states (state_dtype) fp32 or bf16, or "
+      "optimizer adamw or adam");
+  expect_refused("", R"(, "optimizer": {"name": "sgd"}, "precision": {"states": "q8"})",
+                 "optimizer sgd has no 8-bit state rule");
+  expect_refused("", R"(, "precision": {"compute": "q8"})", "precision.compute");
+  expect_refused("", R"(, "precision": {"states": "fp16"})", "use fp32, bf16 or q8");
+  // strata_config_set, the C ABI's key setter.
+  strata_config* cfg = nullptr;
+  ASSERT_EQ(strata_config_new(&cfg), STRATA_OK);
+  EXPECT_EQ(strata_config_set(cfg, "precision.states", "q8"), STRATA_OK) << strata_last_error();
+  strata_config_free(cfg);
+}
+
 TEST_F(ConfigValidation, ValidateNeedsNoRuntime) {
   auto c = Config::from_json_text(config_text("", R"(, "layout": {"chunk_elems": 3})"));
   ASSERT_TRUE(c.ok()) << c.status();

@@ -255,6 +255,37 @@ TEST(ProbePlacements, InfeasibleRowsHaveAShortReason) {
       "1 layer exceeds the host budget");
 }
 
+// 8-bit states (issue #49, Note [Q8 state chunks]): a code byte and 4 / 256 of a
+// block scale per element and state, in the bytes a param and in every family's
+// plan bytes, so the optimizer-on-NVMe row holds a larger model.
+TEST(ProbeStates, Q8StatesCountCodesAndScales) {
+  const TrainSpec fp32 = spec_for(1'300'000'000);
+  TrainSpec q8 = fp32;
+  q8.state_dtype = kernels::DType::kQ8;
+  EXPECT_DOUBLE_EQ(state_bytes_per_param(fp32), 16.0);
+  EXPECT_DOUBLE_EQ(state_bytes_per_param(q8), 8.0 + 2 * (1.0 + 4.0 / 256.0));
+  const Capacity cap{.gpu_bytes = 16 * kGiB, .host_bytes = 64 * kGiB, .nvme_bytes = 1024 * kGiB};
+  auto in_fp32 = plan_input(fp32, fp32.shape.layers, Placement::kOptimNvme, cap);
+  auto in_q8 = plan_input(q8, q8.shape.layers, Placement::kOptimNvme, cap);
+  ASSERT_TRUE(in_fp32.ok()) << in_fp32.status();
+  ASSERT_TRUE(in_q8.ok()) << in_q8.status();
+  ASSERT_EQ(in_fp32->families.size(), in_q8->families.size());
+  for (std::size_t f = 0; f < in_q8->families.size(); ++f) {
+    // fp32 compute: the optimizer's bytes are the two states.
+    const std::uint64_t elems = in_fp32->families[f].optim_bytes / 8;
+    EXPECT_EQ(in_q8->families[f].optim_bytes, 2 * runtime::state_chunk_bytes(kernels::DType::kQ8, elems))
+        << f;
+  }
+  // Where the host holds the states, it holds more of them.
+  const Capacity small_host{.gpu_bytes = 16 * kGiB, .host_bytes = 16 * kGiB, .nvme_bytes = 0};
+  runtime::Rates rates;
+  const Estimate e_fp32 = estimate(fp32, Placement::kParamsOptimHost, small_host, rates);
+  const Estimate e_q8 = estimate(q8, Placement::kParamsOptimHost, small_host, rates);
+  ASSERT_TRUE(e_fp32.feasible) << e_fp32.why;
+  ASSERT_TRUE(e_q8.feasible) << e_q8.why;
+  EXPECT_GT(e_q8.max_params, e_fp32.max_params);
+}
+
 }  // namespace
 
 }  // namespace strata::probe

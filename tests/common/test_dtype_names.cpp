@@ -14,6 +14,7 @@ TEST(DTypeNames, NamesAreTheConfigAndCheckpointSpellings) {
   EXPECT_EQ(dtype_name(DType::kF32), "fp32");
   EXPECT_EQ(dtype_name(DType::kBF16), "bf16");
   EXPECT_EQ(dtype_name(DType::kF16), "fp16");
+  EXPECT_EQ(dtype_name(DType::kQ8), "q8");
   EXPECT_EQ(dtype_name(DType::kNone), "none");
   EXPECT_EQ(dtype_name(static_cast<DType>(7)), "unknown");
 }
@@ -22,6 +23,13 @@ TEST(DTypeNames, SizesAreTheElementBytes) {
   static_assert(dtype_size(DType::kF32) == 4 && dtype_size(DType::kBF16) == 2 &&
                 dtype_size(DType::kF16) == 2);
   static_assert(dtype_size(DType::kNone) == 0);
+  static_assert(dtype_size(DType::kQ8) == 1);  // the code byte; the block scales are the chunk's
+}
+
+TEST(DTypeNames, QuantizedStatesParse) {
+  auto parsed = parse_dtype("q8");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(*parsed, DType::kQ8);
 }
 
 TEST(DTypeNames, EveryNameParsesBackToItsDType) {
@@ -54,7 +62,9 @@ TEST(DTypeNames, UnknownNamesAreRefusedNamingTheTextAndTheAccepted) {
     EXPECT_NE(parsed.status().message().find(fmt::format("dtype \"{}\" is not known", text)),
               std::string::npos)
         << parsed.status();
-    EXPECT_NE(parsed.status().message().find("use fp32, bf16 or fp16"), std::string::npos) << parsed.status();
+    EXPECT_NE(parsed.status().message().find("use fp32, bf16, fp16 (or q8 for optimizer states)"),
+              std::string::npos)
+        << parsed.status();
   }
 }
 

@@ -46,6 +46,7 @@ struct Buffer {
         std::memcpy(data + 2 * i, &h, 2);
         return f16_to_float(h);
       }
+      case DType::kQ8:
       case DType::kNone:
         return 0.0;
     }
@@ -64,6 +65,7 @@ struct Buffer {
         std::memcpy(&h, data + 2 * i, 2);
         return dtype == DType::kBF16 ? bf16_to_float(h) : f16_to_float(h);
       }
+      case DType::kQ8:
       case DType::kNone:
         return 0.0;
     }

@@ -618,7 +618,8 @@ TEST(Checkpoint, LoadsEveryDTypeSpellingOfTheManifest) {
 
 TEST(Checkpoint, RefusesAnUnknownDTypeNamingTheTensor) {
   expect_refused([](const fs::path& dir) { respell_dtypes(dir, [](const std::string&) { return "fp8"; }); },
-                 StatusCode::kCorrupt, "dtype \"fp8\" is not known; use fp32, bf16 or fp16");
+                 StatusCode::kCorrupt,
+                 "dtype \"fp8\" is not known; use fp32, bf16, fp16 (or q8 for optimizer states)");
 }
 
 TEST(Checkpoint, RefusesAnotherModel) {

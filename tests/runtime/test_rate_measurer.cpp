@@ -116,6 +116,22 @@ TEST(RateMeasurer, OptimizerSamplesUntilItsTimeAndReportsItsStage) {
   EXPECT_EQ(fractions.back(), 1.0);
 }
 
+// q8 states (issue #49): the rate of kernels::step_q8, the kernel the runtime runs for them.
+TEST(RateMeasurer, OptimizerOnQ8StatesTimesTheQ8Kernel) {
+  for (const kernels::GradCheck check :
+       {kernels::GradCheck::kSeparatePass, kernels::GradCheck::kCallerChecked}) {
+    RateMeasurer m;
+    Status st = m.measure_cpu_optimizer(
+        {.params = (1 << 16) + 100,  // a partial last block
+         .threads = 2,
+         .check = check,
+         .sampling = {.statistic = Statistic::kMedian, .runs_min = 2, .runs_max = 3, .seconds_min = 1e6},
+         .state_dtype = kernels::DType::kQ8});
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    EXPECT_GT(m.rates().cpu_optim_params_per_s, 0);
+  }
+}
+
 TEST(RateMeasurer, HostMemoryRefusesUnalignedBytesAndBadSampling) {
   RateMeasurer m;
   EXPECT_EQ(m.measure_host_memory({.bytes = 1000, .threads = 1}).code(), StatusCode::kInvalidArgument);

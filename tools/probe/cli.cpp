@@ -40,10 +40,12 @@ Result<TrainSpec> model_spec(const Settings& s) {
   TrainSpec spec;
   STRATA_ASSIGN_OR_RETURN(spec.optimizer, parse_optimizer(s.optimizer));
   auto compute = runtime::parse_dtype(s.precision);
-  if (!compute.ok()) return invalid_argument("--precision \"{}\": use fp32, bf16 or fp16", s.precision);
+  if (!compute.ok() || *compute == runtime::DType::kQ8)
+    return invalid_argument("--precision \"{}\": use fp32, bf16 or fp16", s.precision);
   spec.compute_dtype = *compute;
   auto states = runtime::parse_dtype(s.state_dtype);
-  if (!states.ok()) return invalid_argument("--state-dtype \"{}\": use fp32 or bf16", s.state_dtype);
+  if (!states.ok())
+    return invalid_argument("--state-dtype \"{}\": use fp32, bf16 or q8 (q8: adamw and adam)", s.state_dtype);
   spec.state_dtype = *states;
   // From 0.01: the sim device computes on the host CPU, at tens of GFLOP/s (docs/scale.md).
   if (!(s.tflops >= 0.01 && s.tflops <= 1e6))
@@ -140,7 +142,9 @@ int cli_main(int argc, char** argv) {
   app.add_option("--optimizer", s.optimizer, "adamw, adam, lamb, lars, sgd, lion, adagrad")
       ->capture_default_str();
   app.add_option("--precision", s.precision, "compute dtype: fp32, bf16, fp16")->capture_default_str();
-  app.add_option("--state-dtype", s.state_dtype, "optimizer state dtype: fp32, bf16")->capture_default_str();
+  app.add_option("--state-dtype", s.state_dtype,
+                 "optimizer state dtype: fp32, bf16, q8 (8-bit adamw/adam states)")
+      ->capture_default_str();
   app.add_option("--device", s.device, "auto, sim or cuda")->capture_default_str();
   app.add_option("--device-budget", s.device_budget,
                  "device memory to plan with (auto: sim 4GiB, cuda: free)")

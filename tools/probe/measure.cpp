@@ -81,13 +81,15 @@ Status measure_host_memory(rates::RateMeasurer& measurer, std::uint64_t bytes, s
 // took ~10 ms each, and one stretched by the scheduler on a loaded 2-core machine moved the median 2x between
 // identical probe runs (a verify at optim-nvme then predicted a 1.18 s step for one that took 0.77 s, ratio
 // 0.66).
-Status measure_cpu_optimizer(rates::RateMeasurer& measurer, std::uint64_t params, std::size_t threads) {
+Status measure_cpu_optimizer(rates::RateMeasurer& measurer, std::uint64_t params, std::size_t threads,
+                             kernels::DType state_dtype) {
   return measurer.measure_cpu_optimizer(
       {.params = params,
        .threads = threads,
        .check = kernels::GradCheck::kSeparatePass,  // the runtime's own check, as it steps
-       .sampling = {
-           .statistic = rates::Statistic::kMedian, .runs_min = 5, .runs_max = 41, .seconds_min = 0.4}});
+       .sampling =
+           {.statistic = rates::Statistic::kMedian, .runs_min = 5, .runs_max = 41, .seconds_min = 0.4},
+       .state_dtype = state_dtype});
 }
 
 }  // namespace strata::probe

@@ -73,11 +73,13 @@ Result<NvmeInfo> measure_nvme(const std::string& dir, std::uint64_t bytes_max, d
 //! warm-up, as many as run 0.3 s (Note [Host memory as a resource]), into
 //! `measurer`. run.cpp calls it once per round (Note [Probe host rounds]).
 Status measure_host_memory(rates::RateMeasurer& measurer, std::uint64_t bytes, std::size_t threads);
-//! fp32 AdamW over `params` elements (about 16 bytes each) on exactly `threads`
+//! AdamW over `params` elements (fp32 states, about 16 bytes each; q8 states with
+//! state_dtype q8, kernels::step_q8) on exactly `threads`
 //! threads (a pool of that many, the step started on one of them, as the
 //! runtime's optimizer tasks run), the median of 5 to 41 timed steps after a
 //! warm-up, as many as run 0.4 s (Note [Probe optimizer samples]): parameters per
 //! second, into `measurer`. run.cpp calls it once per round (Note [Probe host rounds]).
-Status measure_cpu_optimizer(rates::RateMeasurer& measurer, std::uint64_t params, std::size_t threads);
+Status measure_cpu_optimizer(rates::RateMeasurer& measurer, std::uint64_t params, std::size_t threads,
+                             kernels::DType state_dtype = kernels::DType::kF32);
 
 }  // namespace strata::probe

@@ -48,13 +48,12 @@ runtime::FamilyBytes family_bytes(const TrainSpec& spec, std::uint64_t numel) {
   const std::uint64_t cap = align_up(numel, kChunkAlignElems);
   const std::uint64_t shard = shard_elems(spec, numel);
   const std::uint64_t cb = runtime::dtype_bytes(spec.compute_dtype);
-  const std::uint64_t sb = kernels::dtype_size(spec.state_dtype);
   runtime::FamilyBytes f;
   f.numel = std::min(numel, shard);  // the elements this rank's optimizer updates
   f.param_bytes = cap * cb;
   f.grad_bytes = cap * cb;
   f.optim_bytes = (spec.compute_dtype != runtime::DType::kF32 ? shard * 4 : 0) +
-                  optimizer_states(spec.optimizer) * shard * sb;
+                  optimizer_states(spec.optimizer) * runtime::state_chunk_bytes(spec.state_dtype, shard);
   return f;
 }
 
@@ -198,10 +197,14 @@ Result<ModelShape> shape_for_verify(std::uint64_t params, std::uint64_t seq, std
   return m;
 }
 
-std::uint64_t state_bytes_per_param(const TrainSpec& spec) {
+double state_bytes_per_param(const TrainSpec& spec) {
   const std::uint64_t cb = runtime::dtype_bytes(spec.compute_dtype);
-  return 2 * cb + (spec.compute_dtype != runtime::DType::kF32 ? 4 : 0) +
-         optimizer_states(spec.optimizer) * kernels::dtype_size(spec.state_dtype);
+  // q8: a code byte and 4 / 256 of a block scale (Note [Q8 state chunks]).
+  const double state =
+      static_cast<double>(runtime::state_chunk_bytes(spec.state_dtype, runtime::kQ8BlockElems)) /
+      static_cast<double>(runtime::kQ8BlockElems);
+  return static_cast<double>(2 * cb + (spec.compute_dtype != runtime::DType::kF32 ? 4 : 0)) +
+         static_cast<double>(optimizer_states(spec.optimizer)) * state;
 }
 
 std::string_view placement_name(Placement placement) {
@@ -253,17 +256,20 @@ Result<runtime::PlanInput> plan_input(const TrainSpec& spec, std::uint64_t layer
   {
     // On NVMe each optimizer chunk takes whole slots sized by the largest one.
     const std::uint64_t master_elem = spec.compute_dtype != runtime::DType::kF32 ? 4 : 0;
-    const std::uint64_t state_elem = kernels::dtype_size(spec.state_dtype);
     const std::uint64_t states = optimizer_states(spec.optimizer);
     auto cap = [&](std::uint64_t numel) { return shard_elems(spec, numel); };  // this rank's
-    const std::uint64_t largest = cap(*std::max_element(numels.begin(), numels.end())) *
-                                  std::max(master_elem, states > 0 ? state_elem : 0);
+    auto state_bytes = [&](std::uint64_t elems) {
+      return runtime::state_chunk_bytes(spec.state_dtype, elems);
+    };
+    const std::uint64_t largest_cap = cap(*std::max_element(numels.begin(), numels.end()));
+    const std::uint64_t largest =
+        std::max(largest_cap * master_elem, states > 0 ? state_bytes(largest_cap) : 0);
     const std::uint64_t slot = runtime::nvme_slot_bytes(largest);
     for (std::size_t i = 0; i < in.families.size(); ++i) {
       runtime::FamilyBytes& f = in.families[i];
       const std::uint64_t c = cap(full_numel(i));
       f.optim_nvme_bytes = (master_elem > 0 ? runtime::nvme_chunk_bytes(c * master_elem, slot) : 0) +
-                           states * runtime::nvme_chunk_bytes(c * state_elem, slot);
+                           states * runtime::nvme_chunk_bytes(state_bytes(c), slot);
       f.param_nvme_bytes = runtime::nvme_chunk_bytes(f.param_bytes, slot);
     }
   }

@@ -108,8 +108,9 @@ std::uint64_t families_of(const TrainSpec& spec, std::uint64_t numel);
 inline constexpr std::uint64_t kFamiliesPerLayerMax = 16;
 
 //! Bytes of model state per parameter for `spec` (param + grad + master when the
-//! compute dtype is not fp32 + optimizer states).
-std::uint64_t state_bytes_per_param(const TrainSpec& spec);
+//! compute dtype is not fp32 + optimizer states; q8 states count their block
+//! scales, so the figure may be fractional: 2 + 8 / 256 for q8 AdamW's two).
+double state_bytes_per_param(const TrainSpec& spec);
 
 //! Memory the placements may use, in bytes. nvme_bytes = 0: no NVMe tier.
 struct Capacity {

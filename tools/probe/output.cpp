@@ -230,8 +230,8 @@ void print_machine(const Flags& f, const Machine& m, const Planned& p) {
   } else {
     fmt::print("  NVMe      not measured (give --nvme DIR)\n");
   }
-  fmt::print("  CPU opt   {:.0f} Mparams/s (fp32 AdamW, {} threads)\n", m.rates.cpu_optim_params_per_s / 1e6,
-             m.threads);
+  fmt::print("  CPU opt   {:.0f} Mparams/s ({} AdamW, {} threads)\n", m.rates.cpu_optim_params_per_s / 1e6,
+             p.spec.state_dtype == kernels::DType::kQ8 ? "q8-state" : "fp32", m.threads);
   fmt::print("  memory    {:.1f} GiB/s of host memory traffic (parallel copy, read + write)\n",
              m.rates.host_memory_bytes_per_s / static_cast<double>(kGiB));
 }
@@ -239,7 +239,7 @@ void print_machine(const Flags& f, const Machine& m, const Planned& p) {
 void print_placements(const Settings& s, const Planned& p) {
   const TrainSpec& spec = p.spec;
   fmt::print(
-      "\nModel: GPT-like, hidden {}, seq {}, batch {}, vocab {}; {} {} (states {}), {} B of state a "
+      "\nModel: GPT-like, hidden {}, seq {}, batch {}, vocab {}; {} {} (states {}), {:.4g} B of state a "
       "param; device compute assumed {:.3g} TFLOP/s\n",
       spec.shape.hidden, spec.shape.seq, spec.shape.batch, spec.shape.vocab, s.optimizer, s.precision,
       s.state_dtype, state_bytes_per_param(spec), s.tflops);

@@ -61,8 +61,8 @@ constexpr int kHostRounds = 3;
 
 // One round of the host's rates: the CPU optimizer's and host memory's.
 Result<std::pair<double, double>> host_round(rates::RateMeasurer& measurer, const Flags& flags,
-                                             std::size_t threads) {
-  STRATA_RETURN_IF_ERROR(measure_cpu_optimizer(measurer, flags.optimizer_params, threads));
+                                             std::size_t threads, kernels::DType state_dtype) {
+  STRATA_RETURN_IF_ERROR(measure_cpu_optimizer(measurer, flags.optimizer_params, threads, state_dtype));
   STRATA_RETURN_IF_ERROR(measure_host_memory(measurer, 256 * kMiB, threads));
   return std::pair{measurer.rates().cpu_optim_params_per_s, measurer.rates().host_memory_bytes_per_s};
 }
@@ -91,12 +91,15 @@ Result<Machine> measure_machine(const Settings& s, const Flags& flags, const Pro
   m.threads = m.host.cores;  // as the runtime's pool (Topology: cores of a node)
   // Note [Probe host rounds]: one round before the disk's passes, the rest after.
   std::vector<double> optimizer, memory;
+  // The kernel the runtime runs for these states (q8: step_q8; model_spec checked the name).
+  const Result<runtime::DType> parsed = runtime::parse_dtype(s.state_dtype);
+  const kernels::DType states = parsed.ok() ? *parsed : kernels::DType::kF32;
   for (int round = 0; round < kHostRounds; ++round) {
     if (round == 1 && !s.nvme.empty()) {
       STRATA_ASSIGN_OR_RETURN(
           m.nvme, measure_nvme(s.nvme, flags.nvme_bytes, flags.nvme_seconds, m.host.cores, measurer));
     }
-    STRATA_ASSIGN_OR_RETURN(const auto rates, host_round(measurer, flags, m.threads));
+    STRATA_ASSIGN_OR_RETURN(const auto rates, host_round(measurer, flags, m.threads, states));
     optimizer.push_back(rates.first);
     memory.push_back(rates.second);
   }
@@ -142,9 +145,11 @@ Planned plan_placements(const Settings& s, const Flags& flags, const Machine& m,
   // (the shape was checked by model_spec: these cannot fail)
   p.rank_bytes = rank_state_bytes(spec).value();
   p.single_bytes = rank_state_bytes(one_rank).value();
-  // The all-gpu row only where the runtime runs optimizer steps on this device.
+  // The all-gpu row only where the runtime runs optimizer steps on this device (q8
+  // states: not on CUDA, which has no 8-bit kernel; Note [Q8 state chunks]).
   spec.gpu_optimizer = runtime::gpu_optimizer_supported(
-      m.sim ? memory::DeviceKind::kSim : memory::DeviceKind::kCuda, spec.optimizer);
+                           m.sim ? memory::DeviceKind::kSim : memory::DeviceKind::kCuda, spec.optimizer) &&
+                       (m.sim || spec.state_dtype != kernels::DType::kQ8);
   p.rates = measured_rates(m);
   for (Placement pl : kPlacements) p.rows.push_back(estimate(spec, pl, p.cap, p.rates));
   p.model_params = shape_params(spec.shape).value();

@@ -20,6 +20,7 @@
 #include "strata/common/assert.hpp"
 #include "strata/kernels/cuda.hpp"
 #include "strata/kernels/optim.hpp"
+#include "strata/kernels/q8.hpp"
 
 namespace strata::runtime {
 
@@ -54,6 +55,9 @@ struct KernelCall {
   //! ... and on the wire: kWireDoubles for each of those, then the Inf/NaN flag.
   std::vector<double> norms;
   std::vector<float> trust;  //!< LAMB/LARS with W > 1: per span of group
+  //! q8 states: per span of spans, its q8 kernel span (Note [Q8 state chunks]) ...
+  std::vector<kernels::Q8Span> q8_spans;
+  std::vector<kernels::Q8Span> q8_group;  //!< ... and run_kernels' q8 spans of one key
   float scale = 1.0f;
   double enqueued_us = 0.0;
   std::uint64_t elems = 0;

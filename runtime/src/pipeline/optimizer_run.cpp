@@ -16,6 +16,7 @@
 #include <optional>
 
 #include "pipeline/optimizer_pipeline.hpp"
+#include "pipeline/q8_states.hpp"
 #include "residency/residency.hpp"
 #include "strata/common/assert.hpp"
 #include "strata/common/log.hpp"
@@ -30,6 +31,7 @@ void OptimizerPipeline::spans_for(FamilyId f, const FamilyPtrs& ptrs, std::vecto
   if (updated != nullptr) updated->clear();
   const DType cdt = core_.opt.compute_dtype;
   const std::uint64_t cb = dtype_bytes(cdt);
+  // (q8: a state pointer is the tensor's first code; prepare_call adds the scales.)
   const std::uint64_t sb = kernels::dtype_size(core_.opt.state_dtype);
   for (TensorId t : core_.layout().families[f].tensors) {
     const TensorInfo& info = core_.tensors()[t];
@@ -69,6 +71,17 @@ void OptimizerPipeline::spans_for(FamilyId f, const FamilyPtrs& ptrs, std::vecto
 void OptimizerPipeline::prepare_call(FamilyId f, const FamilyPtrs& ptrs, KernelCall& call) {
   std::vector<TensorId>& updated = runs_[f].updated;
   spans_for(f, ptrs, &call.spans, &updated);
+  call.q8_spans.clear();
+  if (core_.opt.state_dtype == DType::kQ8) {
+    // Note [Q8 state chunks]: codes at the shard offset (one byte each), scales after the codes.
+    const std::uint64_t elems = core_.shard_elems(f);
+    const Q8Chunk m{.chunk = ptrs.at[static_cast<int>(StateKind::kState0)], .chunk_elems = elems};
+    const Q8Chunk v{.chunk = ptrs.at[static_cast<int>(StateKind::kState1)], .chunk_elems = elems};
+    for (const kernels::Span& s : call.spans) {
+      const auto at = static_cast<std::uint64_t>(static_cast<const std::byte*>(s.state[0]) - m.chunk);
+      call.q8_spans.push_back(q8_span(s, at, m, v));
+    }
+  }
   call.keys.clear();
   std::uint32_t groups_used = 1;
   for (const kernels::Span& s : call.spans) {
@@ -128,9 +141,17 @@ Result<kernels::StepReport> OptimizerPipeline::run_kernels(FamilyId f, KernelCal
   // need their own bias corrections, and each parameter group its own lr and
   // weight decay: one kernel call per distinct (group, step) key.
   kernels::StepReport total{.grads_finite = true, .applied = true};
+  const bool q8 = core_.opt.state_dtype == DType::kQ8;
   for (std::int64_t key : call.distinct) {
     const kernels::StepArgs args = group_args(call, key, core_.pool.get(), checked);
-    STRATA_ASSIGN_OR_RETURN(kernels::StepReport r, kernels::step(args));
+    if (q8) {  // the same key's spans, over codes and scales (Note [Q8 state chunks])
+      call.q8_group.clear();
+      for (std::size_t i = 0; i < call.spans.size(); ++i) {
+        if (call.keys[i] == key) call.q8_group.push_back(call.q8_spans[i]);
+      }
+    }
+    STRATA_ASSIGN_OR_RETURN(kernels::StepReport r,
+                            q8 ? step_q8_group(args, call.q8_group) : kernels::step(args));
     total.grads_finite = total.grads_finite && r.grads_finite;
     total.applied = total.applied && r.applied;
   }
@@ -292,6 +313,13 @@ Status OptimizerPipeline::enqueue_cuda_optimizer(FamilyId f) {
   // after them hands completion to the pool, whose cuda_step_finish calls find
   // their events already passed.
   KernelCall& call = calls_[f];
+  if (core_.opt.state_dtype == DType::kQ8) {
+    // Never reached: the plan keeps q8 states off a CUDA device (Note [Q8 state chunks]).
+    return failed_precondition(
+        "family {}: q8 optimizer states on the GPU, but the CUDA optimizer has no 8-bit kernel; keep them on "
+        "host (plan.allow_gpu_optimizer = false)",
+        f);
+  }
   std::vector<kernels::CudaStepScratch>& scratch = cuda_scratch_[f];
   if (scratch.size() < call.distinct.size()) scratch.resize(call.distinct.size());  // kept for the next steps
   void* stream = reinterpret_cast<void*>(core_.opt_stream.native());

@@ -94,4 +94,20 @@ Result<StepReport> step_q8(const Q8StepArgs& args);
 //! Sets a span's states to zero: codes of 0.0, scales 0. Pure memory writes.
 void q8_zero_states(const Q8Span& span);
 
+//! Which map a state's codes index: the signed one (m) or the unsigned one (v).
+enum class Q8Map : std::uint8_t { kSigned, kUnsigned };
+
+//! Quantizes values.size() fp32 values as step_q8 requantizes a state (Note [Q8
+//! step]): blocks of kQ8BlockElems from element 0 (the last may be partial), each
+//! block's scale the max |x| over it, each code the nearest map entry of
+//! x * (1 / scale) (ties to the lower code; scale 0: the code of 0). Writes
+//! values.size() codes and q8_blocks(values.size()) scales. Fails
+//! (InvalidArgument, writing nothing) on a non-finite value, or a negative one
+//! for the unsigned map, naming its index. Thread-safe; allocates nothing.
+Status q8_quantize(std::span<const float> values, Q8Map map, std::uint8_t* codes, float* scales);
+
+//! The values a state's codes stand for: map[code] * scale of its block (blocks
+//! of kQ8BlockElems from element 0), into out (out.size() elements). Never fails.
+void q8_dequantize(const std::uint8_t* codes, const float* scales, Q8Map map, std::span<float> out);
+
 }  // namespace strata::kernels

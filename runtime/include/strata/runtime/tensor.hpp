@@ -22,6 +22,17 @@ constexpr std::uint64_t dtype_bytes(DType dtype) {
   return strata::dtype_size(dtype);
 }
 
+//! Elements per q8 scale block (kernels::kQ8BlockElems; checked equal where both are seen).
+inline constexpr std::uint64_t kQ8BlockElems = 256;
+
+//! Bytes of one optimizer-state chunk of `elems` elements in `state_dtype`: for
+//! q8 its codes (one byte each) then one fp32 scale per kQ8BlockElems (Note [Q8
+//! state chunks] in runtime/src/pipeline/q8_states.cpp); else elems x the size.
+constexpr std::uint64_t state_chunk_bytes(DType state_dtype, std::uint64_t elems) {
+  if (state_dtype == DType::kQ8) return elems + 4 * ((elems + kQ8BlockElems - 1) / kQ8BlockElems);
+  return elems * dtype_bytes(state_dtype);
+}
+
 //! Index of a registered tensor; dense from 0 in registration order.
 using TensorId = std::uint32_t;
 //! Index of a chunk family; dense from 0 in packing order.

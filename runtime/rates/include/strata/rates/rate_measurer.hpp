@@ -139,6 +139,9 @@ struct OptimizerOptions {
   std::size_t threads = 1;   //!< >= 1
   kernels::GradCheck check = kernels::GradCheck::kSeparatePass;
   Sampling sampling;
+  //! fp32 (or bf16: timed as fp32) runs kernels::step; q8 runs kernels::step_q8 on
+  //! 8-bit states (Note [Q8 state chunks] in runtime/src/pipeline/q8_states.cpp).
+  kernels::DType state_dtype = kernels::DType::kF32;
 };
 
 //! A parallel memcpy from one buffer of `bytes` to another; read + write bytes.
