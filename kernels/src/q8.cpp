@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <vector>
 
 #include "cpu/table.hpp"
@@ -50,11 +49,9 @@ std::uint32_t count_below(const float* t, float x) {
   return c;
 }
 
-//! Note [Q8 nearest-code search]: thresholds, lo per bucket and the extra bound.
+//! Note [Q8 nearest-code search]: thresholds and each bucket's entry (lo and key).
 void make_search(const std::array<float, 256>& map, cpu::Q8Search& s) {
-  for (std::size_t k = 0; k < 256 + cpu::kQ8ExtraMax; ++k) {
-    s.thresholds[k] = k < 255 ? (map[k] + map[k + 1]) / 2.0f : std::numeric_limits<float>::infinity();
-  }
+  for (std::size_t k = 0; k < 255; ++k) s.thresholds[k] = (map[k] + map[k + 1]) / 2.0f;
   constexpr std::uint32_t kInfBits = 0x7f800000u;
   s.extra = 0;
   for (std::uint32_t m = 0; m < cpu::kQ8Buckets; ++m) {
@@ -65,14 +62,21 @@ void make_search(const std::array<float, 256>& map, cpu::Q8Search& s) {
     for (const bool neg : {false, true}) {
       const float lo_x = neg ? -bits_float(a_hi) : bits_float(a_lo);
       const float hi_x = neg ? -bits_float(a_lo) : bits_float(a_hi);
-      const std::uint32_t b = cpu::q8_bucket(float_bits(neg ? -bits_float(a_lo) : bits_float(a_lo)));
+      const std::uint32_t b = cpu::q8_bucket(float_bits(lo_x));
+      STRATA_CHECK(b == cpu::q8_bucket(float_bits(hi_x)));
       const std::uint32_t lo = count_below(s.thresholds, lo_x), hi = count_below(s.thresholds, hi_x);
-      s.lo[b] = static_cast<std::uint8_t>(lo);
       s.extra = std::max(s.extra, hi - lo);
+      std::uint32_t key = cpu::kQ8KeyMask;  // no threshold inside: never below a key(x)
+      if (hi > lo) {
+        // t = thresholds[lo] lies in (lo_x, hi_x): in this bucket, so t < x iff key(t) < key(x).
+        const std::uint32_t t = float_bits(s.thresholds[lo]);
+        STRATA_CHECK(cpu::q8_bucket(t) == b);
+        key = cpu::q8_key(t);
+      }
+      s.entry[b] = lo << 16 | key;
     }
   }
-  std::fill(std::begin(s.lo) + 2 * cpu::kQ8Buckets, std::end(s.lo), std::uint8_t{0});
-  STRATA_CHECK(s.extra <= cpu::kQ8ExtraMax);
+  STRATA_CHECK(s.extra <= 1);  // one threshold per bucket at most: Note [Q8 nearest-code search]
 }
 
 cpu::Q8Tables make_tables() {

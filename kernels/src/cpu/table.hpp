@@ -40,31 +40,48 @@ PieceFn piece_fn(Isa isa);
 // Note [Q8 nearest-code search]
 // code(x) = #{k < 255 : t[k] < x} over the sorted midpoints t (Note [Q8 step]
 // in q8.hpp). An 8-step binary search held AVX2 q8 AdamW to 50 Mparams/s on one
-// EPYC (Zen) core, as gathers or as scalar loads (8 dependent loads a lane;
-// the scalar kernel branch-free: 42). Instead a bucket of x's float bits gives
-// lo = code(the bucket's least value) from a byte table, and code(x) = lo + the
-// number of t[lo .. lo + extra) below x, where extra bounds the thresholds
-// inside one bucket (1 with 2^7 buckets per octave). Buckets: |x| clamped to
-// [2^-24, 2] (no threshold lies below 2^-24), (|x| bits - bits(2^-24)) >> 16,
-// mirrored for negative x so the bucket grows with x: monotone, so lo and
-// extra are exact bounds, computed at build from each bucket's end values. The
-// same integer ops and compares on every ISA. A NaN x (only from a state that
-// overflowed to Inf) lands in the outermost bucket. AVX2 q8 AdamW: 237 Mparams/s
-// on the same core (fp32 AdamW 927; the rest is mostly the gathers: 2 to
-// dequantize, 2 + 2 x extra to quantize per 8 elements).
+// EPYC (Zen) core (8 dependent loads a lane). Instead a bucket of x's float
+// bits indexes one 32-bit entry: the code of the bucket's least value (lo, bits
+// 16..23) and the key of the one threshold inside the bucket (bits 0..15), and
+// code(x) = lo + (key(t) < key(x)). Buckets: |x| clamped to [2^-24, 2] (no
+// threshold lies below 2^-24), m = (|x| bits - bits(2^-24)) >> 16, mirrored for
+// negative x so the bucket grows with x: monotone, so lo is exact, computed at
+// build from each bucket's end values. x and the threshold inside its bucket
+// share every bit above bit 16, so t < x compares their low 16 bits: key = the
+// low 16 bits of |x| for x >= +0, their complement for x <= -0 (there t < x iff
+// |t| > |x|). A bucket without a threshold holds key 0xffff, never below a
+// key(x). 2^7 buckets an octave leave at most one threshold per bucket in both
+// maps (checked at build: make_search); 2^6 would put two in one of the
+// unsigned map's. The same integer ops and compare on every ISA. A NaN x (only
+// from a state that overflowed to Inf) lands in an outermost bucket, whose lo
+// is 255 (+NaN) or 0 (-NaN).
+//
+// Note [Q8 lookups on AMD]
+// The kernel's cost is mostly its table lookups, four a parameter: two map
+// entries to dequantize m and v, two search entries to quantize them. On this
+// machine's EPYC (Zen 3, AVX2 only) an 8-lane vpgatherdd costs about 0.45 ns a
+// lane, 8 scalar loads put into a vector with inserts about 0.25 ns a lane (a
+// loop of each over a 64 KiB buffer). The AVX2 kernel dequantizes with scalar
+// loads (the codes come from memory as bytes, so their indices are two 32-bit
+// loads and shifts away) and quantizes with a gather (its bucket indices are in
+// a vector; extracting them with vpextrd cost more than the gather saved). In
+// the kernel at 1 thread, 16 M params, CPU time: all four by gather 334
+// Mparams/s, this split 414, scalar loads for all four 382. The AVX-512 kernel
+// gathers all four: fast on the Intel cores that have AVX-512. Every way gives
+// the same values.
 inline constexpr std::uint32_t kQ8BucketShift = 16;    // 23 - 7 mantissa bits
 inline constexpr std::uint32_t kQ8MagLo = 103u << 23;  // bits of 2^-24
 inline constexpr std::uint32_t kQ8MagHi = 128u << 23;  // bits of 2.0
 inline constexpr std::uint32_t kQ8Buckets = ((kQ8MagHi - kQ8MagLo) >> kQ8BucketShift) + 1;  // per sign
-inline constexpr std::uint32_t kQ8ExtraMax = 8;
+inline constexpr std::uint32_t kQ8KeyMask = (1u << kQ8BucketShift) - 1;
 
 //! One map's search tables.
 struct Q8Search {
-  //! thresholds[k] = (map[k] + map[k+1]) / 2 for k < 255; +inf after.
-  alignas(64) float thresholds[256 + kQ8ExtraMax];
-  //! lo per bucket (2 * kQ8Buckets), then 3 bytes so a 32-bit gather at the last one stays inside.
-  alignas(64) std::uint8_t lo[2 * kQ8Buckets + 3];
-  std::uint32_t extra;  //!< thresholds to compare after lo (<= kQ8ExtraMax)
+  //! thresholds[k] = (map[k] + map[k+1]) / 2 for k < 255 (what entry encodes).
+  alignas(64) float thresholds[255];
+  //! Per bucket (2 * kQ8Buckets): lo << 16 | key of the threshold inside, or 0xffff.
+  alignas(64) std::uint32_t entry[2 * kQ8Buckets];
+  std::uint32_t extra;  //!< most thresholds in one bucket (1: Note [Q8 nearest-code search])
 };
 
 //! The bucket of x (Note [Q8 nearest-code search]): kQ8Buckets + m for x >= +0,
@@ -75,6 +92,14 @@ inline std::uint32_t q8_bucket(std::uint32_t bits) {
   const std::uint32_t m = (a - kQ8MagLo) >> kQ8BucketShift;
   const std::uint32_t neg = 0u - (bits >> 31);
   return kQ8Buckets + (m ^ neg);
+}
+
+//! The key of x inside its bucket: the low bits of clamped |x|, complemented for x <= -0.
+inline std::uint32_t q8_key(std::uint32_t bits) {
+  std::uint32_t a = bits & 0x7fffffffu;
+  a = a < kQ8MagLo ? kQ8MagLo : (a > kQ8MagHi ? kQ8MagHi : a);
+  const std::uint32_t neg = 0u - (bits >> 31);
+  return (a ^ neg) & kQ8KeyMask;
 }
 
 //! The q8 maps and their searches, built once (src/q8.cpp).

@@ -17,18 +17,18 @@
 // signed map, v the unsigned one, as in bitsandbytes' 8-bit Adam and torchao.
 //
 // Note [Q8 step]
-// Per block: codes -> map[code] * scale (dequantized in registers), the Adam
+// Per block: codes -> map[code] * scale (dequantized in the same pass over memory,
+// through a block buffer in L1: Note [Q8 passes over a block]), the Adam
 // rule of rules/adam.hpp on fp32 values, a new scale = max |x| over the block,
 // codes re-chosen as the nearest map entry of x * (1 / scale) (scale 0: the
 // code of 0). Nearest is defined by the 255 midpoints t[k] = (map[k] +
 // map[k+1]) / 2 in float: code = the number of t[k] < x (a tie goes to the
-// lower code), found by a bucket of x's bits and one or two compares
-// (Note [Q8 nearest-code search] in kernels/src/cpu/table.hpp), the same integer
-// ops and comparisons on every ISA. The rule's a*b+c is unfused on every ISA here (the fp32 step fuses it on
-// AVX2/AVX-512; the q8 files are built with -ffp-contract=off so that GCC does
-// not fuse it either), so scalar, AVX2 and AVX-512 give the same bits as a
-// plain C++ reference: every operation is a correctly rounded IEEE op or an
-// exact max/compare, in the same order on every lane. Blocks start at each span's
+// lower code), found by a bucket of x's bits, one table entry and one integer
+// compare (Note [Q8 nearest-code search] in kernels/src/cpu/table.hpp), the same
+// integer ops and comparison on every ISA. The rule's a*b+c is unfused on every ISA here (the fp32 step fuses
+// it on AVX2/AVX-512; the q8 files are built with -ffp-contract=off so that GCC does not fuse it either), so
+// scalar, AVX2 and AVX-512 give the same bits as a plain C++ reference: every operation is a correctly
+// rounded IEEE op or an exact max/compare, in the same order on every lane. Blocks start at each span's
 // element 0 and are independent, so results do not depend on the thread count.
 
 #include <array>
