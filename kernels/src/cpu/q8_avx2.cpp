@@ -60,19 +60,36 @@ struct Q8Lanes<V8q> {
     const __m128 b = _mm_setr_ps(map[hi & 255], map[(hi >> 8) & 255], map[(hi >> 16) & 255], map[hi >> 24]);
     return V8q(_mm256_set_m128(b, a));
   }
-  //! Q8Lanes<float>::quantize on 8 lanes: the same integer ops and compare.
-  static void quantize(const Q8Search& s, V8q x, std::uint8_t* out) {
+  //! Clamped |x| bits (Note [Q8 nearest-code search]).
+  static __m256i clamped_abs(__m256i bits) {
+    const __m256i a = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
+    return _mm256_max_epu32(_mm256_min_epu32(a, _mm256_set1_epi32(int(kQ8MagHi))),
+                            _mm256_set1_epi32(int(kQ8MagLo)));
+  }
+  //! Q8Lanes<float>::bucket on 8 lanes, stored as 16 bits each.
+  static void bucket(V8q x, std::uint16_t* b) {
     const __m256i bits = _mm256_castps_si256(x.v);
-    __m256i a = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
-    a = _mm256_max_epu32(_mm256_min_epu32(a, _mm256_set1_epi32(int(kQ8MagHi))),
-                         _mm256_set1_epi32(int(kQ8MagLo)));
+    const __m256i m = _mm256_srli_epi32(_mm256_sub_epi32(clamped_abs(bits), _mm256_set1_epi32(int(kQ8MagLo))),
+                                        kQ8BucketShift);
     const __m256i neg = _mm256_srai_epi32(bits, 31);
-    const __m256i m =
-        _mm256_srli_epi32(_mm256_sub_epi32(a, _mm256_set1_epi32(int(kQ8MagLo))), kQ8BucketShift);
-    const __m256i b = _mm256_add_epi32(_mm256_set1_epi32(int(kQ8Buckets)), _mm256_xor_si256(m, neg));
+    const __m256i bk = _mm256_add_epi32(_mm256_set1_epi32(int(kQ8Buckets)), _mm256_xor_si256(m, neg));
+    _mm_store_si128(reinterpret_cast<__m128i*>(b),
+                    _mm_packus_epi32(_mm256_castsi256_si128(bk), _mm256_extracti128_si256(bk, 1)));
+  }
+  //! Q8Lanes<float>::quantize on 8 lanes: the same integer ops and compare; the
+  //! entries from scalar loads at 16-bit indices in memory (Note [Q8 lookups on AMD]).
+  static void quantize(const Q8Search& s, V8q x, const std::uint16_t* b, std::uint8_t* out) {
+    std::uint64_t lo, hi;
+    std::memcpy(&lo, b, 8);
+    std::memcpy(&hi, b + 4, 8);
+    const std::uint32_t* t = s.entry;
+    const __m256i e = _mm256_setr_epi32(
+        int(t[lo & 0xffff]), int(t[(lo >> 16) & 0xffff]), int(t[(lo >> 32) & 0xffff]), int(t[lo >> 48]),
+        int(t[hi & 0xffff]), int(t[(hi >> 16) & 0xffff]), int(t[(hi >> 32) & 0xffff]), int(t[hi >> 48]));
+    const __m256i bits = _mm256_castps_si256(x.v);
     const __m256i mask = _mm256_set1_epi32(int(kQ8KeyMask));
-    const __m256i key = _mm256_and_si256(_mm256_xor_si256(a, neg), mask);
-    const __m256i e = _mm256_i32gather_epi32(reinterpret_cast<const int*>(s.entry), b, 4);
+    const __m256i key =
+        _mm256_and_si256(_mm256_xor_si256(clamped_abs(bits), _mm256_srai_epi32(bits, 31)), mask);
     // Keys are below 2^16, so the signed compare is the unsigned one; true is -1.
     const __m256i c =
         _mm256_sub_epi32(_mm256_srli_epi32(e, 16), _mm256_cmpgt_epi32(key, _mm256_and_si256(e, mask)));

@@ -26,9 +26,16 @@ struct Q8Lanes<float> {
   static float gather(const float* map, const std::uint8_t* codes) { return map[*codes]; }
   //! The number of thresholds below x (Note [Q8 nearest-code search]).
   static void quantize(const Q8Search& s, float x, std::uint8_t* out) {
-    const std::uint32_t bits = float_bits(x);
-    const std::uint32_t e = s.entry[q8_bucket(bits)];
-    *out = static_cast<std::uint8_t>((e >> 16) + ((e & kQ8KeyMask) < q8_key(bits) ? 1u : 0u));
+    std::uint16_t b;
+    bucket(x, &b);
+    quantize(s, x, &b, out);
+  }
+  //! x's bucket (Note [Q8 nearest-code search]); below 2^16.
+  static void bucket(float x, std::uint16_t* b) { *b = static_cast<std::uint16_t>(q8_bucket(float_bits(x))); }
+  //! The number of thresholds below x, given its bucket b.
+  static void quantize(const Q8Search& s, float x, const std::uint16_t* b, std::uint8_t* out) {
+    const std::uint32_t e = s.entry[*b];
+    *out = static_cast<std::uint8_t>((e >> 16) + ((e & kQ8KeyMask) < q8_key(float_bits(x)) ? 1u : 0u));
   }
   static float abs(float x) { return std::fabs(x); }
   static float hmax(float x) { return x; }
@@ -52,14 +59,17 @@ inline void q8_prefetch(const Q8Span& s, std::size_t i) {
 }
 
 // Note [Q8 passes over a block]
-// A block runs three loops over its 256 elements: dequantize both states into
+// A block runs four loops over its 256 elements: dequantize both states into
 // two stack buffers; the Adam rule (as the fp32 kernel's loop, plus the two
-// maxima); quantize with the new scales. One loop doing the first two held
-// about 100 operations an iteration with a long chain (lookups, then the
-// square root and the divide), so the out-of-order window saw only two or
-// three iterations and waited on latency: 1 thread in cache, 270 Mparams/s
-// against 437 as three loops. The buffers stay in L1; every element gets the
-// same operations in the same order either way.
+// maxima); with the new scales, each element's bucket; the codes (Note [Q8
+// lookups on AMD]). One loop doing the first two held about 100 operations an
+// iteration with a long chain (lookups, then the square root and the divide),
+// so the out-of-order window saw only two or three iterations and waited on
+// latency: 1 thread in cache, 270 Mparams/s against 437 as separate loops.
+// Dequantizing the next block inside this block's Adam loop (a two-block
+// pipeline) gained nothing measurable (398 against 409 at 16 M params), so the
+// loops stay per block. The buffers stay in L1; every element gets the same
+// operations in the same order either way.
 
 template <typename T, DType G, DType P>
 struct Q8AdamBlock {
@@ -99,9 +109,17 @@ struct Q8AdamBlock {
     v_scale = Q::hmax(v_max);
     const T m_inv = T(m_scale > 0.0f ? 1.0f / m_scale : 0.0f);
     const T v_inv = T(v_scale > 0.0f ? 1.0f / v_scale : 0.0f);
+    // The buckets first, then the codes: the lookups' indices come from memory
+    // (Note [Q8 lookups on AMD]); x is the same product both times.
+    alignas(64) std::uint16_t mb[kQ8BlockElems];
+    alignas(64) std::uint16_t vb[kQ8BlockElems];
     for (std::size_t i = 0; i < count; i += kW) {
-      Q::quantize(tab.signed_search, Lanes<T>::load_f32(mf + i) * m_inv, s.m_codes + at + i);
-      Q::quantize(tab.unsigned_search, Lanes<T>::load_f32(vf + i) * v_inv, s.v_codes + at + i);
+      Q::bucket(Lanes<T>::load_f32(mf + i) * m_inv, mb + i);
+      Q::bucket(Lanes<T>::load_f32(vf + i) * v_inv, vb + i);
+    }
+    for (std::size_t i = 0; i < count; i += kW) {
+      Q::quantize(tab.signed_search, Lanes<T>::load_f32(mf + i) * m_inv, mb + i, s.m_codes + at + i);
+      Q::quantize(tab.unsigned_search, Lanes<T>::load_f32(vf + i) * v_inv, vb + i, s.v_codes + at + i);
     }
     return bad;
   }

@@ -61,14 +61,17 @@ PieceFn piece_fn(Isa isa);
 // entries to dequantize m and v, two search entries to quantize them. On this
 // machine's EPYC (Zen 3, AVX2 only) an 8-lane vpgatherdd costs about 0.45 ns a
 // lane, 8 scalar loads put into a vector with inserts about 0.25 ns a lane (a
-// loop of each over a 64 KiB buffer). The AVX2 kernel dequantizes with scalar
-// loads (the codes come from memory as bytes, so their indices are two 32-bit
-// loads and shifts away) and quantizes with a gather (its bucket indices are in
-// a vector; extracting them with vpextrd cost more than the gather saved). In
-// the kernel at 1 thread, 16 M params, CPU time: all four by gather 334
-// Mparams/s, this split 414, scalar loads for all four 382. The AVX-512 kernel
-// gathers all four: fast on the Intel cores that have AVX-512. Every way gives
-// the same values.
+// loop of each over a 64 KiB buffer), when the indices come from memory a few
+// at a time: the codes as bytes (two 32-bit loads and shifts for 8), the
+// buckets as 16 bits (kQ8Buckets * 2 < 2^16), written to a block buffer by a
+// loop before the one that looks them up. Taking indices out of a vector with
+// vpextrd costs more than the gather saves. The AVX2 kernel at 1 thread, 16 M
+// params, CPU time: all four by gather 334 Mparams/s; dequantizing by scalar
+// loads and quantizing by gather 414-427; all four by scalar loads (the
+// buckets by vpextrd) 382; all four by scalar loads from 16-bit indices in
+// memory (this code) 433-438, and 493 against 438 in cache. The AVX-512 kernel
+// gathers: fast on the Intel cores that have AVX-512 (not measured here). Every
+// way gives the same values.
 inline constexpr std::uint32_t kQ8BucketShift = 16;    // 23 - 7 mantissa bits
 inline constexpr std::uint32_t kQ8MagLo = 103u << 23;  // bits of 2^-24
 inline constexpr std::uint32_t kQ8MagHi = 128u << 23;  // bits of 2.0
