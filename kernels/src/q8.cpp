@@ -94,42 +94,6 @@ cpu::Q8Tables make_tables() {
   return t;
 }
 
-Status validate_q8(const Q8StepArgs& a) {
-  STRATA_RETURN_IF_ERROR(validate_hyper(a.hyper));
-  if (a.hyper.optimizer != Optimizer::kAdam && a.hyper.optimizer != Optimizer::kAdamW) {
-    return invalid_argument("step_q8 runs adam and adamw, not {}; use step() with fp32 or bf16 states",
-                            optimizer_name(a.hyper.optimizer));
-  }
-  if (a.step < 1) return invalid_argument("step = {} must be >= 1 (1-based, after the increment)", a.step);
-  if (!std::isfinite(a.grad_scale)) return invalid_argument("grad_scale = {} is not finite", a.grad_scale);
-  if (a.check == GradCheck::kCallerChecked && a.checked == nullptr) {
-    return invalid_argument(
-        "GradCheck::kCallerChecked needs the GradStats of grad_stats() in Q8StepArgs::checked");
-  }
-  for (std::size_t i = 0; i < a.spans.size(); ++i) {
-    const Q8Span& s = a.spans[i];
-    if (s.grad_dtype != DType::kF32 && s.grad_dtype != DType::kBF16 && s.grad_dtype != DType::kF16) {
-      return invalid_argument("step_q8: span {} grad dtype {} is unsupported; use fp32, bf16 or fp16", i,
-                              dtype_name(s.grad_dtype));
-    }
-    const bool param_ok = s.param_dtype == DType::kNone || s.param_dtype == DType::kF32 ||
-                          s.param_dtype == DType::kBF16 || s.param_dtype == DType::kF16;
-    const bool param_mismatch = s.n != 0 && (s.param == nullptr) != (s.param_dtype == DType::kNone);
-    if (!param_ok || param_mismatch) {
-      return invalid_argument(
-          "step_q8: span {} param dtype {} with param {}: give fp32/bf16/fp16 with a "
-          "pointer, or kNone with none",
-          i, dtype_name(s.param_dtype), s.param == nullptr ? "null" : "set");
-    }
-    if (s.n == 0) continue;
-    if (s.master == nullptr || s.grad == nullptr || s.m_codes == nullptr || s.m_scales == nullptr ||
-        s.v_codes == nullptr || s.v_scales == nullptr) {
-      return invalid_argument("step_q8: span {} has n = {} but a null master, grad, codes or scales", i, s.n);
-    }
-  }
-  return Status::Ok();
-}
-
 //! Runs the gradient check the caller asked for; true when all are finite.
 Result<bool> q8_grads_finite(const Q8StepArgs& a) {
   if (a.check == GradCheck::kCallerChecked) return a.checked->finite;
@@ -173,7 +137,7 @@ void q8_zero_states(const Q8Span& s) {
 }
 
 Result<StepReport> step_q8(const Q8StepArgs& a) {
-  STRATA_RETURN_IF_ERROR(validate_q8(a));
+  STRATA_RETURN_IF_ERROR(cpu::q8_validate(a));
   const Isa isa = a.isa.value_or(default_isa());
   if (!isa_supported(isa)) {
     return unavailable("kernel ISA {} was forced but this CPU lacks it; use scalar or leave the ISA unset",
@@ -220,6 +184,42 @@ Result<StepReport> step_q8(const Q8StepArgs& a) {
 }
 
 namespace cpu {
+
+Status q8_validate(const Q8StepArgs& a) {
+  STRATA_RETURN_IF_ERROR(validate_hyper(a.hyper));
+  if (a.hyper.optimizer != Optimizer::kAdam && a.hyper.optimizer != Optimizer::kAdamW) {
+    return invalid_argument("step_q8 runs adam and adamw, not {}; use step() with fp32 or bf16 states",
+                            optimizer_name(a.hyper.optimizer));
+  }
+  if (a.step < 1) return invalid_argument("step = {} must be >= 1 (1-based, after the increment)", a.step);
+  if (!std::isfinite(a.grad_scale)) return invalid_argument("grad_scale = {} is not finite", a.grad_scale);
+  if (a.check == GradCheck::kCallerChecked && a.checked == nullptr) {
+    return invalid_argument(
+        "GradCheck::kCallerChecked needs the GradStats of grad_stats() in Q8StepArgs::checked");
+  }
+  for (std::size_t i = 0; i < a.spans.size(); ++i) {
+    const Q8Span& s = a.spans[i];
+    if (s.grad_dtype != DType::kF32 && s.grad_dtype != DType::kBF16 && s.grad_dtype != DType::kF16) {
+      return invalid_argument("step_q8: span {} grad dtype {} is unsupported; use fp32, bf16 or fp16", i,
+                              dtype_name(s.grad_dtype));
+    }
+    const bool param_ok = s.param_dtype == DType::kNone || s.param_dtype == DType::kF32 ||
+                          s.param_dtype == DType::kBF16 || s.param_dtype == DType::kF16;
+    const bool param_mismatch = s.n != 0 && (s.param == nullptr) != (s.param_dtype == DType::kNone);
+    if (!param_ok || param_mismatch) {
+      return invalid_argument(
+          "step_q8: span {} param dtype {} with param {}: give fp32/bf16/fp16 with a "
+          "pointer, or kNone with none",
+          i, dtype_name(s.param_dtype), s.param == nullptr ? "null" : "set");
+    }
+    if (s.n == 0) continue;
+    if (s.master == nullptr || s.grad == nullptr || s.m_codes == nullptr || s.m_scales == nullptr ||
+        s.v_codes == nullptr || s.v_scales == nullptr) {
+      return invalid_argument("step_q8: span {} has n = {} but a null master, grad, codes or scales", i, s.n);
+    }
+  }
+  return Status::Ok();
+}
 
 const Q8Tables& q8_tables() {
   static const Q8Tables tables = make_tables();

@@ -2,7 +2,7 @@
 // The q8 Adam block kernel (Note [Q8 step] in q8.hpp), one template over a lane
 // type T. Besides Lanes<T> (lanes.hpp) each ISA supplies Q8Lanes<T>: gather
 // from a map by codes, the nearest-code search (Note [Q8 nearest-code search]
-// in table.hpp), |x| and the lanes' max.
+// in q8_search.hpp), |x| and the lanes' max.
 // Included only by the per-ISA translation units (Note [ISA translation units]).
 
 #include <algorithm>
@@ -180,7 +180,7 @@ bool q8_piece_with(const Q8Span& s, std::size_t begin, std::size_t end, const Ad
       return true;
     });
   });
-  STRATA_CHECK(known);  // validate_q8_spans() admits only these dtypes
+  STRATA_CHECK(known);  // q8_validate() admits only these dtypes
   return nonfinite;
 }
 
