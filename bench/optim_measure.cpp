@@ -9,7 +9,9 @@
 // the fused pass(es) alone. Its roofline is the memory-only kernel of
 // bench/roofline (Note [Memory-only roofline]) over the same buffers, so
 // roofline_fraction = kernel rate / memory-only rate can fall below 1 and
-// cannot honestly exceed it by more than noise.
+// cannot honestly exceed it by more than noise. The q8 row (8-bit m and v) is
+// kernels::step_q8 with kCallerChecked, its bytes and roofline those of
+// Note [Q8 roofline]; the runtime has no q8 path yet, so it has no rt figures.
 //
 // Note [Runtime path]
 // runtime_path_mparams_per_s times the calls runtime/src/pipeline/optimizer_run.cpp's
@@ -36,6 +38,7 @@
 
 #include "strata/common/log.hpp"
 #include "strata/kernels/cuda.hpp"
+#include "strata/kernels/q8.hpp"
 
 namespace strata::bench::optim {
 
@@ -44,11 +47,17 @@ using namespace strata::kernels;
 std::vector<Config> configs() {
   using D = DType;
   return {
-      {Optimizer::kAdamW, D::kF32, D::kNone, D::kF32},     {Optimizer::kAdamW, D::kBF16, D::kBF16, D::kF32},
-      {Optimizer::kAdamW, D::kBF16, D::kBF16, D::kBF16},   {Optimizer::kAdam, D::kF32, D::kNone, D::kF32},
-      {Optimizer::kLamb, D::kF32, D::kNone, D::kF32},      {Optimizer::kLamb, D::kBF16, D::kBF16, D::kF32},
-      {Optimizer::kLars, D::kF32, D::kNone, D::kF32},      {Optimizer::kSgd, D::kF32, D::kNone, D::kF32},
-      {Optimizer::kLion, D::kF32, D::kNone, D::kF32},      {Optimizer::kAdagrad, D::kF32, D::kNone, D::kF32},
+      {Optimizer::kAdamW, D::kF32, D::kNone, D::kF32},
+      {Optimizer::kAdamW, D::kF32, D::kNone, D::kNone, false, true},
+      {Optimizer::kAdamW, D::kBF16, D::kBF16, D::kF32},
+      {Optimizer::kAdamW, D::kBF16, D::kBF16, D::kBF16},
+      {Optimizer::kAdam, D::kF32, D::kNone, D::kF32},
+      {Optimizer::kLamb, D::kF32, D::kNone, D::kF32},
+      {Optimizer::kLamb, D::kBF16, D::kBF16, D::kF32},
+      {Optimizer::kLars, D::kF32, D::kNone, D::kF32},
+      {Optimizer::kSgd, D::kF32, D::kNone, D::kF32},
+      {Optimizer::kLion, D::kF32, D::kNone, D::kF32},
+      {Optimizer::kAdagrad, D::kF32, D::kNone, D::kF32},
       {Optimizer::kSgd, D::kF32, D::kNone, D::kF32, true},
   };
 }
@@ -75,6 +84,7 @@ double bytes_per_param(const Config& c) {
   const double g = double(dtype_size(c.grad)), p = double(dtype_size(c.param)),
                s = double(dtype_size(c.state));
   if (c.grad_norm_only) return g;
+  if (c.q8) return g + 8 + 2 * 2 * 1 + 2 * 2 * 4.0 / double(kQ8BlockElems) + p;  // Note [Q8 roofline]
   switch (c.optimizer) {
     case Optimizer::kLamb:
       return (g + 4 + 4 * s) + (2 * s + 8 + p);  // phase 1 + phase 2
@@ -158,6 +168,20 @@ struct Buffers {
   std::vector<HostBuf> host;
   std::vector<CudaBuffer> dev;
 
+  //! n host bytes of `fill`, first-touched by the pool (q8 codes).
+  std::uint8_t* alloc_bytes(std::size_t n, std::uint8_t fill, ThreadPool* pool) {
+    HostBuf b;
+    b.mem.reset(new unsigned char[n + 64]);
+    unsigned char* base = b.mem.get();
+    auto set = [&](std::size_t, std::size_t lo, std::size_t hi) { std::fill(base + lo, base + hi, fill); };
+    if (pool)
+      pool->parallel_for(n, 0, set);
+    else
+      set(0, 0, n);
+    host.push_back(std::move(b));
+    return base;
+  }
+
   void* alloc(std::size_t n, DType d, bool cuda, ThreadPool* pool) {
     if (d == DType::kNone) return nullptr;
     if (!cuda) {
@@ -188,6 +212,7 @@ struct Run {
   bool cuda;
   Buffers buffers;
   Span span;
+  Q8Span q8span;  //!< the q8 row's states (Config::q8)
   float* triad[3] = {};
   std::vector<MemPass> passes;
   bool writes_param = false;
@@ -216,7 +241,23 @@ std::string prepare(Run& r) {
     for (float*& t : r.triad) t = static_cast<float*>(alloc(DType::kF32));
   }
   const Hyper hyper = hyper_for(c.optimizer);
+  if (c.q8) {
+    if (r.cuda) return "no CUDA q8 step to time";
+    r.q8span =
+        Q8Span{.master = s.master,
+               .grad = s.grad,
+               .grad_dtype = s.grad_dtype,
+               .param = s.param,
+               .param_dtype = s.param_dtype,
+               .m_codes = r.buffers.alloc_bytes(r.n, 0, r.pool),
+               .m_scales = static_cast<float*>(r.buffers.alloc(q8_blocks(r.n), DType::kF32, false, r.pool)),
+               .v_codes = r.buffers.alloc_bytes(r.n, 0, r.pool),
+               .v_scales = static_cast<float*>(r.buffers.alloc(q8_blocks(r.n), DType::kF32, false, r.pool)),
+               .n = r.n};
+    q8_zero_states(r.q8span);  // the codes of 0 (pages first-touched by the pool above)
+  }
   r.passes = c.grad_norm_only ? std::vector<MemPass>{mem_pass_for_grad_stats(s)}
+             : c.q8           ? std::vector<MemPass>{mem_pass_for_q8(r.q8span)}
                               : mem_passes_for_step(hyper, s, false);
   double roofline_bpp = 0;
   for (const MemPass& m : r.passes) roofline_bpp += m.bytes_per_elem();
@@ -255,6 +296,16 @@ Status time_kernel(Run& r, bool keep) {
       return r.cuda ? cuda_grad_stats(r.args.spans, 1.0f).status()
                     : grad_stats(r.args.spans, 1.0f, r.pool, r.isa).status();
     }
+    if (r.c.q8) {
+      return step_q8({.hyper = r.args.hyper,
+                      .step = r.args.step,
+                      .spans = {&r.q8span, 1},
+                      .pool = r.pool,
+                      .isa = r.isa,
+                      .check = GradCheck::kCallerChecked,
+                      .checked = &r.checked})
+          .status();
+    }
     StepArgs a = r.args;
     a.check = GradCheck::kCallerChecked;
     a.checked = &r.checked;
@@ -287,7 +338,8 @@ Status time_roofline(Run& r, bool keep, Measured& out) {
 
 //! The runtime's calls (Note [Runtime path]): device-checked, clipped, host-checked.
 Status time_runtime_paths(Run& r, bool keep) {
-  if (r.cuda || r.c.grad_norm_only) return Status::Ok();
+  // The runtime does not run q8 states yet (#49 item 1): no path to time.
+  if (r.cuda || r.c.grad_norm_only || r.c.q8) return Status::Ok();
   StepArgs a = r.args;
   a.check = GradCheck::kCallerChecked;
   a.checked = &r.device_checked;

@@ -35,6 +35,7 @@ struct Config {
   kernels::Optimizer optimizer;
   kernels::DType grad, param, state;  // param kNone: the fp32 master is the param
   bool grad_norm_only = false;
+  bool q8 = false;  //!< kernels::step_q8: 8-bit m and v (state kNone; Note [Q8 roofline])
 };
 
 //! The rows the bench measures, in order.

@@ -5,8 +5,9 @@
 // inline symbol (the same reason as kernels' Note [ISA translation units]).
 //
 // A policy P provides: V (32-bit lanes), kWidth, zero(), set1(), load4(),
-// load2() (zero-extends 16-bit elements), store4(), store2() (keeps the low 16
-// bits of each lane), add(), and_(), shr16() and hsum().
+// load2() and load1() (zero-extend 16- and 8-bit elements), store4(), store2()
+// and store1() (keep the low 16 or 8 bits of each lane; lanes hold values that
+// fit), add(), and_(), shr16(), low() (lane 0) and hsum().
 
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include <utility>
 
 #include "roofline/mem_roofline.hpp"
+#include "strata/kernels/q8.hpp"
 
 namespace strata::bench {
 namespace {
@@ -22,19 +24,24 @@ namespace {
 struct Shape {
   int grad, master, states, state, param;  //!< bytes (0 absent); master: 0 absent, 1 read, 2 read+write
   bool state_write;
+  bool block_scales = false;  //!< q8: both states' per-block scales (Note [Q8 roofline])
   friend constexpr bool operator==(const Shape&, const Shape&) = default;
 };
 
 // The shapes kernels::step() and grad_stats() produce for f32 / 2-byte gradients,
 // params and states (mem_passes_for_step in mem_roofline.cpp builds them).
 constexpr Shape kShapes[] = {
-    {4, 0, 0, 4, 0, false}, {2, 0, 0, 4, 0, false},  // grad_stats
-    {4, 2, 2, 4, 0, true},  {2, 2, 2, 4, 2, true},  {2, 2, 2, 2, 2, true},  {4, 2, 2, 2, 0, true},  // Adam(W)
-    {4, 2, 1, 4, 0, true},  {2, 2, 1, 4, 2, true},   // SGD momentum, Lion, Adagrad, LARS phase 2
-    {4, 2, 0, 4, 0, false}, {2, 2, 0, 4, 2, false},  // SGD / LARS phase 2 without momentum
-    {4, 1, 2, 4, 0, true},  {2, 1, 2, 4, 0, true},  {2, 1, 2, 2, 0, true},  {4, 1, 2, 2, 0, true},   // LAMB 1
-    {0, 2, 2, 4, 0, false}, {0, 2, 2, 4, 2, false}, {0, 2, 2, 2, 2, false}, {0, 2, 2, 2, 0, false},  // LAMB 2
-    {4, 1, 0, 4, 0, false}, {2, 1, 0, 4, 0, false},  // LARS phase 1
+    {4, 0, 0, 4, 0, false},      {2, 0, 0, 4, 0, false},  // grad_stats
+    {4, 2, 2, 4, 0, true},       {2, 2, 2, 4, 2, true},
+    {2, 2, 2, 2, 2, true},       {4, 2, 2, 2, 0, true},   // Adam(W)
+    {4, 2, 1, 4, 0, true},       {2, 2, 1, 4, 2, true},   // SGD momentum, Lion, Adagrad, LARS phase 2
+    {4, 2, 0, 4, 0, false},      {2, 2, 0, 4, 2, false},  // SGD / LARS phase 2 without momentum
+    {4, 1, 2, 4, 0, true},       {2, 1, 2, 4, 0, true},
+    {2, 1, 2, 2, 0, true},       {4, 1, 2, 2, 0, true},  // LAMB 1
+    {0, 2, 2, 4, 0, false},      {0, 2, 2, 4, 2, false},
+    {0, 2, 2, 2, 2, false},      {0, 2, 2, 2, 0, false},  // LAMB 2
+    {4, 1, 0, 4, 0, false},      {2, 1, 0, 4, 0, false},  // LARS phase 1
+    {4, 2, 2, 1, 0, true, true},                          // q8 Adam(W), fp32 gradient, no param copy
 };
 
 //! Sum of the 32-bit lanes of a vector register.
@@ -50,6 +57,7 @@ std::uint64_t hsum_lanes(V x) {
 template <typename P, int kBytes>
 inline typename P::V load_n(const void* base, std::size_t i) {
   if constexpr (kBytes == 4) return P::load4(static_cast<const unsigned char*>(base) + 4 * i);
+  if constexpr (kBytes == 1) return P::load1(static_cast<const unsigned char*>(base) + i);
   if constexpr (kBytes == 2) return P::load2(static_cast<const unsigned char*>(base) + 2 * i);
   return P::zero();
 }
@@ -58,6 +66,22 @@ template <typename P, int kBytes>
 inline void store_n(void* base, std::size_t i, typename P::V x) {
   if constexpr (kBytes == 4) P::store4(static_cast<unsigned char*>(base) + 4 * i, x);
   if constexpr (kBytes == 2) P::store2(static_cast<unsigned char*>(base) + 2 * i, x);
+  if constexpr (kBytes == 1) P::store1(static_cast<unsigned char*>(base) + i, x);
+}
+
+//! q8: at a block's first element, each state's scale loaded and stored back (+ dep, 0).
+template <Shape S>
+inline void block_scales_n(const MemPass& m, std::size_t i, std::uint32_t dep) {
+  if constexpr (S.block_scales) {
+    if (i % kernels::kQ8BlockElems != 0) return;
+    for (const MemStream& b : m.block_scales) {
+      std::uint32_t x;
+      unsigned char* at = static_cast<unsigned char*>(b.data) + 4 * (i / kernels::kQ8BlockElems);
+      std::memcpy(&x, at, 4);
+      x += dep;
+      std::memcpy(at, &x, 4);
+    }
+  }
 }
 
 //! Elements [begin, end) in steps of P::kWidth; returns the sink of the read-only streams.
@@ -87,6 +111,7 @@ typename P::V mem_loop(const MemPass& m, std::size_t begin, std::size_t end, typ
     for (int k = 0; k < S.states; ++k) s[k] = load_n<P, S.state>(m.state[k].data, i);
     // Every store depends on a load; (x AND zero) keeps the stored values unchanged.
     const V dep = P::and_(S.grad ? g : (S.states ? s[0] : p), zero);
+    block_scales_n<S>(m, i, P::low(dep));
     if constexpr (S.grad != 0) sink = P::add(sink, g);
     if constexpr (S.master == 2) {
       store_n<P, 4>(m.master.data, i, P::add(p, dep));
@@ -132,7 +157,8 @@ inline Shape shape_of(const MemPass& m) {
                (m.state[0].elem_bytes ? 1 : 0) + (m.state[1].elem_bytes ? 1 : 0),
                m.state[0].elem_bytes ? m.state[0].elem_bytes : 4,
                m.param.elem_bytes,
-               m.state[0].elem_bytes != 0 && m.state[0].write};
+               m.state[0].elem_bytes != 0 && m.state[0].write,
+               m.block_scales[0].elem_bytes != 0};
 }
 
 template <typename P, typename Q>
@@ -158,6 +184,9 @@ struct Scalar {
     std::memcpy(&x, p, 2);
     return x;
   }
+  static V load1(const void* p) { return *static_cast<const std::uint8_t*>(p); }
+  static void store1(void* p, V x) { *static_cast<std::uint8_t*>(p) = static_cast<std::uint8_t>(x); }
+  static std::uint32_t low(V a) { return a; }
   static void store4(void* p, V x) { std::memcpy(p, &x, 4); }
   static void store2(void* p, V x) {
     const auto h = static_cast<std::uint16_t>(x);

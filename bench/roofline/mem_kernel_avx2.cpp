@@ -23,6 +23,15 @@ struct Avx2 {
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(x, x), 0xD8);
     _mm_storeu_si128(static_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
   }
+  static V load1(const void* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(p)));
+  }
+  // Lanes hold values below 2^8 here; the q8 kernel's pack of codes.
+  static void store1(void* p, V x) {
+    const __m128i w16 = _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+    _mm_storel_epi64(static_cast<__m128i*>(p), _mm_packus_epi16(w16, w16));
+  }
+  static std::uint32_t low(V a) { return static_cast<std::uint32_t>(_mm256_cvtsi256_si32(a)); }
   static V add(V a, V b) { return _mm256_add_epi32(a, b); }
   static V and_(V a, V b) { return _mm256_and_si256(a, b); }
   static V shr16(V a) { return _mm256_srli_epi32(a, 16); }

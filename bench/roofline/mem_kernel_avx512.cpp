@@ -21,6 +21,11 @@ struct Avx512 {
   static void store2(void* p, V x) {
     _mm256_storeu_si256(static_cast<__m256i*>(p), _mm512_cvtepi32_epi16(x));
   }
+  static V load1(const void* p) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p)));
+  }
+  static void store1(void* p, V x) { _mm_storeu_si128(static_cast<__m128i*>(p), _mm512_cvtepi32_epi8(x)); }
+  static std::uint32_t low(V a) { return static_cast<std::uint32_t>(_mm512_cvtsi512_si32(a)); }
   static V add(V a, V b) { return _mm512_add_epi32(a, b); }
   static V and_(V a, V b) { return _mm512_and_si512(a, b); }
   static V shr16(V a) { return _mm512_srli_epi32(a, 16); }

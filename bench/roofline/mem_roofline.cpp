@@ -78,6 +78,9 @@ MemStream stream(const void* data, DType d, bool write) {
 double MemPass::bytes_per_elem() const {
   double b = grad.elem_bytes + param.elem_bytes;
   for (const MemStream* s : {&master, &state[0], &state[1]}) b += s->elem_bytes * (s->write ? 2 : 1);
+  for (const MemStream& s : block_scales) {
+    b += double(s.elem_bytes) * (s.write ? 2 : 1) / double(kernels::kQ8BlockElems);
+  }
   return b;
 }
 
@@ -120,6 +123,19 @@ Result<double> run_triad(float* a, const float* b, const float* c, std::size_t n
   const auto t0 = std::chrono::steady_clock::now();
   for_pieces(n, pool, [&](std::size_t lo, std::size_t hi, std::size_t) { fn(a, b, c, s, lo, hi); });
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+MemPass mem_pass_for_q8(const kernels::Q8Span& span) {
+  MemPass m;
+  m.n = span.n;
+  m.grad = stream(span.grad, span.grad_dtype, false);
+  m.master = stream(span.master, DType::kF32, true);
+  m.state[0] = {span.m_codes, 1, true};
+  m.state[1] = {span.v_codes, 1, true};
+  m.param = stream(span.param, span.param_dtype, true);
+  m.block_scales[0] = stream(span.m_scales, DType::kF32, true);
+  m.block_scales[1] = stream(span.v_scales, DType::kF32, true);
+  return m;
 }
 
 MemPass mem_pass_for_grad_stats(const kernels::Span& span) {

@@ -30,6 +30,15 @@
 // - Same pool and split: pieces of kernels::kPieceElems at fixed offsets, run by
 //   ThreadPool::parallel_for with the pool's default parts, as kernels::step does.
 //
+// Note [Q8 roofline]
+// kernels::step_q8 reads the gradient, reads and writes the fp32 master, the
+// two states' 1-byte codes and, once per block of kQ8BlockElems elements, each
+// state's fp32 scale: 4 + 8 + 2 * 2 + 2 * 2 * 4 / 256 = 16.0625 B a parameter
+// (fp32 AdamW: 28). Its memory-only pass has exactly those streams: the codes
+// widened to 32-bit lanes on load and narrowed back on store, each scale loaded
+// and stored back once per block; the same prefetch as the kernel's for the
+// gradient and master, one line per 16 elements for the codes.
+//
 // Note [Write prefetch]
 // With the kernels' own prefetch the memory-only kernel was still not an upper
 // bound for the rows that write a 2-byte param: AdamW bf16 grad+param ran at
@@ -55,6 +64,7 @@
 
 #include "strata/common/status.hpp"
 #include "strata/kernels/optim.hpp"
+#include "strata/kernels/q8.hpp"
 
 namespace strata {
 class ThreadPool;
@@ -65,7 +75,7 @@ namespace strata::bench {
 //! One stream of a pass. elem_bytes 0: absent.
 struct MemStream {
   void* data = nullptr;
-  std::uint8_t elem_bytes = 0;  //!< 2 or 4
+  std::uint8_t elem_bytes = 0;  //!< 1 (q8 codes), 2 or 4
   bool write = false;           //!< written in place after the read (the param is write-only)
 };
 
@@ -76,6 +86,9 @@ struct MemPass {
   MemStream master;                //!< read, or read and written
   std::array<MemStream, 2> state;  //!< read, or read and written (both alike)
   MemStream param;                 //!< written only
+  //! q8 (Note [Q8 roofline]): each state's fp32 scale per kernels::kQ8BlockElems
+  //! elements, read and written once per block; absent (elem_bytes 0) otherwise.
+  std::array<MemStream, 2> block_scales;
   //! Bytes the pass moves per element (reads plus writes, no write-allocate).
   double bytes_per_elem() const;
 };
@@ -111,6 +124,9 @@ Result<double> run_triad(float* a, const float* b, const float* c, std::size_t n
 //! GradCheck::kSeparatePass (not for LARS, whose phase 1 is its check).
 std::vector<MemPass> mem_passes_for_step(const kernels::Hyper& hyper, const kernels::Span& span,
                                          bool grad_check_pass);
+
+//! The memory-only pass of kernels::step_q8() over `span` (Note [Q8 roofline]).
+MemPass mem_pass_for_q8(const kernels::Q8Span& span);
 
 //! The memory-only pass of kernels::grad_stats() over `span`: the gradient read.
 MemPass mem_pass_for_grad_stats(const kernels::Span& span);

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <vector>
 
 #include "cpu/table.hpp"
@@ -50,11 +49,9 @@ std::uint32_t count_below(const float* t, float x) {
   return c;
 }
 
-//! Note [Q8 nearest-code search]: thresholds, lo per bucket and the extra bound.
+//! Note [Q8 nearest-code search]: thresholds and each bucket's entry (lo and key).
 void make_search(const std::array<float, 256>& map, cpu::Q8Search& s) {
-  for (std::size_t k = 0; k < 256 + cpu::kQ8ExtraMax; ++k) {
-    s.thresholds[k] = k < 255 ? (map[k] + map[k + 1]) / 2.0f : std::numeric_limits<float>::infinity();
-  }
+  for (std::size_t k = 0; k < 255; ++k) s.thresholds[k] = (map[k] + map[k + 1]) / 2.0f;
   constexpr std::uint32_t kInfBits = 0x7f800000u;
   s.extra = 0;
   for (std::uint32_t m = 0; m < cpu::kQ8Buckets; ++m) {
@@ -65,14 +62,21 @@ void make_search(const std::array<float, 256>& map, cpu::Q8Search& s) {
     for (const bool neg : {false, true}) {
       const float lo_x = neg ? -bits_float(a_hi) : bits_float(a_lo);
       const float hi_x = neg ? -bits_float(a_lo) : bits_float(a_hi);
-      const std::uint32_t b = cpu::q8_bucket(float_bits(neg ? -bits_float(a_lo) : bits_float(a_lo)));
+      const std::uint32_t b = cpu::q8_bucket(float_bits(lo_x));
+      STRATA_CHECK(b == cpu::q8_bucket(float_bits(hi_x)));
       const std::uint32_t lo = count_below(s.thresholds, lo_x), hi = count_below(s.thresholds, hi_x);
-      s.lo[b] = static_cast<std::uint8_t>(lo);
       s.extra = std::max(s.extra, hi - lo);
+      std::uint32_t key = cpu::kQ8KeyMask;  // no threshold inside: never below a key(x)
+      if (hi > lo) {
+        // t = thresholds[lo] lies in (lo_x, hi_x): in this bucket, so t < x iff key(t) < key(x).
+        const std::uint32_t t = float_bits(s.thresholds[lo]);
+        STRATA_CHECK(cpu::q8_bucket(t) == b);
+        key = cpu::q8_key(t);
+      }
+      s.entry[b] = lo << 16 | key;
     }
   }
-  std::fill(std::begin(s.lo) + 2 * cpu::kQ8Buckets, std::end(s.lo), std::uint8_t{0});
-  STRATA_CHECK(s.extra <= cpu::kQ8ExtraMax);
+  STRATA_CHECK(s.extra <= 1);  // one threshold per bucket at most: Note [Q8 nearest-code search]
 }
 
 cpu::Q8Tables make_tables() {
@@ -88,42 +92,6 @@ cpu::Q8Tables make_tables() {
   t.signed_zero = code_of_zero(s);
   t.unsigned_zero = code_of_zero(u);
   return t;
-}
-
-Status validate_q8(const Q8StepArgs& a) {
-  STRATA_RETURN_IF_ERROR(validate_hyper(a.hyper));
-  if (a.hyper.optimizer != Optimizer::kAdam && a.hyper.optimizer != Optimizer::kAdamW) {
-    return invalid_argument("step_q8 runs adam and adamw, not {}; use step() with fp32 or bf16 states",
-                            optimizer_name(a.hyper.optimizer));
-  }
-  if (a.step < 1) return invalid_argument("step = {} must be >= 1 (1-based, after the increment)", a.step);
-  if (!std::isfinite(a.grad_scale)) return invalid_argument("grad_scale = {} is not finite", a.grad_scale);
-  if (a.check == GradCheck::kCallerChecked && a.checked == nullptr) {
-    return invalid_argument(
-        "GradCheck::kCallerChecked needs the GradStats of grad_stats() in Q8StepArgs::checked");
-  }
-  for (std::size_t i = 0; i < a.spans.size(); ++i) {
-    const Q8Span& s = a.spans[i];
-    if (s.grad_dtype != DType::kF32 && s.grad_dtype != DType::kBF16 && s.grad_dtype != DType::kF16) {
-      return invalid_argument("step_q8: span {} grad dtype {} is unsupported; use fp32, bf16 or fp16", i,
-                              dtype_name(s.grad_dtype));
-    }
-    const bool param_ok = s.param_dtype == DType::kNone || s.param_dtype == DType::kF32 ||
-                          s.param_dtype == DType::kBF16 || s.param_dtype == DType::kF16;
-    const bool param_mismatch = s.n != 0 && (s.param == nullptr) != (s.param_dtype == DType::kNone);
-    if (!param_ok || param_mismatch) {
-      return invalid_argument(
-          "step_q8: span {} param dtype {} with param {}: give fp32/bf16/fp16 with a "
-          "pointer, or kNone with none",
-          i, dtype_name(s.param_dtype), s.param == nullptr ? "null" : "set");
-    }
-    if (s.n == 0) continue;
-    if (s.master == nullptr || s.grad == nullptr || s.m_codes == nullptr || s.m_scales == nullptr ||
-        s.v_codes == nullptr || s.v_scales == nullptr) {
-      return invalid_argument("step_q8: span {} has n = {} but a null master, grad, codes or scales", i, s.n);
-    }
-  }
-  return Status::Ok();
 }
 
 //! Runs the gradient check the caller asked for; true when all are finite.
@@ -169,7 +137,7 @@ void q8_zero_states(const Q8Span& s) {
 }
 
 Result<StepReport> step_q8(const Q8StepArgs& a) {
-  STRATA_RETURN_IF_ERROR(validate_q8(a));
+  STRATA_RETURN_IF_ERROR(cpu::q8_validate(a));
   const Isa isa = a.isa.value_or(default_isa());
   if (!isa_supported(isa)) {
     return unavailable("kernel ISA {} was forced but this CPU lacks it; use scalar or leave the ISA unset",
@@ -216,6 +184,42 @@ Result<StepReport> step_q8(const Q8StepArgs& a) {
 }
 
 namespace cpu {
+
+Status q8_validate(const Q8StepArgs& a) {
+  STRATA_RETURN_IF_ERROR(validate_hyper(a.hyper));
+  if (a.hyper.optimizer != Optimizer::kAdam && a.hyper.optimizer != Optimizer::kAdamW) {
+    return invalid_argument("step_q8 runs adam and adamw, not {}; use step() with fp32 or bf16 states",
+                            optimizer_name(a.hyper.optimizer));
+  }
+  if (a.step < 1) return invalid_argument("step = {} must be >= 1 (1-based, after the increment)", a.step);
+  if (!std::isfinite(a.grad_scale)) return invalid_argument("grad_scale = {} is not finite", a.grad_scale);
+  if (a.check == GradCheck::kCallerChecked && a.checked == nullptr) {
+    return invalid_argument(
+        "GradCheck::kCallerChecked needs the GradStats of grad_stats() in Q8StepArgs::checked");
+  }
+  for (std::size_t i = 0; i < a.spans.size(); ++i) {
+    const Q8Span& s = a.spans[i];
+    if (s.grad_dtype != DType::kF32 && s.grad_dtype != DType::kBF16 && s.grad_dtype != DType::kF16) {
+      return invalid_argument("step_q8: span {} grad dtype {} is unsupported; use fp32, bf16 or fp16", i,
+                              dtype_name(s.grad_dtype));
+    }
+    const bool param_ok = s.param_dtype == DType::kNone || s.param_dtype == DType::kF32 ||
+                          s.param_dtype == DType::kBF16 || s.param_dtype == DType::kF16;
+    const bool param_mismatch = s.n != 0 && (s.param == nullptr) != (s.param_dtype == DType::kNone);
+    if (!param_ok || param_mismatch) {
+      return invalid_argument(
+          "step_q8: span {} param dtype {} with param {}: give fp32/bf16/fp16 with a "
+          "pointer, or kNone with none",
+          i, dtype_name(s.param_dtype), s.param == nullptr ? "null" : "set");
+    }
+    if (s.n == 0) continue;
+    if (s.master == nullptr || s.grad == nullptr || s.m_codes == nullptr || s.m_scales == nullptr ||
+        s.v_codes == nullptr || s.v_scales == nullptr) {
+      return invalid_argument("step_q8: span {} has n = {} but a null master, grad, codes or scales", i, s.n);
+    }
+  }
+  return Status::Ok();
+}
 
 const Q8Tables& q8_tables() {
   static const Q8Tables tables = make_tables();

@@ -91,6 +91,39 @@ TEST_P(MemRoofline, KeepsValuesAndWritesParam) {
   }
 }
 
+// The q8 pass (Note [Q8 roofline]): 1-byte codes and per-block scales kept too.
+TEST_P(MemRoofline, Q8PassKeepsValues) {
+  const Isa isa = GetParam();
+  if (!kernels::isa_supported(isa)) GTEST_SKIP() << "this CPU lacks " << kernels::isa_name(isa);
+  auto pool = std::move(ThreadPool::create({.threads = 1}).value());
+  for (std::size_t n :
+       {std::size_t{0}, std::size_t{1}, std::size_t{17}, std::size_t{257}, kernels::kPieceElems + 5}) {
+    SCOPED_TRACE(testing::Message() << "n " << n);
+    const std::size_t blocks = kernels::q8_blocks(n);
+    auto master = pattern(n, DType::kF32, 1), grad = pattern(n, DType::kF32, 2);
+    std::vector<unsigned char> mc(n + 1), vc(n + 1);
+    for (std::size_t i = 0; i <= n; ++i) {
+      mc[i] = static_cast<unsigned char>(i * 37 + 5);
+      vc[i] = static_cast<unsigned char>(i * 53 + 11);
+    }
+    auto ms = pattern(blocks, DType::kF32, 5), vs = pattern(blocks, DType::kF32, 6);
+    const kernels::Q8Span span{.master = reinterpret_cast<float*>(master.data() + 1),  // unaligned on purpose
+                               .grad = grad.data() + 1,
+                               .m_codes = mc.data() + 1,
+                               .m_scales = reinterpret_cast<float*>(ms.data() + 1),
+                               .v_codes = vc.data() + 1,
+                               .v_scales = reinterpret_cast<float*>(vs.data() + 1),
+                               .n = n};
+    const auto before = std::vector{master, grad, mc, vc, ms, vs};
+    const MemPass pass = mem_pass_for_q8(span);
+    for (MemVariant variant : kMemVariants) {
+      Result<MemTiming> t = run_mem_passes({&pass, 1}, pool.get(), isa, variant);
+      ASSERT_TRUE(t.ok()) << t.status().to_string() << " " << mem_variant_name(variant);
+    }
+    EXPECT_EQ((std::vector{master, grad, mc, vc, ms, vs}), before);
+  }
+}
+
 TEST_P(MemRoofline, TriadComputes) {
   const Isa isa = GetParam();
   if (!kernels::isa_supported(isa)) GTEST_SKIP() << "this CPU lacks " << kernels::isa_name(isa);
@@ -128,6 +161,16 @@ TEST(MemRoofline, BytesPerElementCountsEveryStream) {
   for (const MemPass& m : mem_passes_for_step(h, span, false)) lamb += m.bytes_per_elem();
   // phase 1: grad 2, master read 4, states rw 16; phase 2: master rw 8, states read 8, param 2.
   EXPECT_EQ(lamb, (2 + 4 + 16) + (8 + 8 + 2));
+  // q8: grad 4, master 4 + 4, codes 2 x (1 + 1), scales 2 x (4 + 4) per 256 (Note [Q8 roofline]).
+  std::vector<float> scales(2);
+  const kernels::Q8Span q8{.master = span.master,
+                           .grad = buf.data(),
+                           .m_codes = buf.data(),
+                           .m_scales = scales.data(),
+                           .v_codes = buf.data(),
+                           .v_scales = scales.data(),
+                           .n = 1};
+  EXPECT_EQ(mem_pass_for_q8(q8).bytes_per_elem(), 4 + 8 + 4 + 16.0 / 256);
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // own translation unit, built with the AVX2 flags and -ffp-contract=off: GCC
 // implements the intrinsics as vector-extension arithmetic and would contract a
 // multiply and an add into an FMA, breaking the agreement with the scalar kernel.
+#include <cstring>
+
 #include "cpu/lanes_avx2.hpp"
 #include "cpu/q8_driver.hpp"
 
@@ -49,28 +51,48 @@ namespace cpu {
 
 template <>
 struct Q8Lanes<V8q> {
+  //! map[codes[0..8)], from scalar loads (Note [Q8 lookups on AMD]).
   static V8q gather(const float* map, const std::uint8_t* codes) {
-    const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)));
-    return V8q(_mm256_i32gather_ps(map, idx, 4));
+    std::uint32_t lo, hi;
+    std::memcpy(&lo, codes, 4);
+    std::memcpy(&hi, codes + 4, 4);
+    const __m128 a = _mm_setr_ps(map[lo & 255], map[(lo >> 8) & 255], map[(lo >> 16) & 255], map[lo >> 24]);
+    const __m128 b = _mm_setr_ps(map[hi & 255], map[(hi >> 8) & 255], map[(hi >> 16) & 255], map[hi >> 24]);
+    return V8q(_mm256_set_m128(b, a));
   }
-  //! Q8Lanes<float>::quantize on 8 lanes: the same integer ops and compares.
-  static void quantize(const Q8Search& s, V8q x, std::uint8_t* out) {
+  //! Clamped |x| bits (Note [Q8 nearest-code search]).
+  static __m256i clamped_abs(__m256i bits) {
+    const __m256i a = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
+    return _mm256_max_epu32(_mm256_min_epu32(a, _mm256_set1_epi32(int(kQ8MagHi))),
+                            _mm256_set1_epi32(int(kQ8MagLo)));
+  }
+  //! Q8Lanes<float>::bucket on 8 lanes, stored as 16 bits each.
+  static void bucket(V8q x, std::uint16_t* b) {
     const __m256i bits = _mm256_castps_si256(x.v);
-    __m256i a = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
-    a = _mm256_max_epu32(_mm256_min_epu32(a, _mm256_set1_epi32(int(kQ8MagHi))),
-                         _mm256_set1_epi32(int(kQ8MagLo)));
-    const __m256i m =
-        _mm256_srli_epi32(_mm256_sub_epi32(a, _mm256_set1_epi32(int(kQ8MagLo))), kQ8BucketShift);
-    const __m256i b = _mm256_add_epi32(_mm256_set1_epi32(int(kQ8Buckets)),
-                                       _mm256_xor_si256(m, _mm256_srai_epi32(bits, 31)));
-    // A 32-bit gather at byte offsets, low byte kept (lo has 3 bytes of tail).
-    const __m256i lo = _mm256_and_si256(_mm256_i32gather_epi32(reinterpret_cast<const int*>(s.lo), b, 1),
-                                        _mm256_set1_epi32(0xff));
-    __m256i c = lo;
-    for (std::uint32_t j = 0; j < s.extra; ++j) {
-      const __m256 t = _mm256_i32gather_ps(s.thresholds, _mm256_add_epi32(lo, _mm256_set1_epi32(int(j))), 4);
-      c = _mm256_sub_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(t, x.v, _CMP_LT_OQ)));  // true is -1
-    }
+    const __m256i m = _mm256_srli_epi32(_mm256_sub_epi32(clamped_abs(bits), _mm256_set1_epi32(int(kQ8MagLo))),
+                                        kQ8BucketShift);
+    const __m256i neg = _mm256_srai_epi32(bits, 31);
+    const __m256i bk = _mm256_add_epi32(_mm256_set1_epi32(int(kQ8Buckets)), _mm256_xor_si256(m, neg));
+    _mm_store_si128(reinterpret_cast<__m128i*>(b),
+                    _mm_packus_epi32(_mm256_castsi256_si128(bk), _mm256_extracti128_si256(bk, 1)));
+  }
+  //! Q8Lanes<float>::quantize on 8 lanes: the same integer ops and compare; the
+  //! entries from scalar loads at 16-bit indices in memory (Note [Q8 lookups on AMD]).
+  static void quantize(const Q8Search& s, V8q x, const std::uint16_t* b, std::uint8_t* out) {
+    std::uint64_t lo, hi;
+    std::memcpy(&lo, b, 8);
+    std::memcpy(&hi, b + 4, 8);
+    const std::uint32_t* t = s.entry;
+    const __m256i e = _mm256_setr_epi32(
+        int(t[lo & 0xffff]), int(t[(lo >> 16) & 0xffff]), int(t[(lo >> 32) & 0xffff]), int(t[lo >> 48]),
+        int(t[hi & 0xffff]), int(t[(hi >> 16) & 0xffff]), int(t[(hi >> 32) & 0xffff]), int(t[hi >> 48]));
+    const __m256i bits = _mm256_castps_si256(x.v);
+    const __m256i mask = _mm256_set1_epi32(int(kQ8KeyMask));
+    const __m256i key =
+        _mm256_and_si256(_mm256_xor_si256(clamped_abs(bits), _mm256_srai_epi32(bits, 31)), mask);
+    // Keys are below 2^16, so the signed compare is the unsigned one; true is -1.
+    const __m256i c =
+        _mm256_sub_epi32(_mm256_srli_epi32(e, 16), _mm256_cmpgt_epi32(key, _mm256_and_si256(e, mask)));
     const __m128i w16 = _mm_packus_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packus_epi16(w16, w16));
   }

@@ -51,28 +51,33 @@ struct Q8Lanes<V16q> {
     const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
     return V16q(_mm512_mask_i32gather_ps(_mm512_setzero_ps(), 0xFFFF, idx, map, 4));
   }
-  //! Q8Lanes<float>::quantize on 16 lanes: the same integer ops and compares.
-  static void quantize(const Q8Search& s, V16q x, std::uint8_t* out) {
+  //! Clamped |x| bits (Note [Q8 nearest-code search]).
+  static __m512i clamped_abs(__m512i bits) {
+    const __m512i a = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
+    return _mm512_max_epu32(_mm512_min_epu32(a, _mm512_set1_epi32(int(kQ8MagHi))),
+                            _mm512_set1_epi32(int(kQ8MagLo)));
+  }
+  //! Q8Lanes<float>::bucket on 16 lanes, stored as 16 bits each.
+  static void bucket(V16q x, std::uint16_t* b) {
     const __m512i bits = _mm512_castps_si512(x.v);
-    __m512i a = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
-    a = _mm512_max_epu32(_mm512_min_epu32(a, _mm512_set1_epi32(int(kQ8MagHi))),
-                         _mm512_set1_epi32(int(kQ8MagLo)));
-    const __m512i m =
-        _mm512_srli_epi32(_mm512_sub_epi32(a, _mm512_set1_epi32(int(kQ8MagLo))), kQ8BucketShift);
-    const __m512i b = _mm512_add_epi32(_mm512_set1_epi32(int(kQ8Buckets)),
-                                       _mm512_xor_si512(m, _mm512_srai_epi32(bits, 31)));
-    // A 32-bit gather at byte offsets, low byte kept (lo has 3 bytes of tail).
-    const __m512i lo = _mm512_and_si512(
-        _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), 0xFFFF, b, s.lo, 1), _mm512_set1_epi32(0xff));
-    __m512i c = lo;
-    for (std::uint32_t j = 0; j < s.extra; ++j) {
-      const __m512i at = _mm512_add_epi32(lo, _mm512_set1_epi32(int(j)));
-      const __m512 t = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), 0xFFFF, at, s.thresholds, 4);
-      const __mmask16 below = _mm512_cmp_ps_mask(t, x.v, _CMP_LT_OQ);
-      c = _mm512_mask_add_epi32(c, below, c, _mm512_set1_epi32(1));
-    }
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out),
-                     _mm512_mask_cvtepi32_epi8(_mm_setzero_si128(), 0xFFFF, c));
+    const __m512i m = _mm512_srli_epi32(_mm512_sub_epi32(clamped_abs(bits), _mm512_set1_epi32(int(kQ8MagLo))),
+                                        kQ8BucketShift);
+    const __m512i neg = _mm512_srai_epi32(bits, 31);
+    const __m512i bk = _mm512_add_epi32(_mm512_set1_epi32(int(kQ8Buckets)), _mm512_xor_si512(m, neg));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(b), _mm512_cvtepi32_epi16(bk));
+  }
+  //! Q8Lanes<float>::quantize on 16 lanes: the same integer ops and compare.
+  static void quantize(const Q8Search& s, V16q x, const std::uint16_t* b, std::uint8_t* out) {
+    const __m512i idx = _mm512_cvtepu16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(b)));
+    const __m512i e = _mm512_i32gather_epi32(idx, s.entry, 4);
+    const __m512i bits = _mm512_castps_si512(x.v);
+    const __m512i mask = _mm512_set1_epi32(int(kQ8KeyMask));
+    const __m512i key =
+        _mm512_and_si512(_mm512_xor_si512(clamped_abs(bits), _mm512_srai_epi32(bits, 31)), mask);
+    const __mmask16 below = _mm512_cmplt_epu32_mask(_mm512_and_si512(e, mask), key);
+    const __m512i lo = _mm512_srli_epi32(e, 16);
+    const __m512i c = _mm512_mask_add_epi32(lo, below, lo, _mm512_set1_epi32(1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(c));
   }
   static V16q abs(V16q x) {
     return V16q(

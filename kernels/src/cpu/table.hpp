@@ -3,6 +3,7 @@
 
 #include <cstddef>
 
+#include "q8_search.hpp"
 #include "strata/common/assert.hpp"
 #include "strata/kernels/exact_sum.hpp"
 #include "strata/kernels/ops.hpp"
@@ -37,55 +38,25 @@ PieceResult run_piece_avx512(Pass, const Hyper&, const Span&, std::size_t, std::
 //! The piece function of an Isa (the one factory of Note [ISA translation units]).
 PieceFn piece_fn(Isa isa);
 
-// Note [Q8 nearest-code search]
-// code(x) = #{k < 255 : t[k] < x} over the sorted midpoints t (Note [Q8 step]
-// in q8.hpp). An 8-step binary search held AVX2 q8 AdamW to 50 Mparams/s on one
-// EPYC (Zen) core, as gathers or as scalar loads (8 dependent loads a lane;
-// the scalar kernel branch-free: 42). Instead a bucket of x's float bits gives
-// lo = code(the bucket's least value) from a byte table, and code(x) = lo + the
-// number of t[lo .. lo + extra) below x, where extra bounds the thresholds
-// inside one bucket (1 with 2^7 buckets per octave). Buckets: |x| clamped to
-// [2^-24, 2] (no threshold lies below 2^-24), (|x| bits - bits(2^-24)) >> 16,
-// mirrored for negative x so the bucket grows with x: monotone, so lo and
-// extra are exact bounds, computed at build from each bucket's end values. The
-// same integer ops and compares on every ISA. A NaN x (only from a state that
-// overflowed to Inf) lands in the outermost bucket. AVX2 q8 AdamW: 237 Mparams/s
-// on the same core (fp32 AdamW 927; the rest is mostly the gathers: 2 to
-// dequantize, 2 + 2 x extra to quantize per 8 elements).
-inline constexpr std::uint32_t kQ8BucketShift = 16;    // 23 - 7 mantissa bits
-inline constexpr std::uint32_t kQ8MagLo = 103u << 23;  // bits of 2^-24
-inline constexpr std::uint32_t kQ8MagHi = 128u << 23;  // bits of 2.0
-inline constexpr std::uint32_t kQ8Buckets = ((kQ8MagHi - kQ8MagLo) >> kQ8BucketShift) + 1;  // per sign
-inline constexpr std::uint32_t kQ8ExtraMax = 8;
-
-//! One map's search tables.
-struct Q8Search {
-  //! thresholds[k] = (map[k] + map[k+1]) / 2 for k < 255; +inf after.
-  alignas(64) float thresholds[256 + kQ8ExtraMax];
-  //! lo per bucket (2 * kQ8Buckets), then 3 bytes so a 32-bit gather at the last one stays inside.
-  alignas(64) std::uint8_t lo[2 * kQ8Buckets + 3];
-  std::uint32_t extra;  //!< thresholds to compare after lo (<= kQ8ExtraMax)
-};
-
-//! The bucket of x (Note [Q8 nearest-code search]): kQ8Buckets + m for x >= +0,
-//! kQ8Buckets - 1 - m for x <= -0, where m = (clamp(|x| bits) - kQ8MagLo) >> shift.
-inline std::uint32_t q8_bucket(std::uint32_t bits) {
-  std::uint32_t a = bits & 0x7fffffffu;
-  a = a < kQ8MagLo ? kQ8MagLo : (a > kQ8MagHi ? kQ8MagHi : a);
-  const std::uint32_t m = (a - kQ8MagLo) >> kQ8BucketShift;
-  const std::uint32_t neg = 0u - (bits >> 31);
-  return kQ8Buckets + (m ^ neg);
-}
-
-//! The q8 maps and their searches, built once (src/q8.cpp).
-struct Q8Tables {
-  alignas(64) float signed_map[256];
-  alignas(64) float unsigned_map[256];
-  Q8Search signed_search;
-  Q8Search unsigned_search;
-  std::uint8_t signed_zero;    //!< code of 0.0 in signed_map
-  std::uint8_t unsigned_zero;  //!< code of 0.0 in unsigned_map
-};
+// Note [Q8 lookups on AMD]
+// The kernel's cost is mostly its table lookups, four a parameter: two map
+// entries to dequantize m and v, two search entries to quantize them. On this
+// machine's EPYC (Zen 3, AVX2 only) an 8-lane vpgatherdd costs about 0.45 ns a
+// lane, 8 scalar loads put into a vector with inserts about 0.25 ns a lane (a
+// loop of each over a 64 KiB buffer), when the indices come from memory a few
+// at a time: the codes as bytes (two 32-bit loads and shifts for 8), the
+// buckets as 16 bits (kQ8Buckets * 2 < 2^16), written to a block buffer by a
+// loop before the one that looks them up. Taking indices out of a vector with
+// vpextrd costs more than the gather saves. The AVX2 kernel at 1 thread, 16 M
+// params, CPU time: all four by gather 334 Mparams/s; dequantizing by scalar
+// loads and quantizing by gather 414-427; all four by scalar loads (the
+// buckets by vpextrd) 382; all four by scalar loads from 16-bit indices in
+// memory (this code) 433-438, and 493 against 438 in cache. The AVX-512 kernel
+// gathers: fast on the Intel cores that have AVX-512 (not measured here). Every
+// way gives the same values.
+//! step_q8's checks of its arguments (src/q8.cpp), shared with cuda_step_q8:
+//! InvalidArgument naming what is wrong.
+Status q8_validate(const Q8StepArgs& args);
 
 //! The tables, built on first use. Thread-safe.
 const Q8Tables& q8_tables();

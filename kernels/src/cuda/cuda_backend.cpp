@@ -5,7 +5,9 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/table.hpp"
 #include "cuda/cuda_launch.hpp"
+#include "cuda/cuda_q8.hpp"
 #include "orchestrate.hpp"
 #include "strata/common/cuda_check.hpp"
 #include "strata/kernels/cuda.hpp"
@@ -222,6 +224,37 @@ Result<GradStats> cuda_grad_stats(std::span<const Span> spans, float grad_scale,
   STRATA_RETURN_IF_ERROR(cuda_probe());
   std::vector<double> per_span(spans.size());
   return detail::run_grad_stats(cuda_runner(stream, shape), spans, grad_scale, per_span);
+}
+
+Result<StepReport> cuda_step_q8(const Q8StepArgs& a, void* stream) {
+  STRATA_RETURN_IF_ERROR(cpu::q8_validate(a));
+  STRATA_RETURN_IF_ERROR(cuda_probe());
+  bool finite = true;
+  if (a.check == GradCheck::kCallerChecked) {
+    finite = a.checked->finite;
+  } else {  // the check on the device, as cuda_step's kSeparatePass
+    std::vector<Span> grads(a.spans.size());
+    for (std::size_t i = 0; i < a.spans.size(); ++i) {
+      grads[i].grad = a.spans[i].grad;
+      grads[i].grad_dtype = a.spans[i].grad_dtype;
+      grads[i].n = a.spans[i].n;
+    }
+    STRATA_ASSIGN_OR_RETURN(GradStats stats, cuda_grad_stats(grads, a.grad_scale, stream));
+    finite = stats.finite;
+  }
+  if (!finite) return StepReport{.grads_finite = false, .applied = false};
+  bool nonfinite = false;
+  const char* what = "";
+  STRATA_RETURN_IF_ERROR(
+      launch_status(cudak::q8_run(stream, a.spans.data(), a.spans.size(), adam_coeffs(a.hyper, a.step),
+                                  a.grad_scale, cpu::q8_tables(), &nonfinite, &what),
+                    what));
+  if (nonfinite) {
+    return failed_precondition(
+        "cuda_step_q8: a gradient was Inf/NaN in the fused pass although the check said finite: gradients "
+        "changed between the check and the step; states are now updated with them");
+  }
+  return StepReport{.grads_finite = true, .applied = true};
 }
 
 Result<double> cuda_triad_gb_s(std::size_t n, int repeats) {

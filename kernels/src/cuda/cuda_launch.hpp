@@ -10,6 +10,16 @@
 #include "strata/kernels/grid_index.hpp"
 #include "strata/kernels/ops.hpp"
 
+//! In the nvcc-compiled files: returns the cudaError_t of a failed call as int, naming it in *what.
+#define STRATA_CUDAK_TRY(expr)     \
+  do {                             \
+    cudaError_t e_ = (expr);       \
+    if (e_ != cudaSuccess) {       \
+      *what = #expr;               \
+      return static_cast<int>(e_); \
+    }                              \
+  } while (0)
+
 namespace strata::kernels::cudak {
 
 //! Device and pinned host buffers of passes, grown on demand and reused (no

@@ -58,15 +58,6 @@ __global__ void triad_kernel(float* a, const float* b, const float* c, float s, 
     a[i] = b[i] + s * c[i];
 }
 
-#define STRATA_CUDAK_TRY(expr)     \
-  do {                             \
-    cudaError_t e_ = (expr);       \
-    if (e_ != cudaSuccess) {       \
-      *what = #expr;               \
-      return static_cast<int>(e_); \
-    }                              \
-  } while (0)
-
 }  // namespace
 
 //! A device buffer and its pinned host twin, grown (never shrunk) on demand.

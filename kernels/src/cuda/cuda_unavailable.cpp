@@ -44,6 +44,9 @@ Result<StepReport> cuda_step_finish(CudaStepScratch&) {
 Result<GradStats> cuda_grad_stats(std::span<const Span>, float, void*, const GridShape&) {
   return no_cuda();
 }
+Result<StepReport> cuda_step_q8(const Q8StepArgs&, void*) {
+  return no_cuda();
+}
 Result<double> cuda_triad_gb_s(std::size_t, int) {
   return no_cuda();
 }

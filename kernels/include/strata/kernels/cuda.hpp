@@ -10,6 +10,7 @@
 #include "strata/common/status.hpp"
 #include "strata/kernels/grid.hpp"
 #include "strata/kernels/optim.hpp"
+#include "strata/kernels/q8.hpp"
 
 namespace strata::kernels {
 
@@ -93,6 +94,13 @@ Result<StepReport> cuda_step_finish(CudaStepScratch& scratch);
 //! grad_stats() on the GPU (same conditions as cuda_step).
 Result<GradStats> cuda_grad_stats(std::span<const Span> spans, float grad_scale, void* stream = nullptr,
                                   const GridShape& shape = {});
+
+//! step_q8() on the GPU (Note [Q8 on CUDA] in kernels/src/cuda/cuda_q8.cu): the
+//! spans' buffers in device or managed memory; args.pool and args.isa are
+//! ignored; kSeparatePass checks the gradients on the device first. The same
+//! bits as the CPU kernels. Runs on `stream` (a cudaStream_t, null = default)
+//! and blocks until done. Fails as step_q8(), plus Unavailable/Internal from CUDA.
+Result<StepReport> cuda_step_q8(const Q8StepArgs& args, void* stream = nullptr);
 
 //! Device STREAM triad a = b + s c over n floats, timed with events: the best
 //! GB/s (3 x 4 bytes per element) of `repeats` runs. For the GPU benchmark's baseline.

@@ -17,18 +17,18 @@
 // signed map, v the unsigned one, as in bitsandbytes' 8-bit Adam and torchao.
 //
 // Note [Q8 step]
-// Per block: codes -> map[code] * scale (dequantized in registers), the Adam
+// Per block: codes -> map[code] * scale (dequantized in the same pass over memory,
+// through a block buffer in L1: Note [Q8 passes over a block]), the Adam
 // rule of rules/adam.hpp on fp32 values, a new scale = max |x| over the block,
 // codes re-chosen as the nearest map entry of x * (1 / scale) (scale 0: the
 // code of 0). Nearest is defined by the 255 midpoints t[k] = (map[k] +
 // map[k+1]) / 2 in float: code = the number of t[k] < x (a tie goes to the
-// lower code), found by a bucket of x's bits and one or two compares
-// (Note [Q8 nearest-code search] in kernels/src/cpu/table.hpp), the same integer
-// ops and comparisons on every ISA. The rule's a*b+c is unfused on every ISA here (the fp32 step fuses it on
-// AVX2/AVX-512; the q8 files are built with -ffp-contract=off so that GCC does
-// not fuse it either), so scalar, AVX2 and AVX-512 give the same bits as a
-// plain C++ reference: every operation is a correctly rounded IEEE op or an
-// exact max/compare, in the same order on every lane. Blocks start at each span's
+// lower code), found by a bucket of x's bits, one table entry and one integer
+// compare (Note [Q8 nearest-code search] in kernels/src/q8_search.hpp), the same
+// integer ops and comparison on every ISA. The rule's a*b+c is unfused on every ISA here (the fp32 step fuses
+// it on AVX2/AVX-512; the q8 files are built with -ffp-contract=off so that GCC does not fuse it either), so
+// scalar, AVX2 and AVX-512 give the same bits as a plain C++ reference: every operation is a correctly
+// rounded IEEE op or an exact max/compare, in the same order on every lane. Blocks start at each span's
 // element 0 and are independent, so results do not depend on the thread count.
 
 #include <array>
@@ -38,37 +38,15 @@
 #include <span>
 
 #include "strata/kernels/optim.hpp"
+#include "strata/kernels/q8_span.hpp"
 
 namespace strata::kernels {
-
-//! Elements per quantization block (one fp32 scale each).
-inline constexpr std::size_t kQ8BlockElems = 256;
 
 //! The signed dynamic map (for m), sorted ascending (Note [Dynamic quantization maps]).
 //! Computed once on first use; thread-safe.
 const std::array<float, 256>& q8_signed_map();
 //! The unsigned dynamic map (for v), sorted ascending.
 const std::array<float, 256>& q8_unsigned_map();
-
-//! Scale blocks of a span of n elements: ceil(n / kQ8BlockElems).
-constexpr std::size_t q8_blocks(std::size_t n) {
-  return (n + kQ8BlockElems - 1) / kQ8BlockElems;
-}
-
-//! One tensor (or slice starting at a block boundary) with 8-bit Adam states.
-//! Non-owning; the caller keeps the memory alive and unshared for the call.
-struct Q8Span {
-  float* master = nullptr;     //!< fp32 master, read and written
-  const void* grad = nullptr;  //!< gradient, grad_dtype (fp32, bf16 or fp16)
-  DType grad_dtype = DType::kF32;
-  void* param = nullptr;             //!< param copy written in the same pass; may be null
-  DType param_dtype = DType::kNone;  //!< kNone when param is null
-  std::uint8_t* m_codes = nullptr;   //!< n indices into q8_signed_map()
-  float* m_scales = nullptr;         //!< q8_blocks(n) absmax scales of m
-  std::uint8_t* v_codes = nullptr;   //!< n indices into q8_unsigned_map()
-  float* v_scales = nullptr;         //!< q8_blocks(n) absmax scales of v
-  std::size_t n = 0;                 //!< elements; the last block may be partial
-};
 
 //! One q8 call's work: as StepArgs, with Q8Spans.
 struct Q8StepArgs {
