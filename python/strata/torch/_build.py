@@ -210,6 +210,13 @@ class _Building:
             raise ValueError(f"strata.torch: precision.compute = {precision['compute']!r} but the model's "
                              f"parameters are {self.dtype}; leave it out or convert the model")
         precision["compute"] = want
+        states = settings.get("_states") if settings is not None else None
+        if states is not None:  # the optimizer's state_dtype= (Note [Optimizer state dtype] in optim.py)
+            given = precision.get("states")
+            if given is not None and given != states:
+                raise ValueError(f"strata.torch: the config says precision.states = {given!r} but the optimizer's "
+                                 f"state_dtype asks for {states!r}; give it in one place")
+            precision["states"] = states
         cfg["precision"] = precision
         largest = max((p.numel() for p in self.params), default=None)
         _layout.search_bounds(cfg, want, largest)  # Note [Chunk search bounds] in _layout.py

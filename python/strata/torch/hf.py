@@ -34,7 +34,11 @@ from . import _processes, _wrap, optim
 
 # Trainer's optimizer names (TrainingArguments.optim) that map onto a strata optimizer.
 _OPTIMIZERS = {"adamw_torch": optim.AdamW, "adamw_torch_fused": optim.AdamW, "adamw_hf": optim.AdamW,
-               "sgd": optim.SGD, "adagrad": optim.Adagrad, "lion_32bit": optim.Lion}
+               "sgd": optim.SGD, "adagrad": optim.Adagrad, "lion_32bit": optim.Lion,
+               # bitsandbytes' and torchao's 8-bit AdamW: strata's blockwise 8-bit states, the same maps and
+               # blocks of 256 (Note [Optimizer state dtype] in optim.py)
+               "adamw_bnb_8bit": optim.AdamW, "adamw_8bit": optim.AdamW, "adamw_torch_8bit": optim.AdamW}
+_EIGHT_BIT = ("adamw_bnb_8bit", "adamw_8bit", "adamw_torch_8bit")
 
 
 def trainer_config(config, args):
@@ -93,7 +97,8 @@ def create_optimizer(model, args):
               {"params": [p for n, p in params if n not in decay], "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
     if cls is optim.AdamW:
-        return cls(groups, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
+        return cls(groups, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
+                   state_dtype="int8" if name in _EIGHT_BIT else None)
     if cls is optim.Lion:
         return cls(groups, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2))
     return cls(groups, lr=args.learning_rate)

@@ -89,7 +89,8 @@ class _StrataOptimizer(_TorchFormat, torch.optim.Optimizer):
         opt.update(self._hyper(self.param_groups[0]))
         trainable = {id(p) for g in self.param_groups for p in g["params"] if p.requires_grad}
         return {"optimizer": opt, "clip_max_norm": self.max_grad_norm,
-                "loss_scaling": self._loss_scale is not None, "_trainable": trainable}
+                "loss_scaling": self._loss_scale is not None, "_trainable": trainable,
+                "_states": getattr(self, "_state_dtype", None)}
 
     def _assign_groups(self):
         engine = self._wrapped.engine
@@ -189,15 +190,44 @@ class _StrataOptimizer(_TorchFormat, torch.optim.Optimizer):
         self._wrapped.engine.load_checkpoint(os.fspath(directory))
 
 
+# Note [Optimizer state dtype]
+# AdamW's and Adam's state_dtype= sets the config's precision.states for the runtime this optimizer
+# builds: "fp32", "bf16", or "int8" (the runtime's "q8": blockwise 8-bit m and v, one fp32 scale per
+# 256 elements, bitsandbytes' dynamic maps; Note [Q8 state chunks] in runtime/src/pipeline/q8_states.cpp).
+# None keeps the config's (fp32 by default). A config that names another is refused, naming both.
+# state_dict() gives the states dequantized to fp32, torch.optim's format; load_state_dict()
+# quantizes them back, as a checkpoint's conversion does (docs/checkpoint.md): each value comes back
+# within one code of the map, not exactly (a block whose largest |m| is negative holds it at the signed
+# map's -0.99297, which has no -1, so quantizing again rescales the block), so a resume through
+# state_dict() (Hugging Face Trainer's optimizer.pt) is not bit-exact with int8 states.
+# opt.save_checkpoint() keeps the codes and scales as they are: a resume from it is.
+# Trainer's optim names adamw_bnb_8bit, adamw_8bit and adamw_torch_8bit map to state_dtype "int8"
+# (strata.torch.hf.create_optimizer). The data-parallel runtime refuses q8 states so far.
+_STATE_DTYPES = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16", "int8": "q8", "q8": "q8"}
+
+
+def _state_dtype(owner, value):
+    """The runtime's precision.states for state_dtype= (Note [Optimizer state dtype]); None for None."""
+    if value is None:
+        return None
+    if isinstance(value, torch.dtype):
+        value = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.int8: "int8"}.get(value, str(value))
+    if value not in _STATE_DTYPES:
+        raise ValueError(f"{owner}: state_dtype = {value!r}: use \"fp32\", \"bf16\" or \"int8\" (8-bit blockwise "
+                         "states), or leave it out for the config's precision.states")
+    return _STATE_DTYPES[value]
+
+
 class AdamW(_StrataOptimizer):
     """torch.optim.AdamW, run by strata (decoupled weight decay)."""
 
     _name = "adamw"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
-                 max_grad_norm=0.0, loss_scale=None):
+                 max_grad_norm=0.0, loss_scale=None, state_dtype=None):
         if amsgrad:
             raise ValueError(f"{type(self).__name__}: amsgrad is not supported by strata's kernels")
+        self._state_dtype = _state_dtype(type(self).__name__, state_dtype)
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=False),
                          max_grad_norm, loss_scale)
 
@@ -212,9 +242,9 @@ class Adam(AdamW):
     _name = "adam"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
-                 max_grad_norm=0.0, loss_scale=None):
+                 max_grad_norm=0.0, loss_scale=None, state_dtype=None):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, max_grad_norm=max_grad_norm,
-                         loss_scale=loss_scale)
+                         loss_scale=loss_scale, state_dtype=state_dtype)
 
 
 class LAMB(_StrataOptimizer):
