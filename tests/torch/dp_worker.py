@@ -38,6 +38,7 @@ CASES = {
     "adamw_clip": ("encoder", "adamw", {"lr": 1e-3, "weight_decay": 0.01}, 4, 0.5, "host"),
     "adamw_nvme": ("tied", "adamw", {"lr": 1e-3}, 3, None, "nvme"),
     "lamb": ("mlp", "lamb", {"lr": 1e-3}, 3, None, "host"),
+    "unused": ("frozen_unused", "adamw", {"lr": 1e-3}, 4, None, "host"),
     "gpt_deferred": ("gpt_deferred", "adamw", {"lr": 1e-3, "weight_decay": 0.01}, 3, 1.0, "host"),
     "hf_gpt2": ("hf_gpt2", "adamw", {"lr": 1e-3, "weight_decay": 0.01}, 3, 1.0, "host"),
     "hf_llama": ("hf_llama", "sgd", {"lr": 0.05, "momentum": 0.9}, 3, None, "host"),
@@ -117,6 +118,8 @@ def _train(case, rank, world, nvme_dir, micro, fault, ckpt):
         opt.load_checkpoint(ckpt)  # torchrun restarted the job: go on from the last checkpoint
         first = model.strata.engine.tensor_steps(0)
     for step in range(first, steps):
+        if hasattr(model, "use_branch"):
+            model.use_branch = step % 2 == 0  # FrozenUnused: a branch that gets no gradient on odd steps
         marker = os.path.join(os.path.dirname(ckpt or "."), "killed")
         if fault == "kill-once" and step == 2 and rank == world - 1 and not os.path.exists(marker):
             open(marker, "w").close()  # the job that runs after this one trains on

@@ -39,7 +39,7 @@ def run_ranks(world, case, fault=None, timeout=80, ckpt=None):
 
 
 @pytest.mark.parametrize("world,case", [(2, "sgd"), (2, "adamw_clip"), (4, "adamw_clip"), (2, "adamw_nvme"),
-                                        (2, "lamb"), (2, "gpt_deferred")])
+                                        (2, "lamb"), (2, "gpt_deferred"), (2, "unused")])
 def test_ranks_are_bit_identical_to_one_process(world, case, tmp_path):
     results, saved = run_ranks(world, case)
     for rank, (rc, out) in enumerate(results):
