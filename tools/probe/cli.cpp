@@ -142,7 +142,7 @@ int cli_main(int argc, char** argv) {
   app.add_option("--optimizer", s.optimizer, "adamw, adam, lamb, lars, sgd, lion, adagrad")
       ->capture_default_str();
   app.add_option("--precision", s.precision, "compute dtype: fp32, bf16, fp16")->capture_default_str();
-  app.add_option("--state-dtype", s.state_dtype,
+  app.add_option("--state-dtype,--states", s.state_dtype,
                  "optimizer state dtype: fp32, bf16, q8 (8-bit adamw/adam states)")
       ->capture_default_str();
   app.add_option("--device", s.device, "auto, sim or cuda")->capture_default_str();
