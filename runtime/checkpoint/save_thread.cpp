@@ -258,7 +258,10 @@ static Result<bool> write_family(SaveState& s, FamilyId f, FamilyFile& file, boo
           {"dtype", std::string(runtime::dtype_name(dtype))}, {"offset", file.w->size()}};
       file.w->append(base + ts.offset_elems * esize, ts.numel * esize);
       if (dtype == DType::kQ8) {  // its block scales after its codes (Note [Q8 checkpoints] in q8_states.cpp)
-        file.w->append(base + fam.shard_elems + ts.offset_elems / runtime::kQ8BlockElems * 4,
+        // The scales follow the chunk's codes: this rank's shard, or all of them once gathered.
+        const std::uint64_t codes =
+            s.sharded ? fam.shard_elems * static_cast<std::uint64_t>(s.src.ranks()) : fam.shard_elems;
+        file.w->append(base + codes + ts.offset_elems / runtime::kQ8BlockElems * 4,
                        4 * ((ts.numel + runtime::kQ8BlockElems - 1) / runtime::kQ8BlockElems));
       }
     }

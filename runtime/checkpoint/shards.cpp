@@ -2,6 +2,9 @@
 // masters and states from their shards before the save thread starts (Note
 // [Sharded checkpoint]), so the writer sees the same pieces as on one rank.
 
+#include <cstring>
+#include <vector>
+
 #include "checkpoint.hpp"
 #include "strata/checkpoint/test_hooks.hpp"
 
@@ -15,6 +18,22 @@ namespace strata::checkpoint::detail {
 //! part fails (memory, reading its shard) aborts the group with the cause, so the
 //! others' collectives fail at once instead of waiting out the comm timeout.
 //! The lock held.
+namespace {
+
+//! W gathered q8 shards, each `elems` codes then elems / kQ8BlockElems scales, in
+//! place into the whole chunk's layout: every rank's codes in rank order, then
+//! every rank's scales (Note [Q8 state chunks]; save_thread.cpp reads it so).
+void regroup_q8_shards(std::byte* whole, std::uint64_t elems, std::uint64_t w) {
+  const std::uint64_t scales = elems / runtime::kQ8BlockElems * 4, shard = elems + scales;
+  std::vector<std::byte> copy(whole, whole + shard * w);
+  for (std::uint64_t r = 0; r < w; ++r) {
+    std::memcpy(whole + r * elems, copy.data() + r * shard, elems);
+    std::memcpy(whole + w * elems + r * scales, copy.data() + r * shard + elems, scales);
+  }
+}
+
+}  // namespace
+
 Status assemble_shards(std::unique_lock<std::mutex>& lock, SaveState& s) {
   Source& src = s.src;
   const Description& d = s.desc;
@@ -47,7 +66,12 @@ Status assemble_shards(std::unique_lock<std::mutex>& lock, SaveState& s) {
         if (!st.ok()) break;
         continue;
       }
-      const std::uint64_t shard = fam.shard_elems * esize;  // a multiple of 4 bytes (kShardAlignElems)
+      // A multiple of 4 bytes (kShardAlignElems). A q8 state's shard is its codes then
+      // its blocks' scales (Note [Q8 state chunks]); gathered as one piece per rank and
+      // laid out again below as the whole chunk's codes, then its scales.
+      const bool q8 = d.kind_dtype[static_cast<std::size_t>(k)] == DType::kQ8;
+      const std::uint64_t shard =
+          fam.shard_elems * esize + (q8 ? fam.shard_elems / runtime::kQ8BlockElems * 4 : 0);
       mine.resize(shard);
       st = src.read_chunk(lock, f, k, [&](const std::byte* h) { std::memcpy(mine.data(), h, shard); });
       if (!st.ok()) break;
@@ -67,6 +91,7 @@ Status assemble_shards(std::unique_lock<std::mutex>& lock, SaveState& s) {
       st = src.all_gather(lock, whole, shard);
       collective_failed = !st.ok();
       if (!st.ok()) break;
+      if (q8) regroup_q8_shards(whole, fam.shard_elems, w);
     }
     if (!st.ok()) {
       release_pieces(s, pieces);

@@ -99,8 +99,8 @@ Status validate_plan(const RuntimeOptions& o) {
 }
 
 //! The checks for state_dtype q8 (Note [Q8 state chunks] in
-//! runtime/src/pipeline/q8_states.cpp): the optimizer, data parallelism, a fixed
-//! chunk size. Ok for any other state dtype.
+//! runtime/src/pipeline/q8_states.cpp): the optimizer, a fixed chunk size. Ok for
+//! any other state dtype.
 Status validate_q8_options(const RuntimeOptions& o) {
   if (o.state_dtype != DType::kQ8) return Status::Ok();
   const kernels::Optimizer opt = o.hyper.optimizer;
@@ -109,13 +109,6 @@ Status validate_q8_options(const RuntimeOptions& o) {
         "optimizer {} has no 8-bit state rule; use precision.states (state_dtype) fp32 or bf16, or optimizer "
         "adamw or adam",
         kernels::optimizer_name(opt));
-  }
-  if (o.comm != nullptr && o.comm->size() > 1) {
-    return invalid_argument(
-        "precision.states q8 with {} data-parallel ranks: a rank's shard of a chunk (whole 64-element "
-        "groups, Note [Sharded step]) can cut a tensor's 256-element scale block, which the runtime does not "
-        "serve yet; train q8 states on one rank, or use fp32 or bf16 states with data parallelism",
-        o.comm->size());
   }
   if (o.layout.chunk_elems % kQ8BlockElems != 0) {
     return invalid_argument(

@@ -186,8 +186,9 @@ LayoutOptions q8_layout_options(const LayoutOptions& options) {
 
 //! Note [Sharded step]: every chunk splits into W equal, aligned shards. The
 //! same on every rank (DataParallel::check_config compares chunk_elems and the ranks).
-void pad_to_shards(ChunkLayout& layout, int ranks) {
-  const std::uint64_t unit = static_cast<std::uint64_t>(ranks) * kShardAlignElems;
+//! With q8 states a shard is whole scale blocks (Note [Q8 state chunks]).
+void pad_to_shards(ChunkLayout& layout, int ranks, std::uint64_t align) {
+  const std::uint64_t unit = static_cast<std::uint64_t>(ranks) * align;
   auto round_up = [unit](std::uint64_t x) { return (x + unit - 1) / unit * unit; };  // W need not be 2^k
   layout.chunk_elems = round_up(layout.chunk_elems);
   layout.capacity_total_elems = 0;
@@ -213,7 +214,8 @@ Status Runtime::Impl::finalize(std::unique_lock<std::mutex>& lock) {
   const LayoutOptions layout_options =
       core().opt.state_dtype == DType::kQ8 ? q8_layout_options(core().opt.layout) : core().opt.layout;
   STRATA_ASSIGN_OR_RETURN(ChunkLayout layout, build_layout(numels, order, layout_options));
-  if (core().dp_ranks() > 1) pad_to_shards(layout, core().dp_ranks());
+  if (core().dp_ranks() > 1)
+    pad_to_shards(layout, core().dp_ranks(), shard_align_elems(core().opt.state_dtype));
   core().set_layout(std::move(layout));
   STRATA_RETURN_IF_ERROR(dp().check_config(lock));
   const std::uint64_t cb = dtype_bytes(core().opt.compute_dtype);

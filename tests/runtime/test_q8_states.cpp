@@ -350,15 +350,8 @@ TEST(Q8StatesOptions, RefusedWithoutAnEightBitRuleNamingThePair) {
   auto rt = Runtime::create(*device, ro);
   ASSERT_FALSE(rt.ok());
   EXPECT_NE(rt.status().message().find("whole 256-element scale blocks"), std::string::npos) << rt.status();
-  // Data parallelism: a rank's shard can cut a tensor's block.
-  auto group = comm::make_local_group(2, {});
-  ASSERT_TRUE(group.ok()) << group.status();
-  ro = options({Place::kHost, DType::kF32, 1}, 64 * kMiB, {});
-  ro.comm = std::move((*group)[0]);
-  rt = Runtime::create(*device, ro);
-  ASSERT_FALSE(rt.ok());
-  EXPECT_NE(rt.status().message().find("precision.states q8 with 2 data-parallel ranks"), std::string::npos)
-      << rt.status();
+  // (Data parallelism is served: shards are whole scale blocks, shard_align_elems; strata.torch's
+  // tests/torch/test_data_parallel.py trains q8 states at W = 2 and 4 bit-identically to one rank.)
   ro = options({Place::kHost, DType::kF32, 1}, 64 * kMiB, {});
   ro.compute_dtype = DType::kQ8;
   rt = Runtime::create(*device, ro);

@@ -39,6 +39,8 @@ CASES = {
     "adamw_nvme": ("tied", "adamw", {"lr": 1e-3}, 3, None, "nvme"),
     "lamb": ("mlp", "lamb", {"lr": 1e-3}, 3, None, "host"),
     "unused": ("frozen_unused", "adamw", {"lr": 1e-3}, 4, None, "host"),
+    "int8": ("encoder", "adamw", {"lr": 1e-3, "weight_decay": 0.01, "state_dtype": "int8"}, 3, 0.5, "host"),
+    "int8_nvme": ("tied", "adamw", {"lr": 1e-3, "state_dtype": "int8"}, 3, None, "nvme"),
     "gpt_deferred": ("gpt_deferred", "adamw", {"lr": 1e-3, "weight_decay": 0.01}, 3, 1.0, "host"),
     "hf_gpt2": ("hf_gpt2", "adamw", {"lr": 1e-3, "weight_decay": 0.01}, 3, 1.0, "host"),
     "hf_llama": ("hf_llama", "sgd", {"lr": 0.05, "momentum": 0.9}, 3, None, "host"),

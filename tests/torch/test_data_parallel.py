@@ -39,7 +39,8 @@ def run_ranks(world, case, fault=None, timeout=80, ckpt=None):
 
 
 @pytest.mark.parametrize("world,case", [(2, "sgd"), (2, "adamw_clip"), (4, "adamw_clip"), (2, "adamw_nvme"),
-                                        (2, "lamb"), (2, "gpt_deferred"), (2, "unused")])
+                                        (2, "lamb"), (2, "gpt_deferred"), (2, "unused"), (2, "int8"),
+                                        (4, "int8"), (2, "int8_nvme")])
 def test_ranks_are_bit_identical_to_one_process(world, case, tmp_path):
     results, saved = run_ranks(world, case)
     for rank, (rc, out) in enumerate(results):
@@ -68,12 +69,13 @@ def assert_same_opt_state(got, want, where):
             assert (g is None and v is None) or torch.equal(g, v), f"{where}: state {i} {k} differs"
 
 
-def test_a_checkpoint_saved_at_two_ranks_loads_in_one_process(tmp_path):
+@pytest.mark.parametrize("case", ["adamw_nvme", "int8_nvme"])
+def test_a_checkpoint_saved_at_two_ranks_loads_in_one_process(case, tmp_path):
     ckpt = tmp_path / "ckpt"
-    results, saved = run_ranks(2, "adamw_nvme", ckpt=str(ckpt))
+    results, saved = run_ranks(2, case, ckpt=str(ckpt))
     for rank, (rc, out) in enumerate(results):
         assert rc == 0 and out.rstrip().endswith("ok"), f"rank {rank} (exit {rc}):\n{out}"
-    name, opt_name, hyper, _, _, tiers = CASES["adamw_nvme"]
+    name, opt_name, hyper, _, _, tiers = CASES[case]
     model, _ = make(name, seed=7)
     nvme = tmp_path / "nvme-load"
     nvme.mkdir()

@@ -202,7 +202,7 @@ class _StrataOptimizer(_TorchFormat, torch.optim.Optimizer):
 # state_dict() (Hugging Face Trainer's optimizer.pt) is not bit-exact with int8 states.
 # opt.save_checkpoint() keeps the codes and scales as they are: a resume from it is.
 # Trainer's optim names adamw_bnb_8bit, adamw_8bit and adamw_torch_8bit map to state_dtype "int8"
-# (strata.torch.hf.create_optimizer). The data-parallel runtime refuses q8 states so far.
+# (strata.torch.hf.create_optimizer). Under data parallelism each rank holds whole 256-element blocks.
 _STATE_DTYPES = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16", "int8": "q8", "q8": "q8"}
 
 

@@ -407,8 +407,12 @@ void DataParallel::check_invariants() const {
   }
   STRATA_CHECK(rounds_posted_ <= core_.layout().families.size());
   for (FamilyId f = 0; f < core_.layout().families.size(); ++f) {
-    // Shards are whole 64-element groups (Note [Exact norms] in kernels/exact_sum.hpp).
-    if (w > 1) STRATA_CHECK(core_.layout().families[f].capacity_elems % (w * kShardAlignElems) == 0);
+    // Shards are whole 64-element groups (Note [Exact norms] in kernels/exact_sum.hpp), whole
+    // 256-element scale blocks with q8 states (Note [Q8 state chunks]).
+    if (w > 1) {
+      STRATA_CHECK(
+          core_.layout().families[f].capacity_elems % (w * shard_align_elems(core_.opt.state_dtype)) == 0);
+    }
     // Masters and states hold (at least) this rank's shard.
     for (StateKind k : {StateKind::kMaster, StateKind::kState0, StateKind::kState1}) {
       const Chunk& c = core_.chunks().at(f, k);

@@ -32,10 +32,15 @@
 // Checkpoints save the codes and scales as they are and convert from and to fp32
 // and bf16 states on load (Note [Q8 checkpoints] in runtime/checkpoint/q8_states.cpp).
 //
+// Data parallelism (Note [Sharded step]): with q8 states a shard is whole blocks
+// (shard_align_elems: capacities are multiples of W x 256), so, tensors starting on
+// a block, every part of a tensor a rank updates starts on one of the tensor's
+// blocks, and a rank's state chunk is its shard's codes then its shard's scales. A
+// checkpoint save gathers the W shards and lays them out again as the whole chunk's
+// codes then scales (regroup_q8_shards in runtime/checkpoint/shards.cpp).
+//
 // Not served, and refused: optimizers without an 8-bit rule (only adam and adamw
-// have one); data parallelism (a rank's shard is whole 64-element groups, Note
-// [Sharded step], which can cut a tensor's block and start a rank's part mid-block);
-// a fixed layout.chunk_elems that is not whole blocks; leases on state0/state1 (codes
+// have one); a fixed layout.chunk_elems that is not whole blocks; leases on state0/state1 (codes
 // are not values: read_tensor dequantizes, write_tensor quantizes); the CUDA
 // optimizer, which has no q8 kernel yet: on a CUDA device the plan keeps q8 states
 // on host and NVMe (plan_adoption.cpp), where the CPU kernel runs.

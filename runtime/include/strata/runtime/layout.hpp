@@ -60,6 +60,12 @@ struct FamilyLayout {
 //! and optimizer states (Note [Sharded step] in runtime/src/dp/data_parallel.cpp):
 //! 64 B or more of any dtype, so every shard starts aligned for the kernels.
 inline constexpr std::uint64_t kShardAlignElems = 64;
+//! The shard alignment for a state dtype: q8 states' shards are whole scale
+//! blocks (kQ8BlockElems; Note [Q8 state chunks] in runtime/src/pipeline/q8_states.cpp),
+//! so that no shard boundary cuts a tensor's block.
+constexpr std::uint64_t shard_align_elems(DType state_dtype) {
+  return state_dtype == DType::kQ8 ? kQ8BlockElems : kShardAlignElems;
+}
 
 //! The result of packing. Immutable once built.
 struct ChunkLayout {
