@@ -168,7 +168,8 @@ def main():
     nvme_dir = os.path.join(os.path.dirname(out), f"nvme-{rank}")
     os.makedirs(nvme_dir, exist_ok=True)
     try:
-        losses, state, opt_state = train(case, rank, world, nvme_dir, fault=fault, ckpt=ckpt)
+        micro = 2 if fault == "accum2" else 1  # two micro-batches of gradient accumulation per rank
+        losses, state, opt_state = train(case, rank, world, nvme_dir, micro=micro, fault=fault, ckpt=ckpt)
     except Exception as e:  # noqa: BLE001 - the test reads the message
         print(f"rank {rank} failed: {type(e).__name__}: {e}", flush=True)
         traceback.print_exc()

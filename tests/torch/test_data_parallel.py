@@ -113,3 +113,18 @@ def test_hf_trainer_under_torchrun_is_refused_before_anything_changes():
     results, _ = run_ranks(2, "sgd", "trainer")
     for rank, (rc, out) in enumerate(results):
         assert rc == 3 and f"this process is rank {rank} of 2, and Trainer under torchrun" in out, out
+
+
+def test_gradient_accumulation_on_each_rank_trains_close_to_one_process(tmp_path):
+    """W = 2 ranks with 2 micro-batches each against one process with the same 4: the sums are
+    ((g00 + g01) + (g10 + g11)) against (((g00 + g01) + g10) + g11), so the result is close, not
+    bit-identical (Note [Ranks under torchrun])."""
+    results, saved = run_ranks(2, "adamw_clip", "accum2")
+    for rank, (rc, out) in enumerate(results):
+        assert rc == 0 and out.rstrip().endswith("ok"), f"rank {rank} (exit {rc}):\n{out}"
+    ref_losses, ref_state, _ = train("adamw_clip", 0, 1, str(tmp_path), micro=4)
+    assert torch.allclose(saved[0]["losses"][0] * 0.5, ref_losses[0])  # the first step's are exact
+    for k, v in ref_state.items():
+        assert torch.equal(saved[0]["state"][k], saved[1]["state"][k]), k  # every rank the same
+        d = (saved[0]["state"][k] - v).abs().max().item()
+        assert d < 1e-4, (k, d)  # an AdamW step moves a weight by up to lr = 1e-3
